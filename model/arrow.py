@@ -1,0 +1,253 @@
+"""Arrow -> model batches, vectorised.
+
+Input: one Arrow row per root key; each branch is a ``list<struct>`` column on its parent
+(nested to any depth), children already ordered and truncated to ``max_length``.
+
+Flattening walks list offsets, never rows: for a list column with per-parent counts ``n``,
+the children's parent index is ``repeat(arange(P), n)`` and their slot is
+``arange(total) - starts[parent]``. Chained over levels this gives every branch row its
+coordinates ``(root, slot_1, ..., slot_d)`` in the padded ``[B, L1, ..., Ld]`` layout, and
+values are scattered in with one fancy-index assignment per column.
+
+``Encoding`` is what is fitted on the training split (category vocabularies, numeric and
+timestamp standardisation, label classes). It is plain JSON so it travels in checkpoints.
+Unseen categories map to the unknown index, nulls to the null index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from model.batch import Batch, NodeTensors
+from model.schema import (
+    NULL_INDEX,
+    RESERVED_CATEGORY_SLOTS,
+    UNKNOWN_INDEX,
+    ColumnDef,
+    ModelSchema,
+    NodeDef,
+    TargetDef,
+)
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Spec-side description of one node: which Arrow columns feed it."""
+
+    name: str
+    columns: dict[str, str]  # column -> kind (numeric | category | timestamp)
+    max_length: int = 1
+    reduce: str = "mean"
+    children: tuple[NodeLayout, ...] = ()
+
+
+@dataclass
+class Encoding:
+    vocab: dict[str, list[str]] = field(default_factory=dict)  # "node.column" -> values
+    mean: dict[str, float] = field(default_factory=dict)
+    std: dict[str, float] = field(default_factory=dict)
+    classes: list[str] = field(default_factory=list)  # category target labels
+    target_mean: float = 0.0
+    target_std: float = 1.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Encoding:
+        return cls(**d)
+
+
+@dataclass
+class NodeRows:
+    """The flat rows of one node and where each sits in the padded layout."""
+
+    values: pa.Table | pa.StructArray
+    index: tuple[np.ndarray, ...]  # (root, slot_1, ..., slot_d), one entry per flat row
+
+    def column(self, name: str) -> pa.Array:
+        col = self.values.field(name) if isinstance(self.values, pa.StructArray) else self.values[name]
+        return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def flatten(table: pa.Table, root: NodeLayout) -> dict[str, NodeRows]:
+    """Every node's flat rows with their padded coordinates, parents before children."""
+    out = {root.name: NodeRows(table, (np.arange(table.num_rows),))}
+
+    def visit(node: NodeLayout, rows: NodeRows) -> None:
+        for child in node.children:
+            lists = rows.column(child.name)
+            counts = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+            parent = np.repeat(np.arange(len(lists)), counts)
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            slot = np.arange(int(counts.sum()), dtype=np.int64) - starts[parent]
+            flat = pc.list_flatten(lists)
+            if isinstance(flat, pa.ChunkedArray):
+                flat = flat.combine_chunks()
+            child_rows = NodeRows(flat, tuple(i[parent] for i in rows.index) + (slot,))
+            out[child.name] = child_rows
+            visit(child, child_rows)
+
+    visit(root, out[root.name])
+    return out
+
+
+def _as_float(arr: pa.Array, kind: str) -> np.ndarray:
+    """Numeric / timestamp Arrow values as float64 with NaN for nulls."""
+    if kind == "timestamp":
+        if pa.types.is_date(arr.type):
+            arr = arr.cast(pa.date32()).cast(pa.int32())
+            scale = 1.0  # days
+        else:
+            arr = arr.cast(pa.timestamp("s")).cast(pa.int64())
+            scale = 86_400.0
+        out = arr.cast(pa.float64()).to_numpy(zero_copy_only=False) / scale
+    else:
+        out = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    return np.asarray(out, dtype=np.float64)
+
+
+def _as_text(arr: pa.Array) -> pa.Array:
+    return arr if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) else arr.cast(pa.string())
+
+
+def _category_index(arr: pa.Array, vocab: list[str]) -> np.ndarray:
+    text = _as_text(arr)
+    idx = pc.index_in(text, value_set=pa.array(vocab, pa.string()))
+    out = pc.fill_null(pc.add(idx, RESERVED_CATEGORY_SLOTS), UNKNOWN_INDEX).to_numpy(zero_copy_only=False)
+    nulls = text.is_null().to_numpy(zero_copy_only=False)
+    out = np.where(nulls, NULL_INDEX, out)
+    return out.astype(np.int64)
+
+
+def fit_encoding(table: pa.Table, root: NodeLayout, target: TargetDef) -> Encoding:
+    """Vocabularies, standardisation and label classes from (training) rows."""
+    enc = Encoding()
+    rows = flatten(table, root)
+    for node in _walk(root):
+        for col, kind in node.columns.items():
+            if node.name == target.node and col == target.column:
+                continue
+            arr = rows[node.name].column(col)
+            key = f"{node.name}.{col}"
+            if kind == "category":
+                enc.vocab[key] = sorted(pc.unique(_as_text(arr)).drop_null().to_pylist())
+            else:
+                vals = _as_float(arr, kind)
+                vals = vals[~np.isnan(vals)]
+                enc.mean[key] = float(vals.mean()) if vals.size else 0.0
+                std = float(vals.std()) if vals.size else 1.0
+                enc.std[key] = std if std > 0 else 1.0
+    labels = rows[target.node].column(target.column)
+    if target.kind == "category":
+        enc.classes = sorted(pc.unique(_as_text(labels)).drop_null().to_pylist())
+    elif target.kind == "regression":
+        vals = _as_float(labels, "numeric")
+        vals = vals[~np.isnan(vals)]
+        if vals.size:
+            enc.target_mean = float(vals.mean())
+            enc.target_std = float(vals.std()) or 1.0
+    return enc
+
+
+def _walk(node: NodeLayout) -> list[NodeLayout]:
+    out = [node]
+    for c in node.children:
+        out.extend(_walk(c))
+    return out
+
+
+def model_schema(root: NodeLayout, target: TargetDef, enc: Encoding) -> ModelSchema:
+    """The model's view: column kinds and category cardinalities, no table names."""
+
+    def build(node: NodeLayout) -> NodeDef:
+        cols = []
+        for col, kind in node.columns.items():
+            if node.name == target.node and col == target.column:
+                cols.append(ColumnDef(col, "numeric"))  # a learned-mask coordinate
+            elif kind == "category":
+                cols.append(ColumnDef(col, "category",
+                                      len(enc.vocab[f"{node.name}.{col}"]) + RESERVED_CATEGORY_SLOTS))
+            else:
+                cols.append(ColumnDef(col, kind))  # type: ignore[arg-type]
+        return NodeDef(node.name, tuple(cols), node.max_length, node.reduce,  # type: ignore[arg-type]
+                       tuple(build(c) for c in node.children))
+
+    num_classes = len(enc.classes) if target.kind == "category" else 1
+    return ModelSchema(build(root), TargetDef(target.node, target.column, target.kind, num_classes))
+
+
+def encode(table: pa.Table, schema: ModelSchema, layout: NodeLayout, enc: Encoding) -> Batch:
+    """Arrow rows -> padded tensors with presence, null and category encodings."""
+    rows = flatten(table, layout)
+    batch_size = table.num_rows
+    nodes: dict[str, NodeTensors] = {}
+    target = schema.target
+    labels = label_present = None
+    for node in schema.root.walk():
+        r = rows[node.name]
+        shape = (batch_size, *schema.reserved_shape(node.name))
+        present = np.zeros(shape, dtype=bool)
+        present[r.index] = True
+        cont_cols, cat_cols = node.continuous, node.categorical
+        cont = np.zeros((*shape, len(cont_cols)), dtype=np.float32)
+        cont_null = np.zeros((*shape, len(cont_cols)), dtype=bool)
+        for j, c in enumerate(cont_cols):
+            if node.name == target.node and c.name == target.column:
+                continue  # placeholder: the model replaces it with the learned mask vector
+            key = f"{node.name}.{c.name}"
+            vals = _as_float(r.column(c.name), c.kind)
+            nulls = np.isnan(vals)
+            cont[r.index + (j,)] = np.where(nulls, 0.0, (vals - enc.mean[key]) / enc.std[key])
+            cont_null[r.index + (j,)] = nulls
+        cat = np.zeros((*shape, len(cat_cols)), dtype=np.int64)
+        for j, c in enumerate(cat_cols):
+            cat[r.index + (j,)] = _category_index(r.column(c.name), enc.vocab[f"{node.name}.{c.name}"])
+        nodes[node.name] = NodeTensors(
+            present=torch.from_numpy(present),
+            continuous=torch.from_numpy(cont),
+            continuous_null=torch.from_numpy(cont_null),
+            categorical=torch.from_numpy(cat),
+        )
+        if node.name == target.node:
+            raw = r.column(target.column)
+            if target.kind == "category":
+                idx = pc.index_in(_as_text(raw), value_set=pa.array(enc.classes, pa.string()))
+                ok = idx.is_valid().to_numpy(zero_copy_only=False)
+                values = pc.fill_null(idx, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+                labels = np.zeros(shape, dtype=np.int64)
+            else:
+                if target.kind == "binary":
+                    raw = raw.cast(pa.bool_()) if not pa.types.is_boolean(raw.type) else raw
+                    vals = raw.cast(pa.float64()).to_numpy(zero_copy_only=False)
+                else:
+                    vals = (_as_float(raw, "numeric") - enc.target_mean) / enc.target_std
+                vals = np.asarray(vals, dtype=np.float64)
+                ok = ~np.isnan(vals)
+                values = np.where(ok, vals, 0.0).astype(np.float32)
+                labels = np.zeros(shape, dtype=np.float32)
+            labels[r.index] = values
+            label_present = np.zeros(shape, dtype=bool)
+            label_present[r.index] = ok
+    assert labels is not None and label_present is not None
+    return Batch(nodes=nodes, labels=torch.from_numpy(labels),
+                 label_present=torch.from_numpy(label_present))
+
+
+def coordinate_counts(batch: Batch, schema: ModelSchema) -> tuple[int, int]:
+    """(present, reserved) coordinates: cells of present rows vs cells of reserved rows.
+
+    Null and learned-mask cells are present; padding and structurally skipped cells are not.
+    """
+    present = reserved = 0
+    for node in schema.root.walk():
+        cells = len(node.columns)
+        p = batch.nodes[node.name].present
+        present += int(p.sum()) * cells
+        reserved += p.numel() * cells
+    return present, reserved

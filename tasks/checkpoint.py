@@ -1,0 +1,70 @@
+"""Run checkpoints: the model package's checkpoint plus the harness's fitted encoding.
+
+``train+predict`` saves one next to the predictions (and logs it to MLflow); ``predict``
+with ``run.checkpoint`` loads it. A checkpoint whose schema or model size does not match
+the spec is refused up front with the difference named.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from model.arrow import Encoding
+from model.checkpoint import load_checkpoint, save_checkpoint
+from model.schema import ModelSchema, NodeDef
+from tasks.errors import UserError
+from tasks.spec import Spec
+from tasks.tensorize import layout
+
+
+def _shape(node: NodeDef) -> list[Any]:
+    return [node.name, [c.name for c in node.columns], node.max_length, node.reduce,
+            [_shape(c) for c in node.children]]
+
+
+def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_checkpoint(tmp, engine.model, optimizer=engine.optimizer,
+                        optimizer_settings=engine.optimizer_settings,
+                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash})
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(
+            f"run.checkpoint '{path}' does not exist; pass the .ckpt file a train+predict run "
+            "wrote (its path is printed and logged as the run's 'checkpoint' artifact)."
+        )
+    try:
+        ckpt = load_checkpoint(path)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user problem
+        raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
+    schema: ModelSchema = ckpt.model.schema
+    lay = layout(spec)
+    def spec_shape(n) -> list[Any]:
+        return [n.name, list(n.columns), n.max_length, n.reduce, [spec_shape(c) for c in n.children]]
+
+    want = spec_shape(lay)
+    have = _shape(schema.root)
+    have[2], have[3] = want[2], want[3]  # the root's length and reduce carry no meaning
+    if have != want or schema.target.column != spec.task.target:
+        raise UserError(
+            f"run.checkpoint '{path}' was trained on a different schema: checkpoint {have} vs "
+            f"spec {want}. Use the spec that trained it, or train a new checkpoint."
+        )
+    size = {k: getattr(spec.model, k) for k in ("d_model", "layers", "heads")}
+    saved = {k: asdict(ckpt.model.config)[k] for k in size}
+    if size != saved:
+        raise UserError(
+            f"run.checkpoint '{path}' has model size {saved} but the spec asks for {size}; "
+            "set model.* to match the checkpoint."
+        )
+    return {"model": ckpt.model.state_dict(), "schema": schema,
+            "encoding": Encoding.from_dict(ckpt.extra["encoding"])}

@@ -1,0 +1,147 @@
+"""Stage 4, compute: train on the training split, then predict every root row.
+
+``Engine`` holds the model, optimizer and per-phase timings for the whole run, so the
+first call (lazy compilation included) and warm-up batches are counted once per phase, not
+once per chunk. Each batch is timed in two parts with the synchronising clock: getting the
+input ready (slicing the chunk, host->device copy) and the model step. The first part is
+time the device waits for input (``device.input_wait_fraction``).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from model import ModelConfig, RelationalTransformer, adamw
+from model.precision import autocast_context
+from model.batch import Batch
+from model.schema import ModelSchema
+from tasks.clock import Clock
+from tasks.errors import UserError
+from tasks.quality import Quality
+from tasks.records import PhaseTimings
+from tasks.spec import Spec
+from tasks.tensorize import Tensorized
+
+
+def resolve_device(spec: Spec) -> torch.device:
+    name = spec.run.device
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"run.device is '{name}' but CUDA is not available here; use run.device: cpu.")
+    return dev
+
+
+def check_precision(spec: Spec, device: torch.device) -> None:
+    if spec.run.precision == "fp16" and device.type == "cpu":
+        raise UserError(
+            "run.precision fp16 is not supported on CPU; use bf16 (supported on CPU) or fp32, "
+            "or run on a CUDA device."
+        )
+
+
+@dataclass
+class PredictOutputs:
+    """Selected outputs of one chunk, on CPU, aligned with the chunk's root rows."""
+
+    tensors: dict[str, torch.Tensor]
+    present: dict[str, torch.Tensor] = field(default_factory=dict)  # node name -> present mask
+
+
+class Engine:
+    def __init__(self, spec: Spec, schema: ModelSchema, device: torch.device,
+                 state_dict: dict | None = None, clock: Clock | None = None) -> None:
+        self.spec, self.schema, self.device = spec, schema, device
+        torch.manual_seed(spec.run.seed)
+        cfg = ModelConfig(d_model=spec.model.d_model, layers=spec.model.layers,
+                          heads=spec.model.heads, dropout=spec.model.dropout)
+        self.model = RelationalTransformer(schema, cfg).to(device)
+        if state_dict is not None:
+            self.model.load_state_dict(state_dict)
+        self.model.packing = spec.run.packing
+        c = spec.run.compile
+        if c.encoders or c.pools:
+            self.model.compile(encoders=c.encoders, pools=c.pools, backend=c.backend,
+                               dynamic=c.dynamic)
+        self.optimizer_settings = adamw(learning_rate=spec.run.learning_rate,
+                                        fused=None if device.type == "cpu" else True)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.clock = clock or Clock(device)
+        bs, wu = spec.run.batch_size, spec.run.warmup_batches
+        self.train_timings = PhaseTimings(wu, bs)
+        self.predict_timings = PhaseTimings(wu, bs)
+        self.wall_seconds = 0.0
+        self.paths_seen: set[str] = set()
+        self.quality = Quality(spec.task.kind)
+        self._generator = torch.Generator().manual_seed(spec.run.seed)
+
+    def _autocast(self):
+        if self.spec.run.precision == "fp32":
+            return nullcontext()
+        return autocast_context(self.device, self.spec.run.precision)
+
+    def _input(self, batch: Batch, index: torch.Tensor) -> Batch:
+        part = batch.select(index)
+        if self.spec.run.loader.pin_memory and self.device.type == "cuda":
+            part = part.pin_memory()
+        return part.to(self.device, non_blocking=self.device.type == "cuda")
+
+    def train(self, tz: Tensorized) -> None:
+        """One pass over the chunk's training rows, shuffled with the run's seed."""
+        rows = torch.nonzero(tz.is_train).flatten()
+        if rows.numel() == 0:
+            return
+        if self.optimizer is None:
+            self.optimizer = self.optimizer_settings.build(self.model)
+        self.model.train()
+        order = rows[torch.randperm(rows.numel(), generator=self._generator)]
+        t = self.train_timings
+        with self.clock.measure() as wall:
+            for idx in order.split(self.spec.run.batch_size):
+                with self.clock.measure() as wait:
+                    part = self._input(tz.batch, idx)
+                with self.clock.measure() as step:
+                    with self._autocast():
+                        outs = self.model(part, outputs=("prediction",))
+                        loss = self.model.loss(part, outs)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    self.optimizer.step()
+                t.input_seconds += wait.seconds
+                t.record(step.seconds, int(idx.numel()))
+                t.updates += 1
+        self.wall_seconds += wall.seconds
+        self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
+
+    @torch.no_grad()
+    def predict(self, tz: Tensorized, outputs: tuple[str, ...]) -> PredictOutputs:
+        """Selected outputs for every root row; quality accumulates over validation rows."""
+        self.model.eval()
+        # Quality needs the prediction head, and top-k is derived from its logits; other
+        # outputs are computed only when selected.
+        need = tuple(dict.fromkeys(["prediction", *(o for o in outputs if not o.startswith("topk:"))]))
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in need}
+        t = self.predict_timings
+        with self.clock.measure() as wall:
+            for idx in torch.arange(tz.batch.size).split(self.spec.run.batch_size):
+                with self.clock.measure() as wait:
+                    part = self._input(tz.batch, idx)
+                with self.clock.measure() as step:
+                    with self._autocast():
+                        outs = self.model(part, outputs=need)
+                    outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
+                t.input_seconds += wait.seconds
+                t.record(step.seconds, int(idx.numel()))
+                for k, v in outs.items():
+                    parts[k].append(v)
+        self.wall_seconds += wall.seconds
+        self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
+        tensors = {k: torch.cat(v) for k, v in parts.items()}
+        holdout = ~tz.is_train
+        mask = tz.batch.label_present & holdout.view(-1, *([1] * (tz.batch.labels.dim() - 1)))
+        self.quality.add(tensors["prediction"], tz.batch.labels, mask)
+        return PredictOutputs(tensors, {k: v.present for k, v in tz.batch.nodes.items()})

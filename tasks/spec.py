@@ -1,0 +1,306 @@
+"""The benchmark spec: one YAML file = one workload, validated before any work.
+
+Pydantic models with ``extra="forbid"`` so a typo fails fast. ``load_spec`` turns every
+validation error into one paragraph that names the key path and the fix; CLI overrides
+(``--set run.batch_size=512``) are applied to the raw YAML and validated the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tasks.errors import UserError
+
+ColumnKind = Literal["numeric", "category", "timestamp"]
+SourceFormat = Literal["parquet", "ipc", "csv"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OrderBy(Strict):
+    column: str
+    descending: bool = False
+
+
+class Branch(Strict):
+    name: str
+    table: str
+    parent_key: str = Field(description="column of this branch's table that points at the parent key")
+    key: str | None = Field(None, description="this branch's own key; needed by nested branches")
+    order_by: OrderBy | None = None
+    max_length: int = Field(gt=0, description="reserved rows per parent row")
+    overflow: Literal["keep_first", "keep_last", "sample", "error"] = "keep_first"
+    reduce: Literal["mean", "attention"] = "mean"
+    columns: dict[str, ColumnKind] = Field(default_factory=dict)
+    branches: list[Branch] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _nested_needs_key(self) -> Branch:
+        if self.branches and not self.key:
+            raise ValueError(
+                f"branch '{self.name}' has nested branches, so it needs 'key' (its own key "
+                "column, which the nested branches' parent_key points at)"
+            )
+        return self
+
+
+class Root(Strict):
+    table: str
+    key: str
+    columns: dict[str, ColumnKind] = Field(default_factory=dict)
+
+
+class Schema(Strict):
+    root: Root
+    branches: list[Branch] = Field(default_factory=list)
+
+    def walk(self) -> list[tuple[Branch, str | None]]:
+        """Every branch with its parent's name (None = root), parents first."""
+        out: list[tuple[Branch, str | None]] = []
+
+        def visit(branches: list[Branch], parent: str | None) -> None:
+            for b in branches:
+                out.append((b, parent))
+                visit(b.branches, b.name)
+
+        visit(self.branches, None)
+        return out
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Schema:
+        names = [b.name for b, _ in self.walk()]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"branch names must be unique, repeated: {dupes}")
+        if "root" in names:
+            raise ValueError("'root' is reserved for the root node; rename that branch")
+        return self
+
+
+class TpchSource(Strict):
+    scale: float = Field(0.01, gt=0, le=1000)
+
+
+class Generate(Strict):
+    tpch: TpchSource
+
+
+class Source(Strict):
+    tables: dict[str, str] = Field(
+        default_factory=dict,
+        description="table name -> path (Parquet/IPC/CSV); relative paths resolve against "
+        "the data folder when generated, else the spec's folder",
+    )
+    format: SourceFormat | None = Field(None, description="default: from the file suffix")
+    generate: Generate | None = None
+
+
+class Task(Strict):
+    target: str
+    branch: str | None = Field(None, description="branch holding the target; None = root")
+    kind: Literal["category", "binary", "regression"]
+    outputs: list[str] = Field(default_factory=lambda: ["prediction"])
+    validation_fraction: float = Field(0.2, gt=0, lt=1)
+
+    @field_validator("outputs")
+    @classmethod
+    def _known_outputs(cls, v: list[str]) -> list[str]:
+        for name in v:
+            head = name.split(":", 1)[0]
+            if head not in {"prediction", "root_embedding", "branch_embedding", "leaf", "topk"}:
+                raise ValueError(
+                    f"unknown output '{name}'; choose from prediction, root_embedding, "
+                    "branch_embedding:<branch>, leaf:<branch>, topk:<k>"
+                )
+        return v
+
+
+class ModelSize(Strict):
+    d_model: int = Field(64, gt=0)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelSize:
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        return self
+
+
+class CompileSettings(Strict):
+    encoders: bool = False
+    pools: bool = False
+    backend: str = "inductor"
+    dynamic: bool | None = None
+
+
+class Loader(Strict):
+    num_workers: int = Field(0, ge=0)
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    prefetch_factor: int = Field(2, ge=1)
+
+
+class Run(Strict):
+    mode: Literal["train+predict", "predict"] = "train+predict"
+    batch_size: int = Field(256, gt=0)
+    epochs: int = Field(1, ge=1)
+    learning_rate: float = Field(3e-3, gt=0)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    packing: Literal["auto", "off"] = "auto"
+    compile: CompileSettings = Field(default_factory=CompileSettings)
+    loader: Loader = Field(default_factory=Loader)
+    warmup_batches: int = Field(2, ge=0)
+    chunk_rows: int = Field(50_000, gt=0, description="root rows per retrieve..write chunk")
+    seed: int = 0
+    device: str = "auto"
+    checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
+    output_dir: str = "outputs"
+
+
+class Spec(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    source: Source
+    schema_: Schema = Field(alias="schema")
+    task: Task
+    model: ModelSize = Field(default_factory=ModelSize)
+    run: Run = Field(default_factory=Run)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Spec:
+        branches = {b.name: b for b, _ in self.schema_.walk()}
+        tables = {self.schema_.root.table, *(b.table for b in branches.values())}
+        missing = sorted(t for t in tables if t not in self.source.tables)
+        if missing:
+            raise ValueError(
+                f"schema uses table(s) {missing} that source.tables does not list; add "
+                "'source.tables.<name>: <path>' for each"
+            )
+        if self.task.branch is not None and self.task.branch not in branches:
+            raise ValueError(
+                f"task.branch '{self.task.branch}' is not a branch of the schema; use one of "
+                f"{sorted(branches)} or leave it unset for a root target"
+            )
+        for out in self.task.outputs:
+            head, _, arg = out.partition(":")
+            if head in {"branch_embedding", "leaf"} and arg not in branches:
+                raise ValueError(
+                    f"task.outputs '{out}' names no branch; use one of {sorted(branches)}"
+                )
+            if head == "topk" and (not arg.isdigit() or int(arg) < 1):
+                raise ValueError(f"task.outputs '{out}': k must be a positive integer")
+            if head == "topk" and self.task.kind != "category":
+                raise ValueError(f"task.outputs '{out}' needs task.kind 'category'")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @property
+    def spec_hash(self) -> str:
+        """Hash of the workload definition, independent of key order and formatting."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in nested dicts; list items are addressed by branch name."""
+    node: Any = raw
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if isinstance(node, list):
+            match = [b for b in node if isinstance(b, dict) and b.get("name") == part]
+            if not match:
+                raise UserError(f"--set {dotted}: no branch named '{part}' at this level.")
+            node = match[0]
+            continue
+        if not isinstance(node, dict):
+            raise UserError(f"--set {dotted}: '{part}' is not a section, so it has no keys.")
+        node = node.setdefault(part, {})
+    if not isinstance(node, dict):
+        raise UserError(f"--set {dotted}: the parent of '{parts[-1]}' is not a section.")
+    node[parts[-1]] = value
+
+
+def _branch_path(raw: dict[str, Any], dotted: str) -> str:
+    """Let users write ``lineitem.max_length`` for a branch anywhere in the tree."""
+    first = dotted.split(".", 1)[0]
+    if first in {"name", "source", "schema", "task", "model", "run"}:
+        return dotted
+
+    def find(branches: list[Any], trail: str) -> str | None:
+        for b in branches or []:
+            if isinstance(b, dict) and b.get("name") == first:
+                return f"{trail}.{first}"
+            hit = find(b.get("branches", []) if isinstance(b, dict) else [], f"{trail}.{b.get('name')}.branches")
+            if hit:
+                return hit
+        return None
+
+    hit = find(raw.get("schema", {}).get("branches", []), "schema.branches")
+    if hit is None:
+        raise UserError(
+            f"--set {dotted}: '{first}' is neither a top-level section (name, source, schema, "
+            "task, model, run) nor a branch name."
+        )
+    return hit + dotted[len(first) :]
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set '{item}' must look like key.path=value, e.g. run.batch_size=512")
+        key, text = item.split("=", 1)
+        _set_path(raw, _branch_path(raw, key.strip()), yaml.safe_load(text))
+    return raw
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key '{loc}'; remove it or fix its spelling"
+        elif e["type"] == "missing":
+            msg = f"'{loc}' is required; add it"
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            msg = f"'{loc}': {e['msg']}{shown}"
+        lines.append(msg)
+    return f"Invalid benchmark spec {source}: " + "; ".join(lines) + "."
+
+
+def parse_spec(raw: dict[str, Any], source: str = "") -> Spec:
+    try:
+        return Spec.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(_describe(err, source)) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> Spec:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"Spec file '{path}' does not exist; pass the path of a benchmark YAML.")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise UserError(f"Spec file '{path}' is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"Spec file '{path}' must hold a mapping at the top level.")
+    raw = apply_overrides(raw, overrides or [])
+    return parse_spec(raw, f"'{path}'")
