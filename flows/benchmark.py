@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
+import pandas as pd
+import pyarrow.parquet as pq
 import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -32,7 +33,7 @@ from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, wall_clock
 from tasks.data import ensure_tpch
 from tasks.environment import fingerprint
-from tasks.errors import UserError
+from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.records import RunResult
@@ -41,6 +42,7 @@ from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
 from tasks.tensorize import Tensorized, fit, tensorize
 from tasks.tracking import Tracker, flatten
+from tasks.validity import verdict
 from tasks.write import PredictionWriter, to_table
 
 STAGE_TASK = dict(cache_policy=NO_CACHE, persist_result=False, retries=0)
@@ -117,73 +119,90 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated)
 
 
-def _execute(p: Plan, tracker: Tracker, result: RunResult, writer: PredictionWriter) -> tuple[
-        compute_stage.Engine, Encoding]:
-    spec = p.spec
-    clock = Clock(p.device)
-    st = result.stages
-    with clock.measure() as span:
-        all_keys, key_bytes = list_root_keys(spec, p.sources)
-    st["retrieve"].add(span.seconds, 0)
-    result.bytes_read += key_bytes
-    result.root_rows = len(all_keys)
-    chunks = [all_keys[i:i + spec.run.chunk_rows] for i in range(0, len(all_keys), spec.run.chunk_rows)]
-    result.chunks = len(chunks)
-    enc = schema = None
-    if p.checkpoint is not None:
-        enc, schema = p.checkpoint["encoding"], p.checkpoint["schema"]
-    engine: compute_stage.Engine | None = None
-    cache: dict[int, Tensorized] = {}
+class Pipeline:
+    """Runs the chunked stages for one plan and accumulates into one ``RunResult``."""
 
-    counted: set[int] = set()
+    def __init__(self, p: Plan, result: RunResult) -> None:
+        self.p, self.spec, self.result = p, p.spec, result
+        self.clock = Clock(p.device)
+        self.enc: Encoding | None = p.checkpoint["encoding"] if p.checkpoint else None
+        self.schema = p.checkpoint["schema"] if p.checkpoint else None
+        self.engine: compute_stage.Engine | None = None
+        self.chunks: list[np.ndarray] = []
+        self._cache: dict[int, Tensorized] = {}
+        self._counted: set[int] = set()
 
-    def prepare(i: int) -> Tensorized:
-        nonlocal enc, schema, engine
-        if i in cache:
-            return cache[i]
+    def list_keys(self) -> None:
+        with self.clock.measure() as span:
+            keys, nbytes = list_root_keys(self.spec, self.p.sources)
+        self.result.stages["retrieve"].add(span.seconds, 0)
+        self.result.bytes_read += nbytes
+        self.result.root_rows = len(keys)
+        n = self.spec.run.chunk_rows
+        self.chunks = [keys[i:i + n] for i in range(0, len(keys), n)]
+        self.result.chunks = len(self.chunks)
+
+    def prepare(self, i: int) -> Tensorized:
+        """retrieve -> preprocess -> tensorize for chunk ``i`` (kept when it is the only one)."""
+        if i in self._cache:
+            return self._cache[i]
+        spec, st, clock = self.spec, self.result.stages, self.clock
         progress.emit("stage", name="retrieve", chunk=i)
-        r, sec = retrieve_task(spec, p.sources, chunks[i], clock)
+        r, sec = retrieve_task(spec, self.p.sources, self.chunks[i], clock)
         st["retrieve"].add(sec, r.root_rows)
-        result.bytes_read += r.bytes_read
+        self.result.bytes_read += r.bytes_read
         progress.emit("stage", name="preprocess", chunk=i)
         pre, sec = preprocess_task(spec, r, clock)
         st["preprocess"].add(sec, pre.root_rows)
         progress.emit("stage", name="tensorize", chunk=i)
-        tz, enc, schema, sec = tensorize_task(spec, pre, enc, schema, clock)
+        tz, self.enc, self.schema, sec = tensorize_task(spec, pre, self.enc, self.schema, clock)
         st["tensorize"].add(sec, tz.root_rows)
-        if i not in counted:  # data figures once per chunk, not once per epoch
-            counted.add(i)
-            result.coords_present += tz.coords_present
-            result.coords_reserved += tz.coords_reserved
+        if i not in self._counted:  # data figures once per chunk, not once per epoch/repeat
+            self._counted.add(i)
+            self.result.coords_present += tz.coords_present
+            self.result.coords_reserved += tz.coords_reserved
             for name, n in pre.overflow_dropped.items():
-                result.overflow_dropped[name] = result.overflow_dropped.get(name, 0) + n
-        if engine is None:
-            state = p.checkpoint["model"] if p.checkpoint else None
-            engine = compute_stage.Engine(spec, schema, p.device, state, clock)
-        if len(chunks) == 1:
-            cache[i] = tz
+                self.result.overflow_dropped[name] = self.result.overflow_dropped.get(name, 0) + n
+        if self.engine is None:
+            state = self.p.checkpoint["model"] if self.p.checkpoint else None
+            self.engine = compute_stage.Engine(spec, self.schema, self.p.device, state, clock)
+        if len(self.chunks) == 1:
+            self._cache[i] = tz
         return tz
 
-    training = spec.run.mode == "train+predict"
-    if training:
-        for epoch in range(spec.run.epochs):
-            for i in range(len(chunks)):
-                tz = prepare(i)
+    def train(self) -> None:
+        for epoch in range(self.spec.run.epochs):
+            before = self.engine.train_timings.updates if self.engine else 0
+            for i in range(len(self.chunks)):
+                tz = self.prepare(i)
                 progress.emit("stage", name="compute", chunk=i, phase="train", epoch=epoch)
-                _, sec = compute_task(engine, tz, "train", ())
-                st["compute"].add(sec, int(tz.is_train.sum()))
-    outputs = tuple(spec.task.outputs)
-    for i in range(len(chunks)):
-        tz = prepare(i)
-        progress.emit("stage", name="compute", chunk=i, phase="predict")
-        outs, sec = compute_task(engine, tz, "predict", outputs)
-        st["compute"].add(sec, tz.root_rows)
-        progress.emit("stage", name="write", chunk=i)
-        st["write"].add(write_task(spec, engine, enc, tz, outs, writer, clock), tz.root_rows)
-        result.rows_predicted += tz.root_rows
-        progress.emit("chunk_done", chunk=i, chunks=len(chunks), rows=result.rows_predicted)
-    assert engine is not None and enc is not None
-    return engine, enc
+                _, sec = compute_task(self.engine, tz, "train", ())
+                self.result.stages["compute"].add(sec, int(tz.is_train.sum()))
+            if epoch == 0:
+                self.result.updates_per_epoch = self.engine.train_timings.updates - before
+
+    def predict(self, writer: PredictionWriter, repeat: int) -> None:
+        """One full predict pass (retrieve..write); per-pass figures feed the repeat stats."""
+        st = self.result.stages
+        e2e_before = self.result.e2e_seconds
+        pt = self.engine.predict_timings if self.engine else None
+        steady_before = (len(pt.steady_seconds) if pt else 0)
+        rows = 0
+        for i in range(len(self.chunks)):
+            tz = self.prepare(i)
+            progress.emit("stage", name="compute", chunk=i, phase="predict", repeat=repeat)
+            outs, sec = compute_task(self.engine, tz, "predict", tuple(self.spec.task.outputs))
+            st["compute"].add(sec, tz.root_rows)
+            progress.emit("stage", name="write", chunk=i)
+            st["write"].add(write_task(self.spec, self.engine, self.enc, tz, outs, writer,
+                                       self.clock), tz.root_rows)
+            rows += tz.root_rows
+        self.result.rows_predicted += rows
+        pt = self.engine.predict_timings
+        secs = sum(pt.steady_seconds[steady_before:])
+        if secs > 0:
+            self.result.repeat_steady_rows_per_s.append(sum(pt.steady_rows[steady_before:]) / secs)
+        self.result.repeat_e2e_rows_per_s.append(rows / max(self.result.e2e_seconds - e2e_before, 1e-12))
 
 
 @flow(name="benchmark", persist_result=False, validate_parameters=True)
@@ -207,9 +226,27 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     try:
         tracker.log_params(flatten(s.to_dict()))
         tracker.log_text(s.to_yaml(), "spec.yaml")
-        body_start = wall_clock()
-        engine, enc = _execute(p, tracker, result, writer)
-        body_seconds = wall_clock() - body_start
+        with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")
+                       ) as waited:
+            body_start = wall_clock()
+            pipe = Pipeline(p, result)
+            pipe.list_keys()
+            if s.run.mode == "train+predict":
+                pipe.train()
+            for repeat in range(s.run.repeats):
+                # Every pass really writes; only the last file is kept.
+                w = writer if repeat == s.run.repeats - 1 else PredictionWriter(
+                    output.with_name(f"{output.stem}.repeat{repeat}.parquet"))
+                try:
+                    pipe.predict(w, repeat)
+                finally:
+                    if w is not writer:
+                        w.abort()
+            body_seconds = wall_clock() - body_start
+        engine, enc = pipe.engine, pipe.enc
+        for phase in ("train", "predict"):
+            result.recompiles[phase] = engine.recompiles(phase)
+            result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
         result.output_bytes = writer.commit()
         result.output_path = str(output)
         memory.stop()
@@ -225,6 +262,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             + mlflow_seconds,
             "harness.mlflow_startup_seconds": mlflow_seconds,
             "harness.orchestration_seconds": max(body_seconds - result.e2e_seconds, 0.0),
+            "harness.lock_wait_seconds": waited,
         })
         quality_meaningful = s.run.mode == "train+predict" or p.checkpoint is not None
         ckpt_path = None
@@ -233,12 +271,17 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             save_run_checkpoint(ckpt_path, engine, enc, s)
             tracker.log_artifact(ckpt_path, "checkpoint")
         metrics = result.metrics()
+        reasons = verdict(s, metrics, engine.quality.headline)
+        if not quality_meaningful and s.task.min_quality is not None:
+            reasons.append("task.min_quality set but weights are untrained (predict without "
+                           "run.checkpoint)")
         tracker.log_metrics(metrics)
         tracker.set_tags({
             "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
             "relflow.quality_meaningful": str(quality_meaningful).lower(),
             "relflow.output_path": str(output),
-            "relflow.validity": "VALID",
+            "relflow.validity": "INVALID" if reasons else "VALID",
+            "relflow.invalid_reasons": "; ".join(reasons),
         })
         stage_table = result.stage_table()
         tracker.log_dict(stage_table, "stages.json")
@@ -262,18 +305,15 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         "quality_metric": engine.quality.headline,
         "generated_data": p.generated,
         "encoder_path": ",".join(sorted(engine.paths_seen)),
+        "validity": "INVALID" if reasons else "VALID",
+        "invalid_reasons": reasons,
     }
 
 
 def _sample_csv(path: Path, rows: int = 100) -> str:
-    import pyarrow.parquet as pq
-
+    """First rows of the predictions as CSV (nested values shown as text)."""
     table = pq.ParquetFile(path).read_row_group(0).slice(0, rows)
-    flat = {name: [str(v) for v in col.to_pylist()] for name, col in zip(
-        table.column_names, table.columns, strict=True)}
-    import pandas as pd
-
-    return pd.DataFrame(flat).to_csv(index=False)
+    return pd.DataFrame({name: [str(v) for v in col.to_pylist()] for name, col in zip(
+        table.column_names, table.columns, strict=True)}).to_csv(index=False)
 
 
-__all__ = ["benchmark", "plan", "UserError", "pa"]

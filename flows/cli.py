@@ -7,6 +7,7 @@ Bad input ends with a one-paragraph message and exit code 2 (no traceback unless
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -65,6 +66,10 @@ def run(
         "--set lineitem.max_length=2 (branches by name). Repeatable; validated like the file.")] = None,
     scale: Annotated[float | None, typer.Option(
         help="TPC-H scale factor for generated data (same as --set source.generate.tpch.scale=S).")] = None,
+    strict: Annotated[bool, typer.Option(
+        help="Exit 3 when the run is INVALID (too little steady state, recompiles, quality floor).")] = False,
+    json_out: Annotated[Path | None, typer.Option(
+        "--json", help="Also write the run summary (metrics, stages, paths) to this JSON file.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
@@ -110,6 +115,10 @@ def run(
         _fail(err, debug)
         return
     report(summary)
+    if json_out is not None:
+        json_out.write_text(json.dumps(summary, indent=2, default=str))
+    if summary["validity"] == "INVALID" and strict:
+        raise typer.Exit(3)
 
 
 def report(summary: dict[str, Any]) -> None:
@@ -148,6 +157,8 @@ def report(summary: dict[str, Any]) -> None:
         lines.append(f"checkpoint           {summary['checkpoint_path']}")
     lines += [
         f"harness start-up     {m['harness.startup_seconds']:.1f} s (not in e2e)",
+        ("validity             VALID" if summary["validity"] == "VALID" else
+         "validity             [bold red]INVALID[/]: " + "; ".join(summary["invalid_reasons"])),
         f"MLflow               experiment '{summary['experiment']}', run {summary['run_id']}",
         f"                     {summary['tracking_uri']}",
     ]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from model import ModelConfig, RelationalTransformer, adamw
-from model.precision import autocast_context
 from model.batch import Batch
+from model.precision import autocast_context
 from model.schema import ModelSchema
 from tasks.clock import Clock
 from tasks.errors import UserError
@@ -24,6 +24,19 @@ from tasks.quality import Quality
 from tasks.records import PhaseTimings
 from tasks.spec import Spec
 from tasks.tensorize import Tensorized
+
+
+def compiled_frames() -> int:
+    """Frames Dynamo has compiled so far in this process (each recompile adds one)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
+
+
+def graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(sum(counters["graph_break"].values()))
 
 
 def resolve_device(spec: Spec) -> torch.device:
@@ -77,7 +90,21 @@ class Engine:
         self.wall_seconds = 0.0
         self.paths_seen: set[str] = set()
         self.quality = Quality(spec.task.kind)
+        # Dynamo frame counts when each phase leaves warm-up: later growth = recompiles.
+        self.frames_at_steady: dict[str, int] = {}
+        self.breaks_at_steady: dict[str, int] = {}
         self._generator = torch.Generator().manual_seed(spec.run.seed)
+
+    def _mark_steady(self, phase: str, t: PhaseTimings) -> None:
+        if phase not in self.frames_at_steady and t.in_steady_state:
+            self.frames_at_steady[phase] = compiled_frames()
+            self.breaks_at_steady[phase] = graph_breaks()
+
+    def recompiles(self, phase: str) -> int:
+        return compiled_frames() - self.frames_at_steady.get(phase, compiled_frames())
+
+    def graph_breaks_after_warmup(self, phase: str) -> int:
+        return graph_breaks() - self.breaks_at_steady.get(phase, graph_breaks())
 
     def _autocast(self):
         if self.spec.run.precision == "fp32":
@@ -102,6 +129,7 @@ class Engine:
         t = self.train_timings
         with self.clock.measure() as wall:
             for idx in order.split(self.spec.run.batch_size):
+                self._mark_steady("train", t)
                 with self.clock.measure() as wait:
                     part = self._input(tz.batch, idx)
                 with self.clock.measure() as step:
@@ -128,6 +156,7 @@ class Engine:
         t = self.predict_timings
         with self.clock.measure() as wall:
             for idx in torch.arange(tz.batch.size).split(self.spec.run.batch_size):
+                self._mark_steady("predict", t)
                 with self.clock.measure() as wait:
                     part = self._input(tz.batch, idx)
                 with self.clock.measure() as step:

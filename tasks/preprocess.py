@@ -61,7 +61,7 @@ def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFram
     if b.overflow == "keep_first" or b.overflow == "error":
         keep = pos < b.max_length
     elif b.overflow == "keep_last":
-        keep = pos >= n - b.max_length
+        keep = pos + b.max_length >= n  # not n - max_length: pl.len() is unsigned
     else:  # sample: a seeded random subset, still in order
         keep = pl.int_range(pl.len()).shuffle(seed=seed).over(b.parent_key) < b.max_length
     df = lf.with_columns(__keep=keep, __n=n).collect()

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from tasks.stats import median_ci
+
 STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
 
 
@@ -55,6 +57,11 @@ class PhaseTimings:
         else:
             self.steady_seconds.append(seconds)
             self.steady_rows.append(rows)
+
+    @property
+    def in_steady_state(self) -> bool:
+        """The next batch counts as steady (first call and warm-up are done)."""
+        return self.first_call_seconds is not None and len(self.warmup_seconds) >= self.warmup_batches
 
     @property
     def batches(self) -> int:
@@ -111,6 +118,11 @@ class RunResult:
     host_peak_bytes: int = 0
     device_peak_bytes: int = 0
     chunks: int = 0
+    recompiles: dict[str, int] = field(default_factory=dict)  # phase -> after warm-up
+    graph_breaks: dict[str, int] = field(default_factory=dict)
+    repeat_steady_rows_per_s: list[float] = field(default_factory=list)
+    repeat_e2e_rows_per_s: list[float] = field(default_factory=list)
+    updates_per_epoch: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -143,6 +155,17 @@ class RunResult:
         if self.train is not None:
             m.update(self.train.metrics("compute.train"))
             m["compute.train.updates"] = float(self.train.updates)
+            m["compute.train.updates_per_epoch"] = float(self.updates_per_epoch)
+        for phase, n in self.recompiles.items():
+            key = "compute" if phase == "predict" else f"compute.{phase}"
+            m[f"{key}.recompiles"] = float(n)
+            m[f"{key}.graph_breaks"] = float(self.graph_breaks.get(phase, 0))
+        for key, samples in (("compute.steady_rows_per_s", self.repeat_steady_rows_per_s),
+                             ("e2e.rows_per_s", self.repeat_e2e_rows_per_s)):
+            if samples:
+                med, lo, hi = median_ci(samples)
+                m[f"{key}.median"], m[f"{key}.ci_low"], m[f"{key}.ci_high"] = med, lo, hi
+        m["run.repeats_measured"] = float(len(self.repeat_e2e_rows_per_s))
         input_s = sum(p.input_seconds for p in (self.train, self.predict) if p is not None)
         m["device.input_wait_fraction"] = input_s / self.compute_seconds if self.compute_seconds else 0.0
         m["memory.host_peak_bytes"] = float(self.host_peak_bytes)

@@ -109,6 +109,9 @@ class Task(Strict):
     kind: Literal["category", "binary", "regression"]
     outputs: list[str] = Field(default_factory=lambda: ["prediction"])
     validation_fraction: float = Field(0.2, gt=0, lt=1)
+    min_quality: float | None = Field(
+        None, description="validity floor for the headline metric (accuracy/auc; for "
+        "regression a ceiling on mae)")
 
     @field_validator("outputs")
     @classmethod
@@ -160,6 +163,10 @@ class Run(Strict):
     compile: CompileSettings = Field(default_factory=CompileSettings)
     loader: Loader = Field(default_factory=Loader)
     warmup_batches: int = Field(2, ge=0)
+    repeats: int = Field(1, ge=1, description="predict passes; >1 adds medians and 95% CIs")
+    min_steady_batches: int = Field(10, ge=0, description="validity: fewer makes the run INVALID")
+    min_steady_seconds: float = Field(1.0, ge=0, description="validity: less makes the run INVALID")
+    max_recompiles: int = Field(0, ge=0, description="validity: recompiles after warm-up allowed")
     chunk_rows: int = Field(50_000, gt=0, description="root rows per retrieve..write chunk")
     seed: int = 0
     device: str = "auto"

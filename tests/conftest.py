@@ -1,0 +1,220 @@
+"""Session set-up shared by every test, and small hand-made workloads.
+
+The environment is fixed here, at import time, because Prefect reads its settings when it is
+first imported: a throwaway ``PREFECT_HOME``, no analytics, a generous start-up timeout for
+the temporary server on a busy 2-core machine, quiet logs, no MLflow telemetry, and a
+private ``RELFLOW_DATA_DIR`` so no test reads or writes ``./data``, and a private host lock
+file so tests neither wait for nor block a real benchmark on this machine.
+
+Fixtures:
+- ``prefect_harness``: one ``prefect_test_harness()`` per session (~13 s), requested only by
+  flow tests, so the unit tests never start a server.
+- ``mlflow_uri``: a temp SQLite store, exported as ``MLFLOW_TRACKING_URI``.
+- ``tpch_small``: TPC-H at scale 0.01, generated once per session with ``ensure_tpch``.
+- ``shop_tables`` / ``shop_spec`` / ``write_tables``: a two-level nested workload
+  (customers -> orders -> lines) small enough to check every figure by hand.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import datetime as dt
+import os
+import shutil
+import tempfile
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="relflow-tests-"))
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
+
+os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect-home")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+os.environ["RELFLOW_DATA_DIR"] = str(_SESSION_DIR / "data")
+# The host lock serialises real benchmarks; tests must not queue behind one (or block it).
+os.environ["RELFLOW_LOCK_FILE"] = str(_SESSION_DIR / "host.lock")
+# A tracking URI inherited from the shell must never receive test runs.
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.csv as pacsv  # noqa: E402
+import pyarrow.feather as feather  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import pytest  # noqa: E402
+
+SCALE = 0.01
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    """The session's private folder (PREFECT_HOME and RELFLOW_DATA_DIR live under it)."""
+    return _SESSION_DIR
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect server for the whole session (only flow tests ask for it)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=None):
+        yield
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh SQLite MLflow store for one test, exported as MLFLOW_TRACKING_URI."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def tpch_small() -> Path:
+    """TPC-H Parquet at scale 0.01 in the session's data folder, generated once."""
+    from tasks.data import ensure_tpch
+
+    folder, _ = ensure_tpch(SCALE)
+    return folder
+
+
+# --- a two-level nested workload, small enough to check by hand -----------------------
+#
+# customers (root, key c_id)            5 rows; customer 3 has no orders
+#   orders (parent_key o_cust, key o_id) 7 rows + 1 orphan (o_cust 99)
+#     lines (parent_key l_order)         10 rows + 1 orphan (l_order 99)
+#
+# customer 1 has 3 orders (one over orders.max_length 2), order 10 has 4 lines (one over
+# lines.max_length 3), order 12 (customer 1's latest, dropped by keep_first on o_date) has
+# 2 lines: structurally skipped, not overflow.
+
+
+def _date(s: str | None) -> dt.date | None:
+    return None if s is None else dt.date.fromisoformat(s)
+
+
+def _ts(s: str | None) -> dt.datetime | None:
+    return None if s is None else dt.datetime.fromisoformat(s)
+
+
+def make_shop_tables() -> dict[str, pa.Table]:
+    customers = pa.table({
+        "c_id": pa.array([1, 2, 3, 4, 5], pa.int64()),
+        "c_balance": pa.array([10.0, None, 30.0, 40.0, 50.0], pa.float64()),
+        "c_segment": pa.array(["a", "b", None, "a", "c"], pa.string()),
+        "c_since": pa.array([_date(d) for d in
+                             ("2020-01-01", "2021-06-01", None, "2019-03-03", "2022-12-31")],
+                            pa.date32()),
+        "churn": pa.array(["yes", "no", "no", "yes", "no"], pa.string()),
+    })
+    orders = pa.table({
+        "o_id": pa.array([10, 11, 12, 20, 40, 41, 50, 99], pa.int64()),
+        "o_cust": pa.array([1, 1, 1, 2, 4, 4, 5, 99], pa.int64()),
+        "o_date": pa.array([_ts(t) for t in (
+            "2024-01-01 10:00:00", "2024-02-01 10:00:00", "2024-03-01 10:00:00", None,
+            "2024-01-15 08:00:00", "2024-01-10 08:00:00", "2024-05-05 12:00:00",
+            "2024-01-01 00:00:00")], pa.timestamp("us")),
+        "o_total": pa.array([Decimal(x) if x is not None else None for x in (
+            "100.50", "200.00", None, "50.25", "10.00", "20.00", "5.00", "1.00")],
+            pa.decimal128(10, 2)),
+        "o_status": pa.array(["open", "done", "open", None, "done", "open", "new", "open"],
+                             pa.string()),
+    })
+    lines = pa.table({
+        "l_order": pa.array([10, 10, 10, 10, 11, 12, 12, 20, 41, 41, 99], pa.int64()),
+        "l_no": pa.array([1, 2, 3, 4, 1, 1, 2, 1, 2, 1, 1], pa.int64()),
+        "l_qty": pa.array([1.0, 2.0, None, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0],
+                          pa.float64()),
+        "l_flag": pa.array(["A", "B", "A", None, "B", "A", "A", "B", "A", "B", "A"],
+                           pa.string()),
+    })
+    return {"customers": customers, "orders": orders, "lines": lines}
+
+
+def make_shop_spec(fmt: str = "parquet") -> dict[str, Any]:
+    suffix = {"parquet": "parquet", "ipc": "arrow", "csv": "csv"}[fmt]
+    return {
+        "name": "shop",
+        "source": {"tables": {t: f"{t}.{suffix}" for t in ("customers", "orders", "lines")}},
+        "schema": {
+            "root": {
+                "table": "customers",
+                "key": "c_id",
+                "columns": {"c_balance": "numeric", "c_segment": "category",
+                            "c_since": "timestamp"},
+            },
+            "branches": [{
+                "name": "orders",
+                "table": "orders",
+                "parent_key": "o_cust",
+                "key": "o_id",
+                "order_by": {"column": "o_date"},
+                "max_length": 2,
+                "overflow": "keep_first",
+                "columns": {"o_date": "timestamp", "o_total": "numeric",
+                            "o_status": "category"},
+                "branches": [{
+                    "name": "lines",
+                    "table": "lines",
+                    "parent_key": "l_order",
+                    "order_by": {"column": "l_no"},
+                    "max_length": 3,
+                    "overflow": "keep_first",
+                    "columns": {"l_qty": "numeric", "l_flag": "category"},
+                }],
+            }],
+        },
+        "task": {"target": "churn", "kind": "category"},
+        "model": {"d_model": 8, "layers": 1, "heads": 2},
+        "run": {"batch_size": 4, "epochs": 1, "warmup_batches": 0, "device": "cpu"},
+    }
+
+
+def write_table(table: pa.Table, path: Path) -> Path:
+    """One table as Parquet, Arrow IPC or CSV, chosen by the file suffix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        pq.write_table(table, path)
+    elif path.suffix in {".arrow", ".ipc", ".feather"}:
+        feather.write_feather(table, path, compression="uncompressed")
+    elif path.suffix == ".csv":
+        pacsv.write_csv(table, path)
+    else:
+        raise ValueError(f"unknown suffix {path.suffix}")
+    return path
+
+
+@pytest.fixture
+def shop_tables() -> dict[str, pa.Table]:
+    return make_shop_tables()
+
+
+@pytest.fixture
+def shop_spec() -> dict[str, Any]:
+    """A fresh (mutable) spec dict for the shop workload, reading Parquet."""
+    return copy.deepcopy(make_shop_spec())
+
+
+@pytest.fixture
+def write_tables(tmp_path: Path):
+    """``write_tables(tables, fmt="parquet", folder=tmp_path) -> folder``."""
+
+    def write(tables: dict[str, pa.Table], fmt: str = "parquet",
+              folder: Path | None = None) -> Path:
+        folder = folder or tmp_path
+        suffix = {"parquet": ".parquet", "ipc": ".arrow", "csv": ".csv"}[fmt]
+        for name, table in tables.items():
+            write_table(table, folder / f"{name}{suffix}")
+        return folder
+
+    return write
+
+
+@pytest.fixture
+def shop_files(write_tables, shop_tables) -> Path:
+    """The shop tables as Parquet in tmp_path (the folder shop_spec's paths resolve from)."""
+    return write_tables(shop_tables)
