@@ -30,7 +30,7 @@ from model.arrow import Encoding
 from tasks import compute as compute_stage
 from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
-from tasks.clock import Clock, wall_clock
+from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
 from tasks.environment import fingerprint
 from tasks.hostlock import host_lock
@@ -206,8 +206,8 @@ class Pipeline:
 
 
 @flow(name="benchmark", persist_result=False, validate_parameters=True)
-def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | None = None
-              ) -> dict[str, Any]:
+def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | None = None,
+              parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one benchmark spec end to end and record it in MLflow; returns a summary."""
     flow_start = wall_clock()
     s = parse_spec(spec, "(flow parameter 'spec')")
@@ -216,8 +216,10 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     progress.emit("phase", name="starting MLflow run")
     t0 = wall_clock()
     tracker = Tracker(s.name)
-    tags = {"relflow.spec_hash": s.spec_hash, "relflow.spec_name": s.name, **fingerprint(p.device)}
-    run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=tags)
+    run_tags = {"relflow.spec_hash": s.spec_hash, "relflow.spec_name": s.name,
+                **fingerprint(p.device), **(tags or {})}
+    run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=run_tags,
+                           parent_run_id=parent_run_id)
     mlflow_seconds = wall_clock() - t0
     output = Path(s.run.output_dir).resolve() / f"{s.name}-{run_id}.parquet"
     writer = PredictionWriter(output)
@@ -229,6 +231,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")
                        ) as waited:
             body_start = wall_clock()
+            region_start_unix = unix_time()
             pipe = Pipeline(p, result)
             pipe.list_keys()
             if s.run.mode == "train+predict":
@@ -243,6 +246,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
                     if w is not writer:
                         w.abort()
             body_seconds = wall_clock() - body_start
+            region_end_unix = unix_time()
         engine, enc = pipe.engine, pipe.enc
         for phase in ("train", "predict"):
             result.recompiles[phase] = engine.recompiles(phase)
@@ -263,6 +267,9 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             "harness.mlflow_startup_seconds": mlflow_seconds,
             "harness.orchestration_seconds": max(body_seconds - result.e2e_seconds, 0.0),
             "harness.lock_wait_seconds": waited,
+            # When this run held the host: lets anyone check that timed regions never overlap.
+            "harness.timed_region_start_unix_s": region_start_unix,
+            "harness.timed_region_end_unix_s": region_end_unix,
         })
         quality_meaningful = s.run.mode == "train+predict" or p.checkpoint is not None
         ckpt_path = None

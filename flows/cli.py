@@ -68,6 +68,10 @@ def run(
         help="TPC-H scale factor for generated data (same as --set source.generate.tpch.scale=S).")] = None,
     strict: Annotated[bool, typer.Option(
         help="Exit 3 when the run is INVALID (too little steady state, recompiles, quality floor).")] = False,
+    parent_run: Annotated[str | None, typer.Option(
+        help="Record this run as a child of an existing MLflow run id (sweeps, reports).")] = None,
+    tag: Annotated[list[str] | None, typer.Option(
+        help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the run summary (metrics, stages, paths) to this JSON file.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
@@ -77,14 +81,21 @@ def run(
 
     _quiet_prefect(debug)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    launched = wall_clock()
     overrides = list(set_ or [])
     if scale is not None:
         overrides.append(f"source.generate.tpch.scale={scale}")
     try:
+        extra_tags = _pairs(tag or [], "--tag")
         s = load_spec(spec, overrides)
-        from flows.benchmark import benchmark
+        from flows.benchmark import benchmark, plan
         from tasks import progress
+
+        # Every input check (and data generation) before Prefect starts: bad input fails in
+        # a second, not after the server's start-up. The flow repeats the cheap checks.
+        checked = plan(s, spec.resolve().parent)
+        if checked.generated:
+            console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
+        launched = wall_clock()
 
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
@@ -102,7 +113,7 @@ def run(
             unsubscribe = progress.subscribe(show)
             try:
                 summary = benchmark(spec=s.to_dict(), spec_dir=str(spec.resolve().parent),
-                                    launched_at=launched)
+                                    launched_at=launched, parent_run_id=parent_run, tags=extra_tags)
             finally:
                 unsubscribe()
     except (Exception, KeyboardInterrupt, SystemExit) as err:
@@ -119,6 +130,16 @@ def run(
         json_out.write_text(json.dumps(summary, indent=2, default=str))
     if summary["validity"] == "INVALID" and strict:
         raise typer.Exit(3)
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"{flag} '{item}' must look like key=value.")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v
+    return out
 
 
 def report(summary: dict[str, Any]) -> None:
@@ -163,6 +184,42 @@ def report(summary: dict[str, Any]) -> None:
         f"                     {summary['tracking_uri']}",
     ]
     out.print("\n".join(lines))
+
+
+@app.command("compile-report")
+def compile_report(
+    spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
+    repeats: Annotated[int, typer.Option(help="Interleaved rounds (each runs every variant).")] = 2,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+) -> None:
+    """Eager vs compiled encoders/pools, each in fresh processes, cold and warm Inductor cache."""
+    from flows.compile_report import collect, summarize, to_markdown
+    from tasks.spec import load_spec
+    from tasks.tracking import Tracker
+
+    tracker = None
+    try:
+        s = load_spec(spec, list(set_ or []))
+        tracker = Tracker(s.name)
+        parent = tracker.start(f"{s.name}-compile-report", {"relflow.spec_hash": s.spec_hash,
+                                                             "relflow.report": "compile"})
+        console.print(f"parent MLflow run {parent} in experiment '{s.name}'")
+        samples = collect(spec.resolve(), list(set_ or []), repeats, parent, on_sample=lambda x: console.print(
+            f"  round {x.round + 1} {x.variant:<15} {x.cache:<5} steady "
+            f"{x.metrics['compute.steady_rows_per_s']:,.0f} rows/s, first call "
+            f"{x.metrics['compute.first_call_seconds']:.2f} s (run {x.run_id})"))
+        rows = summarize(samples)
+        md = to_markdown(rows)
+        tracker.log_dict(rows, "compile_report.json")
+        tracker.log_text(md, "compile_report.md")
+        tracker.finish()
+    except (Exception, KeyboardInterrupt) as err:
+        if tracker is not None:
+            tracker.fail(err)
+        _fail(err, debug)
+        return
+    out.print(md)
 
 
 @data_app.command("tpch")

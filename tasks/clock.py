@@ -50,3 +50,8 @@ class Clock:
 def wall_clock() -> float:
     """Unsynchronised wall time for waits and harness overhead (no device work inside)."""
     return time.perf_counter()
+
+
+def unix_time() -> float:
+    """Seconds since the epoch, for timestamps that must compare across processes."""
+    return time.time()

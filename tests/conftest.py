@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="relflow-tests-"))
@@ -186,6 +187,12 @@ def write_table(table: pa.Table, path: Path) -> Path:
     else:
         raise ValueError(f"unknown suffix {path.suffix}")
     return path
+
+
+@pytest.fixture(scope="session")
+def shop_kit() -> SimpleNamespace:
+    """The shop builders for session/module-scoped fixtures (tests/ is not a package)."""
+    return SimpleNamespace(tables=make_shop_tables, spec=make_shop_spec, write_table=write_table)
 
 
 @pytest.fixture

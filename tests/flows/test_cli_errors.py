@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
 import pytest
 import yaml
 
@@ -108,16 +107,15 @@ def _env(folder: Path) -> dict[str, str]:
     return env
 
 
-def _prepare(name: str, case: Case, root: Path, shop_spec: dict, shop_tables: dict,
-             write_tables) -> tuple[Path, list[str]]:
+def _prepare(name: str, case: Case, root: Path, shop_kit) -> tuple[Path, list[str]]:
     folder = root / name
     folder.mkdir()
     if case.tpch:
         return folder, [str(DEFAULT_SPEC), *case.args]
-    spec, tables = yaml.safe_load(yaml.safe_dump(shop_spec)), dict(shop_tables)
-    spec["run"]["device"] = "cpu"
+    spec, tables = shop_kit.spec(), shop_kit.tables()
     case.edit(spec, tables)
-    write_tables(tables, "parquet", folder / "data")
+    for t_name, table in tables.items():
+        shop_kit.write_table(table, folder / "data" / f"{t_name}.parquet")
     (folder / "data" / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return folder, [str(folder / "data" / "spec.yaml"), *case.args]
 
@@ -129,17 +127,10 @@ def _run(folder: Path, args: list[str]) -> Result:
 
 
 @pytest.fixture(scope="module")
-def cli_results(tmp_path_factory, tpch_small) -> dict[str, Result]:
+def cli_results(tmp_path_factory, tpch_small, shop_kit) -> dict[str, Result]:
     """Every case run once through the CLI, three at a time (Prefect start-up dominates)."""
-    from conftest import make_shop_spec, make_shop_tables, write_table
-
-    def write_tables(tables, fmt, folder):
-        for t_name, table in tables.items():
-            write_table(table, folder / f"{t_name}.parquet")
-
     root = tmp_path_factory.mktemp("cli")
-    jobs = {name: _prepare(name, case, root, make_shop_spec(), make_shop_tables(), write_tables)
-            for name, case in CASES.items()}
+    jobs = {name: _prepare(name, case, root, shop_kit) for name, case in CASES.items()}
     # the slow (in-flow) cases first, so they overlap with each other
     order = sorted(jobs, key=lambda n: not CASES[n].in_flow)
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -206,9 +197,8 @@ def test_bad_input_prints_no_traceback(cli_results, name):
     assert "Traceback" not in cli_results[name].stderr
 
 
-def test_debug_shows_the_traceback(tmp_path, shop_spec, write_tables):
+def test_debug_shows_the_traceback(tmp_path, shop_spec):
     shop_spec["run"]["batchsize"] = 64
-    write_tables(__import__("conftest").make_shop_tables() if False else {}, "parquet", tmp_path)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(shop_spec))
     r = _run(tmp_path, [str(spec), "--debug"])
@@ -223,7 +213,3 @@ def test_missing_spec_file(tmp_path):
     assert r.returncode == 2
     assert "nope.yaml" in r.message and "does not exist" in r.message
     assert "Traceback" not in r.stderr
-
-
-def _unused(_: pa.Table) -> None:  # keep pyarrow import meaningful for type hints above
-    return None

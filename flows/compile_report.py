@@ -1,0 +1,130 @@
+"""Eager vs compiled, side by side: ``relflow-bench compile-report SPEC``.
+
+Variants: eager, encoders, pools, encoders+pools. Every measurement is a full
+``relflow-bench run`` in a fresh process (compilation state, allocator and caches never
+leak between variants), interleaved round by round with the order rotated, so drift on a
+shared machine hits every variant alike. Compiled variants run twice per round: with an
+empty Inductor cache (cold) and again with the cache the cold run just filled (warm).
+
+Each process is a child MLflow run under one parent run; the summary table (medians over
+rounds, bootstrap 95% CIs, speedup = ratio of median steady throughput to eager's, in the
+same rounds) is printed and logged to the parent as ``compile_report.json`` / ``.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.stats import median_ci
+
+VARIANTS: dict[str, tuple[bool, bool]] = {
+    "eager": (False, False),
+    "encoders": (True, False),
+    "pools": (False, True),
+    "encoders+pools": (True, True),
+}
+
+
+@dataclass
+class Sample:
+    variant: str
+    cache: str  # "none" (eager), "cold" or "warm"
+    round: int
+    metrics: dict[str, float]
+    run_id: str
+
+
+def _run_variant(spec: Path, overrides: list[str], variant: str, cache_dir: Path | None,
+                 parent_run_id: str, workdir: Path, tag: str) -> dict[str, Any]:
+    enc, pools = VARIANTS[variant]
+    out = workdir / f"{tag}.json"
+    env = dict(os.environ)
+    if cache_dir is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    cmd = [sys.executable, "-m", "flows.cli", "run", str(spec), "--json", str(out),
+           "--parent-run", parent_run_id, "--tag", f"relflow.variant={variant}",
+           "--tag", f"relflow.compile_cache={tag.split('-')[-2]}"]
+    for o in [*overrides, f"run.compile.encoders={str(enc).lower()}",
+              f"run.compile.pools={str(pools).lower()}"]:
+        cmd += ["--set", o]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"variant {variant} ({tag}) failed with exit {proc.returncode}:\n"
+                           f"{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def collect(spec: Path, overrides: list[str], repeats: int, parent_run_id: str,
+            on_sample=None) -> list[Sample]:
+    samples: list[Sample] = []
+    names = list(VARIANTS)
+    with tempfile.TemporaryDirectory(prefix="relflow-compile-") as tmp:
+        workdir = Path(tmp)
+        for r in range(repeats):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for variant in order:
+                if variant == "eager":
+                    plan = [("none", None)]
+                else:
+                    cache = workdir / f"inductor-{variant.replace('+', '_')}-{r}"
+                    plan = [("cold", cache), ("warm", cache)]
+                for kind, cache in plan:
+                    tag = f"{variant.replace('+', '_')}-{kind}-{r}"
+                    summary = _run_variant(spec, overrides, variant, cache, parent_run_id, workdir, tag)
+                    s = Sample(variant, kind, r, summary["metrics"], summary["run_id"])
+                    samples.append(s)
+                    if on_sample:
+                        on_sample(s)
+    return samples
+
+
+def summarize(samples: list[Sample]) -> list[dict[str, Any]]:
+    """One row per variant and cache state: medians over rounds, CIs, speedup vs eager."""
+
+    def pick(variant: str, cache: str, key: str) -> list[float]:
+        return [s.metrics.get(key, float("nan")) for s in samples
+                if s.variant == variant and s.cache == cache]
+
+    eager_predict = median_ci(pick("eager", "none", "compute.steady_rows_per_s"))[0]
+    eager_train = median_ci(pick("eager", "none", "compute.train.steady_rows_per_s"))[0]
+    rows = []
+    for variant in VARIANTS:
+        for cache in (("none",) if variant == "eager" else ("cold", "warm")):
+            med, lo, hi = median_ci(pick(variant, cache, "compute.steady_rows_per_s"))
+            tmed, tlo, thi = median_ci(pick(variant, cache, "compute.train.steady_rows_per_s"))
+            rows.append({
+                "variant": variant,
+                "cache": cache,
+                "rounds": len(pick(variant, cache, "compute.steady_rows_per_s")),
+                "predict_first_call_s": median_ci(pick(variant, cache, "compute.first_call_seconds"))[0],
+                "predict_steady_rows_per_s": med, "predict_ci_low": lo, "predict_ci_high": hi,
+                "predict_speedup_vs_eager": med / eager_predict if eager_predict else float("nan"),
+                "train_first_call_s": median_ci(pick(variant, cache, "compute.train.first_call_seconds"))[0],
+                "train_steady_rows_per_s": tmed, "train_ci_low": tlo, "train_ci_high": thi,
+                "train_speedup_vs_eager": tmed / eager_train if eager_train else float("nan"),
+                "recompiles": max(pick(variant, cache, "compute.recompiles") +
+                                  pick(variant, cache, "compute.train.recompiles")),
+                "host_peak_mib": max(pick(variant, cache, "memory.host_peak_bytes")) / 2**20,
+            })
+    return rows
+
+
+def to_markdown(rows: list[dict[str, Any]]) -> str:
+    head = ("| variant | cache | predict first call s | predict steady rows/s [95% CI] | speedup | "
+            "train first call s | train steady rows/s [95% CI] | speedup | recompiles | peak RSS MiB |")
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['cache']} | {r['predict_first_call_s']:.2f} | "
+            f"{r['predict_steady_rows_per_s']:,.0f} [{r['predict_ci_low']:,.0f}, {r['predict_ci_high']:,.0f}] | "
+            f"{r['predict_speedup_vs_eager']:.2f}x | {r['train_first_call_s']:.2f} | "
+            f"{r['train_steady_rows_per_s']:,.0f} [{r['train_ci_low']:,.0f}, {r['train_ci_high']:,.0f}] | "
+            f"{r['train_speedup_vs_eager']:.2f}x | {int(r['recompiles'])} | {r['host_peak_mib']:,.0f} |")
+    return "\n".join(lines)
