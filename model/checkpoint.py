@@ -92,9 +92,7 @@ class Checkpoint:
     optimizer_settings: dict[str, Any] | None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def resume_optimizer(
-        self, settings: AdamW | dict[str, Any] | None = None
-    ) -> torch.optim.Optimizer:
+    def resume_optimizer(self, settings: AdamW | dict[str, Any] | None = None) -> torch.optim.Optimizer:
         """Build the optimizer for ``self.model`` and restore its saved state.
 
         ``settings`` (default: ``self.model.optimizer``) must equal the saved settings."""
@@ -132,9 +130,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{path}: checkpoint format {payload.get('format')!r} is not {FORMAT_VERSION}; "
             "re-save it with this version of the model package"
         )
-    model = RelationalTransformer(
-        schema_from_dict(payload["schema"]), ModelConfig(**payload["config"])
-    )
+    model = RelationalTransformer(schema_from_dict(payload["schema"]), ModelConfig(**payload["config"]))
     model.load_state_dict(payload["model"])
     model.to(map_location)
     settings = payload["optimizer_settings"]

@@ -66,18 +66,12 @@ class CoordinateEncoder(nn.Module):
         nn.init.normal_(self.category_table.weight, std=0.02)
         offsets = torch.tensor([sum(cards[:i]) for i in range(K)], dtype=torch.long)
         self.register_buffer("category_offset_K", offsets, persistent=False)
-        self.register_buffer(
-            "category_cardinality_K", torch.tensor(cards, dtype=torch.long), persistent=False
-        )
+        self.register_buffer("category_cardinality_K", torch.tensor(cards, dtype=torch.long), persistent=False)
         self.column_identity_TD = nn.Parameter(torch.randn(self.tokens_per_row, d_model) * 0.02)
-        self.row_position = (
-            nn.Embedding(node.max_length, d_model) if node.max_length > 1 else None
-        )
+        self.row_position = nn.Embedding(node.max_length, d_model) if node.max_length > 1 else None
         if self.row_position is not None:
             nn.init.normal_(self.row_position.weight, std=0.02)
-        self.mask_value_D = (
-            nn.Parameter(torch.randn(d_model) * 0.02) if self.target_index is not None else None
-        )
+        self.mask_value_D = nn.Parameter(torch.randn(d_model) * 0.02) if self.target_index is not None else None
 
     def check(self, categorical_RK: torch.Tensor) -> None:
         """Category indices must fit their column's table (else they read a neighbour's)."""
@@ -107,16 +101,12 @@ class CoordinateEncoder(nn.Module):
         if self.num_continuous:
             zero_RC = continuous_null_RC
             if target is not None and target < self.num_continuous:
-                is_target_C = torch.zeros(
-                    self.num_continuous, dtype=torch.bool, device=continuous_RC.device
-                )
+                is_target_C = torch.zeros(self.num_continuous, dtype=torch.bool, device=continuous_RC.device)
                 is_target_C[target] = True
                 zero_RC = zero_RC | is_target_C
             value_RC = torch.where(zero_RC, torch.zeros_like(continuous_RC), continuous_RC)
             value_RCD = value_RC.unsqueeze(-1) * self.continuous_weight_CD + self.continuous_bias_CD
-            parts.append(
-                torch.where(continuous_null_RC.unsqueeze(-1), self.continuous_null_CD, value_RCD)
-            )
+            parts.append(torch.where(continuous_null_RC.unsqueeze(-1), self.continuous_null_CD, value_RCD))
         if self.num_categorical:
             index_RK = categorical_RK
             if target is not None and target >= self.num_continuous:

@@ -9,8 +9,8 @@ Design choices:
   The DataLoader visits workers round-robin, so batches still arrive in row order.
 - Encoding runs in the worker (``encode(table_slice) -> Batch``); pass ``encode`` (must be
   picklable for workers, e.g. a module-level function or ``functools.partial``), or pass
-  ``encoding`` (a fitted ``model.arrow.Encoding``) to use ``model.arrow.encode`` with the
-  model's schema.
+  ``layout`` and ``encoding`` (a fitted ``model.arrow.Encoding``) to use
+  ``model.arrow.encode(table, model.schema, layout, encoding)``.
 - Loader settings that cannot apply are ignored with a warning: ``persistent_workers`` and
   ``prefetch_factor`` without workers, ``pin_memory`` when the model is not on CUDA.
 - Batch order is not shuffled (a shuffle belongs to the preprocess stage).
@@ -91,24 +91,24 @@ class ArrowDataModule:
         prefetch_factor: int | None = 2,
         encode: Encode | None = None,
         encoding: Any = None,
+        layout: Any = None,
     ) -> None:
         batch_size = batch_size if batch_size is not None else getattr(model, "batch_size", None)
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(
-                f"batch_size={batch_size!r} must be a positive integer; pass batch_size= or "
-                "set model.batch_size"
+                f"batch_size={batch_size!r} must be a positive integer; pass batch_size= or set model.batch_size"
             )
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be >= 0")
         if encode is None:
-            if encoding is None:
+            if encoding is None or layout is None:
                 raise ValueError(
-                    "ArrowDataModule needs encode=callable(table) -> Batch, or encoding= (a "
-                    "fitted model.arrow.Encoding) to use model.arrow.encode"
+                    "ArrowDataModule needs encode=callable(table) -> Batch, or layout= and "
+                    "encoding= (a fitted model.arrow.Encoding) to use model.arrow.encode"
                 )
-            from .arrow import encode as arrow_encode  # lazy: arrow.py is optional here
+            from .arrow import encode as arrow_encode  # lazy: only needed on this path
 
-            encode = functools.partial(arrow_encode, schema=model.schema, encoding=encoding)
+            encode = functools.partial(arrow_encode, schema=model.schema, layout=layout, enc=encoding)
         self.model = model
         self.train = train
         self.validate = validate

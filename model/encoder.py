@@ -74,9 +74,7 @@ class EncoderStack(nn.Module):
 
     def __init__(self, d_model: int, layers: int, heads: int, dropout: float, ffn_mult: int):
         super().__init__()
-        self.layers = nn.ModuleList(
-            EncoderLayer(d_model, heads, dropout, ffn_mult) for _ in range(layers)
-        )
+        self.layers = nn.ModuleList(EncoderLayer(d_model, heads, dropout, ffn_mult) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x_NSD: torch.Tensor, mask_NS: torch.Tensor | None = None) -> torch.Tensor:

@@ -141,9 +141,7 @@ def encode_packed(
     if pool is not None:
         dtype = functools.reduce(torch.promote_types, [p.dtype for p in pooled_parts])
         values = torch.cat([p.to(dtype) for p in pooled_parts])
-        pooled_PD = values.new_zeros(P, values.shape[-1]).index_copy(
-            0, torch.cat(instance_parts), values
-        )
+        pooled_PD = values.new_zeros(P, values.shape[-1]).index_copy(0, torch.cat(instance_parts), values)
     out = {}
     D = empty_D.shape[-1]
     for name in row_outputs:

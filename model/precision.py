@@ -18,9 +18,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def autocast_context(
-    device: torch.device | str, precision: Precision
-) -> contextlib.AbstractContextManager[None]:
+def autocast_context(device: torch.device | str, precision: Precision) -> contextlib.AbstractContextManager[None]:
     device = torch.device(device)
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not one of {PRECISIONS}")

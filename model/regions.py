@@ -49,8 +49,7 @@ def has_hooks(module: nn.Module) -> bool:
     ):
         return True
     return any(
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-        for m in module.modules()
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in module.modules()
     )
 
 

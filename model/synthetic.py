@@ -38,9 +38,7 @@ def random_batch(
         else:
             rate = fill if isinstance(fill, float | int) else fill.get(node.name, 0.5)
             L = reserved[-1]
-            count = torch.distributions.Binomial(L, torch.tensor(float(rate))).sample(
-                shape[:-1]
-            )
+            count = torch.distributions.Binomial(L, torch.tensor(float(rate))).sample(shape[:-1])
             count = torch.where(parent_present[node.name], count, torch.zeros_like(count))
             present = torch.arange(L) < count.unsqueeze(-1)
         for child in node.children:
@@ -83,5 +81,3 @@ def occupancy(batch: Batch, schema: ModelSchema) -> float:
         present += int(p.sum()) * tokens
         reserved += p.numel() * tokens
     return present / reserved
-
-

@@ -83,25 +83,13 @@ class RelationalTransformer(nn.Module):
                     "in the schema (e.g. replace '.' with '_')"
                 )
         self.coordinates = nn.ModuleDict(
-            {
-                n.name: CoordinateEncoder(
-                    n, D, target.column if n.name == target.node else None
-                )
-                for n in nodes
-            }
+            {n.name: CoordinateEncoder(n, D, target.column if n.name == target.node else None) for n in nodes}
         )
         self.encoders = nn.ModuleDict(
-            {
-                n.name: EncoderStack(D, cfg.layers, cfg.heads, cfg.dropout, cfg.ffn_mult)
-                for n in nodes
-            }
+            {n.name: EncoderStack(D, cfg.layers, cfg.heads, cfg.dropout, cfg.ffn_mult) for n in nodes}
         )
-        self.pools = nn.ModuleDict(
-            {n.name: AttentionPool(D) for n in nodes if n.reduce == "attention"}
-        )
-        self.empty = nn.ParameterDict(
-            {n.name: nn.Parameter(torch.randn(D) * 0.02) for n in nodes}
-        )
+        self.pools = nn.ModuleDict({n.name: AttentionPool(D) for n in nodes if n.reduce == "attention"})
+        self.empty = nn.ParameterDict({n.name: nn.Parameter(torch.randn(D) * 0.02) for n in nodes})
         self.head = nn.Linear(D, target.num_classes)
         self._parent = {c.name: n.name for n in nodes for c in n.children}
 
@@ -195,16 +183,10 @@ class RelationalTransformer(nn.Module):
         if self._packing == "off":
             return False
         stack = self.encoders[name]
-        return (
-            is_stock(stack, STOCK_ENCODER_TYPES)
-            and not has_hooks(stack)
-            and not dropout_active(stack)
-        )
+        return is_stock(stack, STOCK_ENCODER_TYPES) and not has_hooks(stack) and not dropout_active(stack)
 
     # --------------------------------------------------------------------------- forward
-    def forward(
-        self, batch: Batch, outputs: Iterable[str] = ("prediction",)
-    ) -> dict[str, torch.Tensor]:
+    def forward(self, batch: Batch, outputs: Iterable[str] = ("prediction",)) -> dict[str, torch.Tensor]:
         outputs = self._parse_outputs(outputs)
         schema = self.schema
         target = schema.target
@@ -279,9 +261,7 @@ class RelationalTransformer(nn.Module):
         reserved = self.schema.reserved_shape(node.name)
         return (batch_rows, *reserved) if reserved else (batch_rows, 1)
 
-    def _node_rows(
-        self, node: NodeDef, tensors: NodeTensors, children: list[torch.Tensor], B: int
-    ) -> NodeRows:
+    def _node_rows(self, node: NodeDef, tensors: NodeTensors, children: list[torch.Tensor], B: int) -> NodeRows:
         shape = self._row_shape(node, B)
         expected = (B, *self.schema.reserved_shape(node.name))
         C, K = len(node.continuous), len(node.categorical)
@@ -329,15 +309,11 @@ class RelationalTransformer(nn.Module):
             )
         rows = self._node_rows(node, batch.nodes[node.name], children, batch.size)
         name = node.name
-        stack = self._regions.callable_for(
-            "encoder", name, self.encoders[name], STOCK_ENCODER_TYPES
-        )
+        stack = self._regions.callable_for("encoder", name, self.encoders[name], STOCK_ENCODER_TYPES)
         pool = None
         if want_pool:
             if name in self.pools:
-                pool = self._regions.callable_for(
-                    "pool", name, self.pools[name], STOCK_POOL_TYPES
-                )
+                pool = self._regions.callable_for("pool", name, self.pools[name], STOCK_POOL_TYPES)
             else:
                 pool = mean_pool
         packed = self._packs(name)
@@ -358,8 +334,7 @@ class RelationalTransformer(nn.Module):
         """Mean loss over ``label_present`` cells: CE / BCE-with-logits / MSE."""
         if "prediction" not in outputs:
             raise ValueError(
-                "loss needs the 'prediction' output; call forward(batch, "
-                "outputs=('prediction', ...)) first"
+                "loss needs the 'prediction' output; call forward(batch, outputs=('prediction', ...)) first"
             )
         pred = outputs["prediction"]
         keep = batch.label_present
@@ -369,9 +344,7 @@ class RelationalTransformer(nn.Module):
         if kind == "category":
             return F.cross_entropy(pred[keep].float(), batch.labels[keep].long())
         if kind == "binary":
-            return F.binary_cross_entropy_with_logits(
-                pred[keep].float(), batch.labels[keep].float()
-            )
+            return F.binary_cross_entropy_with_logits(pred[keep].float(), batch.labels[keep].float())
         return F.mse_loss(pred[keep].float(), batch.labels[keep].float())
 
     def configure_optimizer(self) -> torch.optim.Optimizer:

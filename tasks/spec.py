@@ -276,10 +276,24 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def _describe(err: ValidationError, source: str) -> str:
+def _key_path(loc: tuple[Any, ...], raw: Any) -> str:
+    """Pydantic's location as the user writes it: list items by branch name, not index."""
+    parts, node = [], raw
+    for p in loc:
+        if isinstance(node, list) and isinstance(p, int) and p < len(node):
+            node = node[p]
+            name = node.get("name") if isinstance(node, dict) else None
+            parts.append(str(name) if isinstance(name, str) and name else str(p))
+            continue
+        parts.append(str(p))
+        node = node.get(p) if isinstance(node, dict) else None
+    return ".".join(parts)
+
+
+def _describe(err: ValidationError, source: str, raw: Any = None) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = _key_path(e["loc"], raw) or "(top level)"
         if e["type"] == "extra_forbidden":
             msg = f"unknown key '{loc}'; remove it or fix its spelling"
         elif e["type"] == "missing":
@@ -296,7 +310,7 @@ def parse_spec(raw: dict[str, Any], source: str = "") -> Spec:
     try:
         return Spec.model_validate(raw)
     except ValidationError as err:
-        raise UserError(_describe(err, source)) from None
+        raise UserError(_describe(err, source, raw)) from None
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> Spec:

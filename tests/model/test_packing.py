@@ -100,9 +100,7 @@ def test_customized_or_hooked_region_runs_padded(model):
     assert model.last_encoder_path == "mixed"  # lineitem padded, the others packed
     stack.layers[0] = old
     seen = []
-    handle = model.encoders["orders"].layers[1].ffn.register_forward_hook(
-        lambda m, a, o: seen.append(o.shape)
-    )
+    handle = model.encoders["orders"].layers[1].ffn.register_forward_hook(lambda m, a, o: seen.append(o.shape))
     model(batch, outputs=("branch_embedding:orders",))
     assert model.last_encoder_paths == {"orders": "padded", "lineitem": "packed"}
     assert model.last_encoder_path == "mixed"

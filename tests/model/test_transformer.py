@@ -8,7 +8,6 @@ import torch
 from model import ModelConfig, RelationalTransformer
 from model.synthetic import random_batch
 
-
 ALL = (
     "prediction",
     "root_embedding",

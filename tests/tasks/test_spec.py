@@ -37,7 +37,7 @@ def test_default_spec_is_valid():
         (lambda r: r["run"].update(batchsize=3), ["run.batchsize", "unknown key"]),
         (lambda r: r.update(extra_section={}), ["extra_section", "unknown key"]),
         (lambda r: r["schema"]["branches"][0].update(max_lenght=3),
-         ["max_lenght", "unknown key"]),
+         ["schema.branches.lineitem.max_lenght", "unknown key"]),
     ],
     ids=["run-key", "top-level", "branch-key"],
 )
@@ -102,6 +102,11 @@ def test_cross_checks_name_what_is_wrong():
     assert "d_model (30)" in error_of(raw)
 
 
+def test_branch_keys_are_named_by_branch_name(shop_spec):
+    shop_spec["schema"]["branches"][0]["branches"][0]["max_length"] = 0
+    assert "'schema.branches.orders.branches.lines.max_length'" in error_of(shop_spec)
+
+
 def test_nested_branch_without_key_is_rejected(shop_spec):
     del shop_spec["schema"]["branches"][0]["key"]
     msg = error_of(shop_spec)
@@ -152,7 +157,7 @@ def test_set_finds_a_nested_branch(shop_spec):
     [
         ("run.batch_size", ["--set 'run.batch_size'", "key.path=value"]),
         ("nonsense.x=1", ["'nonsense'", "branch name"]),
-        ("lineitem.max_length=-1", ["max_length", "-1"]),
+        ("lineitem.max_length=-1", ["schema.branches.lineitem.max_length", "-1"]),
         ("lineitem.nope=1", ["nope", "unknown key"]),
         ("run.batch_size=lots", ["run.batch_size", "'lots'"]),
         ("run.batch_size.x=1", ["run.batch_size.x"]),
