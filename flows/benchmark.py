@@ -27,6 +27,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from model.arrow import Encoding
+from model.meta import inspect_on_meta
 from tasks import compute as compute_stage
 from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
@@ -277,6 +278,11 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             ckpt_path = output.with_suffix(".ckpt")
             save_run_checkpoint(ckpt_path, engine, enc, s)
             tracker.log_artifact(ckpt_path, "checkpoint")
+        shape = inspect_on_meta(engine.schema, engine.model.config,
+                                outputs=engine.needed_outputs(tuple(s.task.outputs)))
+        tracker.log_params({"model.parameters": shape["parameters"],
+                            "model.flops_per_root_row": shape["flops_per_root_row"],
+                            "run.resolved_device": str(p.device)})
         metrics = result.metrics()
         reasons = verdict(s, metrics, engine.quality.headline)
         if not quality_meaningful and s.task.min_quality is not None:

@@ -240,6 +240,20 @@ def data_tpch(
     out.print(f"TPC-H scale {scale:g}: {folder} ({verb})")
 
 
+from flows.cli_reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd  # noqa: E402
+
+app.command("compare")(compare_cmd)
+app.command("history")(history_cmd)
+app.command("dashboard")(dashboard_cmd)
+app.command("ui")(ui_cmd)
+
+
+from flows.cli_fleet import serve_cmd, sweep_cmd  # noqa: E402
+
+app.command("sweep")(sweep_cmd)
+app.command("serve")(serve_cmd)
+
+
 def main() -> None:
     try:
         app()

@@ -104,8 +104,10 @@ def _as_float(arr: pa.Array, kind: str) -> np.ndarray:
             arr = arr.cast(pa.date32()).cast(pa.int32())
             scale = 1.0  # days
         else:
-            arr = arr.cast(pa.timestamp("s")).cast(pa.int64())
-            scale = 86_400.0
+            # ticks in the column's own unit: a cast to seconds fails on sub-second values,
+            # and ns ticks exceed 2**53, so the float cast is unchecked
+            scale = 86_400.0 * {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}[arr.type.unit]
+            arr = arr.cast(pa.int64()).cast(pa.float64(), safe=False)
         out = arr.cast(pa.float64()).to_numpy(zero_copy_only=False) / scale
     else:
         out = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)

@@ -80,8 +80,10 @@ class Engine:
         if c.encoders or c.pools:
             self.model.compile(encoders=c.encoders, pools=c.pools, backend=c.backend,
                                dynamic=c.dynamic)
-        self.optimizer_settings = adamw(learning_rate=spec.run.learning_rate,
-                                        fused=None if device.type == "cpu" else True)
+        # The seed note's factory: fused AdamW by default (torch 2.13 has a CPU fused kernel).
+        self.model.optimizer = adamw(learning_rate=spec.run.learning_rate)
+        self.model.batch_size = spec.run.batch_size
+        self.optimizer_settings = self.model.optimizer
         self.optimizer: torch.optim.Optimizer | None = None
         self.clock = clock or Clock(device)
         bs, wu = spec.run.batch_size, spec.run.warmup_batches
@@ -123,7 +125,7 @@ class Engine:
         if rows.numel() == 0:
             return
         if self.optimizer is None:
-            self.optimizer = self.optimizer_settings.build(self.model)
+            self.optimizer = self.model.configure_optimizer()
         self.model.train()
         order = rows[torch.randperm(rows.numel(), generator=self._generator)]
         t = self.train_timings
@@ -145,13 +147,17 @@ class Engine:
         self.wall_seconds += wall.seconds
         self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
 
+    @staticmethod
+    def needed_outputs(outputs: tuple[str, ...]) -> tuple[str, ...]:
+        """Model outputs to compute: the selected ones, plus the prediction head (quality
+        needs it and top-k is derived from its logits)."""
+        return tuple(dict.fromkeys(["prediction", *(o for o in outputs if not o.startswith("topk:"))]))
+
     @torch.no_grad()
     def predict(self, tz: Tensorized, outputs: tuple[str, ...]) -> PredictOutputs:
         """Selected outputs for every root row; quality accumulates over validation rows."""
         self.model.eval()
-        # Quality needs the prediction head, and top-k is derived from its logits; other
-        # outputs are computed only when selected.
-        need = tuple(dict.fromkeys(["prediction", *(o for o in outputs if not o.startswith("topk:"))]))
+        need = self.needed_outputs(outputs)
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in need}
         t = self.predict_timings
         with self.clock.measure() as wall:

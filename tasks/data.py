@@ -46,7 +46,9 @@ def ensure_tpch(scale: float, root: Path | None = None) -> tuple[Path, bool]:
             capture_output=True,
             text=True,
         )
-        if target.exists():
+        if all((target / f"{t}.parquet").is_file() for t in TPCH_TABLES):
+            return target, False  # another process finished first and may be reading it
+        if target.exists():  # an incomplete folder from before: replace it
             shutil.rmtree(target)
         tmp.rename(target)
     except subprocess.CalledProcessError as err:

@@ -50,7 +50,13 @@ class SourceTable:
                     reader = ipc.open_file(src)
                     total += sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
             return total
-        return sum(pl.scan_csv(f).select(pl.len()).collect().item() for f in self.files)
+        total = 0
+        for f in self.files:
+            try:
+                total += pl.scan_csv(f).select(pl.len()).collect().item()
+            except pl.exceptions.NoDataError:  # a zero-byte file: no rows, no header
+                pass
+        return total
 
 
 def resolve_sources(spec: Spec, base: Path) -> dict[str, SourceTable]:
@@ -87,7 +93,15 @@ def _kind_fits(kind: str, dtype: pa.DataType) -> bool:
 
 
 def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
-    """Cheap metadata checks: columns exist with usable types, keys exist, tables not empty."""
+    """Cheap metadata checks: tables not empty, columns exist with usable types, keys exist."""
+    # Emptiness first: an empty CSV has no types to infer, so a column check would mislead.
+    used = {spec.schema_.root.table, *(b.table for b, _ in spec.schema_.walk())}
+    for name in sorted(used):
+        if sources[name].num_rows == 0:
+            raise UserError(
+                f"Table '{name}' ({sources[name].files[0]}) is empty: a benchmark needs rows. "
+                "Regenerate or point source.tables at a file with data."
+            )
     schemas = {name: src.schema for name, src in sources.items()}
 
     def need(table: str, column: str, role: str) -> pa.DataType:
@@ -130,9 +144,3 @@ def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
             f"task.target '{task.target}' has type {dtype}; a regression target must be numeric. "
             "Use task.kind: category for labels."
         )
-    for name in {root.table, *(b.table for b, _ in spec.schema_.walk())}:
-        if sources[name].num_rows == 0:
-            raise UserError(
-                f"Table '{name}' ({sources[name].files[0]}) is empty: a benchmark needs rows. "
-                "Regenerate or point source.tables at a file with data."
-            )

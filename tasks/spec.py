@@ -173,6 +173,12 @@ class Run(Strict):
     checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
     output_dir: str = "outputs"
 
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _bare_off(cls, v: Any) -> Any:
+        """YAML reads a bare ``off`` (``packing: off``, ``--set run.packing=off``) as false."""
+        return "off" if v is False else v
+
 
 class Spec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")

@@ -26,7 +26,7 @@ def _leaf_array(values: np.ndarray) -> pa.Array:
     """[n] -> plain array; [n, D] -> fixed_size_list<D>."""
     if values.ndim == 1:
         return pa.array(values)
-    width = values.shape[-1]
+    width = values.shape[1]  # the outer list; deeper dims nest inside it
     inner = _leaf_array(values.reshape(-1, *values.shape[2:])) if values.ndim > 2 else pa.array(
         values.reshape(-1))
     return pa.FixedSizeListArray.from_arrays(inner, width)

@@ -4,11 +4,9 @@ Each case runs ``python -m flows.cli run SPEC`` in its own folder (cwd, so ``./o
 ``./mlflow.db`` land there) with its own MLflow store and ``PREFECT_HOME``. Spec and source
 errors (files, columns, keys, empty tables) stop before Prefect starts, in a few seconds;
 ``overflow: error`` is found in the data, after Prefect's temporary server started and the
-MLflow run began (15-30 s). All cases run once per module, the slow one beside the quick
-ones, and each test reads its own result.
-
-The ``overflow: error`` case is the one raised after the MLflow run started: it runs the
-default TPC-H workload with ``--set lineitem.max_length=2 --set lineitem.overflow=error``.
+MLflow run began (15-30 s): it runs the default TPC-H workload with
+``--set lineitem.max_length=2 --set lineitem.overflow=error``. All cases run once per
+module, the slow one beside the quick ones, and each test reads its own result.
 """
 
 from __future__ import annotations
@@ -62,18 +60,19 @@ def _empty_lines(spec, tables):
 
 
 CASES: dict[str, Case] = {
-    "unknown-key": Case(_set(["run", "batchsize"], 64), ["unknown key", "run.batchsize"], False),
+    "unknown-key": Case(_set(["run", "batchsize"], 64), ["unknown key 'run.batchsize'", "fix its spelling"],
+                        False),
     "mistyped-value": Case(_set(["run", "batch_size"], "big"), ["run.batch_size", "'big'"], False),
-    "bad-override": Case(lambda s, t: None, ["orders.max_length", "greater than 0"], False,
+    "bad-override": Case(lambda s, t: None, ["'schema.branches.orders.max_length'", "greater than 0"], False,
                          args=["--set", "orders.max_length=0"]),
     "missing-file": Case(_set(["source", "tables", "orders"], "nope.parquet"),
                          ["Table 'orders'", "nope.parquet", "does not exist", "source.tables.orders"],
                          False),
     "missing-column": Case(_missing_column, ["Column 'o_priority'", "table 'orders'", "Fix the spec"],
                            False),
-    "missing-parent-key": Case(_bad_parent_key, ["'o_customer'", "parent_key", "table 'orders'"],
-                               False),
-    "empty-table": Case(_empty_lines, ["Table 'lines'", "is empty"], False),
+    "missing-parent-key": Case(_bad_parent_key, ["'o_customer'", "parent_key", "table 'orders'",
+                                                "Fix the spec"], False),
+    "empty-table": Case(_empty_lines, ["Table 'lines'", "is empty", "source.tables"], False),
     "overflow-error": Case(lambda s, t: None, ["Branch 'lineitem'", "overflow: error",
                                                "max_length to at least 7"], True,
                            args=["--set", "lineitem.max_length=2", "--set", "lineitem.overflow=error"],

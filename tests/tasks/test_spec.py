@@ -193,3 +193,14 @@ def test_spec_round_trips_through_yaml(tmp_path):
     again = load_spec(path)
     assert again == spec
     assert again.spec_hash == spec.spec_hash
+
+
+def test_bare_off_means_off(tmp_path):
+    # YAML 1.1 reads a bare `off` as false; the documented spelling must still work
+    assert load_spec(DEFAULT, ["run.packing=off"]).run.packing == "off"
+    raw = raw_default()
+    raw["run"]["packing"] = False
+    assert parse_spec(raw).run.packing == "off"
+    path = tmp_path / "spec.yaml"
+    path.write_text(DEFAULT.read_text().replace("packing: auto", "packing: off"))
+    assert load_spec(path).run.packing == "off"

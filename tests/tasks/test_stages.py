@@ -30,7 +30,6 @@ from tasks.spec import Spec, parse_spec
 from tasks.tensorize import fit, tensorize
 from tasks.write import PredictionWriter, to_table
 
-
 # --- helpers ---------------------------------------------------------------------------
 
 
@@ -178,6 +177,56 @@ def test_list_root_keys_sorts_and_collapses_duplicates(tmp_path, shop_spec, shop
     spec = spec_of(shop_spec)
     keys, _ = list_root_keys(spec, resolve_sources(spec, tmp_path))
     assert keys.tolist() == [1, 2, 3, 4, 5]
+
+
+# --- sources: the up-front checks ------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "ipc", "csv"])
+def test_an_empty_table_is_named(tmp_path, write_tables, shop_tables, shop_spec, fmt):
+    tables = dict(shop_tables, lines=shop_tables["lines"].slice(0, 0))
+    write_tables(tables, fmt)
+    suffix = {"parquet": "parquet", "ipc": "arrow", "csv": "csv"}[fmt]
+    shop_spec["source"]["tables"] = {t: f"{t}.{suffix}" for t in tables}
+    spec = spec_of(shop_spec)
+    # (a header-only CSV has no column types: emptiness must be reported, not a type clash)
+    with pytest.raises(UserError, match=r"Table 'lines' \(.*lines\.\w+\) is empty"):
+        check_sources(spec, resolve_sources(spec, tmp_path))
+
+
+def test_a_zero_byte_csv_is_an_empty_table(tmp_path, write_tables, shop_tables, shop_spec):
+    write_tables(shop_tables, "csv")
+    (tmp_path / "lines.csv").write_text("")
+    shop_spec["source"]["tables"] = {t: f"{t}.csv" for t in shop_tables}
+    spec = spec_of(shop_spec)
+    with pytest.raises(UserError, match="Table 'lines'.*is empty"):
+        check_sources(spec, resolve_sources(spec, tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("edit", "names"),
+    [
+        (lambda r: r["schema"]["root"]["columns"].update(c_nope="numeric"),
+         ["Column 'c_nope'", "table 'customers'", "c_balance"]),
+        (lambda r: lines_branch(r).update(parent_key="l_parent"), ["'l_parent'", "parent_key", "'lines'"]),
+        (lambda r: orders_branch(r).update(order_by={"column": "o_when"}), ["'o_when'", "order_by"]),
+        (lambda r: r["schema"]["root"]["columns"].update(c_segment="numeric"),
+         ["'c_segment'", "cannot be read as 'numeric'"]),
+        (lambda r: r["task"].update(target="churn", kind="regression"), ["task.target 'churn'", "numeric"]),
+        (lambda r: r["source"]["tables"].update(orders="missing.parquet"),
+         ["Table 'orders'", "missing.parquet", "does not exist"]),
+        (lambda r: r["source"]["tables"].update(orders="orders.txt"), ["Table 'orders'", "orders.txt"]),
+    ],
+    ids=["root-column", "parent-key", "order-by", "kind", "regression-target", "missing-file", "suffix"],
+)
+def test_source_checks_name_the_culprit(shop_files, shop_spec, edit, names):
+    (shop_files / "orders.txt").write_text("o_id\n1\n")
+    edit(shop_spec)
+    spec = spec_of(shop_spec)
+    with pytest.raises(UserError) as info:
+        check_sources(spec, resolve_sources(spec, shop_files))
+    for part in names:
+        assert part in str(info.value)
 
 
 # --- preprocess --------------------------------------------------------------------------
@@ -433,6 +482,22 @@ def test_standardisation_is_fitted_on_training_rows_only(shop_spec, pre):
         (5.0 - np.mean(totals)) / np.std(totals), rel=1e-5)
 
 
+def test_sub_second_and_nanosecond_timestamps(shop_spec, shop_tables):
+    orders = shop_tables["orders"]
+    ns = pa.array([None if v is None else v + dt.timedelta(microseconds=123_456)
+                   for v in orders["o_date"].to_pylist()], pa.timestamp("us")).cast(pa.timestamp("ns"))
+    tables = dict(shop_tables, orders=orders.set_column(orders.schema.get_field_index("o_date"), "o_date", ns))
+    spec = spec_of(shop_spec)
+    pre = preprocess(spec, retrieved_of(tables))
+    enc, schema = fit(spec, pre)
+    kept = [dt.datetime(2024, m, d, h) + dt.timedelta(microseconds=123_456)
+            for m, d, h in ((1, 1, 10), (2, 1, 10), (1, 10, 8), (1, 15, 8), (5, 5, 12))]
+    days = [(t - dt.datetime(1970, 1, 1)).total_seconds() / 86_400 for t in kept]
+    assert enc.mean["orders.o_date"] == pytest.approx(np.mean(days), abs=1e-6)
+    tz = tensorize(spec, pre, enc, schema)
+    assert tz.batch.nodes["orders"].continuous_null[..., 0].nonzero().tolist() == [[1, 0]]
+
+
 def test_regression_and_binary_targets(shop_spec, shop_tables):
     tables = dict(shop_tables)
     cust = tables["customers"]
@@ -537,6 +602,18 @@ def test_regression_predictions_are_unscaled(shop_spec, shop_tables):
                           {k: v.present for k, v in tz.batch.nodes.items()})
     table = to_table(spec, schema, enc, tz.keys, outs)
     assert table["prediction"].to_pylist() == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
+
+
+def test_multi_dimensional_outputs_keep_their_shape():
+    from tasks.write import nest
+
+    for shape in [(4,), (4, 3), (4, 3, 2), (4, 3, 2, 2)]:
+        values = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        assert nest(values, []).to_pylist() == values.tolist()
+    # [B=2, L=2] presence, 3 present rows with a [2, 2] output each
+    mask = np.array([[True, True], [True, False]])
+    values = np.arange(3 * 4, dtype=np.float32).reshape(3, 2, 2)
+    assert nest(values, [mask]).to_pylist() == [values[:2].tolist(), values[2:].tolist()]
 
 
 def test_writer_commits_atomically(tmp_path: Path):

@@ -1,0 +1,208 @@
+"""Pure functions from ``RunRecord``s to Plotly figures (no MLflow, no files).
+
+Each function takes the runs of one experiment, oldest first, and returns a figure; when the
+runs hold nothing to draw (no compile variants, no packing pairs) the figure says so in a
+note instead of failing, so a dashboard always renders.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboards.compare import IDENTITY_PARAMS
+from dashboards.history import HISTORY_METRICS, HistoryStep, series
+from tasks.records import STAGES
+from tasks.tracking import RunRecord
+
+HEADLINE = {"category": "accuracy", "binary": "auc", "regression": "mae"}
+LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=110))
+
+
+def benchmark_runs(runs: Sequence[RunRecord]) -> list[RunRecord]:
+    """FINISHED runs that carry benchmark metrics (report parents and dashboards carry none)."""
+    return [r for r in runs if r.status == "FINISHED" and "e2e.rows_per_s" in r.metrics]
+
+
+def _note(fig: go.Figure, text: str) -> go.Figure:
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(size=14, color="#666"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def varying_params(runs: Sequence[RunRecord]) -> list[str]:
+    """Spec params that differ between the runs: what explains their differences."""
+    keys = sorted({k for r in runs for k in r.params} - IDENTITY_PARAMS)
+    return [k for k in keys if len({r.params.get(k) for r in runs}) > 1]
+
+
+def _hover(run: RunRecord, keys: Sequence[str]) -> str:
+    lines = [f"<b>{run.label}</b>"] + [f"{k} = {run.params.get(k, '(unset)')}" for k in keys]
+    return "<br>".join(lines)
+
+
+def stage_breakdown(runs: Sequence[RunRecord]) -> go.Figure:
+    """Stacked bars per run: where the end-to-end seconds go, stage by stage."""
+    runs = benchmark_runs(runs)
+    fig = go.Figure()
+    fig.update_layout(title="Stage breakdown per run (seconds, stacked = end-to-end)", barmode="stack",
+                      yaxis_title="seconds", **LAYOUT)
+    if not runs:
+        return _note(fig, "no FINISHED benchmark runs")
+    labels = [r.label for r in runs]
+    keys = varying_params(runs)
+    for stage in STAGES:
+        fig.add_bar(name=stage, x=labels, y=[r.metrics.get(f"stage.{stage}.seconds", 0.0) for r in runs],
+                    hovertext=[_hover(r, keys) for r in runs])
+    fig.update_xaxes(tickangle=-35)
+    return fig
+
+
+def compile_variant(run: RunRecord) -> str:
+    """eager / encoders / pools / encoders+pools, with the Inductor cache state when tagged."""
+    variant = run.tags.get("relflow.variant")
+    if variant is None:
+        enc = run.params.get("run.compile.encoders", "False").lower() == "true"
+        pools = run.params.get("run.compile.pools", "False").lower() == "true"
+        variant = "+".join(n for n, on in (("encoders", enc), ("pools", pools)) if on) or "eager"
+    cache = run.tags.get("relflow.compile_cache")
+    return f"{variant} ({cache})" if cache in ("cold", "warm") else variant
+
+
+def _median_range(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def first_call_vs_steady(runs: Sequence[RunRecord]) -> go.Figure:
+    """Per compile variant: first-call seconds (compile included) next to steady rows/s."""
+    runs = benchmark_runs(runs)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "first call (s, includes compilation)", "steady-state throughput (rows/s)"))
+    fig.update_layout(title="First call vs steady state, eager vs compiled (median, bars = range over runs)",
+                      showlegend=False, **LAYOUT)
+    if not runs:
+        return _note(fig, "no FINISHED benchmark runs")
+    groups: dict[str, list[RunRecord]] = defaultdict(list)
+    for r in runs:
+        groups[compile_variant(r)].append(r)
+    order = sorted(groups, key=lambda v: (v != "eager", v))
+    for col, key in ((1, "compute.first_call_seconds"), (2, "compute.steady_rows_per_s")):
+        med, lo, hi = zip(*(_median_range([r.metrics.get(key, 0.0) for r in groups[v]]) for v in order),
+                          strict=True)
+        fig.add_bar(x=order, y=med, row=1, col=col, marker_color="#636efa" if col == 1 else "#00cc96",
+                    error_y=dict(type="data", symmetric=False, array=[h - m for h, m in zip(hi, med, strict=True)],
+                                 arrayminus=[m - low for m, low in zip(med, lo, strict=True)]),
+                    hovertext=[f"{v}: {len(groups[v])} run(s)" for v in order])
+    if len(order) == 1:
+        fig.add_annotation(text="only one compile variant here: run `relflow-bench compile-report` for the rest",
+                           showarrow=False, xref="paper", yref="paper", x=0.5, y=1.12, font=dict(color="#666"))
+    return fig
+
+
+def headline_quality(run: RunRecord) -> tuple[str, float] | None:
+    name = HEADLINE.get(run.params.get("task.kind", "category"), "accuracy")
+    value = run.metrics.get(f"quality.{name}")
+    return None if value is None else (name, value)
+
+
+def quality_vs_throughput(runs: Sequence[RunRecord]) -> go.Figure:
+    """Each run: end-to-end rows/s against its headline quality; colour = batch size,
+    symbol = packing; hover lists the spec params that differ between runs."""
+    runs = [r for r in benchmark_runs(runs) if headline_quality(r) is not None
+            and r.tags.get("relflow.quality_meaningful", "true") == "true"]
+    fig = go.Figure()
+    fig.update_layout(title="Quality vs end-to-end throughput (trade-offs: truncation, batch size, packing)",
+                      xaxis_title="end-to-end rows/s", **LAYOUT)
+    if not runs:
+        return _note(fig, "no runs with meaningful quality (trained or from a checkpoint)")
+    metric = headline_quality(runs[-1])[0]
+    fig.update_layout(yaxis_title=metric)
+    keys = varying_params(runs)
+    groups: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
+    for r in runs:
+        groups[(r.params.get("run.batch_size", "?"), r.params.get("run.packing", "?"))].append(r)
+    symbols = {"auto": "circle", "off": "square"}
+    for (bs, packing), rs in sorted(groups.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
+        fig.add_scatter(x=[r.metrics["e2e.rows_per_s"] for r in rs], y=[headline_quality(r)[1] for r in rs],
+                        mode="markers", name=f"batch {bs}, packing {packing}",
+                        marker=dict(size=11, symbol=symbols.get(packing, "diamond")),
+                        hovertext=[_hover(r, keys) for r in rs], hoverinfo="text+x+y")
+    return fig
+
+
+def packing_pairs(runs: Sequence[RunRecord]) -> list[tuple[float, float, str]]:
+    """(occupancy, packed speedup, label) for configurations run with packing auto AND off.
+
+    Runs pair when every spec param except ``run.packing`` (and output names) matches;
+    the speedup is the ratio of median steady rows/s, auto over off.
+    """
+    by_config: dict[tuple, dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
+    for r in benchmark_runs(runs):
+        packing = r.params.get("run.packing")
+        if packing not in ("auto", "off"):
+            continue
+        config = tuple(sorted((k, v) for k, v in r.params.items()
+                              if k != "run.packing" and k not in IDENTITY_PARAMS))
+        by_config[config][packing].append(r)
+    out = []
+    for config, sides in by_config.items():
+        if not sides["auto"] or not sides["off"]:
+            continue
+        auto = statistics.median(r.metrics.get("compute.steady_rows_per_s", 0.0) for r in sides["auto"])
+        off = statistics.median(r.metrics.get("compute.steady_rows_per_s", 0.0) for r in sides["off"])
+        occ = statistics.median(r.metrics.get("data.occupancy", 0.0) for r in sides["off"] + sides["auto"])
+        params = dict(config)
+        label = f"batch {params.get('run.batch_size', '?')}, {len(sides['auto'])}+{len(sides['off'])} runs"
+        if off > 0:
+            out.append((occ, auto / off, label))
+    return sorted(out)
+
+
+def occupancy_vs_packing(runs: Sequence[RunRecord]) -> go.Figure:
+    """Occupancy (present / reserved coordinates) against the packed path's speedup."""
+    pairs = packing_pairs(runs)
+    fig = go.Figure()
+    fig.update_layout(title="Occupancy vs packed speedup (steady rows/s, packing auto / off)",
+                      xaxis_title="data.occupancy (present / reserved coordinates)",
+                      yaxis_title="speedup (auto / off)", **LAYOUT)
+    if not pairs:
+        return _note(fig, "no configuration run with both run.packing=auto and off: "
+                          "sweep --grid run.packing=auto,off")
+    fig.add_scatter(x=[p[0] for p in pairs], y=[p[1] for p in pairs], mode="markers+text",
+                    text=[p[2] for p in pairs], textposition="top center", marker=dict(size=12))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
+    return fig
+
+
+def _when(run: RunRecord) -> dt.datetime:
+    return dt.datetime.fromtimestamp(run.start_time_ms / 1000, tz=dt.UTC)
+
+
+def history_figure(runs: Sequence[RunRecord], steps: Sequence[HistoryStep]) -> go.Figure:
+    """Throughput over time for one host and spec, with detected steps marked."""
+    fig = make_subplots(rows=len(HISTORY_METRICS), cols=1, shared_xaxes=True,
+                        subplot_titles=[f"{k} (rows/s)" for k in HISTORY_METRICS])
+    fig.update_layout(title="History (one host fingerprint, one spec hash), detected steps marked",
+                      showlegend=False, **{**LAYOUT, "height": 560})
+    if not benchmark_runs(runs):
+        return _note(fig, "no FINISHED benchmark runs")
+    for row, key in enumerate(HISTORY_METRICS, start=1):
+        kept, values = series(runs, key)
+        fig.add_scatter(x=[_when(r) for r in kept], y=values, mode="lines+markers", row=row, col=1,
+                        hovertext=[f"{r.label}<br>git {r.tags.get('relflow.git_sha', '?')[:10]}" for r in kept])
+        for s in (s for s in steps if s.metric == key):
+            colour = "#d62728" if s.kind == "regression" else "#2ca02c"
+            x = _when(s.after_run)
+            fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, yref=f"y{'' if row == 1 else row} domain",
+                          xref=f"x{'' if row == 1 else row}", line=dict(color=colour, dash="dash"))
+            fig.add_annotation(x=x, y=1, yref=f"y{'' if row == 1 else row} domain",
+                               xref=f"x{'' if row == 1 else row}", showarrow=False, yanchor="bottom",
+                               text=f"{s.kind} x{s.step.ratio:.2f}", font=dict(color=colour))
+    return fig

@@ -1,0 +1,156 @@
+"""Scheduled history: persistent steps in a metric over time, not single-point outliers.
+
+``detect_steps`` is binary segmentation with robust statistics, in log space (a step is a
+ratio). In a segment, the split (leaving ``min_segment`` points a side) goes where two
+constant levels fit best (least absolute deviation from each side's median). It becomes a
+step when
+
+- the ratio of the two medians is beyond ``threshold`` (default 5%),
+- the shift is ``z`` (default 4) standard errors of a median away from zero, with the noise
+  scale taken robustly once for the series (MAD of successive differences), and
+- each side has ``min_segment`` points nearer its own level than the other's,
+
+and the search recurses into both sides. Medians make a single outlier harmless: it moves
+neither side's median, and it cannot form a segment of its own (``min_segment >= 2``).
+
+``history(runs, key)`` applies it to FINISHED runs in start-time order and labels each step
+a regression or an improvement for that metric's direction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.tracking import RunRecord
+
+# Metrics the history walks: higher is better for both.
+HISTORY_METRICS: tuple[str, ...] = ("e2e.rows_per_s", "compute.steady_rows_per_s")
+MAD_TO_SIGMA = 1.4826
+MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in sigma / sqrt(n)
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int  # first point of the new level
+    before: float  # median of the segment before
+    after: float  # median of the segment after
+    z: float  # shift in standard errors
+
+    @property
+    def ratio(self) -> float:
+        return self.after / self.before if self.before else math.inf
+
+
+def noise_sigma(logs: np.ndarray) -> float:
+    """Robust noise scale from successive differences: a few level shifts barely move it."""
+    if len(logs) < 3:
+        return 0.0
+    return MAD_TO_SIGMA * float(np.median(np.abs(np.diff(logs)))) / math.sqrt(2)
+
+
+def _score(logs: np.ndarray, k: int, sigma: float) -> tuple[float, float]:
+    """(log shift of medians, z) for a split before index ``k``."""
+    left, right = logs[:k], logs[k:]
+    shift = float(np.median(right)) - float(np.median(left))
+    se = MEDIAN_SE * sigma * math.sqrt(1 / len(left) + 1 / len(right))
+    if se == 0:
+        return shift, math.inf if shift != 0 else 0.0
+    return shift, abs(shift) / se
+
+
+def _cost(logs: np.ndarray, k: int) -> float:
+    """L1 cost of two constant levels (each side's median): small where the split fits."""
+    left, right = logs[:k], logs[k:]
+    return float(np.abs(left - np.median(left)).sum() + np.abs(right - np.median(right)).sum())
+
+
+def _supported(logs: np.ndarray, k: int, min_segment: int) -> bool:
+    """Each side has ``min_segment`` points nearer its own level than the other side's."""
+    ml, mr = float(np.median(logs[:k])), float(np.median(logs[k:]))
+    near_left = np.abs(logs[:k] - ml) < np.abs(logs[:k] - mr)
+    near_right = np.abs(logs[k:] - mr) < np.abs(logs[k:] - ml)
+    return int(near_left.sum()) >= min_segment and int(near_right.sum()) >= min_segment
+
+
+def detect_steps(values: Sequence[float], *, min_segment: int = 3, threshold: float = 0.05,
+                 z: float = 4.0) -> list[Step]:
+    """Indices where the series' level shifts and stays shifted; sorted by index.
+
+    In each segment the split is placed where two constant levels fit best (least absolute
+    deviation from each side's median); it is kept as a step when the shift is beyond
+    ``threshold``, ``z`` standard errors from zero, and each side holds ``min_segment``
+    points nearer its own level. Then both sides are searched again.
+    """
+    if min_segment < 2:
+        raise ValueError("min_segment must be >= 2 (a single point is an outlier, not a step)")
+    x = np.asarray(values, dtype=float)
+    if np.any(x <= 0) or not np.all(np.isfinite(x)):
+        raise ValueError("detect_steps needs positive finite values (throughputs)")
+    logs = np.log(x)
+    sigma = noise_sigma(logs)
+    steps: list[Step] = []
+
+    def search(lo: int, hi: int) -> None:
+        seg = logs[lo:hi]
+        if len(seg) < 2 * min_segment:
+            return
+        splits = range(min_segment, len(seg) - min_segment + 1)
+        k = min(splits, key=lambda k: (_cost(seg, k), -abs(_score(seg, k, sigma)[0])))
+        shift, score = _score(seg, k, sigma)
+        if abs(math.expm1(shift)) <= threshold or score < z or not _supported(seg, k, min_segment):
+            return
+        steps.append(Step(lo + k, float(np.exp(np.median(seg[:k]))), float(np.exp(np.median(seg[k:]))),
+                          score))
+        search(lo, lo + k)
+        search(lo + k, hi)
+
+    search(0, len(logs))
+    return sorted(steps, key=lambda s: s.index)
+
+
+@dataclass(frozen=True)
+class HistoryStep:
+    metric: str
+    step: Step
+    kind: str  # "regression" | "improvement"
+    before_run: RunRecord  # last run of the old level
+    after_run: RunRecord  # first run of the new level
+
+
+def series(runs: Sequence[RunRecord], key: str) -> tuple[list[RunRecord], list[float]]:
+    """Runs that carry ``key`` (positive) and its values, in the given order."""
+    kept = [(r, r.metrics[key]) for r in runs if r.metrics.get(key, 0) > 0]
+    return [r for r, _ in kept], [v for _, v in kept]
+
+
+def history(runs: Sequence[RunRecord], key: str, **kw) -> list[HistoryStep]:
+    """Steps of one higher-is-better metric over runs already in start-time order."""
+    kept, values = series(runs, key)
+    out = []
+    for s in detect_steps(values, **kw) if values else []:
+        out.append(HistoryStep(key, s, "improvement" if s.after > s.before else "regression",
+                               kept[s.index - 1], kept[s.index]))
+    return out
+
+
+def select_history_runs(runs: Sequence[RunRecord], *, host_fingerprint: str | None,
+                        spec_hash: str | None) -> tuple[list[RunRecord], str | None, str | None]:
+    """FINISHED benchmark runs on one host fingerprint (and spec hash), oldest first.
+
+    ``None`` picks the latest benchmark run's value (report runs carry no e2e metric and
+    are skipped). Returns (runs, host fingerprint, spec hash) actually used.
+    """
+    bench = sorted((r for r in runs if r.status == "FINISHED" and "e2e.rows_per_s" in r.metrics),
+                   key=lambda r: r.start_time_ms)
+    if not bench:
+        return [], host_fingerprint, spec_hash
+    latest = bench[-1]
+    host = host_fingerprint or latest.tags.get("relflow.host_fingerprint")
+    spec = spec_hash if spec_hash is not None else latest.tags.get("relflow.spec_hash")
+    kept = [r for r in bench if r.tags.get("relflow.host_fingerprint") == host
+            and (spec == "any" or r.tags.get("relflow.spec_hash") == spec)]
+    return kept, host, spec

@@ -1,0 +1,101 @@
+"""The dashboard: figures from one experiment's runs -> one self-contained HTML + PNGs.
+
+The HTML inlines plotly.js once (no network: it opens offline and in CI's headless
+Chromium). PNGs go through Kaleido, which drives a Chrome/Chromium: ``BROWSER_PATH`` when
+set, else Debian's ``/usr/bin/chromium`` when present, else whatever Kaleido finds.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from dashboards import figures
+from dashboards.history import HISTORY_METRICS, HistoryStep, history, select_history_runs
+from tasks.tracking import RunRecord
+
+SYSTEM_CHROMIUM = "/usr/bin/chromium"
+PNG_SIZE = dict(width=1200, height=560)
+
+
+@dataclass
+class Dashboard:
+    experiment: str
+    figures: dict[str, go.Figure]  # file stem -> figure, in page order
+    runs: list[RunRecord]  # benchmark runs drawn
+    history_runs: list[RunRecord]
+    steps: list[HistoryStep]
+    host_fingerprint: str | None
+    spec_hash: str | None
+
+
+def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str | None = None) -> Dashboard:
+    """All dashboard figures for one experiment's runs (oldest first)."""
+    bench = figures.benchmark_runs(runs)
+    hist_runs, host, spec = select_history_runs(runs, host_fingerprint=host_fingerprint, spec_hash=None)
+    steps = [s for key in HISTORY_METRICS for s in history(hist_runs, key)]
+    figs = {
+        "stage_breakdown": figures.stage_breakdown(bench),
+        "first_call_vs_steady": figures.first_call_vs_steady(bench),
+        "quality_vs_throughput": figures.quality_vs_throughput(bench),
+        "occupancy_vs_packing": figures.occupancy_vs_packing(bench),
+        "history": figures.history_figure(hist_runs, steps),
+    }
+    return Dashboard(experiment, figs, bench, hist_runs, steps, host, spec)
+
+
+def to_html(d: Dashboard, source: str) -> str:
+    """One page, plotly.js inline, each figure in its own div."""
+    parts = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
+                         config={"displaylogo": False})
+             for name, fig in d.figures.items()]
+    steps = "".join(f"<li>{html.escape(s.metric)}: {s.kind} x{s.step.ratio:.3f} at run "
+                    f"{html.escape(s.after_run.label)}</li>" for s in d.steps) or "<li>none detected</li>"
+    first = d.runs[0].start_time_ms if d.runs else 0
+    last = d.runs[-1].start_time_ms if d.runs else 0
+    span = (f"{figures._when(d.runs[0]):%Y-%m-%d %H:%M} to {figures._when(d.runs[-1]):%Y-%m-%d %H:%M} UTC"
+            if first and last else "no runs")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>relflow-bench dashboard: {html.escape(d.experiment)}</title>
+<style>body{{font-family:sans-serif;margin:24px;max-width:1300px}} .fig{{margin-bottom:28px}}
+code{{background:#f3f3f3;padding:1px 4px}}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body>
+<h1>relflow-bench: {html.escape(d.experiment)}</h1>
+<p>{len(d.runs)} FINISHED benchmark runs ({span}) from <code>{html.escape(source)}</code>.
+History: {len(d.history_runs)} runs on host fingerprint <code>{html.escape(str(d.host_fingerprint))}</code>,
+spec hash <code>{html.escape(str(d.spec_hash))}</code>. Steps:</p><ul>{steps}</ul>
+{"".join(f'<div class="fig">{p}</div>' for p in parts)}
+</body></html>
+"""
+
+
+def chrome_path() -> str | None:
+    return os.environ.get("BROWSER_PATH") or (SYSTEM_CHROMIUM if Path(SYSTEM_CHROMIUM).exists()
+                                              else shutil.which("chromium") or shutil.which("google-chrome"))
+
+
+def write(d: Dashboard, out: Path, source: str, *, png: bool = True) -> list[Path]:
+    """Write ``index.html`` and one PNG per figure into ``out``; returns the files."""
+    out.mkdir(parents=True, exist_ok=True)
+    page = out / "index.html"
+    page.write_text(to_html(d, source), encoding="utf-8")
+    files = [page]
+    if png:
+        browser = chrome_path()
+        if browser and "BROWSER_PATH" not in os.environ:
+            os.environ["BROWSER_PATH"] = browser  # Kaleido reads it
+        import plotly.io as pio
+
+        paths = [out / f"{name}.png" for name in d.figures]
+        pio.write_images(list(d.figures.values()), paths, **PNG_SIZE)
+        files += paths
+    return files

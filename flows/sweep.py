@@ -1,0 +1,214 @@
+"""The ``sweep`` flow: a grid of spec overrides, one ``benchmark`` subflow per configuration.
+
+    relflow-bench sweep SPEC --grid run.batch_size=64,256,1024 --grid run.packing=auto,off
+
+The Cartesian product of the grid runs one configuration at a time (the host lock inside
+``benchmark`` keeps timed regions from overlapping with anything else on the host). Every
+configuration is validated before the first one starts, so a bad value fails in a second.
+
+MLflow: one parent run (tag ``relflow.sweep_hash``: the base spec's hash + the grid) holds
+one child run per configuration, tagged ``relflow.sweep.<key>=<value>`` for each swept key.
+Resumable: rerunning the same sweep reuses the parent and skips every configuration that
+already has a FINISHED child with the same ``relflow.spec_hash``. A failing configuration
+ends its child FAILED (the benchmark flow does that; a failure before its MLflow run starts
+gets a FAILED child here) and the sweep goes on; the summary lists it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prefect import flow
+
+from tasks import progress
+from tasks.clock import wall_clock
+from tasks.errors import UserError
+from tasks.spec import Spec, _branch_path, apply_overrides, parse_spec
+from tasks.tracking import Tracker, flatten, search_runs
+
+HEADLINE = {"category": "accuracy", "binary": "auc", "regression": "mae"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the grid: the swept values (as validated) and the full spec."""
+
+    index: int
+    values: dict[str, str]  # swept key as the user wrote it -> validated value as text
+    spec: dict[str, Any]
+    spec_hash: str
+
+    @property
+    def label(self) -> str:
+        short = [k.rsplit(".", 1)[-1] for k in self.values]
+        names = short if len(set(short)) == len(short) else list(self.values)
+        return " ".join(f"{n}={v}" for n, v in zip(names, self.values.values(), strict=True))
+
+
+@dataclass
+class Row:
+    """One configuration's outcome, as the summary table shows it."""
+
+    index: int
+    config: str
+    values: dict[str, str]
+    status: str  # FINISHED | FAILED | SKIPPED (a FINISHED child already existed)
+    run_id: str | None
+    steady_rows_per_s: float | None = None
+    e2e_rows_per_s: float | None = None
+    quality_metric: str | None = None
+    quality: float | None = None
+    validity: str | None = None
+    error: str | None = None
+    stages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def expand(base: Spec, grid: dict[str, list[Any]]) -> list[Config]:
+    """Every grid point as a validated spec; raises ``UserError`` naming the key or value."""
+    if not grid:
+        raise UserError("The sweep grid is empty; add at least one --grid key=v1,v2 (or sweep.grid).")
+    base_raw = base.to_dict()
+    resolved: dict[str, str] = {}
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise UserError(f"Sweep grid key '{key}' needs a non-empty list of values.")
+        if key.split(".", 1)[0] == "name":
+            raise UserError("Sweep grid key 'name' is not allowed: a sweep stays in one experiment.")
+        try:
+            resolved[key] = _branch_path(base_raw, key)
+        except UserError as err:
+            raise UserError(f"Sweep grid key '{key}': {err}") from None
+    configs = []
+    for i, combo in enumerate(itertools.product(*grid.values())):
+        raw = copy.deepcopy(base_raw)
+        try:
+            # JSON is YAML: typed values survive apply_overrides' YAML parsing unchanged.
+            apply_overrides(raw, [f"{k}={json.dumps(v)}" for k, v in zip(grid, combo, strict=True)])
+        except UserError as err:
+            raise UserError(f"Sweep grid: {err}") from None
+        shown = ", ".join(f"{k}={v}" for k, v in zip(grid, combo, strict=True))
+        spec = parse_spec(raw, f"(sweep configuration {shown})")
+        params = flatten(spec.to_dict())
+        values = {k: params.get(resolved[k], str(v)) for k, v in zip(grid, combo, strict=True)}
+        configs.append(Config(i, values, spec.to_dict(), spec.spec_hash))
+    seen: dict[str, Config] = {}
+    for c in configs:
+        if c.spec_hash in seen:
+            raise UserError(f"Sweep grid repeats a configuration: '{seen[c.spec_hash].label}' and "
+                            f"'{c.label}' are the same spec; remove the duplicate value.")
+        seen[c.spec_hash] = c
+    return configs
+
+
+def sweep_hash(base: Spec, configs: list[Config]) -> str:
+    """Identity of a sweep: the base spec plus the grid (value order does not matter)."""
+    grid: dict[str, set[str]] = {}
+    for c in configs:
+        for k, v in c.values.items():
+            grid.setdefault(k, set()).add(v)
+    blob = json.dumps({"base": base.spec_hash, "grid": {k: sorted(v) for k, v in grid.items()}},
+                      sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _row_from_record(c: Config, rec: Any, status: str, kind: str) -> Row:
+    q = HEADLINE[kind]
+    return Row(c.index, c.label, c.values, status, rec.run_id,
+               steady_rows_per_s=rec.metrics.get("compute.steady_rows_per_s"),
+               e2e_rows_per_s=rec.metrics.get("e2e.rows_per_s"),
+               quality_metric=q, quality=rec.metrics.get(f"quality.{q}"),
+               validity=rec.tags.get("relflow.validity"), error=rec.tags.get("relflow.error"))
+
+
+def _find_parent(experiment: str, shash: str) -> str | None:
+    runs = search_runs(experiment, status=None, filter_string=f"tags.\"relflow.sweep_hash\" = '{shash}' "
+                       "and tags.\"relflow.sweep.role\" = 'parent'")
+    return runs[-1].run_id if runs else None  # the newest, should there be several
+
+
+@flow(name="sweep", persist_result=False, validate_parameters=True)
+def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str = ".",
+          tags: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run every grid configuration of ``base_spec`` as a child MLflow run of one parent."""
+    from flows.benchmark import benchmark
+
+    base = parse_spec(base_spec, "(sweep parameter 'base_spec')")
+    configs = expand(base, grid)
+    shash = sweep_hash(base, configs)
+    attempt = uuid.uuid4().hex[:12]
+    tracker = Tracker(base.name)
+    parent = _find_parent(base.name, shash)
+    reused = parent is not None
+    if reused:
+        tracker.reopen(parent)
+    else:
+        parent = tracker.start(f"{base.name}-sweep", {
+            "relflow.sweep_hash": shash, "relflow.sweep.role": "parent",
+            "relflow.spec_hash": base.spec_hash, "relflow.spec_name": base.name, **(tags or {})})
+        tracker.log_params({"sweep.keys": ",".join(grid), "sweep.configurations": len(configs),
+                            **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()}})
+        tracker.log_text(json.dumps({"base": base_spec, "grid": grid}, indent=2), "sweep.json")
+    rows: list[Row] = []
+    try:
+        progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash,
+                      total=len(configs))
+        done = {r.tags.get("relflow.spec_hash"): r for r in search_runs(
+            base.name, status="FINISHED", filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'")}
+        for c in configs:
+            if c.spec_hash in done:
+                row = _row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
+                rows.append(row)
+                progress.emit("sweep", kind="skipped", row=row, total=len(configs))
+                continue
+            progress.emit("sweep", kind="start", index=c.index, config=c.label, total=len(configs))
+            child_tags = {"relflow.sweep_hash": shash, "relflow.sweep.role": "child",
+                          "relflow.sweep.attempt": attempt, "relflow.sweep.index": str(c.index),
+                          **{f"relflow.sweep.{k}": v for k, v in c.values.items()}, **(tags or {})}
+            try:
+                s = benchmark(spec=c.spec, spec_dir=spec_dir, launched_at=wall_clock(),
+                              parent_run_id=parent, tags=child_tags)
+                q = s["quality_metric"]
+                row = Row(c.index, c.label, c.values, "FINISHED", s["run_id"],
+                          steady_rows_per_s=s["metrics"].get("compute.steady_rows_per_s"),
+                          e2e_rows_per_s=s["metrics"].get("e2e.rows_per_s"), quality_metric=q,
+                          quality=s["metrics"].get(f"quality.{q}"), validity=s["validity"],
+                          stages=s["stages"])
+            except Exception as err:  # noqa: BLE001 - one configuration failing must not stop the sweep
+                row = _record_failure(tracker, c, err, child_tags, parent, base.task.kind)
+            rows.append(row)
+            progress.emit("sweep", kind="done", row=row, total=len(configs))
+        failed = [r for r in rows if r.status == "FAILED"]
+        tracker.set_tags({"relflow.sweep.failed": str(len(failed)),
+                          "relflow.sweep.skipped": str(sum(r.status == "SKIPPED" for r in rows)),
+                          "relflow.sweep.ran": str(sum(r.status == "FINISHED" for r in rows))})
+        tracker.log_dict([asdict(r) | {"stages": None} for r in rows], f"sweep_summary_{attempt}.json")
+        tracker.finish()
+    except BaseException as err:
+        tracker.fail(err)
+        raise
+    return {"parent_run_id": parent, "experiment": base.name, "sweep_hash": shash,
+            "reused_parent": reused, "tracking_uri": tracker.uri,
+            "rows": [asdict(r) for r in rows]}
+
+
+def _record_failure(tracker: Tracker, c: Config, err: Exception, child_tags: dict[str, str],
+                    parent: str, kind: str) -> Row:
+    """The failed configuration's child run (FAILED), created here if the flow never began one."""
+    attempt, index = child_tags["relflow.sweep.attempt"], child_tags["relflow.sweep.index"]
+    found = search_runs(tracker.experiment, status=None, filter_string=(
+        f"tags.\"relflow.sweep.attempt\" = '{attempt}' and tags.\"relflow.sweep.index\" = '{index}'"))
+    if found:
+        run_id = found[-1].run_id
+    else:  # failed before the benchmark flow started its MLflow run
+        child = Tracker(tracker.experiment, tracker.uri)
+        run_id = child.start(f"{tracker.experiment}-sweep-{index}",
+                             {"relflow.spec_hash": c.spec_hash, **child_tags}, parent_run_id=parent)
+        child.fail(err)
+    return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind],
+               error=f"{type(err).__name__}: {err}")

@@ -1,0 +1,50 @@
+"""Real benchmark runs for the report tests, made once per session.
+
+Three runs of the default TPC-H workload at scale 0.01 (the session's ``tpch_small``) with a
+tiny model and ``run.repeats=3`` (so each run logs a 95% CI of its per-repeat throughput),
+through the real ``benchmark`` flow under the session's Prefect harness, into one temp
+MLflow store: batch size 512 twice (same configuration) and batch size 16 once.
+
+``run.mode=predict`` (untrained weights, a pure speed run): the comparison is about
+throughput, and training at batch size 16 costs minutes on a shared 2-core machine without
+adding anything to it. Slow: Prefect start-up plus three runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
+SMALL = ["model.d_model=16", "model.layers=1", "model.heads=2", "run.epochs=1", "run.device=cpu",
+         "run.packing=off", "run.repeats=3", "run.mode=predict", "run.min_steady_seconds=0"]
+
+
+@dataclass
+class BenchRuns:
+    uri: str
+    folder: Path
+    a_512: str
+    b_512: str
+    c_16: str
+
+
+@pytest.fixture(scope="session")
+def bench_runs(prefect_harness, tpch_small, tmp_path_factory) -> BenchRuns:
+    from flows.benchmark import benchmark
+    from tasks.spec import load_spec
+
+    folder = tmp_path_factory.mktemp("reports")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    ids = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        for batch in (512, 512, 16):
+            spec = load_spec(DEFAULT_SPEC, [*SMALL, f"run.batch_size={batch}"])
+            ids.append(benchmark(spec=spec.to_dict(), spec_dir=str(DEFAULT_SPEC.parent),
+                                 tags={"relflow.test_batch": str(batch)})["run_id"])
+    return BenchRuns(uri, folder, *ids)
