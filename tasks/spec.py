@@ -169,6 +169,8 @@ class Run(Strict):
     max_recompiles: int = Field(0, ge=0, description="validity: recompiles after warm-up allowed")
     chunk_rows: int = Field(50_000, gt=0, description="root rows per retrieve..write chunk")
     seed: int = 0
+    system_metrics_interval_s: float = Field(
+        5.0, ge=0, description="MLflow system metrics sampling (0 = off); a background thread")
     device: str = "auto"
     checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
     output_dir: str = "outputs"

@@ -97,6 +97,20 @@ class Tracker:
     def log_dict(self, data: Any, name: str) -> None:
         self.client.log_dict(self.run_id, data, name)
 
+    def start_system_metrics(self, interval_s: float) -> None:
+        """MLflow's own CPU/memory/GPU sampler for this run (a background thread)."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval_s,
+                                             tracking_uri=self.uri)
+        self._monitor.start()
+
+    def stop_system_metrics(self) -> None:
+        monitor = getattr(self, "_monitor", None)
+        if monitor is not None:
+            monitor.finish()
+            self._monitor = None
+
     def finish(self) -> None:
         self.client.set_terminated(self.run_id, "FINISHED")
 
@@ -105,6 +119,7 @@ class Tracker:
         if self.run_id is None:
             return
         killed = isinstance(error, KeyboardInterrupt | SystemExit)
+        self.stop_system_metrics()
         try:
             self.set_tags({"relflow.error": f"{type(error).__name__}: {error}"})
             self.log_text("".join(traceback.format_exception(error)), "error.txt")
