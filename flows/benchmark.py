@@ -26,6 +26,7 @@ import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks import compute as compute_stage
@@ -312,7 +313,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         writer.abort()
         tracker.fail(err)
         raise
-    return {
+    summary = {
         "run_id": run_id,
         "experiment": s.name,
         "experiment_id": tracker.experiment_id,
@@ -328,6 +329,8 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         "validity": "INVALID" if reasons else "VALID",
         "invalid_reasons": reasons,
     }
+    publish_run_artifact(summary)
+    return summary
 
 
 def _sample_csv(path: Path, rows: int = 100) -> str:

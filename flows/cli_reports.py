@@ -277,12 +277,22 @@ def ui_cmd(
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     console.print(f"MLflow UI on http://{host}:{port} for {uri} (Ctrl-C stops it)")
     proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        # Ctrl-C or SIGTERM: stop the MLflow server we started (by its pid), then leave.
+        proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        raise typer.Exit(proc.wait())
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
+        code = proc.wait()
+        if code != 0 and proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM):
+            code = 130
+    finally:
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-        raise typer.Exit(130) from None
+            proc.wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    raise typer.Exit(code)

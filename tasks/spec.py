@@ -331,5 +331,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Spec:
         raise UserError(f"Spec file '{path}' is not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise UserError(f"Spec file '{path}' must hold a mapping at the top level.")
+    # Harness sections (tasks/sections.py) describe how to run a workload, not the workload.
+    raw = {k: v for k, v in raw.items() if k not in ("sweep", "schedule")}
     raw = apply_overrides(raw, overrides or [])
     return parse_spec(raw, f"'{path}'")
