@@ -8,6 +8,7 @@ Bad input ends with a one-paragraph message and exit code 2 (no traceback unless
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -54,8 +55,27 @@ def _fail(err: BaseException, debug: bool) -> None:
     raise typer.Exit(1)
 
 
+class _HideUserErrors(logging.Filter):
+    """Prefect's engines log a task's exception with its traceback; for bad input the CLI's
+    one-paragraph message is the whole story, so those records are dropped (not with --debug)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, UserError) and "UserError" not in record.getMessage()
+
+
 def _quiet_prefect(debug: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if debug else "WARNING")
+
+
+def _hide_user_error_logs() -> None:
+    """Filter Prefect's loggers and handlers (call after Prefect configured its logging)."""
+    hide = _HideUserErrors()
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("prefect")]
+    for logger in [logging.getLogger(n) for n in names] + [logging.getLogger()]:
+        logger.addFilter(hide)
+        for handler in logger.handlers:
+            handler.addFilter(hide)
 
 
 @app.command()
@@ -89,6 +109,9 @@ def run(
         s = load_spec(spec, overrides)
         from flows.benchmark import benchmark, plan
         from tasks import progress
+
+        if not debug:
+            _hide_user_error_logs()
 
         # Every input check (and data generation) before Prefect starts: bad input fails in
         # a second, not after the server's start-up. The flow repeats the cheap checks.

@@ -59,8 +59,15 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
-            self.experiment_id = self.client.create_experiment(
-                experiment, artifact_location=default_artifact_root(self.uri))
+            try:
+                self.experiment_id = self.client.create_experiment(
+                    experiment, artifact_location=default_artifact_root(self.uri))
+            except mlflow.exceptions.MlflowException:
+                # Another process created it between our lookup and create: use theirs.
+                exp = self.client.get_experiment_by_name(experiment)
+                if exp is None:
+                    raise
+                self.experiment_id = exp.experiment_id
         else:
             self.experiment_id = exp.experiment_id
         self.experiment = experiment

@@ -184,14 +184,7 @@ def test_bad_input_leaves_no_run_running_and_no_files(cli_results, name):
     assert not [n for n in left if n.endswith(".parquet") or ".tmp-" in n], left
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(
-        CASES[n].in_flow, strict=True,
-        reason="flows/: an error raised inside the flow is logged with its traceback by "
-        "Prefect's task and flow engines (ERROR level) before the CLI prints the message"))
-     for n in CASES],
-)
+@pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_prints_no_traceback(cli_results, name):
     assert "Traceback" not in cli_results[name].stderr
 
