@@ -260,6 +260,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             result.recompiles[phase] = engine.recompiles(phase)
             result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
         tracker.stop_system_metrics()
+        result.rows_written = writer.rows
         result.output_bytes = writer.commit()
         result.output_path = str(output)
         memory.stop()

@@ -104,7 +104,8 @@ class PhaseTimings:
 class RunResult:
     stages: dict[str, StageTiming] = field(default_factory=lambda: {s: StageTiming(s) for s in STAGES})
     root_rows: int = 0  # distinct root rows of the workload
-    rows_predicted: int = 0
+    rows_predicted: int = 0  # summed over predict passes (run.repeats)
+    rows_written: int = 0  # rows in the kept prediction file
     bytes_read: int = 0
     coords_present: int = 0
     coords_reserved: int = 0
@@ -171,7 +172,8 @@ class RunResult:
         m["memory.host_peak_bytes"] = float(self.host_peak_bytes)
         m["memory.device_peak_bytes"] = float(self.device_peak_bytes)
         m["output.bytes"] = float(self.output_bytes)
-        m["output.bytes_per_row"] = self.output_bytes / self.rows_predicted if self.rows_predicted else 0.0
+        m["data.rows_written"] = float(self.rows_written)
+        m["output.bytes_per_row"] = self.output_bytes / self.rows_written if self.rows_written else 0.0
         for k, v in self.quality.items():
             m[f"quality.{k}"] = v
         m.update(self.extra)

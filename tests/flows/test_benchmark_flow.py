@@ -24,7 +24,9 @@ DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
 SMALL = ["model.d_model=16", "model.layers=1", "model.heads=2", "run.epochs=1",
          "run.batch_size=512", "run.chunk_rows=10000", "run.device=cpu",
-         "run.packing=off"]  # the padded path: packed training is several times slower on CPU
+         "run.packing=off",
+         # issue 4: repeated predict passes (CIs) and a validity rule that must fail
+         "run.repeats=3", "run.min_steady_batches=100000"]
 REQUIRED_METRICS = [
     *(f"stage.{s}.{m}" for s in STAGES for m in ("seconds", "rows_per_s")),
     "e2e.seconds", "e2e.rows_per_s", "compute.first_call_seconds", "compute.steady_rows_per_s",
@@ -78,14 +80,17 @@ def test_exact_row_and_coordinate_counts(tpch_run, tpch_small):
     orders = pq.ParquetFile(tpch_small / "orders.parquet").metadata.num_rows
     lines = pq.ParquetFile(tpch_small / "lineitem.parquet").metadata.num_rows
     assert orders == 15_000
-    assert m["data.rows_predicted"] == orders
+    assert m["data.rows_written"] == orders
     assert m["data.root_rows"] == orders
     assert m["data.chunks"] == 2  # chunk_rows 10,000
     # no order has more than 7 lines, max_length is 8: nothing overflows
     assert m["data.overflow_dropped"] == 0
-    # cells: root 3 inputs + the target = 4; lineitem 7 columns x 8 reserved rows
-    assert m["data.coords_reserved"] == orders * (4 + 8 * 7)
-    assert m["data.coords_present"] == orders * 4 + lines * 7
+    # cells: the root's inputs + the (masked) target; lineitem's columns x 8 reserved rows
+    spec = load_spec(DEFAULT_SPEC, SMALL)
+    root_cells = len(spec.schema_.root.columns) + 1
+    line_cells = len(spec.schema_.branches[0].columns)
+    assert m["data.coords_reserved"] == orders * (root_cells + 8 * line_cells)
+    assert m["data.coords_present"] == orders * root_cells + lines * line_cells
     assert m["data.occupancy"] == pytest.approx(m["data.coords_present"] / m["data.coords_reserved"])
 
 
@@ -98,7 +103,7 @@ def test_predictions_hold_one_row_per_root_key(tpch_run, tpch_small):
     preds = pl.read_parquet(path)
     assert preds.columns == ["o_orderkey", "prediction"]
     keys = pl.read_parquet(tpch_small / "orders.parquet", columns=["o_orderkey"])["o_orderkey"]
-    assert preds.height == keys.len() == run.data.metrics["data.rows_predicted"]
+    assert preds.height == keys.len() == run.data.metrics["data.rows_written"]
     assert preds["o_orderkey"].n_unique() == preds.height
     assert set(preds["o_orderkey"].to_list()) == set(keys.to_list())
     assert set(preds["prediction"].unique().to_list()) <= {"F", "O", "P"}
@@ -131,3 +136,50 @@ def test_params_tags_and_artifacts(tpch_run):
     assert logged.spec_hash == tags["relflow.spec_hash"]
     assert logged == load_spec(DEFAULT_SPEC, SMALL)
     assert summary["experiment"] == "tpch-orders"
+
+
+MEASUREMENT_METRICS = [
+    "compute.compile_overhead_seconds", "compute.estimated_rows_per_s", "compute.batch_ms.p50",
+    "compute.batch_ms.p95", "compute.batch_ms.p99", "compute.recompiles", "compute.graph_breaks",
+    "compute.steady_rows_per_s.median", "compute.steady_rows_per_s.ci_low",
+    "compute.steady_rows_per_s.ci_high", "e2e.rows_per_s.median", "e2e.rows_per_s.ci_low",
+    "e2e.rows_per_s.ci_high", "compute.train.first_call_seconds", "compute.train.steady_rows_per_s",
+    "compute.train.updates", "compute.train.updates_per_epoch", "compute.train.recompiles",
+    "device.input_wait_fraction", "memory.host_peak_bytes", "memory.device_peak_bytes",
+    "output.bytes_per_row", "harness.startup_seconds", "harness.orchestration_seconds",
+    "harness.lock_wait_seconds",
+]
+FINGERPRINT_TAGS = ["relflow.cpu_model", "relflow.cpu_count", "relflow.ram_bytes", "relflow.host_fingerprint",
+                    "relflow.git_dirty", "relflow.python_version", "relflow.prefect_version",
+                    "relflow.mlflow_version", "relflow.polars_version", "relflow.pyarrow_version",
+                    "relflow.torch_threads", "relflow.encoder_path"]
+
+
+@pytest.mark.slow
+def test_measurement_metrics_are_recorded_and_sane(tpch_run):
+    _, run, _, _ = tpch_run
+    m = run.data.metrics
+    missing = [k for k in MEASUREMENT_METRICS if k not in m]
+    assert not missing, missing
+    assert m["compute.batch_ms.p50"] <= m["compute.batch_ms.p95"] <= m["compute.batch_ms.p99"]
+    for key in ("compute.steady_rows_per_s", "e2e.rows_per_s"):
+        assert m[f"{key}.ci_low"] <= m[f"{key}.median"] <= m[f"{key}.ci_high"]
+    assert m["run.repeats_measured"] == 3
+    # three full predict passes over 15,000 orders, exact rows
+    assert m["data.rows_predicted"] == 3 * m["data.root_rows"]
+    assert m["compute.recompiles"] == 0 and m["compute.graph_breaks"] == 0
+    assert 0.0 <= m["device.input_wait_fraction"] < 1.0
+    assert m["memory.host_peak_bytes"] > 0 and m["memory.device_peak_bytes"] == 0
+    assert m["compute.train.updates"] == m["compute.train.updates_per_epoch"]  # one epoch
+    assert m["output.bytes_per_row"] == pytest.approx(m["output.bytes"] / m["data.rows_written"])
+    tags = run.data.tags
+    assert not [t for t in FINGERPRINT_TAGS if not tags.get(t)]
+
+
+@pytest.mark.slow
+def test_too_few_steady_batches_makes_the_run_invalid_but_finished(tpch_run):
+    summary, run, _, _ = tpch_run
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["relflow.validity"] == "INVALID"
+    assert "run.min_steady_batches 100000" in run.data.tags["relflow.invalid_reasons"]
+    assert summary["validity"] == "INVALID"
