@@ -256,6 +256,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             body_seconds = wall_clock() - body_start
             region_end_unix = unix_time()
         engine, enc = pipe.engine, pipe.enc
+        result.extra["compute.compiled_frames"] = float(compute_stage.compiled_frames() - engine.frames_at_start)
         for phase in ("train", "predict"):
             result.recompiles[phase] = engine.recompiles(phase)
             result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)

@@ -93,6 +93,7 @@ class Engine:
         self.paths_seen: set[str] = set()
         self.quality = Quality(spec.task.kind)
         # Dynamo frame counts when each phase leaves warm-up: later growth = recompiles.
+        self.frames_at_start = compiled_frames()
         self.frames_at_steady: dict[str, int] = {}
         self.breaks_at_steady: dict[str, int] = {}
         self._generator = torch.Generator().manual_seed(spec.run.seed)
