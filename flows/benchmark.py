@@ -171,7 +171,7 @@ class Pipeline:
                 self.result.overflow_dropped[name] = self.result.overflow_dropped.get(name, 0) + n
         if self.engine is None:
             state = self.p.checkpoint["model"] if self.p.checkpoint else None
-            self.engine = compute_stage.Engine(spec, self.schema, self.p.device, state, clock)
+            self.engine = compute_stage.Engine(spec, self.schema, self.p.device, state, clock, self.enc)
         if reuse and len(self.chunks) == 1:
             self._cache[i] = tz
         return tz

@@ -253,3 +253,17 @@ def coordinate_counts(batch: Batch, schema: ModelSchema) -> tuple[int, int]:
         present += int(p.sum()) * cells
         reserved += p.numel() * cells
     return present, reserved
+
+
+def arrow_coordinate_counts(table: pa.Table, schema: ModelSchema, layout: NodeLayout) -> tuple[int, int]:
+    """``coordinate_counts`` from list offsets alone, without encoding the values."""
+    rows = flatten(table, layout)
+    present = reserved = 0
+    for node in schema.root.walk():
+        cells = len(node.columns)
+        present += len(rows[node.name].index[0]) * cells
+        slots = table.num_rows
+        for n in schema.path(node.name)[1:]:
+            slots *= n.max_length
+        reserved += slots * cells
+    return present, reserved

@@ -9,13 +9,18 @@ time the device waits for input (``device.input_wait_fraction``).
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import torch
 
 from model import ModelConfig, RelationalTransformer, adamw
+from model.arrow import Encoding
 from model.batch import Batch
+from model.data import ArrowDataModule
 from model.precision import autocast_context
 from model.schema import ModelSchema
 from tasks.clock import Clock
@@ -23,7 +28,7 @@ from tasks.errors import UserError
 from tasks.quality import Quality
 from tasks.records import PhaseTimings
 from tasks.spec import Spec
-from tasks.tensorize import Tensorized
+from tasks.tensorize import Tensorized, layout
 
 
 def compiled_frames() -> int:
@@ -67,8 +72,10 @@ class PredictOutputs:
 
 class Engine:
     def __init__(self, spec: Spec, schema: ModelSchema, device: torch.device,
-                 state_dict: dict | None = None, clock: Clock | None = None) -> None:
+                 state_dict: dict | None = None, clock: Clock | None = None,
+                 encoding: Encoding | None = None) -> None:
         self.spec, self.schema, self.device = spec, schema, device
+        self.encoding = encoding  # loader workers encode with it
         torch.manual_seed(spec.run.seed)
         cfg = ModelConfig(d_model=spec.model.d_model, layers=spec.model.layers,
                           heads=spec.model.heads, dropout=spec.model.dropout)
@@ -120,6 +127,38 @@ class Engine:
             part = part.pin_memory()
         return part.to(self.device, non_blocking=self.device.type == "cuda")
 
+    def _batches(self, tz: Tensorized, rows: torch.Tensor) -> Iterator[tuple[Batch, int]]:
+        """Device batches over root ``rows`` in order: sliced from the chunk's tensors, or
+        encoded by ``ArrowDataModule`` workers when ``run.loader.num_workers > 0``."""
+        bs = self.spec.run.batch_size
+        if tz.batch is not None:
+            for idx in rows.split(bs):
+                yield self._input(tz.batch, idx), int(idx.numel())
+            return
+        assert tz.table is not None and self.encoding is not None
+        table = tz.table.take(pa.array(rows.numpy()))
+        ld = self.spec.run.loader
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pin_memory off CUDA is a no-op, said in the README
+            dm = ArrowDataModule(self.model, validate=table, batch_size=bs, num_workers=ld.num_workers,
+                                 persistent_workers=ld.persistent_workers, pin_memory=ld.pin_memory,
+                                 prefetch_factor=ld.prefetch_factor, encoding=self.encoding,
+                                 layout=layout(self.spec))
+        for part in dm.val_dataloader():
+            yield part, part.size
+
+    def _timed(self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]]
+               ) -> Iterator[tuple[Batch, int]]:
+        """Yield batches, charging the wait for each one to ``t.input_seconds``."""
+        while True:
+            self._mark_steady(phase, t)
+            with self.clock.measure() as wait:
+                item = next(batches, None)
+            t.input_seconds += wait.seconds
+            if item is None:
+                return
+            yield item
+
     def train(self, tz: Tensorized) -> None:
         """One pass over the chunk's training rows, shuffled with the run's seed."""
         rows = torch.nonzero(tz.is_train).flatten()
@@ -131,10 +170,7 @@ class Engine:
         order = rows[torch.randperm(rows.numel(), generator=self._generator)]
         t = self.train_timings
         with self.clock.measure() as wall:
-            for idx in order.split(self.spec.run.batch_size):
-                self._mark_steady("train", t)
-                with self.clock.measure() as wait:
-                    part = self._input(tz.batch, idx)
+            for part, n in self._timed("train", t, self._batches(tz, order)):
                 with self.clock.measure() as step:
                     with self._autocast():
                         outs = self.model(part, outputs=("prediction",))
@@ -142,8 +178,7 @@ class Engine:
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     self.optimizer.step()
-                t.input_seconds += wait.seconds
-                t.record(step.seconds, int(idx.numel()))
+                t.record(step.seconds, n)
                 t.updates += 1
         self.wall_seconds += wall.seconds
         self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
@@ -160,24 +195,30 @@ class Engine:
         self.model.eval()
         need = self.needed_outputs(outputs)
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in need}
+        inputs: list[Batch] = []  # loader mode: masks and labels come back with the batches
         t = self.predict_timings
         with self.clock.measure() as wall:
-            for idx in torch.arange(tz.batch.size).split(self.spec.run.batch_size):
-                self._mark_steady("predict", t)
-                with self.clock.measure() as wait:
-                    part = self._input(tz.batch, idx)
+            for part, n in self._timed("predict", t, self._batches(tz, torch.arange(tz.root_rows))):
                 with self.clock.measure() as step:
                     with self._autocast():
                         outs = self.model(part, outputs=need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
-                t.input_seconds += wait.seconds
-                t.record(step.seconds, int(idx.numel()))
+                t.record(step.seconds, n)
                 for k, v in outs.items():
                     parts[k].append(v)
+                if tz.batch is None:
+                    inputs.append(part.to("cpu"))
         self.wall_seconds += wall.seconds
         self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
         tensors = {k: torch.cat(v) for k, v in parts.items()}
+        if tz.batch is not None:
+            labels, label_present = tz.batch.labels, tz.batch.label_present
+            present = {k: v.present for k, v in tz.batch.nodes.items()}
+        else:
+            labels = torch.cat([b.labels for b in inputs])
+            label_present = torch.cat([b.label_present for b in inputs])
+            present = {k: torch.cat([b.nodes[k].present for b in inputs]) for k in inputs[0].nodes}
         holdout = ~tz.is_train
-        mask = tz.batch.label_present & holdout.view(-1, *([1] * (tz.batch.labels.dim() - 1)))
-        self.quality.add(tensors["prediction"], tz.batch.labels, mask)
-        return PredictOutputs(tensors, {k: v.present for k, v in tz.batch.nodes.items()})
+        mask = label_present & holdout.view(-1, *([1] * (labels.dim() - 1)))
+        self.quality.add(tensors["prediction"], labels, mask)
+        return PredictOutputs(tensors, present)

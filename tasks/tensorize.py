@@ -13,7 +13,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from model.arrow import Encoding, NodeLayout, coordinate_counts, encode, fit_encoding, model_schema
+from model.arrow import (
+    Encoding,
+    NodeLayout,
+    arrow_coordinate_counts,
+    coordinate_counts,
+    encode,
+    fit_encoding,
+    model_schema,
+)
 from model.batch import Batch
 from model.schema import ModelSchema, TargetDef
 from tasks.preprocess import TRAIN, Preprocessed
@@ -23,12 +31,16 @@ from tasks.spec import Branch, Spec
 
 @dataclass
 class Tensorized:
-    batch: Batch  # every root row of the chunk
+    """A chunk ready for compute: encoded in-process (``batch``) or, when loader workers
+    encode batch by batch (``run.loader.num_workers > 0``), the Arrow rows (``table``)."""
+
+    batch: Batch | None  # every root row of the chunk (None in loader mode)
     keys: pa.Array  # root keys, aligned with the batch
     is_train: torch.Tensor  # bool [B]
     coords_present: int
     coords_reserved: int
     root_rows: int
+    table: pa.Table | None = None  # loader mode: nested Arrow rows, encoded by the workers
 
 
 def layout(spec: Spec) -> NodeLayout:
@@ -62,9 +74,14 @@ def fit(spec: Spec, pre: Preprocessed) -> tuple[Encoding, ModelSchema]:
 
 
 def tensorize(spec: Spec, pre: Preprocessed, enc: Encoding, schema: ModelSchema) -> Tensorized:
-    batch = encode(pre.table, schema, layout(spec), enc)
-    present, reserved = coordinate_counts(batch, schema)
+    if spec.run.loader.num_workers > 0:
+        # Loader workers encode each batch; here only the (offset-only) coordinate counts.
+        batch = None
+        present, reserved = arrow_coordinate_counts(pre.table, schema, layout(spec))
+    else:
+        batch = encode(pre.table, schema, layout(spec), enc)
+        present, reserved = coordinate_counts(batch, schema)
     is_train = torch.from_numpy(np.asarray(pre.table[TRAIN].to_numpy(zero_copy_only=False), dtype=bool))
     return Tensorized(batch=batch, keys=pre.table[spec.schema_.root.key].combine_chunks(),
                       is_train=is_train, coords_present=present, coords_reserved=reserved,
-                      root_rows=pre.root_rows)
+                      root_rows=pre.root_rows, table=pre.table if batch is None else None)
