@@ -64,6 +64,16 @@ class _HideUserErrors(logging.Filter):
         return not isinstance(exc, UserError) and "UserError" not in record.getMessage()
 
 
+def _handle_run_error(err: BaseException, debug: bool, interrupted: str) -> None:
+    """Shared ending of the run-like commands: exits 130 on interrupts, else as ``_fail``."""
+    if isinstance(err, typer.Exit):
+        raise err
+    if isinstance(err, KeyboardInterrupt | SystemExit) and not debug:
+        console.print(f"[bold red]interrupted[/]: {interrupted}")
+        raise typer.Exit(130) from None
+    _fail(err, debug)
+
+
 def _quiet_prefect(debug: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if debug else "WARNING")
 
@@ -80,7 +90,8 @@ def _hide_user_error_logs() -> None:
 
 @app.command()
 def run(
-    spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML (default: the TPC-H orders workload).")] = DEFAULT_SPEC,
+    spec: Annotated[Path, typer.Argument(
+        help="Benchmark spec YAML (default: the TPC-H orders workload).")] = DEFAULT_SPEC,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a spec key, e.g. --set run.batch_size=512 or "
         "--set lineitem.max_length=2 (branches by name). Repeatable; validated like the file.")] = None,
@@ -140,13 +151,7 @@ def run(
             finally:
                 unsubscribe()
     except (Exception, KeyboardInterrupt, SystemExit) as err:
-        if isinstance(err, typer.Exit):
-            raise
-        if isinstance(err, KeyboardInterrupt | SystemExit) and not debug:
-            console.print("[bold red]interrupted[/]: the MLflow run was ended KILLED and partial "
-                          "outputs were removed.")
-            raise typer.Exit(130) from None
-        _fail(err, debug)
+        _handle_run_error(err, debug, "the MLflow run was ended KILLED and partial outputs were removed.")
         return
     report(summary)
     if json_out is not None:

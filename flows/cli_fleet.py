@@ -71,7 +71,7 @@ def sweep_cmd(
     Rerunning the same sweep (same base spec and grid) reuses its parent run and skips every
     configuration that already has a FINISHED child. Exits 1 if any configuration failed.
     """
-    from flows.cli import _fail, _on_sigterm, _pairs, _quiet_prefect, console, out
+    from flows.cli import _handle_run_error, _on_sigterm, _pairs, _quiet_prefect, console, out
     from tasks import progress
     from tasks.sections import load_spec_and_sections
 
@@ -121,13 +121,8 @@ def sweep_cmd(
         finally:
             unsubscribe()
     except (Exception, KeyboardInterrupt, SystemExit) as err:
-        if isinstance(err, typer.Exit):
-            raise
-        if isinstance(err, KeyboardInterrupt | SystemExit) and not debug:
-            console.print("[bold red]interrupted[/]: the running configuration and the parent run were "
-                          "ended KILLED; rerun the same command to resume.")
-            raise typer.Exit(130) from None
-        _fail(err, debug)
+        _handle_run_error(err, debug, "the running configuration and the parent run were ended KILLED; "
+                          "rerun the same command to resume.")
         return
     # A pipe or log file gets the full table (run ids included) instead of an 80-column squeeze.
     (out if out.is_terminal else Console(width=200)).print(sweep_table(summary))

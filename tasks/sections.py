@@ -20,11 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.errors import UserError
-from tasks.spec import Spec, apply_overrides, parse_spec
+from tasks.spec import Spec, apply_overrides, parse_spec, read_spec_file
 
 HARNESS_SECTIONS = ("sweep", "schedule")
 
@@ -69,15 +68,7 @@ def split_sections(raw: dict[str, Any], source: str = "") -> tuple[dict[str, Any
 
 def load_spec_and_sections(path: str | Path, overrides: list[str] | None = None) -> tuple[Spec, Sections]:
     """Like ``tasks.spec.load_spec``, but a ``sweep:``/``schedule:`` section is allowed and returned."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"Spec file '{path}' does not exist; pass the path of a benchmark YAML.")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise UserError(f"Spec file '{path}' is not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"Spec file '{path}' must hold a mapping at the top level.")
+    raw = read_spec_file(path)
     raw, sections = split_sections(raw, f"'{path}'")
     raw = apply_overrides(raw, overrides or [])
     return parse_spec(raw, f"'{path}'"), sections

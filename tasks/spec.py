@@ -321,7 +321,8 @@ def parse_spec(raw: dict[str, Any], source: str = "") -> Spec:
         raise UserError(_describe(err, source, raw)) from None
 
 
-def load_spec(path: str | Path, overrides: list[str] | None = None) -> Spec:
+def read_spec_file(path: str | Path) -> dict[str, Any]:
+    """The spec file's top-level mapping, or a ``UserError`` naming what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"Spec file '{path}' does not exist; pass the path of a benchmark YAML.")
@@ -331,6 +332,11 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Spec:
         raise UserError(f"Spec file '{path}' is not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise UserError(f"Spec file '{path}' must hold a mapping at the top level.")
+    return raw
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> Spec:
+    raw = read_spec_file(path)
     # Harness sections (tasks/sections.py) describe how to run a workload, not the workload.
     raw = {k: v for k, v in raw.items() if k not in ("sweep", "schedule")}
     raw = apply_overrides(raw, overrides or [])

@@ -12,7 +12,6 @@ unless ``MLFLOW_TRACKING_URI`` is set.
 from __future__ import annotations
 
 import os
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import mlflow  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
+
+from tasks.clock import unix_time  # noqa: E402
 
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
@@ -87,7 +88,7 @@ class Tracker:
             self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
-        now = int(time.time() * 1000)
+        now = int(unix_time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
