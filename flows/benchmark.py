@@ -293,6 +293,10 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         tracker.log_params({"model.parameters": shape["parameters"],
                             "model.flops_per_root_row": shape["flops_per_root_row"],
                             "run.resolved_device": str(p.device)})
+        # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
+        # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
+        result.extra["harness.flow_seconds"] = wall_clock() - flow_start
+        result.extra["harness.flow_overhead_seconds"] = result.extra["harness.flow_seconds"] - result.e2e_seconds
         metrics = result.metrics()
         reasons = verdict(s, metrics, engine.quality.headline)
         if not quality_meaningful and s.task.min_quality is not None:
