@@ -29,7 +29,7 @@ from prefect import flow
 from tasks import progress
 from tasks.clock import wall_clock
 from tasks.errors import UserError
-from tasks.spec import Spec, _branch_path, apply_overrides, parse_spec
+from tasks.spec import Spec, branch_path, apply_overrides, parse_spec
 from tasks.tracking import Tracker, flatten, search_runs
 
 HEADLINE = {"category": "accuracy", "binary": "auc", "regression": "mae"}
@@ -81,7 +81,7 @@ def expand(base: Spec, grid: dict[str, list[Any]]) -> list[Config]:
         if key.split(".", 1)[0] == "name":
             raise UserError("Sweep grid key 'name' is not allowed: a sweep stays in one experiment.")
         try:
-            resolved[key] = _branch_path(base_raw, key)
+            resolved[key] = branch_path(base_raw, key)
         except UserError as err:
             raise UserError(f"Sweep grid key '{key}': {err}") from None
     configs = []

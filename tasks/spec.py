@@ -251,7 +251,7 @@ def _set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _branch_path(raw: dict[str, Any], dotted: str) -> str:
+def branch_path(raw: dict[str, Any], dotted: str) -> str:
     """Let users write ``lineitem.max_length`` for a branch anywhere in the tree."""
     first = dotted.split(".", 1)[0]
     if first in {"name", "source", "schema", "task", "model", "run"}:
@@ -280,7 +280,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise UserError(f"--set '{item}' must look like key.path=value, e.g. run.batch_size=512")
         key, text = item.split("=", 1)
-        _set_path(raw, _branch_path(raw, key.strip()), yaml.safe_load(text))
+        _set_path(raw, branch_path(raw, key.strip()), yaml.safe_load(text))
     return raw
 
 
