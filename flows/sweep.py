@@ -29,7 +29,7 @@ from prefect import flow
 from tasks import progress
 from tasks.clock import wall_clock
 from tasks.errors import UserError
-from tasks.spec import Spec, branch_path, apply_overrides, parse_spec
+from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
 from tasks.tracking import Tracker, flatten, search_runs
 
 HEADLINE = {"category": "accuracy", "binary": "auc", "regression": "mae"}
