@@ -76,6 +76,8 @@ def _handle_run_error(err: BaseException, debug: bool, interrupted: str) -> None
 
 def _quiet_prefect(debug: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if debug else "WARNING")
+    if not debug:  # MLflow's INFO lines (migrations, system metrics) would break the display
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
 def _hide_user_error_logs() -> None:
