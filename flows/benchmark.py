@@ -34,7 +34,7 @@ from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
-from tasks.environment import fingerprint
+from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
 from tasks.preprocess import Preprocessed, preprocess
@@ -240,6 +240,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
                        ) as waited:
             body_start = wall_clock()
             region_start_unix = unix_time()
+            load_start = host_load_per_core()
             pipe = Pipeline(p, result)
             pipe.list_keys()
             if s.run.mode == "train+predict":
@@ -255,6 +256,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
                         w.abort()
             body_seconds = wall_clock() - body_start
             region_end_unix = unix_time()
+            load_end = host_load_per_core()
         engine, enc = pipe.engine, pipe.enc
         result.extra["compute.compiled_frames"] = float(compute_stage.compiled_frames() - engine.frames_at_start)
         for phase in ("train", "predict"):
@@ -281,6 +283,9 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             # When this run held the host: lets anyone check that timed regions never overlap.
             "harness.timed_region_start_unix_s": region_start_unix,
             "harness.timed_region_end_unix_s": region_end_unix,
+            # Other work on the host is the biggest source of bad numbers on small machines.
+            "host.load_per_core_start": load_start,
+            "host.load_per_core_end": load_end,
         })
         quality_meaningful = s.run.mode == "train+predict" or p.checkpoint is not None
         ckpt_path = None

@@ -76,3 +76,8 @@ def fingerprint(device: torch.device) -> dict[str, str]:
     for pkg in ("prefect", "mlflow", "polars", "pyarrow"):
         tags[f"relflow.{pkg}_version"] = _version(pkg)
     return tags
+
+
+def host_load_per_core() -> float:
+    """The 1-minute load average divided by the core count (1.0 = every core busy)."""
+    return os.getloadavg()[0] / (os.cpu_count() or 1)

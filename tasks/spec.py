@@ -167,6 +167,9 @@ class Run(Strict):
     min_steady_batches: int = Field(10, ge=0, description="validity: fewer makes the run INVALID")
     min_steady_seconds: float = Field(1.0, ge=0, description="validity: less makes the run INVALID")
     max_recompiles: int = Field(0, ge=0, description="validity: recompiles after warm-up allowed")
+    max_host_load: float | None = Field(
+        None, gt=0, description="validity: 1-minute load average per core allowed at the start or end of "
+        "the timed region (other work on the host slows torch 10x+ through thread oversubscription)")
     chunk_rows: int = Field(50_000, gt=0, description="root rows per retrieve..write chunk")
     seed: int = 0
     system_metrics_interval_s: float = Field(

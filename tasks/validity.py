@@ -21,6 +21,11 @@ def verdict(spec: Spec, metrics: dict[str, float], headline: str) -> list[str]:
         n = int(metrics.get(key, 0))
         if n > r.max_recompiles:
             reasons.append(f"{key} {n} > run.max_recompiles {r.max_recompiles}")
+    if r.max_host_load is not None:
+        for key in ("host.load_per_core_start", "host.load_per_core_end"):
+            load = metrics.get(key)
+            if load is not None and load > r.max_host_load:
+                reasons.append(f"{key} {load:.2f} > run.max_host_load {r.max_host_load}")
     floor = spec.task.min_quality
     if floor is not None:
         value = metrics.get(f"quality.{headline}")

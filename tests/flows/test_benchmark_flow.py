@@ -147,7 +147,8 @@ MEASUREMENT_METRICS = [
     "compute.train.updates", "compute.train.updates_per_epoch", "compute.train.recompiles",
     "device.input_wait_fraction", "memory.host_peak_bytes", "memory.device_peak_bytes",
     "output.bytes_per_row", "harness.startup_seconds", "harness.orchestration_seconds",
-    "harness.lock_wait_seconds",
+    "harness.lock_wait_seconds", "harness.flow_overhead_seconds", "host.load_per_core_start",
+    "host.load_per_core_end", "compute.compiled_frames",
 ]
 FINGERPRINT_TAGS = ["relflow.cpu_model", "relflow.cpu_count", "relflow.ram_bytes", "relflow.host_fingerprint",
                     "relflow.git_dirty", "relflow.python_version", "relflow.prefect_version",

@@ -81,3 +81,11 @@ def test_validity_rules_name_each_failed_rule():
     assert any("task.min_quality" in r for r in reasons)
     ok = {"compute.steady_batches": 200000, "compute.steady_seconds": 5.0, "quality.accuracy": 0.95}
     assert verdict(spec, ok, "accuracy") == []
+
+
+def test_host_load_rule_is_opt_in_and_named():
+    metrics = {"compute.steady_batches": 200000, "compute.steady_seconds": 5.0, "quality.accuracy": 0.95,
+               "host.load_per_core_start": 4.2, "host.load_per_core_end": 0.5}
+    assert verdict(_spec(), metrics, "accuracy") == []
+    reasons = verdict(_spec(max_host_load=1.0), metrics, "accuracy")
+    assert reasons == ["host.load_per_core_start 4.20 > run.max_host_load 1.0"]
