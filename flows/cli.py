@@ -64,6 +64,16 @@ class _HideUserErrors(logging.Filter):
         return not isinstance(exc, UserError) and "UserError" not in record.getMessage()
 
 
+def _start_run_command(debug: bool, set_: list[str] | None, scale: float | None) -> list[str]:
+    """Shared start of the run-like commands: quiet logs, SIGTERM unwinds, the overrides."""
+    _quiet_prefect(debug)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    overrides = list(set_ or [])
+    if scale is not None:
+        overrides.append(f"source.generate.tpch.scale={scale}")
+    return overrides
+
+
 def _handle_run_error(err: BaseException, debug: bool, interrupted: str) -> None:
     """Shared ending of the run-like commands: exits 130 on interrupts, else as ``_fail``."""
     if isinstance(err, typer.Exit):
@@ -112,11 +122,7 @@ def run(
     """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
     from tasks.spec import load_spec
 
-    _quiet_prefect(debug)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    overrides = list(set_ or [])
-    if scale is not None:
-        overrides.append(f"source.generate.tpch.scale={scale}")
+    overrides = _start_run_command(debug, set_, scale)
     try:
         extra_tags = _pairs(tag or [], "--tag")
         s = load_spec(spec, overrides)

@@ -7,7 +7,6 @@ imported inside the commands (it imports this module to register them).
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -71,15 +70,11 @@ def sweep_cmd(
     Rerunning the same sweep (same base spec and grid) reuses its parent run and skips every
     configuration that already has a FINISHED child. Exits 1 if any configuration failed.
     """
-    from flows.cli import _handle_run_error, _on_sigterm, _pairs, _quiet_prefect, console, out
+    from flows.cli import _handle_run_error, _pairs, _start_run_command, console, out
     from tasks import progress
     from tasks.sections import load_spec_and_sections
 
-    _quiet_prefect(debug)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    overrides = list(set_ or [])
-    if scale is not None:
-        overrides.append(f"source.generate.tpch.scale={scale}")
+    overrides = _start_run_command(debug, set_, scale)
     try:
         extra_tags = _pairs(tag or [], "--tag")
         base, sections = load_spec_and_sections(spec, overrides)
