@@ -86,12 +86,13 @@ def _handle_run_error(err: BaseException, debug: bool, interrupted: str) -> None
 
 def _quiet_prefect(debug: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if debug else "WARNING")
-    if not debug:  # MLflow's INFO lines (migrations, system metrics) would break the display
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
+
 
 
 def _hide_user_error_logs() -> None:
-    """Filter Prefect's loggers and handlers (call after Prefect configured its logging)."""
+    """Filter Prefect's loggers and handlers, and keep MLflow's INFO lines (migrations, system
+    metrics) out of the display; call after both configured their logging on import."""
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     hide = _HideUserErrors()
     names = [n for n in logging.root.manager.loggerDict if n.startswith("prefect")]
     for logger in [logging.getLogger(n) for n in names] + [logging.getLogger()]:
