@@ -179,7 +179,7 @@ def test_spec_hash_is_stable_across_key_order():
     assert a.spec_hash == b.spec_hash
     # defaults written out or left implicit describe the same workload
     explicit = copy.deepcopy(raw)
-    explicit["run"]["learning_rate"] = 3e-3
+    explicit["run"]["learning_rate"] = 1e-3
     assert parse_spec(explicit).spec_hash == a.spec_hash
     changed = copy.deepcopy(raw)
     changed["run"]["batch_size"] = 512
