@@ -225,3 +225,24 @@ def write_tables(tmp_path: Path):
 def shop_files(write_tables, shop_tables) -> Path:
     """The shop tables as Parquet in tmp_path (the folder shop_spec's paths resolve from)."""
     return write_tables(shop_tables)
+
+
+@pytest.fixture
+def prepare_chunk():
+    """``prepare_chunk(spec_dict, folder) -> (spec, encoding, schema, tensorized)``: retrieve,
+    preprocess and tensorize every root key as one chunk, without Prefect."""
+    from tasks.preprocess import preprocess
+    from tasks.retrieve import list_root_keys, retrieve
+    from tasks.sources import resolve_sources
+    from tasks.spec import parse_spec
+    from tasks.tensorize import fit, tensorize
+
+    def prepare(spec_dict: dict[str, Any], folder: Path):
+        spec = parse_spec(spec_dict)
+        sources = resolve_sources(spec, folder)
+        keys, _ = list_root_keys(spec, sources)
+        pre = preprocess(spec, retrieve(spec, sources, keys))
+        enc, schema = fit(spec, pre)
+        return spec, enc, schema, tensorize(spec, pre, enc, schema)
+
+    return prepare

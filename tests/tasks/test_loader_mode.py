@@ -9,29 +9,19 @@ import pytest
 import torch
 
 from tasks.compute import Engine
-from tasks.preprocess import preprocess
-from tasks.retrieve import list_root_keys, retrieve
-from tasks.sources import resolve_sources
-from tasks.spec import parse_spec
-from tasks.tensorize import fit, tensorize
 
 
-def _engine(spec_dict, folder, workers: int):
+def _engine(prepare_chunk, spec_dict, folder, workers: int):
     d = copy.deepcopy(spec_dict)
     d["run"]["loader"] = {"num_workers": workers}
-    spec = parse_spec(d)
-    sources = resolve_sources(spec, folder)
-    keys, _ = list_root_keys(spec, sources)
-    pre = preprocess(spec, retrieve(spec, sources, keys))
-    enc, schema = fit(spec, pre)
-    tz = tensorize(spec, pre, enc, schema)
+    spec, enc, schema, tz = prepare_chunk(d, folder)
     return Engine(spec, schema, torch.device("cpu"), encoding=enc), tz
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_loader_workers_match_the_in_process_path(shop_files, shop_spec, workers):
-    base, tz0 = _engine(shop_spec, shop_files, 0)
-    loader, tz1 = _engine(shop_spec, shop_files, workers)
+def test_loader_workers_match_the_in_process_path(prepare_chunk, shop_files, shop_spec, workers):
+    base, tz0 = _engine(prepare_chunk, shop_spec, shop_files, 0)
+    loader, tz1 = _engine(prepare_chunk, shop_spec, shop_files, workers)
     assert tz0.batch is not None and tz1.batch is None and tz1.table is not None
     assert (tz1.coords_present, tz1.coords_reserved) == (tz0.coords_present, tz0.coords_reserved)
     loader.model.load_state_dict(base.model.state_dict())

@@ -9,24 +9,14 @@ import pyarrow.parquet as pq
 import torch
 
 from tasks.compute import Engine
-from tasks.preprocess import preprocess
-from tasks.retrieve import list_root_keys, retrieve
-from tasks.sources import resolve_sources
-from tasks.spec import parse_spec
-from tasks.tensorize import fit, tensorize
 from tasks.write import PredictionWriter, to_table
 
 ALL = ["prediction", "topk:2", "root_embedding", "branch_embedding:lines", "leaf:orders"]
 
 
-def _predict(spec_dict, folder: Path, outputs: list[str]):
+def _predict(prepare_chunk, spec_dict, folder: Path, outputs: list[str]):
     spec_dict["task"] = {"target": "o_status", "branch": "orders", "kind": "category", "outputs": outputs}
-    spec = parse_spec(spec_dict)
-    sources = resolve_sources(spec, folder)
-    keys, _ = list_root_keys(spec, sources)
-    pre = preprocess(spec, retrieve(spec, sources, keys))
-    enc, schema = fit(spec, pre)
-    tz = tensorize(spec, pre, enc, schema)
+    spec, enc, schema, tz = prepare_chunk(spec_dict, folder)
     engine = Engine(spec, schema, torch.device("cpu"))
     calls = []
     real_forward = engine.model.forward
@@ -40,16 +30,16 @@ def _predict(spec_dict, folder: Path, outputs: list[str]):
     return spec, enc, schema, tz, outs, calls
 
 
-def test_only_selected_outputs_are_computed_and_written(shop_files, shop_spec, tmp_path):
-    spec, enc, schema, tz, outs, calls = _predict(shop_spec, shop_files, ["prediction"])
+def test_only_selected_outputs_are_computed_and_written(prepare_chunk, shop_files, shop_spec, tmp_path):
+    spec, enc, schema, tz, outs, calls = _predict(prepare_chunk, shop_spec, shop_files, ["prediction"])
     assert set(outs.tensors) == {"prediction"}
     assert all(c == ("prediction",) for c in calls)
     table = to_table(spec, schema, enc, tz.keys, outs)
     assert table.column_names == ["c_id", "prediction"]
 
 
-def test_every_output_kind_and_its_payload(shop_files, shop_spec, tmp_path):
-    spec, enc, schema, tz, outs, _ = _predict(shop_spec, shop_files, ALL)
+def test_every_output_kind_and_its_payload(prepare_chunk, shop_files, shop_spec, tmp_path):
+    spec, enc, schema, tz, outs, _ = _predict(prepare_chunk, shop_spec, shop_files, ALL)
     table = to_table(spec, schema, enc, tz.keys, outs)
     assert table.column_names == ["c_id", "prediction", "top2_labels", "top2_scores", "root_embedding",
                                   "branch_embedding_lines", "leaf_orders"]
