@@ -37,6 +37,7 @@ from tasks.data import ensure_tpch
 from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
+from tasks.peak import peak_flops
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.records import RunResult
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
@@ -44,6 +45,7 @@ from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
 from tasks.tensorize import Tensorized, fit, tensorize
 from tasks.tracking import Tracker, flatten
+from tasks.utilisation import mfu_metrics
 from tasks.validity import verdict
 from tasks.write import PredictionWriter, to_table
 
@@ -298,6 +300,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         tracker.log_params({"model.parameters": shape["parameters"],
                             "model.flops_per_root_row": shape["flops_per_root_row"],
                             "run.resolved_device": str(p.device)})
+        result.extra.update(_utilisation(s, p, engine, result, shape, run_tags))
         # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
         # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
         result.extra["harness.flow_seconds"] = wall_clock() - flow_start
@@ -342,6 +345,18 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     }
     publish_run_artifact(summary)
     return summary
+
+
+def _utilisation(s: Spec, p: Plan, engine: compute_stage.Engine, result: RunResult,
+                 shape: dict[str, int], tags: dict[str, str]) -> dict[str, float]:
+    """MFU per phase against this host's cached peak (measured here, outside the timed
+    region, on a cache miss)."""
+    peak = peak_flops(tags["relflow.host_fingerprint"], p.device, s.run.precision)
+    phases = {"predict": (float(shape["flops_per_root_row"]), result.predict.steady_rows_per_s)}
+    if result.train is not None:
+        train_shape = inspect_on_meta(engine.schema, engine.model.config, outputs=("prediction",))
+        phases["train"] = (float(train_shape["flops_per_root_row"]), result.train.steady_rows_per_s)
+    return {**mfu_metrics(peak.flops_per_s, phases), "host.peak_cached": float(peak.cached)}
 
 
 def _sample_csv(path: Path, rows: int = 100) -> str:

@@ -197,6 +197,12 @@ def report(summary: dict[str, Any]) -> None:
         f"compute steady       {m['compute.steady_rows_per_s']:,.0f} rows/s (predict)"
         + (f", {m['compute.train.steady_rows_per_s']:,.0f} rows/s (train)"
            if "compute.train.steady_rows_per_s" in m else ""),
+    ]
+    if "compute.mfu" in m:
+        train = (f", {m['compute.train.mfu']:.2%} train" if "compute.train.mfu" in m else "")
+        lines.append(f"compute MFU          {m['compute.mfu']:.2%} predict{train} of a "
+                     f"{m['host.peak_flops_per_s'] / 1e9:,.1f} GFLOP/s matmul peak")
+    lines += [
         f"data                 occupancy {m['data.occupancy']:.1%} "
         f"({int(m['data.coords_present']):,} of {int(m['data.coords_reserved']):,} coordinates), "
         f"{int(m['data.overflow_dropped']):,} rows dropped by overflow",
@@ -257,6 +263,29 @@ def compile_report(
         _fail(err, debug)
         return
     out.print(md)
+
+
+@app.command("peak")
+def peak_cmd(
+    device: Annotated[str, typer.Option(help="Device to measure (auto = cuda if available).")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16.")] = "fp32",
+    remeasure: Annotated[bool, typer.Option(help="Measure again and replace the cached value.")] = False,
+) -> None:
+    """The host's peak matmul FLOP/s (the MFU denominator), cached per host fingerprint."""
+    import torch
+
+    from tasks.environment import fingerprint
+    from tasks.peak import DTYPES, cache_file, peak_flops
+
+    if precision not in DTYPES:
+        _fail(UserError(f"--precision '{precision}' is not one of {sorted(DTYPES)}."), False)
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    fp = fingerprint(dev)["relflow.host_fingerprint"]
+    pk = peak_flops(fp, dev, precision, remeasure=remeasure)
+    how = "cached" if pk.cached else "measured now"
+    out.print(f"peak {pk.flops_per_s / 1e9:,.1f} GFLOP/s ({precision}, {pk.device}, {pk.threads} threads, "
+              f"{pk.size}^3 matmul, {how}; host {fp}; cache {cache_file()})")
 
 
 @data_app.command("tpch")
