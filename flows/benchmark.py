@@ -44,6 +44,7 @@ from tasks.retrieve import Retrieved, list_root_keys, retrieve
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
 from tasks.tensorize import Tensorized, fit, tensorize
+from tasks.threads import apply_threads
 from tasks.tracking import Tracker, flatten
 from tasks.utilisation import mfu_metrics
 from tasks.validity import verdict
@@ -219,13 +220,14 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     """Run one benchmark spec end to end and record it in MLflow; returns a summary."""
     flow_start = wall_clock()
     s = parse_spec(spec, "(flow parameter 'spec')")
+    thread_tags = apply_threads(s.run.threads.intra_op, s.run.threads.inter_op)
     progress.emit("phase", name="checking inputs")
     p = plan(s, Path(spec_dir).resolve())
     progress.emit("phase", name="starting MLflow run")
     t0 = wall_clock()
     tracker = Tracker(s.name)
     run_tags = {"relflow.spec_hash": s.spec_hash, "relflow.spec_name": s.name,
-                **fingerprint(p.device), **(tags or {})}
+                **fingerprint(p.device), **thread_tags, **(tags or {})}
     run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=run_tags,
                            parent_run_id=parent_run_id)
     mlflow_seconds = wall_clock() - t0

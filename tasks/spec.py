@@ -153,6 +153,13 @@ class Loader(Strict):
     prefetch_factor: int = Field(2, ge=1)
 
 
+class Threads(Strict):
+    intra_op: int | None = Field(
+        None, ge=1, description="torch.set_num_threads; unset = leave torch's default (an explicit "
+        "setting equal to the default can still run slower: see the README)")
+    inter_op: int | None = Field(None, ge=1, description="torch.set_num_interop_threads; unset = default")
+
+
 class Run(Strict):
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
@@ -175,6 +182,7 @@ class Run(Strict):
     system_metrics_interval_s: float = Field(
         5.0, ge=0, description="MLflow system metrics sampling (0 = off); a background thread")
     device: str = "auto"
+    threads: Threads = Field(default_factory=Threads)
     checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
     output_dir: str = "outputs"
 
