@@ -38,6 +38,7 @@ from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
 from tasks.peak import peak_flops
+from tasks.profiling import to_markdown as profile_markdown
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.records import RunResult
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
@@ -262,6 +263,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             region_end_unix = unix_time()
             load_end = host_load_per_core()
         engine, enc = pipe.engine, pipe.enc
+        engine.profiler.close()
         result.extra["compute.compiled_frames"] = float(compute_stage.compiled_frames() - engine.frames_at_start)
         for phase in ("train", "predict"):
             result.recompiles[phase] = engine.recompiles(phase)
@@ -320,6 +322,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             "relflow.validity": "INVALID" if reasons else "VALID",
             "relflow.invalid_reasons": "; ".join(reasons),
         })
+        profile = _log_profile(tracker, engine)
         stage_table = result.stage_table()
         tracker.log_dict(stage_table, "stages.json")
         tracker.log_text(_sample_csv(output), "predictions_sample.csv")
@@ -344,6 +347,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         "encoder_path": ",".join(sorted(engine.paths_seen)),
         "validity": "INVALID" if reasons else "VALID",
         "invalid_reasons": reasons,
+        "profile": profile,
     }
     publish_run_artifact(summary)
     return summary
@@ -359,6 +363,21 @@ def _utilisation(s: Spec, p: Plan, engine: compute_stage.Engine, result: RunResu
         train_shape = inspect_on_meta(engine.schema, engine.model.config, outputs=("prediction",))
         phases["train"] = (float(train_shape["flops_per_root_row"]), result.train.steady_rows_per_s)
     return {**mfu_metrics(peak.flops_per_s, phases), "host.peak_cached": float(peak.cached)}
+
+
+def _log_profile(tracker: Tracker, engine: compute_stage.Engine) -> dict[str, list[dict[str, Any]]]:
+    """Traces and top-ops tables as artifacts (``profile/``); the run is tagged profiled."""
+    prof = engine.profiler
+    if not prof.enabled:
+        return {}
+    for path in prof.traces.values():
+        tracker.log_artifact(path, "profile")
+    tracker.log_dict(prof.top_ops, "profile/top_ops.json")
+    tracker.log_text("\n\n".join(f"## {phase}\n\n{profile_markdown(rows)}" for phase, rows in prof.top_ops.items()),
+                     "profile/top_ops.md")
+    tracker.set_tags({"relflow.profiled": "true",
+                      "relflow.profiled_batches": str(prof.batches)})
+    return {phase: rows[:10] for phase, rows in prof.top_ops.items()}
 
 
 def _sample_csv(path: Path, rows: int = 100) -> str:

@@ -118,12 +118,14 @@ def run(
         help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the run summary (metrics, stages, paths) to this JSON file.")] = None,
+    profile: Annotated[bool, typer.Option(
+        help="Record torch.profiler over a few steady batches per phase (same as --set run.profile=true).")] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
     from tasks.spec import load_spec
 
-    overrides = _start_run_command(debug, set_, scale)
+    overrides = _start_run_command(debug, set_, scale) + (["run.profile=true"] if profile else [])
     try:
         extra_tags = _pairs(tag or [], "--tag")
         s = load_spec(spec, overrides)
@@ -227,6 +229,14 @@ def report(summary: dict[str, Any]) -> None:
         f"                     {summary['tracking_uri']}",
     ]
     out.print("\n".join(lines))
+    for phase, ops in (summary.get("profile") or {}).items():
+        top = Table(title=f"Top ops, {phase} (profiled steady batches)", title_justify="left")
+        for col in ("op", "calls", "self CPU ms", "self CUDA ms", "share"):
+            top.add_column(col, justify="left" if col == "op" else "right")
+        for r in ops:
+            top.add_row(r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}",
+                        f"{r['share']:.1%}")
+        out.print(top)
 
 
 @app.command("compile-report")

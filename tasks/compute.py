@@ -25,6 +25,7 @@ from model.precision import autocast_context
 from model.schema import ModelSchema
 from tasks.clock import Clock
 from tasks.errors import UserError
+from tasks.profiling import SteadyProfiler
 from tasks.quality import Quality
 from tasks.records import PhaseTimings
 from tasks.spec import Spec
@@ -104,6 +105,7 @@ class Engine:
         self.frames_at_steady: dict[str, int] = {}
         self.breaks_at_steady: dict[str, int] = {}
         self._generator = torch.Generator().manual_seed(spec.run.seed)
+        self.profiler = SteadyProfiler(spec.run.profile, spec.run.profile_batches, device)
 
     def _mark_steady(self, phase: str, t: PhaseTimings) -> None:
         if phase not in self.frames_at_steady and t.in_steady_state:
@@ -171,7 +173,7 @@ class Engine:
         t = self.train_timings
         with self.clock.measure() as wall:
             for part, n in self._timed("train", t, self._batches(tz, order)):
-                with self.clock.measure() as step:
+                with self.profiler.batch("train", t.in_steady_state), self.clock.measure() as step:
                     with self._autocast():
                         outs = self.model(part, outputs=("prediction",))
                         loss = self.model.loss(part, outs)
@@ -199,7 +201,7 @@ class Engine:
         t = self.predict_timings
         with self.clock.measure() as wall:
             for part, n in self._timed("predict", t, self._batches(tz, torch.arange(tz.root_rows))):
-                with self.clock.measure() as step:
+                with self.profiler.batch("predict", t.in_steady_state), self.clock.measure() as step:
                     with self._autocast():
                         outs = self.model(part, outputs=need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}

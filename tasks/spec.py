@@ -183,6 +183,9 @@ class Run(Strict):
         5.0, ge=0, description="MLflow system metrics sampling (0 = off); a background thread")
     device: str = "auto"
     threads: Threads = Field(default_factory=Threads)
+    profile: bool = Field(False, description="torch.profiler over run.profile_batches steady batches per "
+                          "phase; the run is tagged relflow.profiled and left out of history/compare")
+    profile_batches: int = Field(5, ge=1)
     checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
     output_dir: str = "outputs"
 
