@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
@@ -51,6 +52,9 @@ from tasks.utilisation import mfu_metrics
 from tasks.validity import verdict
 from tasks.write import PredictionWriter, to_table
 
+# Stage tasks carry chunks of data: no cache key (hashing tables costs seconds), no result
+# persistence, and every argument is passed in ``quote()`` so Prefect does not walk it
+# looking for upstream futures (its per-call cost grows with the size of the arguments).
 STAGE_TASK = dict(cache_policy=NO_CACHE, persist_result=False, retries=0)
 
 
@@ -158,14 +162,15 @@ class Pipeline:
             return self._cache[i]
         spec, st, clock = self.spec, self.result.stages, self.clock
         progress.emit("stage", name="retrieve", chunk=i)
-        r, sec = retrieve_task(spec, self.p.sources, self.chunks[i], clock)
+        r, sec = retrieve_task(quote(spec), quote(self.p.sources), quote(self.chunks[i]), quote(clock))
         st["retrieve"].add(sec, r.root_rows)
         self.result.bytes_read += r.bytes_read
         progress.emit("stage", name="preprocess", chunk=i)
-        pre, sec = preprocess_task(spec, r, clock)
+        pre, sec = preprocess_task(quote(spec), quote(r), quote(clock))
         st["preprocess"].add(sec, pre.root_rows)
         progress.emit("stage", name="tensorize", chunk=i)
-        tz, self.enc, self.schema, sec = tensorize_task(spec, pre, self.enc, self.schema, clock)
+        tz, self.enc, self.schema, sec = tensorize_task(quote(spec), quote(pre), quote(self.enc),
+                                                        quote(self.schema), quote(clock))
         st["tensorize"].add(sec, tz.root_rows)
         if i not in self._counted:  # data figures once per chunk, not once per epoch/repeat
             self._counted.add(i)
@@ -186,7 +191,7 @@ class Pipeline:
             for i in range(len(self.chunks)):
                 tz = self.prepare(i, reuse=True)
                 progress.emit("stage", name="compute", chunk=i, phase="train", epoch=epoch)
-                _, sec = compute_task(self.engine, tz, "train", ())
+                _, sec = compute_task(quote(self.engine), quote(tz), "train", ())
                 self.result.stages["compute"].add(sec, int(tz.is_train.sum()))
             if epoch == 0:
                 self.result.updates_per_epoch = self.engine.train_timings.updates - before
@@ -201,11 +206,11 @@ class Pipeline:
         for i in range(len(self.chunks)):
             tz = self.prepare(i)
             progress.emit("stage", name="compute", chunk=i, phase="predict", repeat=repeat)
-            outs, sec = compute_task(self.engine, tz, "predict", tuple(self.spec.task.outputs))
+            outs, sec = compute_task(quote(self.engine), quote(tz), "predict", tuple(self.spec.task.outputs))
             st["compute"].add(sec, tz.root_rows)
             progress.emit("stage", name="write", chunk=i)
-            st["write"].add(write_task(self.spec, self.engine, self.enc, tz, outs, writer,
-                                       self.clock), tz.root_rows)
+            st["write"].add(write_task(quote(self.spec), quote(self.engine), quote(self.enc), quote(tz),
+                                       quote(outs), quote(writer), quote(self.clock)), tz.root_rows)
             rows += tz.root_rows
         self.result.rows_predicted += rows
         pt = self.engine.predict_timings
