@@ -43,3 +43,16 @@ def build_model(spec: Spec, schema) -> RelationalTransformer:
                                                       dropout=m.dropout))
     model.packing = spec.run.packing
     return model.eval()
+
+
+def load_chunk(spec_path: Path, overrides: list[str] | None = None):
+    """(spec, schema, encoding, Tensorized) of every root row: what the compute stage gets."""
+    spec: Spec = load_spec(spec_path, overrides or [])
+    base = spec_path.resolve().parent
+    if spec.source.generate is not None:
+        base, _ = ensure_tpch(spec.source.generate.tpch.scale)
+    sources = resolve_sources(spec, base)
+    keys, _ = list_root_keys(spec, sources)
+    pre = preprocess(spec, retrieve(spec, sources, keys))
+    enc, schema = fit(spec, pre)
+    return spec, schema, enc, tensorize(spec, pre, enc, schema)
