@@ -33,10 +33,13 @@ from tasks.tensorize import Tensorized, layout
 
 
 def compiled_frames() -> int:
-    """Frames Dynamo has compiled so far in this process (each recompile adds one)."""
+    """Graphs Dynamo has compiled so far in this process (each recompile adds one).
+
+    ``counters["frames"]["ok"]`` is not counted for ``fullgraph=True`` regions in torch 2.13
+    (it stayed 0 through real recompiles, so every run reported 0); ``unique_graphs`` is."""
     from torch._dynamo.utils import counters
 
-    return int(counters["frames"]["ok"])
+    return int(counters["stats"]["unique_graphs"])
 
 
 def graph_breaks() -> int:
