@@ -63,7 +63,8 @@ class OtherCpu:
         wall = wall_clock() - w0
         other = (busy_cpu_seconds() - b0) - (own_cpu_seconds() - o0)
         cores = os.cpu_count() or 1
-        self.fraction = max(other, 0.0) / (wall * cores) if wall > 0 else 0.0
+        # The OS counts in clock ticks (10 ms): over short windows the share can overshoot.
+        self.fraction = min(max(other, 0.0) / (wall * cores), 1.0) if wall > 0 else 0.0
         return self.fraction
 
 
