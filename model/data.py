@@ -83,8 +83,9 @@ class SliceFeed(Sampler):
         self.count = 0
 
     def __iter__(self) -> Iterator[pa.Table]:
-        parts, self.parts = self.parts, iter(())
-        return parts
+        # The same iterator however often the DataLoader asks (it calls iter() twice when
+        # it builds a worker iterator); ``stream`` sets a fresh one per iteration.
+        return self.parts
 
     def __len__(self) -> int:
         return self.count

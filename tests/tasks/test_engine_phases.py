@@ -200,6 +200,7 @@ def test_loader_is_built_once_and_persistent_workers_persist():
     assert tz.batch is None and tz.table is not None  # loader mode: workers encode
     eng = engine_for(spec, tz, enc, schema)
     eng.train(tz)
+    assert eng.train_timings.updates == 2  # 8 training rows in batches of 4
     dm = eng.data_module()
     loader = dm._stream
     workers = {w.pid for w in loader._iterator._workers}
