@@ -97,7 +97,7 @@ class Engine:
         if c.encoders or c.pools:
             self.model.compile(encoders=c.encoders, pools=c.pools, backend=c.backend,
                                dynamic=c.dynamic, options=dict(c.options) or None, mode=c.mode)
-        # The seed note's factory: fused AdamW by default (torch 2.13 has a CPU fused kernel).
+        # The model package's AdamW factory: fused by default (torch 2.13 has a CPU fused kernel).
         self.model.optimizer = optimizer_settings(spec)
         # Resuming (train+predict with run.checkpoint): the saved optimizer state, whose
         # settings tasks/checkpoint.py already checked against the spec.

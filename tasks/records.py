@@ -78,7 +78,8 @@ class PhaseTimings:
 
     @property
     def estimated_rows_per_s(self) -> float:
-        """The seed note's callback estimate: completed batches x configured batch size."""
+        """The throughput-callback estimate: completed batches x configured batch size (right
+        only for full batches; the exact figure is ``steady_rows_per_s``)."""
         t = sum(self.steady_seconds)
         return len(self.steady_seconds) * self.batch_size / t if t > 0 else 0.0
 

@@ -211,3 +211,20 @@ def test_loader_is_built_once_and_persistent_workers_persist():
     assert eng.worker_startup_seconds > 0
     assert eng.quality.metrics()["rows"] == 8  # two passes, 4 held-out rows each
     eng.close()
+
+
+def test_no_gradient_scaler_outside_cuda_fp16():
+    spec = parse_spec(spec_raw(precision="bf16"))
+    tz, enc, schema = chunk(spec, 12, train_rows=8)
+    assert engine_for(spec, tz, enc, schema).scaler is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 training needs CUDA")
+def test_fp16_training_on_cuda_scales_the_loss():
+    spec = parse_spec(spec_raw(precision="fp16", device="cuda"))
+    tz, enc, schema = chunk(spec, 12, train_rows=8)
+    eng = Engine(spec, schema, torch.device("cuda"), None, Clock("cuda"), enc)
+    assert isinstance(eng.scaler, torch.amp.GradScaler)
+    eng.train(tz)
+    assert eng.scaler.get_scale() > 1.0  # the scaler ran (its scale starts at 65536)
+    assert all(torch.isfinite(p).all() for p in eng.model.parameters())
