@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tasks import keys as K
+
 ROOT = Path(__file__).resolve().parent
 
 
@@ -62,7 +64,7 @@ def harness(spec_path: Path, threads: int | None, folder: Path) -> float:
         cmd += ["--set", s]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
     subprocess.run(cmd, cwd=folder, env=env, check=True, capture_output=True, text=True)
-    return json.loads(out.read_text())["metrics"]["compute.steady_rows_per_s"]
+    return json.loads(out.read_text())["metrics"][K.STEADY_ROWS_PER_S]
 
 
 def main() -> None:

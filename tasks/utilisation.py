@@ -9,6 +9,8 @@ as model work, so packing shows up as higher MFU, as it should: same model, less
 
 from __future__ import annotations
 
+from tasks import keys as K
+
 TRAIN_FLOPS_FACTOR = 3.0  # backward ~ 2x forward
 
 
@@ -16,11 +18,10 @@ def mfu_metrics(peak_flops_per_s: float, phases: dict[str, tuple[float, float]])
     """``compute[.train].model_flops_per_s`` and ``.mfu`` for each phase.
 
     ``phases`` maps a phase to (forward FLOPs per root row, steady exact rows/s)."""
-    out = {"host.peak_flops_per_s": peak_flops_per_s}
+    out = {K.HOST_PEAK_FLOPS_PER_S: peak_flops_per_s}
     for phase, (forward_flops_per_row, rows_per_s) in phases.items():
-        prefix = "compute" if phase == "predict" else f"compute.{phase}"
         per_row = forward_flops_per_row * (TRAIN_FLOPS_FACTOR if phase == "train" else 1.0)
         achieved = per_row * rows_per_s
-        out[f"{prefix}.model_flops_per_s"] = achieved
-        out[f"{prefix}.mfu"] = achieved / peak_flops_per_s if peak_flops_per_s > 0 else 0.0
+        out[K.compute(phase, K.MODEL_FLOPS_PER_S)] = achieved
+        out[K.compute(phase, K.MFU)] = achieved / peak_flops_per_s if peak_flops_per_s > 0 else 0.0
     return out
