@@ -29,31 +29,39 @@ import pyarrow.parquet as pq
 import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks import compute as compute_stage
+from tasks import keys as K
 from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
-from tasks import keys as K
 from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
+from tasks.peak import peak_flops
 from tasks.preprocess import Preprocessed, preprocess
+from tasks.profiling import to_markdown as profile_markdown
 from tasks.records import PHASES, RunResult
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
 from tasks.stats import CI_METHOD
 from tasks.tensorize import Tensorized, fit, tensorize
+from tasks.threads import apply_threads
 from tasks.tracking import Tracker, flatten
+from tasks.utilisation import mfu_metrics
 from tasks.validity import verdict
 from tasks.write import PredictionWriter, to_table
 
+# Stage tasks carry chunks of data: no cache key (hashing tables costs seconds), no result
+# persistence, and every argument is passed in ``quote()`` so Prefect does not walk it
+# looking for upstream futures (its per-call cost grows with the size of the arguments).
 STAGE_TASK = dict(cache_policy=NO_CACHE, persist_result=False, retries=0)
 
 
@@ -164,14 +172,15 @@ class Pipeline:
             return self._cache[i]
         spec, st, clock = self.spec, self.result.stages[phase], self.clock
         progress.emit("stage", name="retrieve", chunk=i)
-        r, sec = retrieve_task(spec, self.p.sources, self.chunks[i], clock)
+        r, sec = retrieve_task(quote(spec), quote(self.p.sources), quote(self.chunks[i]), quote(clock))
         st["retrieve"].add(sec, r.root_rows)
         self.result.bytes_read += r.bytes_read
         progress.emit("stage", name="preprocess", chunk=i)
-        pre, sec = preprocess_task(spec, r, clock)
+        pre, sec = preprocess_task(quote(spec), quote(r), quote(clock))
         st["preprocess"].add(sec, pre.root_rows)
         progress.emit("stage", name="tensorize", chunk=i)
-        tz, self.enc, self.schema, sec = tensorize_task(spec, pre, self.enc, self.schema, clock)
+        tz, self.enc, self.schema, sec = tensorize_task(quote(spec), quote(pre), quote(self.enc),
+                                                        quote(self.schema), quote(clock))
         st["tensorize"].add(sec, tz.root_rows)
         if i not in self._counted:  # data figures once per chunk, not once per epoch/repeat
             self._counted.add(i)
@@ -195,7 +204,7 @@ class Pipeline:
             for i in range(len(self.chunks)):
                 tz = self.prepare(i, "train", reuse=True)
                 progress.emit("stage", name="compute", chunk=i, phase="train", epoch=epoch)
-                _, sec = compute_task(self.engine, tz, "train", ())
+                _, sec = compute_task(quote(self.engine), quote(tz), "train", ())
                 st["compute"].add(sec, int(tz.is_train.sum()))
             if epoch == 0:
                 self.result.updates_per_epoch = self.engine.train_timings.updates - before
@@ -213,11 +222,11 @@ class Pipeline:
         for i in range(len(self.chunks)):
             tz = self.prepare(i, "predict")
             progress.emit("stage", name="compute", chunk=i, phase="predict", repeat=repeat)
-            outs, sec = compute_task(self.engine, tz, "predict", tuple(self.spec.task.outputs))
+            outs, sec = compute_task(quote(self.engine), quote(tz), "predict", tuple(self.spec.task.outputs))
             st["compute"].add(sec, tz.root_rows)
             progress.emit("stage", name="write", chunk=i)
-            st["write"].add(write_task(self.spec, self.engine, self.enc, tz, outs, writer,
-                                       self.clock), tz.root_rows)
+            st["write"].add(write_task(quote(self.spec), quote(self.engine), quote(self.enc), quote(tz),
+                                       quote(outs), quote(writer), quote(self.clock)), tz.root_rows)
             rows += tz.root_rows
         self.result.rows_predicted += rows
         self.result.predict_passes += 1
@@ -254,12 +263,14 @@ class Run:
 
 
 def start_run(s: Spec, p: Plan, flow_start: float, launched_at: float | None,
-              parent_run_id: str | None, tags: dict[str, str] | None) -> Run:
+              parent_run_id: str | None, tags: dict[str, str] | None,
+              thread_tags: dict[str, str] | None = None) -> Run:
     """Step 1: the MLflow run (tags, params, spec), the output file and the memory sampler."""
     t0 = wall_clock()
     tracker = Tracker(s.name)
     run_tags = {"relflow.spec_hash": s.spec_hash, "relflow.spec_name": s.name,
-                "relflow.ci_method": CI_METHOD, **fingerprint(p.device), **(tags or {})}
+                "relflow.ci_method": CI_METHOD, **fingerprint(p.device), **(thread_tags or {}),
+                **(tags or {})}
     run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=run_tags,
                            parent_run_id=parent_run_id)
     mlflow_seconds = wall_clock() - t0
@@ -318,6 +329,7 @@ def collect(run: Run) -> dict[str, float]:
         result.recompiles[phase] = engine.recompiles(phase)
         result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
     engine.close()
+    engine.profiler.close()
     result.rows_written = run.writer.rows
     result.output_bytes = run.writer.commit()
     result.output_path = str(run.output)
@@ -352,6 +364,7 @@ def collect(run: Run) -> dict[str, float]:
     run.tracker.log_params({"model.parameters": shape["parameters"],
                             "model.flops_per_root_row": shape["flops_per_root_row"],
                             "run.resolved_device": str(p.device)})
+    result.extra.update(_utilisation(s, p, engine, result, shape))
     # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
     # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
     flow_seconds = wall_clock() - run.flow_start
@@ -382,6 +395,7 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
         "relflow.validity": "INVALID" if reasons else "VALID",
         "relflow.invalid_reasons": "; ".join(reasons),
     })
+    profile = _log_profile(tracker, engine)
     stage_table = run.result.stage_table()
     tracker.log_dict(stage_table, "stages.json")
     tracker.log_text(_sample_csv(run.output), "predictions_sample.csv")
@@ -401,6 +415,7 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
         "encoder_path": ",".join(sorted(engine.paths_seen)),
         "validity": "INVALID" if reasons else "VALID",
         "invalid_reasons": reasons,
+        "profile": profile,
     }
 
 
@@ -412,10 +427,11 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     check inputs -> start run -> timed body -> collect -> verdict -> log."""
     flow_start = wall_clock()
     s = parse_spec(spec, "(flow parameter 'spec')")
+    thread_tags = apply_threads(s.run.threads.intra_op, s.run.threads.inter_op)
     progress.emit("phase", name="checking inputs")
     p = plan(s, Path(spec_dir).resolve())
     progress.emit("phase", name="starting MLflow run")
-    run = start_run(s, p, flow_start, launched_at, parent_run_id, tags)
+    run = start_run(s, p, flow_start, launched_at, parent_run_id, tags, thread_tags)
     run.memory.start()
     try:
         timed_body(run)
@@ -430,6 +446,32 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         raise
     publish_run_artifact(summary)
     return summary
+
+
+def _utilisation(s: Spec, p: Plan, engine: compute_stage.Engine, result: RunResult,
+                 shape: dict[str, int]) -> dict[str, float]:
+    """MFU per phase against this host's cached peak (measured here, outside the timed
+    region, on a cache miss)."""
+    peak = peak_flops(fingerprint(p.device)["relflow.host_fingerprint"], p.device, s.run.precision)
+    phases = {"predict": (float(shape["flops_per_root_row"]), result.predict.steady_rows_per_s)}
+    if result.train is not None:
+        train_shape = inspect_on_meta(engine.schema, engine.model.config, outputs=("prediction",))
+        phases["train"] = (float(train_shape["flops_per_root_row"]), result.train.steady_rows_per_s)
+    return {**mfu_metrics(peak.flops_per_s, phases), K.HOST_PEAK_CACHED: float(peak.cached)}
+
+
+def _log_profile(tracker: Tracker, engine: compute_stage.Engine) -> dict[str, list[dict[str, Any]]]:
+    """Traces and top-ops tables as artifacts (``profile/``); the run is tagged profiled."""
+    prof = engine.profiler
+    if not prof.enabled:
+        return {}
+    for path in prof.traces.values():
+        tracker.log_artifact(path, "profile")
+    tracker.log_dict(prof.top_ops, "profile/top_ops.json")
+    tracker.log_text("\n\n".join(f"## {phase}\n\n{profile_markdown(rows)}" for phase, rows in prof.top_ops.items()),
+                     "profile/top_ops.md")
+    tracker.set_tags({"relflow.profiled": "true", "relflow.profiled_batches": str(prof.batches)})
+    return {phase: rows[:10] for phase, rows in prof.top_ops.items()}
 
 
 def _sample_csv(path: Path, rows: int = 100) -> str:

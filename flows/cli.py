@@ -118,12 +118,14 @@ def run(
         help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the run summary (metrics, stages, paths) to this JSON file.")] = None,
+    profile: Annotated[bool, typer.Option(
+        help="Record torch.profiler over a few steady batches per phase (same as --set run.profile=true).")] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
     from tasks.spec import load_spec
 
-    overrides = _start_run_command(debug, set_, scale)
+    overrides = _start_run_command(debug, set_, scale) + (["run.profile=true"] if profile else [])
     try:
         extra_tags = _pairs(tag or [], "--tag")
         s = load_spec(spec, overrides)
@@ -215,6 +217,12 @@ def report(summary: dict[str, Any]) -> None:
         f"compute steady       {m[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
         + (f", {m[K.TRAIN_STEADY_ROWS_PER_S]:,.0f} rows/s (train)"
            if K.TRAIN_STEADY_ROWS_PER_S in m else ""),
+    ]
+    if K.compute("predict", K.MFU) in m:
+        train = (f", {m[K.compute('train', K.MFU)]:.2%} train" if K.compute("train", K.MFU) in m else "")
+        lines.append(f"compute MFU          {m[K.compute('predict', K.MFU)]:.2%} predict{train} of a "
+                     f"{m[K.HOST_PEAK_FLOPS_PER_S] / 1e9:,.1f} GFLOP/s matmul peak")
+    lines += [
         f"data                 occupancy {m[K.DATA_OCCUPANCY]:.1%} "
         f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates), "
         f"{int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow",
@@ -241,6 +249,14 @@ def report(summary: dict[str, Any]) -> None:
         f"                     {summary['tracking_uri']}",
     ]
     out.print("\n".join(lines))
+    for phase, ops in (summary.get("profile") or {}).items():
+        top = Table(title=f"Top ops, {phase} (profiled steady batches)", title_justify="left")
+        for col in ("op", "calls", "self CPU ms", "self CUDA ms", "share"):
+            top.add_column(col, justify="left" if col == "op" else "right")
+        for r in ops:
+            top.add_row(r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}",
+                        f"{r['share']:.1%}")
+        out.print(top)
 
 
 @app.command("compile-report")
@@ -279,6 +295,29 @@ def compile_report(
         _fail(err, debug)
         return
     out.print(md)
+
+
+@app.command("peak")
+def peak_cmd(
+    device: Annotated[str, typer.Option(help="Device to measure (auto = cuda if available).")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16.")] = "fp32",
+    remeasure: Annotated[bool, typer.Option(help="Measure again and replace the cached value.")] = False,
+) -> None:
+    """The host's peak matmul FLOP/s (the MFU denominator), cached per host fingerprint."""
+    import torch
+
+    from tasks.environment import fingerprint
+    from tasks.peak import DTYPES, cache_file, peak_flops
+
+    if precision not in DTYPES:
+        _fail(UserError(f"--precision '{precision}' is not one of {sorted(DTYPES)}."), False)
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    fp = fingerprint(dev)["relflow.host_fingerprint"]
+    pk = peak_flops(fp, dev, precision, remeasure=remeasure)
+    how = "cached" if pk.cached else "measured now"
+    out.print(f"peak {pk.flops_per_s / 1e9:,.1f} GFLOP/s ({precision}, {pk.device}, {pk.threads} threads, "
+              f"{pk.size}^3 matmul, {how}; host {fp}; cache {cache_file()})")
 
 
 @data_app.command("tpch")

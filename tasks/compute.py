@@ -18,14 +18,15 @@ import pyarrow as pa
 import torch
 
 from model import ModelConfig, RelationalTransformer, adamw
-from model.optim import AdamW
 from model.arrow import Encoding
 from model.batch import Batch
 from model.data import ArrowDataModule
+from model.optim import AdamW
 from model.precision import autocast_context
 from model.schema import ModelSchema
 from tasks.clock import Clock
 from tasks.errors import UserError
+from tasks.profiling import SteadyProfiler
 from tasks.quality import Quality
 from tasks.records import PhaseTimings
 from tasks.spec import Spec
@@ -123,6 +124,7 @@ class Engine:
         self.worker_startup_seconds = 0.0
         self._data_module: ArrowDataModule | None = None
         self._generator = torch.Generator().manual_seed(spec.run.seed)
+        self.profiler = SteadyProfiler(spec.run.profile, spec.run.profile_batches, device)
 
     def _new_quality(self) -> Quality:
         """Quality in the target's own units: regression errors are scaled back."""
@@ -220,7 +222,7 @@ class Engine:
         t = self.train_timings
         with self.clock.measure() as wall:
             for part, n in self._timed("train", t, self._batches(tz, order)):
-                with self.clock.measure() as step:
+                with self.profiler.batch("train", t.in_steady_state), self.clock.measure() as step:
                     with self._autocast():
                         outs = self.model(part, outputs=("prediction",))
                         loss = self.model.loss(part, outs)
@@ -253,7 +255,7 @@ class Engine:
         t = self.predict_timings
         with self.clock.measure() as wall:
             for part, n in self._timed("predict", t, self._batches(tz, torch.arange(tz.root_rows))):
-                with self.clock.measure() as step:
+                with self.profiler.batch("predict", t.in_steady_state), self.clock.measure() as step:
                     with self._autocast():
                         outs = self.model(part, outputs=need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}

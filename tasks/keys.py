@@ -121,6 +121,11 @@ HARNESS_REGION_END = "harness.timed_region_end_unix_s"
 HARNESS_FLOW_SECONDS = "harness.flow_seconds"
 HARNESS_FLOW_OVERHEAD_SECONDS = "harness.flow_overhead_seconds"
 
+HOST_PEAK_FLOPS_PER_S = "host.peak_flops_per_s"
+HOST_PEAK_CACHED = "host.peak_cached"
+MFU = "mfu"  # compute(phase, MFU)
+MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
+
 HOST_LOAD_PER_CORE_START = "host.load_per_core_start"
 HOST_OTHER_CPU_FRACTION_BEFORE = "host.other_cpu_fraction_before"
 HOST_OTHER_CPU_FRACTION = "host.other_cpu_fraction"
@@ -155,6 +160,15 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      "batch_ms.p50|p95|p99, recompiles, graph_breaks"),
     ("compute.train.<what>", "the same for training, plus updates and updates_per_epoch"),
     (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
+    ("compute.model_flops_per_s", "predict model FLOP/s: the meta inspection's forward FLOPs per root row "
+     "(reserved coordinates) x compute.steady_rows_per_s"),
+    ("compute.mfu", "model FLOPs utilisation: compute.model_flops_per_s / host.peak_flops_per_s"),
+    ("compute.train.model_flops_per_s", "the same for training, counted as 3x forward FLOPs per row"),
+    ("compute.train.mfu", "compute.train.model_flops_per_s / host.peak_flops_per_s"),
+    (HOST_PEAK_FLOPS_PER_S, "the host's peak: best rate of a dense n x n x n matmul on the run's device, "
+     "precision and thread count, cached per host fingerprint (relflow-bench peak)"),
+    (HOST_PEAK_CACHED, "1 when the peak came from the cache, 0 when measured in this run (after the "
+     "timed region)"),
     (DATA_ROOT_ROWS, "distinct root rows of the workload"),
     (DATA_ROWS_PREDICTED, "root rows predicted, summed over passes"),
     (DATA_ROWS_WRITTEN, "rows in the kept prediction file"),

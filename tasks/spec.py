@@ -161,6 +161,13 @@ class Loader(Strict):
     prefetch_factor: int = Field(2, ge=1)
 
 
+class Threads(Strict):
+    intra_op: int | None = Field(
+        None, ge=1, description="torch.set_num_threads; unset = leave torch's default (an explicit "
+        "setting equal to the default can still run slower: see the README)")
+    inter_op: int | None = Field(None, ge=1, description="torch.set_num_interop_threads; unset = default")
+
+
 class Run(Strict):
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
@@ -185,6 +192,10 @@ class Run(Strict):
         5.0, ge=0, description="MLflow system metrics sampling (0 = off); sampled in memory during "
         "the timed region and logged after it")
     device: str = "auto"
+    threads: Threads = Field(default_factory=Threads)
+    profile: bool = Field(False, description="torch.profiler over run.profile_batches steady batches per "
+                          "phase; the run is tagged relflow.profiled and left out of history/compare")
+    profile_batches: int = Field(5, ge=1)
     checkpoint: str | None = Field(None, description="checkpoint to load: predict uses its weights; "
                                    "train+predict resumes training from it (optimizer state and settings)")
     output_dir: str = "outputs"
