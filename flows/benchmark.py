@@ -38,7 +38,9 @@ from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
 from tasks.preprocess import Preprocessed, preprocess
-from tasks.records import RunResult
+from tasks.encode import check_text
+from tasks.encode import encode as encode_text
+from tasks.records import RunResult, StageTiming, batch_coordinate_metrics
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
@@ -63,6 +65,13 @@ def preprocess_task(spec: Spec, retrieved: Retrieved, clock: Clock) -> tuple[Pre
     with clock.measure() as span:
         out = preprocess(spec, retrieved)
     return out, span.seconds
+
+
+@task(name="encode", **STAGE_TASK)
+def encode_task(spec: Spec, pre: Preprocessed, clock: Clock) -> tuple[Preprocessed, int, float]:
+    with clock.measure() as span:
+        out = encode_text(spec, pre)
+    return out.pre, out.cells, span.seconds
 
 
 @task(name="tensorize", **STAGE_TASK)
@@ -115,6 +124,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     check_sources(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
+    check_text(spec)
     ckpt = None
     if spec.run.mode == "predict" and spec.run.checkpoint:
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
@@ -133,6 +143,14 @@ class Pipeline:
         self.chunks: list[np.ndarray] = []
         self._cache: dict[int, Tensorized] = {}
         self._counted: set[int] = set()
+        self.has_text = any(k == "text" for c in [self.spec.schema_.root.columns] + [
+            b.columns for b, _ in self.spec.schema_.walk()] for k in c.values())
+        if self.has_text:  # the application's text encoder: an extra timed step, before tensorize
+            st = result.stages
+            result.stages = {k: st[k] for k in ("retrieve", "preprocess")} | {
+                "encode": StageTiming("encode")} | {k: v for k, v in st.items() if k not in (
+                    "retrieve", "preprocess")}
+            self.text_cells = self.text_cells_per_pass = 0
 
     def list_keys(self) -> None:
         with self.clock.measure() as span:
@@ -160,6 +178,13 @@ class Pipeline:
         progress.emit("stage", name="preprocess", chunk=i)
         pre, sec = preprocess_task(spec, r, clock)
         st["preprocess"].add(sec, pre.root_rows)
+        if self.has_text:
+            progress.emit("stage", name="encode", chunk=i)
+            pre, cells, sec = encode_task(spec, pre, clock)
+            st["encode"].add(sec, pre.root_rows)
+            self.text_cells += cells  # every call, for encode.cells_per_s
+            if i not in self._counted:
+                self.text_cells_per_pass += cells
         progress.emit("stage", name="tensorize", chunk=i)
         tz, self.enc, self.schema, sec = tensorize_task(spec, pre, self.enc, self.schema, clock)
         st["tensorize"].add(sec, tz.root_rows)
@@ -259,6 +284,12 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             load_end = host_load_per_core()
         engine, enc = pipe.engine, pipe.enc
         result.extra["compute.compiled_frames"] = float(compute_stage.compiled_frames() - engine.frames_at_start)
+        result.extra.update(batch_coordinate_metrics(engine.batch_coords, s.run.repeats,
+                                                     len(engine.batch_shapes)))
+        if pipe.has_text:
+            enc_s = result.stages["encode"].seconds
+            result.extra["data.text_cells"] = float(pipe.text_cells_per_pass)
+            result.extra["encode.cells_per_s"] = pipe.text_cells / enc_s if enc_s > 0 else 0.0
         for phase in ("train", "predict"):
             result.recompiles[phase] = engine.recompiles(phase)
             result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)

@@ -186,3 +186,22 @@ class RunResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=float)
+
+
+def batch_coordinate_metrics(batch_coords: list[tuple[int, int]], passes: int,
+                             shapes: int) -> dict[str, float]:
+    """What the predict batches really held (issue 13): ``data.padded_coords`` is the
+    coordinates materialised per predict pass (each batch at the shape it was padded to,
+    not the schema product unless bucketing is off), ``data.batch_occupancy.*`` the present
+    share per batch, ``data.batch_shapes`` the distinct padded branch lengths seen."""
+    if not batch_coords:
+        return {}
+    present = np.array([p for p, _ in batch_coords], dtype=np.float64)
+    padded = np.array([q for _, q in batch_coords], dtype=np.float64)
+    occupancy = present / np.maximum(padded, 1.0)
+    return {
+        "data.padded_coords": float(padded.sum()) / max(passes, 1),
+        "data.batch_occupancy.p50": float(np.median(occupancy)),
+        "data.batch_occupancy.min": float(occupancy.min()),
+        "data.batch_shapes": float(shapes),
+    }
