@@ -20,7 +20,7 @@ import torch
 
 from model import ModelConfig, RelationalTransformer, adamw
 from model import bucketing
-from model.arrow import Encoding, coordinate_counts, encode_trimmed
+from model.arrow import Encoding, coordinate_counts, encode_trimmed, flatten
 from model.batch import Batch
 from model.data import ArrowDataModule
 from model.precision import autocast_context
@@ -138,7 +138,10 @@ class Engine:
         """``run.bucketing: by_length``: batches of roots with similar context sizes, each cut
         to its own longest instance per branch (compiled regions: its bucket's)."""
         run = self.spec.run
-        assert tz.shapes is not None
+        if tz.shapes is None:  # tensorized without bucketing: measure the sizes here
+            tz.shapes = (bucketing.root_shapes(tz.batch, self.schema) if tz.batch is not None else
+                         bucketing.arrow_root_shapes(flatten(tz.table, layout(self.spec)), self.schema,
+                                                     tz.table.num_rows))
         pad_to = "bucket" if (run.compile.encoders or run.compile.pools) else "batch"
         planned = bucketing.plan(tz.shapes, rows, run.batch_size, run.bucket_count,
                                  self._generator if shuffle else None, pad_to)
