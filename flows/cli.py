@@ -201,6 +201,10 @@ def report(summary: dict[str, Any]) -> None:
         f"({int(m['data.coords_present']):,} of {int(m['data.coords_reserved']):,} coordinates), "
         f"{int(m['data.overflow_dropped']):,} rows dropped by overflow",
     ]
+    if "data.padded_coords" in m:
+        lines.append(f"batches              {int(m['data.padded_coords']):,} coordinates materialised per "
+                     f"pass, batch occupancy p50 {m['data.batch_occupancy.p50']:.1%} "
+                     f"min {m['data.batch_occupancy.min']:.1%}")
     if f"quality.{q}" in m:
         base = m.get("quality.majority_rate")
         note = f" (majority class {base:.3f})" if base is not None else ""
