@@ -64,7 +64,7 @@ def main() -> None:
         nbytes = cells.nbytes
         for dim in (64, 256):
             fn = load_encoder("hashed", dim)
-            s = median_seconds(lambda fn=fn: fn(cells), args.rounds, clock)
+            s = median_seconds(lambda fn=fn, cells=cells: fn(cells), args.rounds, clock)
             encoder_rows.append({"column": column, "dim": dim, "cells": len(cells), "seconds": s,
                                  "cells_per_s": len(cells) / s, "mb_per_s": nbytes / s / 1e6})
     stage_rows = []

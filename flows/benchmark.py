@@ -34,12 +34,12 @@ from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
+from tasks.encode import check_text
+from tasks.encode import encode as encode_text
 from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
 from tasks.preprocess import Preprocessed, preprocess
-from tasks.encode import check_text
-from tasks.encode import encode as encode_text
 from tasks.records import RunResult, StageTiming, batch_coordinate_metrics
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
 from tasks.sources import SourceTable, check_sources, resolve_sources

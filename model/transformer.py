@@ -218,7 +218,6 @@ class RelationalTransformer(nn.Module):
         paths: dict[str, str] = {}
         pooled: dict[str, torch.Tensor] = {}
         rows_out: dict[str, dict[str, torch.Tensor]] = {}
-        B = batch.size
         for node in reversed(schema.root.walk()):  # children before parents
             if node.name not in encode:
                 continue

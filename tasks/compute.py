@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import torch
 
-from model import ModelConfig, RelationalTransformer, adamw
-from model import bucketing
+from model import ModelConfig, RelationalTransformer, adamw, bucketing
 from model.arrow import Encoding, coordinate_counts, encode_trimmed, flatten
 from model.batch import Batch
 from model.data import ArrowDataModule

@@ -89,7 +89,7 @@ def _buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def hashed(strings: pa.Array, dim: int, ngram: int = 3) -> np.ndarray:
     """Default encoder: signed hashed byte n-grams + words, L2-normalised, float32 [n, dim]."""
     n = len(strings)
-    lower = pc.utf8_lower(strings)
+    lower = pc.utf8_lower(strings.cast(pa.large_string()))  # view types have no lower kernel
     offsets, data = _buffers(lower)
     lengths = np.diff(offsets)
     row_of_byte = np.repeat(np.arange(n, dtype=np.int64), lengths)

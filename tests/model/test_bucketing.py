@@ -51,7 +51,8 @@ def test_plan_never_splits_a_root_and_covers_every_row_once(schema, chunk, shuff
         assert batches[-1].rows.numel() == 4 or batches[-1].rows.numel() == len(rows) % 4
     for b in batches:  # padded to exactly its own longest instance per branch
         for name, L in b.lengths.items():
-            assert L == max(int(shapes.lengths[name][b.rows.numpy()].max()), 1)
+            longest = max(int(shapes.lengths[name][b.rows.numpy()].max()), 1)
+            assert longest == L
     if not shuffle:  # grouped by size: cells never decrease from one batch to the next
         cells = [shapes.cells[b.rows.numpy()] for b in batches]
         assert all(a.max() <= b.min() for a, b in zip(cells, cells[1:], strict=False))
