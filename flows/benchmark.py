@@ -40,6 +40,8 @@ from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
+from tasks.encode import check_text
+from tasks.encode import encode as encode_text
 from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.hostlock import host_lock
@@ -47,7 +49,7 @@ from tasks.memory import PeakMemory
 from tasks.peak import peak_flops
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.profiling import to_markdown as profile_markdown
-from tasks.records import PHASES, RunResult
+from tasks.records import PHASES, RunResult, StageTiming, batch_coordinate_metrics
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
@@ -78,6 +80,13 @@ def preprocess_task(spec: Spec, retrieved: Retrieved, clock: Clock) -> tuple[Pre
     with clock.measure() as span:
         out = preprocess(spec, retrieved)
     return out, span.seconds
+
+
+@task(name="encode", **STAGE_TASK)
+def encode_task(spec: Spec, pre: Preprocessed, clock: Clock) -> tuple[Preprocessed, int, float]:
+    with clock.measure() as span:
+        out = encode_text(spec, pre)
+    return out.pre, out.cells, span.seconds
 
 
 @task(name="tensorize", **STAGE_TASK)
@@ -130,6 +139,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     check_sources(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
+    check_text(spec)
     ckpt = None
     if spec.run.checkpoint:  # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
@@ -151,6 +161,14 @@ class Pipeline:
         self.chunks: list[np.ndarray] = []
         self._cache: dict[int, Tensorized] = {}
         self._counted: set[int] = set()
+        self.has_text = any(k == "text" for c in [self.spec.schema_.root.columns] + [
+            b.columns for b, _ in self.spec.schema_.walk()] for k in c.values())
+        if self.has_text:  # the application's text encoder: an extra timed step, before tensorize
+            for phase, st in result.stages.items():
+                result.stages[phase] = {k: st[k] for k in ("retrieve", "preprocess")} | {
+                    "encode": StageTiming("encode", phase)} | {k: v for k, v in st.items() if k not in (
+                        "retrieve", "preprocess")}
+            self.text_cells = self.text_cells_per_pass = 0
 
     def list_keys(self) -> None:
         with self.clock.measure() as span:
@@ -178,6 +196,13 @@ class Pipeline:
         progress.emit("stage", name="preprocess", chunk=i)
         pre, sec = preprocess_task(quote(spec), quote(r), quote(clock))
         st["preprocess"].add(sec, pre.root_rows)
+        if self.has_text:
+            progress.emit("stage", name="encode", chunk=i)
+            pre, cells, sec = encode_task(quote(spec), quote(pre), quote(clock))
+            st["encode"].add(sec, pre.root_rows)
+            self.text_cells += cells  # every call, for encode.cells_per_s
+            if i not in self._counted:
+                self.text_cells_per_pass += cells
         progress.emit("stage", name="tensorize", chunk=i)
         tz, self.enc, self.schema, sec = tensorize_task(quote(spec), quote(pre), quote(self.enc),
                                                         quote(self.schema), quote(clock))
@@ -325,6 +350,11 @@ def collect(run: Run) -> dict[str, float]:
     s, p, result, region = run.spec, run.plan, run.result, run.region
     engine, enc = run.pipe.engine, run.pipe.enc
     result.extra[K.COMPILED_FRAMES] = float(compute_stage.compiled_frames() - engine.frames_at_start)
+    result.extra.update(batch_coordinate_metrics(engine.batch_coords, s.run.repeats, len(engine.batch_shapes)))
+    if run.pipe.has_text:
+        enc_s = sum(st["encode"].seconds for st in result.stages.values())
+        result.extra[K.DATA_TEXT_CELLS] = float(run.pipe.text_cells_per_pass)
+        result.extra[K.ENCODE_CELLS_PER_S] = run.pipe.text_cells / enc_s if enc_s > 0 else 0.0
     for phase in PHASES:
         result.recompiles[phase] = engine.recompiles(phase)
         result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)

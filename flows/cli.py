@@ -227,6 +227,10 @@ def report(summary: dict[str, Any]) -> None:
         f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates), "
         f"{int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow",
     ]
+    if K.DATA_PADDED_COORDS in m:
+        lines.append(f"batches              {int(m[K.DATA_PADDED_COORDS]):,} coordinates materialised per "
+                     f"pass, batch occupancy p50 {m[K.DATA_BATCH_OCCUPANCY_P50]:.1%} "
+                     f"min {m[K.DATA_BATCH_OCCUPANCY_MIN]:.1%}")
     if K.quality(q) in m:
         base = m.get(K.quality('majority_rate'))
         note = f" (majority class {base:.3f})" if base is not None else ""

@@ -91,6 +91,12 @@ DATA_COORDS_RESERVED = "data.coords_reserved"
 DATA_OCCUPANCY = "data.occupancy"
 DATA_OVERFLOW_DROPPED = "data.overflow_dropped"
 DATA_CHUNKS = "data.chunks"
+DATA_PADDED_COORDS = "data.padded_coords"
+DATA_BATCH_OCCUPANCY_P50 = "data.batch_occupancy.p50"
+DATA_BATCH_OCCUPANCY_MIN = "data.batch_occupancy.min"
+DATA_BATCH_SHAPES = "data.batch_shapes"
+DATA_TEXT_CELLS = "data.text_cells"
+ENCODE_CELLS_PER_S = "encode.cells_per_s"
 
 
 def overflow_dropped(branch: str) -> str:
@@ -179,6 +185,13 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (DATA_OVERFLOW_DROPPED, "branch rows dropped by max_length, all branches"),
     ("data.overflow_dropped.<branch>", "the same for one branch"),
     (DATA_CHUNKS, "retrieve..write chunks (run.chunk_rows)"),
+    (DATA_PADDED_COORDS, "coordinates the predict batches actually materialised, per pass (with "
+     "run.bucketing each batch is padded to its own longest context, not the schema's reserved shape)"),
+    (DATA_BATCH_OCCUPANCY_P50, "median over predict batches of present / materialised coordinates"),
+    (DATA_BATCH_OCCUPANCY_MIN, "lowest predict-batch occupancy"),
+    (DATA_BATCH_SHAPES, "distinct padded branch-length shapes the model saw in predict"),
+    (DATA_TEXT_CELLS, "text cells encoded per pass (text columns only)"),
+    (ENCODE_CELLS_PER_S, "text cells / second of the application's encode step"),
     (INPUT_WAIT_FRACTION, "share of compute-stage wall time spent waiting for input "
      "(loader worker start-up excluded)"),
     (WORKER_STARTUP_SECONDS, "seconds starting DataLoader workers (run.loader.num_workers > 0)"),

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tasks.errors import UserError
 
-ColumnKind = Literal["numeric", "category", "timestamp"]
+ColumnKind = Literal["numeric", "category", "timestamp", "text"]
 SourceFormat = Literal["parquet", "ipc", "csv"]
 
 
@@ -168,6 +168,22 @@ class Threads(Strict):
     inter_op: int | None = Field(None, ge=1, description="torch.set_num_interop_threads; unset = default")
 
 
+class TextEncoder(Strict):
+    """The application's text encoder: runs outside the model, timed as the ``encode`` step."""
+
+    encoder: str = Field(
+        "hashed", description="'hashed' (deterministic character/word n-gram hashing, no "
+        "weights) or a plug-in 'module:function' (Arrow string array -> float32 [n, dim])")
+    dim: int = Field(64, gt=0, le=65_536, description="width of each text cell's vector")
+
+    @field_validator("encoder")
+    @classmethod
+    def _encoder_form(cls, v: str) -> str:
+        if v != "hashed" and (v.count(":") != 1 or not all(v.split(":"))):
+            raise ValueError(f"'{v}' is neither 'hashed' nor an import path 'module:function'")
+        return v
+
+
 class Run(Strict):
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
@@ -176,6 +192,14 @@ class Run(Strict):
     adamw: AdamWSettings = Field(default_factory=AdamWSettings)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     packing: Literal["auto", "off"] = "auto"
+    bucketing: Literal["off", "by_length"] = Field(
+        "off", description="by_length: batches of roots with similar present cells, each padded "
+        "only to its own longest context (off: every batch padded to the schema's reserved shape)")
+    bucket_count: int = Field(
+        8, ge=1, description="by_length: equal-count groups of roots sorted by present cells; "
+        "training shuffles within each and the batch order; compiled regions pad to the "
+        "bucket's longest context, so at most this many shapes")
+    text: TextEncoder = Field(default_factory=TextEncoder)
     compile: CompileSettings = Field(default_factory=CompileSettings)
     loader: Loader = Field(default_factory=Loader)
     warmup_batches: int = Field(2, ge=0)
@@ -204,6 +228,11 @@ class Run(Strict):
     @classmethod
     def _bare_off(cls, v: Any) -> Any:
         """YAML reads a bare ``off`` (``packing: off``, ``--set run.packing=off``) as false."""
+        return "off" if v is False else v
+
+    @field_validator("bucketing", mode="before")
+    @classmethod
+    def _bare_off_bucketing(cls, v: Any) -> Any:
         return "off" if v is False else v
 
 
