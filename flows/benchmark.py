@@ -29,17 +29,22 @@ from prefect.cache_policies import NO_CACHE
 from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
+from tasks import calibrate as calibration
 from tasks import compute as compute_stage
 from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
+from tasks.databases import close_all as close_databases
+from tasks.databases import kind_of, resolve_database
 from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.records import RunResult
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
+from tasks.scenarios.latency import verdict as latency_verdict
+from tasks.scenarios.runner import run_requests
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
 from tasks.tensorize import Tensorized, fit, tensorize
@@ -83,6 +88,23 @@ def compute_task(engine: compute_stage.Engine, tz: Tensorized, phase: str,
     return out, span.seconds
 
 
+@task(name="calibrate", **STAGE_TASK)
+def calibrate_task(outs: compute_stage.PredictOutputs, temperature: float, kind: str,
+                   quality: calibration.CalibrationQuality, clock: Clock
+                   ) -> tuple[compute_stage.PredictOutputs, float]:
+    if outs.label_mask is not None:  # quality bookkeeping, not part of serving: untimed
+        quality.add(outs.tensors["prediction"], outs.labels, outs.label_mask)
+    with clock.measure() as span:
+        out = calibration.calibrate_outputs(outs, temperature, kind)
+    return out, span.seconds
+
+
+@task(name="requests", **STAGE_TASK)
+def requests_task(pipe: Pipeline, writer: PredictionWriter) -> Any:
+    """single_stream / server: timed requests (tasks/scenarios)."""
+    return run_requests(pipe, writer, pipe.calibration)
+
+
 @task(name="write", **STAGE_TASK)
 def write_task(spec: Spec, engine: compute_stage.Engine, enc: Encoding, tz: Tensorized,
                outs: compute_stage.PredictOutputs, writer: PredictionWriter,
@@ -109,9 +131,13 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     t0 = wall_clock()
     generated = False
     base = spec_dir
-    if spec.source.generate is not None:
+    db = spec.source.database
+    if spec.source.generate is not None and (db is None or kind_of(db.url) == "duckdb"):
         base, generated = ensure_tpch(spec.source.generate.tpch.scale)
-    sources = resolve_sources(spec, base)
+    if db is not None:  # tables in a database (tasks/databases.py) instead of files
+        sources = resolve_database(spec, spec_dir, base if spec.source.generate else None)
+    else:
+        sources = resolve_sources(spec, base)
     check_sources(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
@@ -129,6 +155,9 @@ class Pipeline:
         self.clock = Clock(p.device)
         self.enc: Encoding | None = p.checkpoint["encoding"] if p.checkpoint else None
         self.schema = p.checkpoint["schema"] if p.checkpoint else None
+        # Output calibration: fitted after training, else the checkpoint's (1.0 = none).
+        self.temperature: float = p.checkpoint.get("temperature", 1.0) if p.checkpoint else 1.0
+        self.calibration = calibration.CalibrationQuality(self.spec.task.kind, self.temperature)
         self.engine: compute_stage.Engine | None = None
         self.chunks: list[np.ndarray] = []
         self._cache: dict[int, Tensorized] = {}
@@ -187,6 +216,16 @@ class Pipeline:
             if epoch == 0:
                 self.result.updates_per_epoch = self.engine.train_timings.updates - before
 
+    def fit_calibration(self) -> None:
+        """Temperature scaling on the validation split, after training (not a stage)."""
+        with self.clock.measure() as span:
+            self.temperature, rows = calibration.fit_on_validation(self)
+        self.calibration.temperature = self.temperature
+        if self.engine is not None:
+            self.engine.temperature = self.temperature  # saved with the checkpoint
+        self.result.extra.update({"calibration.fit_seconds": span.seconds,
+                                  "calibration.fit_rows": float(rows)})
+
     def predict(self, writer: PredictionWriter, repeat: int) -> None:
         """One full predict pass (retrieve..write); per-pass figures feed the repeat stats."""
         st = self.result.stages
@@ -199,6 +238,9 @@ class Pipeline:
             progress.emit("stage", name="compute", chunk=i, phase="predict", repeat=repeat)
             outs, sec = compute_task(self.engine, tz, "predict", tuple(self.spec.task.outputs))
             st["compute"].add(sec, tz.root_rows)
+            outs, sec = calibrate_task(outs, self.temperature, self.spec.task.kind,
+                                       self.calibration, self.clock)
+            st["calibrate"].add(sec, tz.root_rows)
             progress.emit("stage", name="write", chunk=i)
             st["write"].add(write_task(self.spec, self.engine, self.enc, tz, outs, writer,
                                        self.clock), tz.root_rows)
@@ -245,7 +287,12 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             pipe.list_keys()
             if s.run.mode == "train+predict":
                 pipe.train()
-            for repeat in range(s.run.repeats):
+                pipe.fit_calibration()
+            latency = None
+            if s.run.scenario != "offline":
+                progress.emit("phase", name=f"{s.run.scenario} requests")
+                latency = requests_task(pipe, writer)
+            for repeat in range(s.run.repeats if latency is None else 0):
                 # Every pass really writes; only the last file is kept.
                 w = writer if repeat == s.run.repeats - 1 else PredictionWriter(
                     output.with_name(f"{output.stem}.repeat{repeat}.parquet"))
@@ -273,6 +320,10 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         result.predict = engine.predict_timings
         result.compute_seconds = engine.wall_seconds
         result.quality = engine.quality.metrics()
+        result.quality.update(pipe.calibration.metrics())
+        result.extra["calibration.temperature"] = pipe.temperature
+        if latency is not None:
+            result.extra.update(latency.metrics())
         result.extra.update({
             "harness.data_seconds": p.data_seconds,
             "harness.startup_seconds": (flow_start - launched_at if launched_at else 0.0)
@@ -304,10 +355,14 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         result.extra["harness.flow_overhead_seconds"] = result.extra["harness.flow_seconds"] - result.e2e_seconds
         metrics = result.metrics()
         reasons = verdict(s, metrics, engine.quality.headline)
+        if latency is not None:
+            reasons += latency_verdict(s.run.scenario, s.run.request, metrics)
         if not quality_meaningful and s.task.min_quality is not None:
             reasons.append("task.min_quality set but weights are untrained (predict without "
                            "run.checkpoint)")
         tracker.log_metrics(metrics)
+        if latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
+            tracker.log_metric_steps("latency.cdf_ms", latency.cdf_ms())
         tracker.set_tags({
             "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
             "relflow.quality_meaningful": str(quality_meaningful).lower(),
@@ -324,6 +379,8 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         writer.abort()
         tracker.fail(err)
         raise
+    finally:
+        close_databases()
     summary = {
         "run_id": run_id,
         "experiment": s.name,

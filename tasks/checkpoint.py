@@ -30,7 +30,8 @@ def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> N
     try:
         save_checkpoint(tmp, engine.model, optimizer=engine.optimizer,
                         optimizer_settings=engine.optimizer_settings,
-                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash})
+                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash,
+                               "temperature": float(getattr(engine, "temperature", 1.0))})
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -67,4 +68,6 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
             "set model.* to match the checkpoint."
         )
     return {"model": ckpt.model.state_dict(), "schema": schema,
-            "encoding": Encoding.from_dict(ckpt.extra["encoding"])}
+            "encoding": Encoding.from_dict(ckpt.extra["encoding"]),
+            # Output calibration (tasks/calibrate.py); checkpoints from before it had none.
+            "temperature": float(ckpt.extra.get("temperature", 1.0))}

@@ -15,7 +15,7 @@ import numpy as np
 
 from tasks.stats import median_ci
 
-STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
+STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 
 
 @dataclass
