@@ -21,3 +21,9 @@ def mask_secrets(text: str) -> str:
         return text
     text = _URL_PASSWORD.sub(lambda m: m["head"] + MASK, text)
     return _KV_PASSWORD.sub(lambda m: m["head"] + MASK, text)
+
+
+def literal_password(url: str) -> bool:
+    """True when ``url`` spells a password itself (``${VAR}`` from the environment is fine)."""
+    m = _URL_PASSWORD.search(url)
+    return bool(m and m["pw"] and not re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", m["pw"]))

@@ -113,9 +113,9 @@ class Source(Strict):
     @model_validator(mode="after")
     def _no_password_in_url(self) -> Source:
         # The spec travels to Prefect, MLflow params and spec.yaml: a password must not.
-        from tasks.masking import mask_secrets
+        from tasks.masking import literal_password, mask_secrets
 
-        if self.database is not None and mask_secrets(self.database.url) != self.database.url:
+        if self.database is not None and literal_password(self.database.url):
             raise ValueError(
                 f"source.database.url {mask_secrets(self.database.url)} carries a password; "
                 "remove it and export PGPASSWORD (or write ${VAR} in the URL and export VAR)")
