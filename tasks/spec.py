@@ -214,6 +214,14 @@ class Run(Strict):
     checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
     output_dir: str = "outputs"
 
+    @model_validator(mode="after")
+    def _repeats_are_offline(self) -> Run:
+        if self.scenario != "offline" and self.repeats > 1:
+            raise ValueError(
+                f"run.repeats ({self.repeats}) repeats offline predict passes; a {self.scenario} "
+                "run measures many requests instead: set run.repeats: 1 or run.scenario: offline")
+        return self
+
     @field_validator("packing", mode="before")
     @classmethod
     def _bare_off(cls, v: Any) -> Any:
