@@ -186,6 +186,8 @@ class Pipeline:
         r, sec = retrieve_task(spec, self.p.sources, self.chunks[i], clock)
         st["retrieve"].add(sec, r.root_rows)
         self.result.bytes_read += r.bytes_read
+        self.result.extra["data.rows_read"] = (self.result.extra.get("data.rows_read", 0.0)
+                                               + sum(r.rows_read.values()))
         progress.emit("stage", name="preprocess", chunk=i)
         pre, sec = preprocess_task(spec, r, clock)
         st["preprocess"].add(sec, pre.root_rows)

@@ -71,7 +71,7 @@ class LatencyRecord:
         accounted = 0.0
         for s in STEPS:
             v = np.asarray(self.steps_s[s])
-            m[f"latency.step_ms.{s}.mean"] = float(v.mean() * 1e3)
+            m[f"latency.step_ms.{s}.mean"] = float(v.mean() * 1e3) if len(v) else 0.0
             m[f"latency.step_share.{s}"] = float(v.sum()) / total
             accounted += float(v.sum())
         queue = np.asarray(self.queue_s)

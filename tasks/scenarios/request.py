@@ -69,6 +69,7 @@ class RequestPath:
         for name, sec in steps.items():
             res.stages[name].add(sec, rows)
         res.bytes_read += r.bytes_read
+        res.extra["data.rows_read"] = res.extra.get("data.rows_read", 0.0) + sum(r.rows_read.values())
         res.rows_predicted += rows
         res.coords_present += tz.coords_present
         res.coords_reserved += tz.coords_reserved

@@ -4,10 +4,9 @@ the same spec face the same traffic."""
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 
 from tasks.preprocess import split_is_train
-
-import polars as pl
 
 
 def validation_keys(keys: np.ndarray, validation_fraction: float) -> np.ndarray:
@@ -27,7 +26,8 @@ def request_keys(pool: np.ndarray, requests: int, roots: int, seed: int) -> np.n
     flat = np.concatenate([rng.permutation(pool) for _ in range(cycles)])[:need]
     out = flat.reshape(requests, roots)
     if roots > 1:  # a cycle boundary can repeat a key inside one request: redraw those rows
-        for r in np.nonzero([len(np.unique(row)) < roots for row in out])[0]:
+        ordered = np.sort(out, axis=1)
+        for r in np.nonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))[0]:
             out[r] = rng.choice(pool, roots, replace=False)
     return out
 
