@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--server-source", default="duckdb", help="parquet | duckdb | postgresql")
+    ap.add_argument("--single-stream", nargs="*", default=None,
+                    help="sources for the single_stream runs (default: every source given)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra spec override")
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -62,6 +64,8 @@ def main() -> None:
             f"run.request.min_duration_s={args.min_duration}"]
     rows = []
     for name, sets in sources.items():
+        if args.single_stream is not None and name not in args.single_stream:
+            continue
         s = go([*base, *sets, "run.scenario=single_stream"])
         rows.append((f"single_stream {name}", s))
     for qps in args.qps:
