@@ -71,7 +71,7 @@ def test_postgresql_offline_predictions_equal_parquet(runs):
     assert a["o_orderkey"].equals(b["o_orderkey"])
     assert a["prediction"].equals(b["prediction"])
     assert a["top2_labels"].equals(b["top2_labels"])
-    diff = (a["top2_scores"].list.get(0) - b["top2_scores"].list.get(0)).abs().max()
+    diff = (a["top2_scores"].arr.get(0) - b["top2_scores"].arr.get(0)).abs().max()
     assert diff < 1e-6
     m = out["pg_offline"][1].data.metrics
     assert m["data.bytes_read"] > 0 and m["data.root_rows"] == 15_000
@@ -87,7 +87,7 @@ def test_postgresql_single_stream_predictions_equal_parquet_for_the_same_keys(ru
     both = served.unique("o_orderkey").sort("o_orderkey").join(ref, on="o_orderkey", suffix="_ref")
     assert both.height == served["o_orderkey"].n_unique()
     assert both["prediction"].equals(both["prediction_ref"].alias("prediction"))
-    diff = (both["top2_scores"].list.get(0) - both["top2_scores_ref"].list.get(0)).abs().max()
+    diff = (both["top2_scores"].arr.get(0) - both["top2_scores_ref"].arr.get(0)).abs().max()
     assert diff < 1e-5  # batch of 2 vs batch of 512: same rows, float sums may reorder
 
 
