@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasks.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S
 from tasks.tracking import RunRecord
 
 # Metrics the history walks: throughput (higher is better) and, for request scenarios
 # (single_stream / server runs), request latency (lower is better).
-HISTORY_METRICS: tuple[str, ...] = ("e2e.rows_per_s", "compute.steady_rows_per_s",
+HISTORY_METRICS: tuple[str, ...] = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S,
                                     "latency.request_ms.p50", "latency.request_ms.p99")
 LOWER_IS_BETTER = frozenset({"latency.request_ms.p50", "latency.request_ms.p99"})
 MAD_TO_SIGMA = 1.4826
@@ -149,7 +150,7 @@ def select_history_runs(runs: Sequence[RunRecord], *, host_fingerprint: str | No
     ``None`` picks the latest benchmark run's value (report runs carry no e2e metric and
     are skipped). Returns (runs, host fingerprint, spec hash) actually used.
     """
-    bench = sorted((r for r in runs if r.status == "FINISHED" and "e2e.rows_per_s" in r.metrics),
+    bench = sorted((r for r in runs if r.status == "FINISHED" and E2E_PREDICT_ROWS_PER_S in r.metrics),
                    key=lambda r: r.start_time_ms)
     if not bench:
         return [], host_fingerprint, spec_hash

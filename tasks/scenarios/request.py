@@ -67,7 +67,7 @@ class RequestPath:
         steps["write"] = t.seconds
         rows = tz.root_rows
         for name, sec in steps.items():
-            res.stages[name].add(sec, rows)
+            res.stages["predict"][name].add(sec, rows)
         res.bytes_read += r.bytes_read
         res.extra["data.rows_read"] = res.extra.get("data.rows_read", 0.0) + sum(r.rows_read.values())
         res.rows_predicted += rows
