@@ -12,7 +12,7 @@ from tasks.tracking import RunRecord
 
 
 def _run(i: int, p50: float, p99: float, scenario: str = "single_stream") -> RunRecord:
-    m = {"e2e.rows_per_s": 100.0, "latency.requests": 50.0, "latency.request_ms.p50": p50,
+    m = {"e2e.predict.rows_per_s": 100.0, "latency.requests": 50.0, "latency.request_ms.p50": p50,
          "latency.request_ms.p90": p50 * 1.5, "latency.request_ms.p99": p99,
          "latency.request_ms.max": p99 * 1.2, "latency.first_request_ms": 90.0}
     return RunRecord(f"run{i:02d}", "r", "e", "FINISHED", 1_000 * i, 1_000 * i + 1, m,
@@ -48,5 +48,5 @@ def test_latency_cdf_uses_the_logged_series_or_the_percentiles():
     empty = figures.latency_cdf([], {})
     assert "no single_stream or server runs" in empty.layout.annotations[0].text
     # offline runs keep the two throughput rows of the history chart
-    offline = [RunRecord("x", "r", "e", "FINISHED", 0, 1, {"e2e.rows_per_s": 1.0}, {}, {})]
+    offline = [RunRecord("x", "r", "e", "FINISHED", 0, 1, {"e2e.predict.rows_per_s": 1.0}, {}, {})]
     assert len(figures.history_figure(offline, []).layout.annotations) == 2
