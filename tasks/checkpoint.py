@@ -70,7 +70,9 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
             "set model.* to match the checkpoint."
         )
     out = {"model": ckpt.model.state_dict(), "schema": schema,
-           "encoding": Encoding.from_dict(ckpt.extra["encoding"]), "optimizer": None}
+           "encoding": Encoding.from_dict(ckpt.extra["encoding"]), "optimizer": None,
+           # Output calibration (tasks/calibrate.py); checkpoints from before it had none.
+           "temperature": float(ckpt.extra.get("temperature", 1.0))}
     if spec.run.mode == "train+predict":
         out["optimizer"] = _resumable_optimizer(path, ckpt, spec)
     return out
