@@ -80,6 +80,8 @@ class PredictOutputs:
 
     tensors: dict[str, torch.Tensor]
     present: dict[str, torch.Tensor] = field(default_factory=dict)  # node name -> present mask
+    labels: torch.Tensor | None = None  # target labels, aligned with the prediction
+    label_mask: torch.Tensor | None = None  # held-out, labelled cells (quality counts these)
 
 
 class Engine:
@@ -340,4 +342,4 @@ class Engine:
         holdout = ~tz.is_train
         mask = label_present & holdout.view(-1, *([1] * (labels.dim() - 1)))
         self.quality.add(tensors["prediction"], labels, mask)
-        return PredictOutputs(tensors, present)
+        return PredictOutputs(tensors, present, labels=labels, label_mask=mask)

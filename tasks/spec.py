@@ -93,7 +93,15 @@ class Generate(Strict):
     tpch: TpchSource
 
 
+class Database(Strict):
+    url: str = Field(description="'duckdb' (the file built from the generated TPC-H), "
+                     "'duckdb:<path>', or 'postgresql://user@host:port/db'; ${VAR} is read from "
+                     "the environment, the password best from PGPASSWORD")
+
+
 class Source(Strict):
+    database: Database | None = Field(
+        None, description="read the schema's tables from this database instead of files")
     tables: dict[str, str] = Field(
         default_factory=dict,
         description="table name -> path (Parquet/IPC/CSV); relative paths resolve against "
@@ -101,6 +109,17 @@ class Source(Strict):
     )
     format: SourceFormat | None = Field(None, description="default: from the file suffix")
     generate: Generate | None = None
+
+    @model_validator(mode="after")
+    def _no_password_in_url(self) -> Source:
+        # The spec travels to Prefect, MLflow params and spec.yaml: a password must not.
+        from tasks.masking import literal_password, mask_secrets
+
+        if self.database is not None and literal_password(self.database.url):
+            raise ValueError(
+                f"source.database.url {mask_secrets(self.database.url)} carries a password; "
+                "remove it and export PGPASSWORD (or write ${VAR} in the URL and export VAR)")
+        return self
 
 
 class Task(Strict):
@@ -184,7 +203,24 @@ class TextEncoder(Strict):
         return v
 
 
+class Request(Strict):
+    """Request scenarios (single_stream, server); LoadGen-style minimums."""
+
+    roots: int = Field(1, gt=0, description="root keys per request, drawn from validation keys")
+    target_qps: float = Field(10.0, gt=0, description="server: Poisson arrival rate")
+    max_batch: int = Field(1, ge=1, description="server: requests served together at most")
+    max_wait_ms: float = Field(0.0, ge=0, description="server: how long the oldest queued "
+                               "request may wait for a batch to fill")
+    latency_bound_ms: float = Field(100.0, gt=0, description="server: p99 above it is INVALID")
+    min_duration_s: float = Field(60.0, ge=0, description="shorter runs are INVALID")
+    min_requests: int = Field(1024, ge=1, description="fewer requests are INVALID")
+
+
 class Run(Strict):
+    scenario: Literal["offline", "single_stream", "server"] = Field(
+        "offline", description="offline: every root row in chunks; single_stream / server: "
+        "timed requests (see run.request)")
+    request: Request = Field(default_factory=Request)
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
     epochs: int = Field(1, ge=1)
@@ -224,6 +260,14 @@ class Run(Strict):
                                    "train+predict resumes training from it (optimizer state and settings)")
     output_dir: str = "outputs"
 
+    @model_validator(mode="after")
+    def _repeats_are_offline(self) -> Run:
+        if self.scenario != "offline" and self.repeats > 1:
+            raise ValueError(
+                f"run.repeats ({self.repeats}) repeats offline predict passes; a {self.scenario} "
+                "run measures many requests instead: set run.repeats: 1 or run.scenario: offline")
+        return self
+
     @field_validator("packing", mode="before")
     @classmethod
     def _bare_off(cls, v: Any) -> Any:
@@ -251,7 +295,7 @@ class Spec(Strict):
         branches = {b.name: b for b, _ in self.schema_.walk()}
         tables = {self.schema_.root.table, *(b.table for b in branches.values())}
         missing = sorted(t for t in tables if t not in self.source.tables)
-        if missing:
+        if missing and self.source.database is None:  # a database holds tables by name
             raise ValueError(
                 f"schema uses table(s) {missing} that source.tables does not list; add "
                 "'source.tables.<name>: <path>' for each"

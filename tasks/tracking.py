@@ -133,6 +133,13 @@ class Tracker:
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
 
+    def log_metric_steps(self, key: str, values: list[float]) -> None:
+        """One metric as a series over steps 0..n-1 (e.g. a latency CDF), in one batch."""
+        now = int(unix_time() * 1000)
+        items = [Metric(key, float(v), now, step) for step, v in enumerate(values)]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
 
