@@ -142,7 +142,8 @@ def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
                     hint = csv_source.misfit_hint(table, src.files, src.csv_options, src.csv_schema,
                                                   col, kind, where)
                 raise UserError(
-                    f"Column '{col}' of table '{table}' ({src.files[0]}) has type {dtype}, which "
+                    f"Column '{col}' of table '{table}' ({src.files[0]}) has type "
+                    f"{'string' if _is_text(dtype) else dtype}, which "
                     f"cannot be read as '{kind}' ({where}.columns.{col}). Use numeric for "
                     "ints/floats/decimals, timestamp for dates/datetimes, category for "
                     f"strings/ints.{hint}"
