@@ -101,6 +101,7 @@ def explain(err: BaseException, table: str, path: Path, opts: CsvOptions) -> Use
         )
     value, dtype, column = m["value"], m["dtype"], m["column"]
     shown = value if len(value) <= 60 else value[:57] + "..."
+    nulls = _add_null(shown)
     if "not properly escaped" in text or dtype == "str":
         return UserError(
             f"{where}, column '{column}': the field {shown!r} is not properly quoted (an "
@@ -109,9 +110,9 @@ def explain(err: BaseException, table: str, path: Path, opts: CsvOptions) -> Use
         )
     return UserError(
         f"{where}, column '{column}': the value {shown!r} cannot be read as {dtype}, the type "
-        "inferred from the rows before it. If it marks a missing value, add it to "
-        "source.csv.null_values; otherwise set source.csv.infer_schema_rows to null (the default) "
-        "so the type is inferred over the whole file."
+        f"inferred from the rows before it. If it marks a missing value, {nulls}; otherwise set "
+        "source.csv.infer_schema_rows to null (the default) so the type is inferred over the "
+        "whole file."
     )
 
 
@@ -143,17 +144,22 @@ def misfit_hint(table: str, files: tuple[Path, ...], opts: CsvOptions, schema: p
         return ""
     row, value = found
     if kind == "numeric":
-        fix = ("If it marks a missing value, add it to source.csv.null_values"
+        fix = (f"If it marks a missing value, {_add_null(value)}"
                + ("; the file writes decimal commas: set source.csv.decimal_comma: true"
                   if _NUMBER_WITH_COMMA.match(value) and not opts.decimal_comma else "")
                + f"; otherwise declare the column as category ({where}.columns.{column}).")
         what = "is not a number"
     else:
-        fix = ("If it marks a missing value, add it to source.csv.null_values; otherwise write "
+        fix = (f"If it marks a missing value, {_add_null(value)}; otherwise write "
                "the column in one ISO 8601 format throughout (YYYY-MM-DD or YYYY-MM-DD HH:MM:SS).")
         what = "is not a date/datetime (in the format of the column's other values)"
     return (f" The column is read as text because of the value {value!r} (data row {row}), which "
             f"{what}. {fix}")
+
+
+def _add_null(value: str) -> str:
+    return (f"add it to source.csv.null_values (a list you give replaces the default, pandas' NA "
+            f"markers: keep the ones the file uses, e.g. null_values: ['', 'NA', {value!r}])")
 
 
 def _first_line(path: Path, opts: CsvOptions) -> str:

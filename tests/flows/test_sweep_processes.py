@@ -6,8 +6,8 @@ the padded + compiled ones, and compiled first calls taken on a warm in-process 
     relflow-bench sweep benchmarks/tpch_orders.yaml --grid run.batch_size=64,256 \\
         --grid run.packing=auto,off --grid run.compile.encoders=false,true
 
-run through the real CLI (one training epoch to keep it affordable: every padded + compiled
-configuration is kept). It must finish 8/8, and two of its children must agree with
+run through the real CLI (one training epoch at TPC-H scale 0.002 to keep it affordable:
+every padded + compiled configuration is kept). It must finish 8/8, and two of its children must agree with
 standalone ``relflow-bench run``s of the same configurations: peak RSS within 10%, and first
 call within the noise of a first call on this shared host (a factor of 3; a warm in-process
 compile cache makes a compiled first call 10x+ faster, which this catches). Each side gets
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 GRID = ["--grid", "run.batch_size=64,256", "--grid", "run.packing=auto,off",
         "--grid", "run.compile.encoders=false,true"]
-SHRINK = ["run.epochs=1", "run.system_metrics_interval_s=0"]
+SHRINK = ["run.epochs=1", "run.system_metrics_interval_s=0", "source.generate.tpch.scale=0.002"]
 # (batch_size, packing, compile.encoders) compared with standalone runs: the padded + compiled
 # configuration that used to fail, and an eager one.
 COMPARED = [(64, "off", True), (256, "auto", False)]
@@ -51,7 +51,7 @@ def _sets(items: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(tmp_path, tpch_small):
+def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(tmp_path):
     sweep = subprocess.run([sys.executable, "-m", "flows.cli", "sweep", str(SPEC), *GRID, *_sets(SHRINK)],
                            cwd=tmp_path, env=_env(tmp_path, "inductor-sweep"), capture_output=True,
                            text=True, timeout=3600)
