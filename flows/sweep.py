@@ -199,7 +199,7 @@ def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str =
                           stages=s["stages"])
             else:  # one configuration failing must not stop the sweep
                 row = _record_failure(tracker, c, launched, child_tags, parent, base.task.kind)
-            tracker.log_text(launched.log, f"configurations/config-{c.index}.log")
+            tracker.log_text(launched.log, f"configurations/{attempt}/config-{c.index}.log")
             rows.append(row)
             progress.emit("sweep", kind="done", row=row, total=len(configs))
         failed = [r for r in rows if r.status == "FAILED"]
