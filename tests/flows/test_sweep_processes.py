@@ -41,6 +41,8 @@ def _env(folder: Path, cache: str) -> dict[str, str]:
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'mlflow.db'}",
                PREFECT_HOME=str(folder / "prefect-home"), COLUMNS="200",
                TORCHINDUCTOR_CACHE_DIR=str(folder / cache),
+               # a busy shared host can take minutes to start Prefect's temporary server
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("PREFECT_API_URL", None)  # as a user runs it: Prefect's temporary server
     return env
