@@ -56,6 +56,7 @@ def _run(folder: Path, spec: dict) -> subprocess.CompletedProcess:
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'mlflow.db'}",
                PREFECT_HOME=str(folder / "prefect-home"), COLUMNS="200",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("PREFECT_API_URL", None)
     return subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path), "--json",
