@@ -101,10 +101,12 @@ def compare_cmd(
 
     A change is marked only when beyond --threshold AND significant given the repeats; the params and
     environment tags that differ are listed. Two run ids compare one run each (run with
-    run.repeats>=3 so each carries a 95% CI). --experiment E --baseline KEY=VALUE compares groups of
-    FINISHED runs (one sample per run: Mann-Whitney U from 4 runs a side, else bootstrap CIs).
+    run.repeats>=6 so each carries a 95% interval). --experiment E --baseline KEY=VALUE compares groups
+    of FINISHED runs (one sample per run: Mann-Whitney U from 4 runs a side, else 95% intervals of the
+    group medians from 6 runs a side).
     """
     from dashboards.compare import as_dict, compare, split_by
+    from tasks.keys import E2E_PREDICT_ROWS_PER_S
     from tasks.tracking import get_run_record, search_runs
 
     try:
@@ -114,7 +116,7 @@ def compare_cmd(
             if "=" not in baseline:
                 raise UserError(f"--baseline '{baseline}' must look like KEY=VALUE, e.g. relflow.git_sha=abc123.")
             key, value = baseline.split("=", 1)
-            pool = [r for r in search_runs(experiment) if "e2e.rows_per_s" in r.metrics]
+            pool = [r for r in search_runs(experiment) if E2E_PREDICT_ROWS_PER_S in r.metrics]
             if not pool:
                 raise UserError(f"experiment '{experiment}' has no FINISHED benchmark runs.")
             base, cand, cand_value = split_by(pool, key, value, candidate)

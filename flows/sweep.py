@@ -1,4 +1,4 @@
-"""The ``sweep`` flow: a grid of spec overrides, one ``benchmark`` subflow per configuration.
+"""The ``sweep`` flow: a grid of spec overrides, one fresh ``relflow-bench run`` process per configuration.
 
     relflow-bench sweep SPEC --grid run.batch_size=64,256,1024 --grid run.packing=auto,off
 
@@ -13,7 +13,7 @@ MLflow: one parent run (tag ``relflow.sweep_hash``: the base spec's hash + the g
 one child run per configuration, tagged ``relflow.sweep.<key>=<value>`` for each swept key.
 Resumable: rerunning the same sweep reuses the parent and skips every configuration that
 already has a FINISHED child with the same ``relflow.spec_hash``. A failing configuration
-ends its child FAILED (the benchmark flow does that; a failure before its MLflow run starts
+ends its child FAILED (the child run does that; a failure before its MLflow run starts
 gets a FAILED child here) and the sweep goes on; the summary lists it.
 """
 
@@ -33,6 +33,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.sweep_launch import Launched, launch_local, prefect_api_url
+from tasks import keys as K
 from tasks import progress
 from tasks.errors import UserError
 from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
@@ -126,8 +127,8 @@ def sweep_hash(base: Spec, configs: list[Config]) -> str:
 def _row_from_record(c: Config, rec: Any, status: str, kind: str) -> Row:
     q = HEADLINE[kind]
     return Row(c.index, c.label, c.values, status, rec.run_id,
-               steady_rows_per_s=rec.metrics.get("compute.steady_rows_per_s"),
-               e2e_rows_per_s=_e2e_rows_per_s(rec.metrics),
+               steady_rows_per_s=rec.metrics.get(K.STEADY_ROWS_PER_S),
+               e2e_rows_per_s=rec.metrics.get(K.E2E_PREDICT_ROWS_PER_S),
                quality_metric=q, quality=rec.metrics.get(f"quality.{q}"),
                validity=rec.tags.get("relflow.validity"), error=rec.tags.get("relflow.error"))
 
@@ -193,8 +194,8 @@ def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str =
             if s is not None:
                 q = s["quality_metric"]
                 row = Row(c.index, c.label, c.values, "FINISHED", s["run_id"],
-                          steady_rows_per_s=s["metrics"].get("compute.steady_rows_per_s"),
-                          e2e_rows_per_s=_e2e_rows_per_s(s["metrics"]), quality_metric=q,
+                          steady_rows_per_s=s["metrics"].get(K.STEADY_ROWS_PER_S),
+                          e2e_rows_per_s=s["metrics"].get(K.E2E_PREDICT_ROWS_PER_S), quality_metric=q,
                           quality=s["metrics"].get(f"quality.{q}"), validity=s["validity"],
                           stages=s["stages"])
             else:  # one configuration failing must not stop the sweep
@@ -235,8 +236,3 @@ def _record_failure(tracker: Tracker, c: Config, launched: Launched, child_tags:
         child.fail(UserError(body) if body != text else RuntimeError(text))
     return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind],
                error=launched.error)
-
-
-def _e2e_rows_per_s(metrics: dict[str, float]) -> float | None:
-    """The headline end-to-end figure: one predict pass over every root row."""
-    return metrics.get("e2e.predict.rows_per_s", metrics.get("e2e.rows_per_s"))
