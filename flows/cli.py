@@ -120,6 +120,9 @@ def run(
         "--json", help="Also write the run summary (metrics, stages, paths) to this JSON file.")] = None,
     profile: Annotated[bool, typer.Option(
         help="Record torch.profiler over a few steady batches per phase (same as --set run.profile=true).")] = False,
+    spec_dir: Annotated[Path | None, typer.Option(
+        help="Folder that relative source.tables paths are read from (default: the spec "
+        "file's folder; sweeps pass their base spec's).")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
@@ -137,7 +140,8 @@ def run(
 
         # Every input check (and data generation) before Prefect starts: bad input fails in
         # a second, not after the server's start-up. The flow repeats the cheap checks.
-        checked = plan(s, spec.resolve().parent)
+        tables_dir = spec_dir.resolve() if spec_dir else spec.resolve().parent
+        checked = plan(s, tables_dir)
         if checked.generated:
             console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
         launched = wall_clock()
@@ -157,7 +161,7 @@ def run(
 
             unsubscribe = progress.subscribe(show)
             try:
-                summary = benchmark(spec=s.to_dict(), spec_dir=str(spec.resolve().parent),
+                summary = benchmark(spec=s.to_dict(), spec_dir=str(tables_dir),
                                     launched_at=launched, parent_run_id=parent_run, tags=extra_tags)
             finally:
                 unsubscribe()

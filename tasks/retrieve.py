@@ -107,10 +107,10 @@ def _read_ipc(src: SourceTable, columns: list[str], key: str, keys: pa.Array) ->
 
 def _read_csv(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
     wanted = pl.from_arrow(keys)
-    frames = [
-        pl.scan_csv(p, try_parse_dates=True).select(columns).filter(pl.col(key).is_in(wanted.implode()))
-        for p in src.files
-    ]
+    # The settings and pinned column types of the up-front check (source.csv), so every
+    # chunk reads the same types the check verified.
+    frames = [src.scan_csv(p).select(columns).filter(pl.col(key).is_in(wanted.implode()))
+              for p in src.files]
     nbytes = sum(p.stat().st_size for p in src.files)
     return _plain(pl.concat(frames).collect().to_arrow()), nbytes
 
@@ -140,7 +140,7 @@ def list_root_keys(spec: Spec, sources: dict[str, SourceTable]) -> tuple[np.ndar
         arr, nbytes = src.distinct(root.key)
         return arr.to_numpy(zero_copy_only=False), nbytes
     if src.format == "csv":
-        keys = pl.concat([pl.scan_csv(p).select(root.key) for p in src.files]).collect().to_series()
+        keys = pl.concat([src.scan_csv(p).select(root.key) for p in src.files]).collect().to_series()
         nbytes = sum(p.stat().st_size for p in src.files)
         arr = keys.to_numpy()
     else:
