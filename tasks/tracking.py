@@ -11,6 +11,7 @@ unless ``MLFLOW_TRACKING_URI`` is set.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import traceback
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from tasks.clock import unix_time  # noqa: E402
+from tasks.errors import UserError  # noqa: E402
 
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
@@ -163,6 +165,11 @@ class RunRecord:
     tags: dict[str, str]
 
     @property
+    def started_at(self) -> dt.datetime:
+        """Start time in UTC (what reports put on a time axis)."""
+        return dt.datetime.fromtimestamp(self.start_time_ms / 1000, tz=dt.UTC)
+
+    @property
     def label(self) -> str:
         """A short name for tables and chart axes: run name plus the id's first 8 characters."""
         return f"{self.run_name} {self.run_id[:8]}"
@@ -216,14 +223,15 @@ def search_runs(experiment: str, *, status: str | None = "FINISHED", filter_stri
 
 
 def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
-    """One run by id (any status); raises ``LookupError`` naming the id when it is absent."""
+    """One run by id (any status); raises ``UserError`` naming the id when it is absent."""
     from mlflow.exceptions import MlflowException
 
     client = MlflowClient(tracking_uri=uri or tracking_uri())
     try:
         run = client.get_run(run_id)
     except MlflowException as err:
-        raise LookupError(f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}") from err
+        raise UserError(f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}: copy the id from "
+                        "`relflow-bench run` or the MLflow UI.") from err
     return _record(run, client.get_experiment(run.info.experiment_id).name)
 
 

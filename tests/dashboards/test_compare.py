@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dashboards.compare import NOT_ENOUGH, Estimate, _mann_whitney_u, compare, judge, split_by
+from tasks.errors import UserError
 from tasks.tracking import get_run_record, search_runs
 
 THROUGHPUT = ("e2e.rows_per_s", "compute.steady_rows_per_s")
@@ -70,7 +71,7 @@ def test_groups_split_by_tag(bench_runs):
     runs = search_runs("tpch-orders", uri=bench_runs.uri)
     base, cand, value = split_by(runs, "relflow.test_batch", "512")
     assert (len(base), len(cand), value) == (2, 1, "16")
-    with pytest.raises(ValueError, match="--candidate"):
+    with pytest.raises(UserError, match="--candidate"):
         split_by(runs, "params.run.batch_size", "999")
 
 
