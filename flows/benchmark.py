@@ -308,6 +308,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             reasons.append("task.min_quality set but weights are untrained (predict without "
                            "run.checkpoint)")
         tracker.log_metrics(metrics)
+        metrics.update(engine.flush_throughput(tracker))  # the callback logs its own estimate
         tracker.set_tags({
             "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
             "relflow.quality_meaningful": str(quality_meaningful).lower(),

@@ -23,10 +23,11 @@ from model.batch import Batch
 from model.data import ArrowDataModule
 from model.precision import autocast_context
 from model.schema import ModelSchema
+from model.throughput import Logger, ThroughputCallback
 from tasks.clock import Clock
 from tasks.errors import UserError
 from tasks.quality import Quality
-from tasks.records import PhaseTimings
+from tasks.records import ESTIMATED_ROWS_PER_S, PhaseTimings
 from tasks.spec import Spec
 from tasks.tensorize import Tensorized, layout
 
@@ -94,8 +95,10 @@ class Engine:
         self.optimizer: torch.optim.Optimizer | None = None
         self.clock = clock or Clock(device)
         bs, wu = spec.run.batch_size, spec.run.warmup_batches
-        self.train_timings = PhaseTimings(wu, bs)
-        self.predict_timings = PhaseTimings(wu, bs)
+        self.train_timings = PhaseTimings(wu)
+        self.predict_timings = PhaseTimings(wu)
+        # The product's throughput callback: its batches x batch size estimate, steady batches only.
+        self.throughput = {phase: ThroughputCallback(bs, key) for phase, key in ESTIMATED_ROWS_PER_S.items()}
         self.wall_seconds = 0.0
         self.paths_seen: set[str] = set()
         self.quality = Quality(spec.task.kind)
@@ -109,6 +112,21 @@ class Engine:
         if phase not in self.frames_at_steady and t.in_steady_state:
             self.frames_at_steady[phase] = compiled_frames()
             self.breaks_at_steady[phase] = graph_breaks()
+
+    def _record(self, phase: str, t: PhaseTimings, seconds: float, rows: int) -> None:
+        if t.in_steady_state:
+            self.throughput[phase].on_batch_end(seconds)
+        t.record(seconds, rows)
+
+    def flush_throughput(self, logger: Logger) -> dict[str, float]:
+        """Send each phase's callback estimate to ``logger`` (phases that ran steady batches);
+        returns what was sent."""
+        sent: dict[str, float] = {}
+        for cb in self.throughput.values():
+            if cb.batches:
+                cb.logger = logger
+                sent.update(cb.flush())
+        return sent
 
     def recompiles(self, phase: str) -> int:
         return compiled_frames() - self.frames_at_steady.get(phase, compiled_frames())
@@ -178,7 +196,7 @@ class Engine:
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     self.optimizer.step()
-                t.record(step.seconds, n)
+                self._record("train", t, step.seconds, n)
                 t.updates += 1
         self.wall_seconds += wall.seconds
         self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
@@ -203,7 +221,7 @@ class Engine:
                     with self._autocast():
                         outs = self.model(part, outputs=need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
-                t.record(step.seconds, n)
+                self._record("predict", t, step.seconds, n)
                 for k, v in outs.items():
                     parts[k].append(v)
                 if tz.batch is None:

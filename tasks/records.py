@@ -1,21 +1,24 @@
 """Typed measurement records and the one place that turns them into metric keys.
 
 Stages add into ``StageTiming``; the compute stage fills ``PhaseTimings`` per phase
-(train, predict). ``RunResult.metrics()`` is the public MLflow contract (DESIGN.md s5):
-every key carries its unit, and no other module spells a metric key.
+(train, predict). ``RunResult.metrics()`` is the public MLflow contract (the metric names
+users chart and compare, listed in the README): every key carries its unit, and no other
+module spells a metric key.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tasks.stats import median_ci
 
 STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
+# The throughput callback's estimate per compute phase (model.throughput.ThroughputCallback
+# logs it: completed steady batches x run.batch_size / their seconds).
+ESTIMATED_ROWS_PER_S = {"predict": "compute.estimated_rows_per_s", "train": "compute.train.estimated_rows_per_s"}
 
 
 @dataclass
@@ -23,12 +26,10 @@ class StageTiming:
     name: str
     seconds: float = 0.0
     rows: int = 0  # root rows through the stage (summed over chunks and passes)
-    calls: int = 0
 
     def add(self, seconds: float, rows: int) -> None:
         self.seconds += seconds
         self.rows += rows
-        self.calls += 1
 
     @property
     def rows_per_s(self) -> float:
@@ -40,9 +41,7 @@ class PhaseTimings:
     """Per-batch times of one compute phase, split into first call, warm-up and steady."""
 
     warmup_batches: int
-    batch_size: int
     first_call_seconds: float | None = None
-    first_call_rows: int = 0
     warmup_seconds: list[float] = field(default_factory=list)
     steady_seconds: list[float] = field(default_factory=list)
     steady_rows: list[int] = field(default_factory=list)
@@ -51,7 +50,7 @@ class PhaseTimings:
 
     def record(self, seconds: float, rows: int) -> None:
         if self.first_call_seconds is None:
-            self.first_call_seconds, self.first_call_rows = seconds, rows
+            self.first_call_seconds = seconds
         elif len(self.warmup_seconds) < self.warmup_batches:
             self.warmup_seconds.append(seconds)
         else:
@@ -64,19 +63,9 @@ class PhaseTimings:
         return self.first_call_seconds is not None and len(self.warmup_seconds) >= self.warmup_batches
 
     @property
-    def batches(self) -> int:
-        return (self.first_call_seconds is not None) + len(self.warmup_seconds) + len(self.steady_seconds)
-
-    @property
     def steady_rows_per_s(self) -> float:
         t = sum(self.steady_seconds)
         return sum(self.steady_rows) / t if t > 0 else 0.0
-
-    @property
-    def estimated_rows_per_s(self) -> float:
-        """The seed note's callback estimate: completed batches x configured batch size."""
-        t = sum(self.steady_seconds)
-        return len(self.steady_seconds) * self.batch_size / t if t > 0 else 0.0
 
     def percentile_ms(self, q: float) -> float:
         if not self.steady_seconds:
@@ -87,7 +76,6 @@ class PhaseTimings:
         out = {
             f"{prefix}.first_call_seconds": self.first_call_seconds or 0.0,
             f"{prefix}.steady_rows_per_s": self.steady_rows_per_s,
-            f"{prefix}.estimated_rows_per_s": self.estimated_rows_per_s,
             f"{prefix}.steady_batches": float(len(self.steady_seconds)),
             f"{prefix}.steady_seconds": float(sum(self.steady_seconds)),
             f"{prefix}.batch_ms.p50": self.percentile_ms(50),
@@ -183,6 +171,3 @@ class RunResult:
         e2e = self.e2e_seconds or 1.0
         return [{"stage": s.name, "seconds": s.seconds, "rows": s.rows, "rows_per_s": s.rows_per_s,
                  "share": s.seconds / e2e} for s in self.stages.values()]
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), default=float)

@@ -95,6 +95,10 @@ class Tracker:
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
 
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """The logger interface of ``model.throughput.ThroughputCallback``."""
+        self.log_metrics(metrics, step)
+
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
 
@@ -141,10 +145,6 @@ class Tracker:
         self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
         return run_id
-
-
-def get_run(run_id: str, uri: str | None = None) -> mlflow.entities.Run:
-    return MlflowClient(tracking_uri=uri or tracking_uri()).get_run(run_id)
 
 
 # --- reading runs back (compare, history, dashboards) ----------------------------------
@@ -233,10 +233,3 @@ def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
         raise UserError(f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}: copy the id from "
                         "`relflow-bench run` or the MLflow UI.") from err
     return _record(run, client.get_experiment(run.info.experiment_id).name)
-
-
-def metric_history(run_id: str, key: str, uri: str | None = None) -> list[float]:
-    """All logged values of one metric in step order (e.g. one per repeat)."""
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    return [m.value for m in sorted(client.get_metric_history(run_id, key),
-                                    key=lambda m: (m.step, m.timestamp))]

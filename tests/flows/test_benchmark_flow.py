@@ -148,7 +148,7 @@ MEASUREMENT_METRICS = [
     "device.input_wait_fraction", "memory.host_peak_bytes", "memory.device_peak_bytes",
     "output.bytes_per_row", "harness.startup_seconds", "harness.orchestration_seconds",
     "harness.lock_wait_seconds", "harness.flow_overhead_seconds", "host.load_per_core_start",
-    "host.load_per_core_end", "compute.compiled_frames",
+    "host.load_per_core_end", "compute.compiled_frames", "compute.train.estimated_rows_per_s",
 ]
 FINGERPRINT_TAGS = ["relflow.cpu_model", "relflow.cpu_count", "relflow.ram_bytes", "relflow.host_fingerprint",
                     "relflow.git_dirty", "relflow.python_version", "relflow.prefect_version",
@@ -173,6 +173,10 @@ def test_measurement_metrics_are_recorded_and_sane(tpch_run):
     assert m["memory.host_peak_bytes"] > 0 and m["memory.device_peak_bytes"] == 0
     assert m["compute.train.updates"] == m["compute.train.updates_per_epoch"]  # one epoch
     assert m["output.bytes_per_row"] == pytest.approx(m["output.bytes"] / m["data.rows_written"])
+    # the throughput callback's estimate: steady batches x run.batch_size (512) / their seconds
+    for key in ("compute", "compute.train"):
+        assert m[f"{key}.estimated_rows_per_s"] == pytest.approx(
+            m[f"{key}.steady_batches"] * 512 / m[f"{key}.steady_seconds"], rel=1e-6)
     tags = run.data.tags
     assert not [t for t in FINGERPRINT_TAGS if not tags.get(t)]
 
