@@ -34,12 +34,14 @@ from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
+from tasks.datasets import describe_sources, model_interface
 from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.records import RunResult
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
+from tasks.run_note import run_description
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
 from tasks.tensorize import Tensorized, fit, tensorize
@@ -236,6 +238,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             tracker.start_system_metrics(s.run.system_metrics_interval_s)
         tracker.log_params(flatten(s.to_dict()))
         tracker.log_text(s.to_yaml(), "spec.yaml")
+        tracker.log_datasets(describe_sources(s, p.sources))
         with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")
                        ) as waited:
             body_start = wall_clock()
@@ -293,6 +296,8 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             ckpt_path = output.with_suffix(".ckpt")
             save_run_checkpoint(ckpt_path, engine, enc, s)
             tracker.log_artifact(ckpt_path, "checkpoint")
+            tracker.log_model(engine.model, model_interface(s, p.sources, engine.schema, engine.model.config,
+                                                            engine.needed_outputs(tuple(s.task.outputs))))
         shape = inspect_on_meta(engine.schema, engine.model.config,
                                 outputs=engine.needed_outputs(tuple(s.task.outputs)))
         tracker.log_params({"model.parameters": shape["parameters"],
@@ -319,6 +324,8 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         stage_table = result.stage_table()
         tracker.log_dict(stage_table, "stages.json")
         tracker.log_text(_sample_csv(output), "predictions_sample.csv")
+        tracker.set_description(run_description(s.name, stage_table, metrics, reasons, engine.quality.headline,
+                                                quality_meaningful))
         tracker.finish()
     except BaseException as err:
         memory.stop()

@@ -7,28 +7,47 @@ artifact) or ``KILLED`` (Ctrl-C, SIGTERM).
 
 Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlartifacts``,
 unless ``MLFLOW_TRACKING_URI`` is set.
+
+What the MLflow UI shows a user: every benchmark experiment is tagged
+``mlflow.experimentKind=custom_model_development`` (the UI opens on its runs table, not on
+the GenAI traces overview); a run lists the tables it read as dataset inputs, the trained
+model as an MLflow PyTorch model with a signature, and a markdown description (stage table
+and verdict, tag ``mlflow.note.content``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
+from mlflow.data.dataset_source import DatasetSource  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from tasks.clock import unix_time  # noqa: E402
 from tasks.errors import UserError  # noqa: E402
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import torch
+
+    from tasks.datasets import DatasetInfo, ModelInterface
+
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"  # a model-development experiment: the UI opens on runs
+RUN_NOTE_TAG = "mlflow.note.content"  # the run page's description (markdown)
+MAX_NOTE_CHARS = 8000
 
 
 def tracking_uri() -> str:
@@ -64,7 +83,8 @@ class Tracker:
         if exp is None:
             try:
                 self.experiment_id = self.client.create_experiment(
-                    experiment, artifact_location=default_artifact_root(self.uri))
+                    experiment, artifact_location=default_artifact_root(self.uri),
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
             except mlflow.exceptions.MlflowException:
                 # Another process created it between our lookup and create: use theirs.
                 exp = self.client.get_experiment_by_name(experiment)
@@ -73,6 +93,9 @@ class Tracker:
                 self.experiment_id = exp.experiment_id
         else:
             self.experiment_id = exp.experiment_id
+        if exp is not None and exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+            # Stores written before the tag existed (or created elsewhere) get it on next use.
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         self.experiment = experiment
         self.run_id: str | None = None
 
@@ -101,6 +124,53 @@ class Tracker:
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+
+    def set_description(self, markdown: str) -> None:
+        """The run page's description (MLflow renders it as markdown)."""
+        self.client.set_tag(self.run_id, RUN_NOTE_TAG, markdown[:MAX_NOTE_CHARS])
+
+    def log_datasets(self, datasets: Sequence[DatasetInfo]) -> None:
+        """The tables the run read, as MLflow dataset inputs (the runs table's Dataset column)."""
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        inputs = [DatasetInput(MetaDataset(_dataset_source(d.source), name=d.name, digest=d.digest,
+                                           schema=_mlflow_schema(d.schema))._to_mlflow_entity(),
+                               tags=[InputTag(MLFLOW_DATASET_CONTEXT, d.context)])
+                  for d in datasets]
+        self.client.log_inputs(self.run_id, datasets=inputs)
+
+    def log_model(self, model: torch.nn.Module, interface: ModelInterface) -> str:
+        """``model`` as an MLflow PyTorch model named ``model`` of this run, with a signature
+        (the nested rows it takes, its outputs' dtypes and shapes). The model's package travels
+        with it, so ``mlflow.pytorch.load_model`` needs no checkout. Pickled, not ``pt2``: the
+        model takes a ``Batch`` of nested tensors, which ``torch.export`` cannot trace from the
+        array examples that format requires. Returns the model URI."""
+        import mlflow.pytorch
+        import numpy as np
+        from mlflow.models.signature import ModelSignature
+        from mlflow.types.schema import Schema, TensorSpec
+
+        signature = ModelSignature(inputs=_mlflow_schema(interface.inputs), outputs=Schema(
+            [TensorSpec(np.dtype(dtype), shape, name) for name, (dtype, shape) in interface.outputs.items()]))
+        # Created here so it belongs to this run's experiment (the flavour alone would put it in
+        # the fluent API's current experiment, "Default").
+        logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=self.run_id)
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.uri)  # the flavour logs through the fluent API's store
+        flavour_log = logging.getLogger("mlflow.pytorch")
+        level = flavour_log.level
+        flavour_log.setLevel(logging.ERROR)  # its pickle-format warning: chosen deliberately, said above
+        try:
+            info = mlflow.pytorch.log_model(model, name="model", signature=signature, run_id=self.run_id,
+                                            model_id=logged.model_id,
+                                            code_paths=[str(interface.code_dir)], serialization_format="pickle",
+                                            pip_requirements=interface.requirements)
+        finally:
+            flavour_log.setLevel(level)
+            mlflow.set_tracking_uri(previous)
+        return str(info.model_uri)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
@@ -147,6 +217,81 @@ class Tracker:
         return run_id
 
 
+def _dataset_source(location: str) -> Any:
+    """A local path as MLflow's local source; a URL (database) as a source of its scheme."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    if "://" not in location:
+        location = Path(location).resolve().as_uri()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "can be interpreted in multiple ways": all local ones agree
+        try:
+            return resolve_dataset_source(location)
+        except mlflow.exceptions.MlflowException:
+            return UrlSource(location)
+
+
+def _mlflow_type(t: pa.DataType) -> Any:
+    import pyarrow as pa
+    from mlflow.types.schema import Array, DataType, Object, Property
+
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return Array(_mlflow_type(t.value_type))
+    if pa.types.is_struct(t):
+        return Object([Property(f.name, _mlflow_type(f.type)) for f in t])
+    if pa.types.is_boolean(t):
+        return DataType.boolean
+    if pa.types.is_integer(t):
+        return DataType.integer if t.bit_width <= 32 and pa.types.is_signed_integer(t) else DataType.long
+    if pa.types.is_float32(t):
+        return DataType.float
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return DataType.double
+    if pa.types.is_temporal(t):
+        return DataType.datetime
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return DataType.binary
+    return DataType.string  # strings, dictionaries of strings, anything else shown as text
+
+
+def _mlflow_schema(schema: pa.Schema) -> Any:
+    from mlflow.types.schema import ColSpec, Schema
+
+    return Schema([ColSpec(_mlflow_type(f.type), f.name) for f in schema])
+
+
+class UrlSource(DatasetSource):
+    """Where a table was read from when that is a database URL (password already removed)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    @staticmethod
+    def _get_source_type() -> str:
+        return "url"
+
+    def load(self, **kwargs: Any) -> Any:
+        raise mlflow.exceptions.MlflowException(
+            f"{self.url} records where the benchmark read its data; read it with the database's client.")
+
+    @staticmethod
+    def _can_resolve(raw_source: Any) -> bool:
+        return False
+
+    @classmethod
+    def _resolve(cls, raw_source: Any) -> UrlSource:
+        return cls(str(raw_source))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+    @classmethod
+    def from_dict(cls, source_dict: dict[Any, Any]) -> UrlSource:
+        return cls(source_dict["url"])
+
+
 # --- reading runs back (compare, history, dashboards) ----------------------------------
 
 
@@ -187,6 +332,17 @@ def _record(run: Any, experiment: str) -> RunRecord:
         params=dict(run.data.params),
         tags={k: v for k, v in run.data.tags.items()},
     )
+
+
+def experiment_ids(uri: str | None = None) -> dict[str, str]:
+    """Active experiments by name -> id, oldest first."""
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    return {e.name: e.experiment_id for e in client.search_experiments(order_by=["creation_time ASC"])}
+
+
+def runs_page(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI's page of one experiment's runs table."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
 
 
 def experiment_names(uri: str | None = None) -> list[str]:
