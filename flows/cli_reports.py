@@ -250,8 +250,11 @@ def ui_cmd(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 5000,
     host: Annotated[str, typer.Option(help="Interface to bind (keep the loopback unless you mean it).")] = "127.0.0.1",
 ) -> None:
-    """Start the MLflow UI on the same store, light mode (one worker, no job execution)."""
-    from tasks.tracking import default_artifact_root, tracking_uri
+    """Start the MLflow UI on the same store, light mode (one worker, no job execution).
+
+    Prints the direct link to each benchmark experiment's runs table.
+    """
+    from tasks.tracking import default_artifact_root, experiment_ids, runs_page, tracking_uri
 
     uri = tracking_uri()
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host,
@@ -260,7 +263,11 @@ def ui_cmd(
     if root:
         cmd += ["--artifacts-destination", root]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    console.print(f"MLflow UI on http://{host}:{port} for {uri} (Ctrl-C stops it)")
+    base = f"http://{host}:{port}"
+    console.print(f"MLflow UI on {base} for {uri} (Ctrl-C stops it)")
+    for name, exp_id in experiment_ids(uri).items():
+        if name != "Default":
+            out.print(f"  {name}: {runs_page(base, exp_id)}")
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum: int, frame: object) -> None:

@@ -341,8 +341,12 @@ def experiment_ids(uri: str | None = None) -> dict[str, str]:
 
 
 def runs_page(ui_url: str, experiment_id: str) -> str:
-    """The MLflow UI's page of one experiment's runs table."""
-    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
+    """The MLflow UI's page of one experiment's runs table.
+
+    MLflow 3.17's UI picks its landing page from a browser-side "workflow type" (default GenAI:
+    a traces overview) rather than from the experiment's kind tag, so the link names the
+    model-training view explicitly."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def experiment_names(uri: str | None = None) -> list[str]:

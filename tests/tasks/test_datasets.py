@@ -33,7 +33,8 @@ def test_every_experiment_is_a_model_development_experiment(mlflow_uri):
     old = client.create_experiment("made-elsewhere")  # e.g. a store from before the tag existed
     Tracker("made-elsewhere")
     assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
-    assert runs_page("http://127.0.0.1:5000/", old) == f"http://127.0.0.1:5000/#/experiments/{old}/runs"
+    assert runs_page("http://127.0.0.1:5000/", old) == (
+        f"http://127.0.0.1:5000/#/experiments/{old}/runs?workflowType=machine_learning")
 
 
 def test_dataset_inputs_name_source_digest_and_schema(mlflow_uri, shop_spec, shop_files):
