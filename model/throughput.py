@@ -1,4 +1,4 @@
-"""Throughput callback: rows per second, estimated the way the product note defines it.
+"""Throughput callback: rows per second, estimated the way the model's documentation defines it.
 
 - The *estimate* is completed batches x configured batch size / seconds. It over-counts a
   partial (last) batch, so it is only comparable between runs with the same batch geometry;

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import torch
@@ -73,7 +74,7 @@ class PredictOutputs:
 
 class Engine:
     def __init__(self, spec: Spec, schema: ModelSchema, device: torch.device,
-                 state_dict: dict | None = None, clock: Clock | None = None,
+                 state_dict: dict[str, Any] | None = None, clock: Clock | None = None,
                  encoding: Encoding | None = None) -> None:
         self.spec, self.schema, self.device = spec, schema, device
         self.encoding = encoding  # loader workers encode with it
@@ -88,7 +89,8 @@ class Engine:
         if c.encoders or c.pools:
             self.model.compile(encoders=c.encoders, pools=c.pools, backend=c.backend,
                                dynamic=c.dynamic)
-        # The seed note's factory: fused AdamW by default (torch 2.13 has a CPU fused kernel).
+        # The model's documented optimizer factory: fused AdamW by default (torch 2.13 has a CPU
+        # fused kernel).
         self.model.optimizer = adamw(learning_rate=spec.run.learning_rate)
         self.model.batch_size = spec.run.batch_size
         self.optimizer_settings = self.model.optimizer
@@ -134,7 +136,7 @@ class Engine:
     def graph_breaks_after_warmup(self, phase: str) -> int:
         return graph_breaks() - self.breaks_at_steady.get(phase, graph_breaks())
 
-    def _autocast(self):
+    def _autocast(self) -> AbstractContextManager[Any]:
         if self.spec.run.precision == "fp32":
             return nullcontext()
         return autocast_context(self.device, self.spec.run.precision)

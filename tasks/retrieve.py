@@ -14,6 +14,7 @@ file (CSV, which has no projection at the storage level).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -51,7 +52,7 @@ def node_columns(spec: Spec) -> dict[str, list[str]]:
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
-def _overlaps(stats, lo, hi) -> bool:
+def _overlaps(stats: Any, lo: Any, hi: Any) -> bool:
     if stats is None or not stats.has_min_max:
         return True
     try:
@@ -104,7 +105,7 @@ def _read_ipc(src: SourceTable, columns: list[str], key: str, keys: pa.Array) ->
 
 
 def _read_csv(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
-    wanted = pl.from_arrow(keys)
+    wanted = cast(pl.Series, pl.from_arrow(keys))
     frames = [
         pl.scan_csv(p, try_parse_dates=True).select(columns).filter(pl.col(key).is_in(wanted.implode()))
         for p in src.files

@@ -157,7 +157,7 @@ class Run(Strict):
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
     epochs: int = Field(1, ge=1)
-    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate (the seed note's 1e-3)")
+    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate (1e-3, the model's documented default)")
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     packing: Literal["auto", "off"] = "auto"
     compile: CompileSettings = Field(default_factory=CompileSettings)

@@ -7,6 +7,7 @@ split when no checkpoint provides one, and counting present vs reserved coordina
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +47,7 @@ class Tensorized:
 def layout(spec: Spec) -> NodeLayout:
     """The spec's schema tree as the model's Arrow layout (target column included)."""
 
-    def columns(node: str, cols: dict[str, str]) -> dict[str, str]:
+    def columns(node: str, cols: Mapping[str, str]) -> dict[str, str]:
         out = dict(cols)
         if (spec.task.branch or ROOT) == node:
             out[spec.task.target] = "numeric"  # masked target cell; kind is irrelevant

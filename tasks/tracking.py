@@ -99,6 +99,12 @@ class Tracker:
         self.experiment = experiment
         self.run_id: str | None = None
 
+    @property
+    def _id(self) -> str:
+        if self.run_id is None:
+            raise RuntimeError("Tracker.start() first: there is no run to log to")
+        return self.run_id
+
     def start(self, run_name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
         tags = dict(tags)
         if parent_run_id:
@@ -110,24 +116,24 @@ class Tracker:
     def log_params(self, params: dict[str, Any]) -> None:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
+            self.client.log_batch(self._id, params=items[i:i + MAX_PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         now = int(unix_time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self._id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """The logger interface of ``model.throughput.ThroughputCallback``."""
         self.log_metrics(metrics, step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        self.client.log_batch(self._id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
 
     def set_description(self, markdown: str) -> None:
         """The run page's description (MLflow renders it as markdown)."""
-        self.client.set_tag(self.run_id, RUN_NOTE_TAG, markdown[:MAX_NOTE_CHARS])
+        self.client.set_tag(self._id, RUN_NOTE_TAG, markdown[:MAX_NOTE_CHARS])
 
     def log_datasets(self, datasets: Sequence[DatasetInfo]) -> None:
         """The tables the run read, as MLflow dataset inputs (the runs table's Dataset column)."""
@@ -135,11 +141,13 @@ class Tracker:
         from mlflow.entities import DatasetInput, InputTag
         from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-        inputs = [DatasetInput(MetaDataset(_dataset_source(d.source), name=d.name, digest=d.digest,
-                                           schema=_mlflow_schema(d.schema))._to_mlflow_entity(),
-                               tags=[InputTag(MLFLOW_DATASET_CONTEXT, d.context)])
-                  for d in datasets]
-        self.client.log_inputs(self.run_id, datasets=inputs)
+        inputs = []
+        for d in datasets:
+            # MLflow's stubs call MetaDataset abstract (profile); it is the documented class.
+            meta = MetaDataset(_dataset_source(d.source), name=d.name, digest=d.digest,  # type: ignore[abstract]
+                               schema=_mlflow_schema(d.schema))
+            inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, d.context)]))
+        self.client.log_inputs(self._id, datasets=inputs)
 
     def log_model(self, model: torch.nn.Module, interface: ModelInterface) -> str:
         """``model`` as an MLflow PyTorch model named ``model`` of this run, with a signature
@@ -156,14 +164,14 @@ class Tracker:
             [TensorSpec(np.dtype(dtype), shape, name) for name, (dtype, shape) in interface.outputs.items()]))
         # Created here so it belongs to this run's experiment (the flavour alone would put it in
         # the fluent API's current experiment, "Default").
-        logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=self.run_id)
+        logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=self._id)
         previous = mlflow.get_tracking_uri()
         mlflow.set_tracking_uri(self.uri)  # the flavour logs through the fluent API's store
         flavour_log = logging.getLogger("mlflow.pytorch")
         level = flavour_log.level
         flavour_log.setLevel(logging.ERROR)  # its pickle-format warning: chosen deliberately, said above
         try:
-            info = mlflow.pytorch.log_model(model, name="model", signature=signature, run_id=self.run_id,
+            info = mlflow.pytorch.log_model(model, name="model", signature=signature, run_id=self._id,
                                             model_id=logged.model_id,
                                             code_paths=[str(interface.code_dir)], serialization_format="pickle",
                                             pip_requirements=interface.requirements)
@@ -173,20 +181,20 @@ class Tracker:
         return str(info.model_uri)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
+        self.client.log_artifact(self._id, str(path), artifact_path)
 
     def log_text(self, text: str, name: str) -> None:
-        self.client.log_text(self.run_id, text, name)
+        self.client.log_text(self._id, text, name)
 
     def log_dict(self, data: Any, name: str) -> None:
-        self.client.log_dict(self.run_id, data, name)
+        self.client.log_dict(self._id, data, name)
 
     def start_system_metrics(self, interval_s: float) -> None:
         """MLflow's own CPU/memory/GPU sampler for this run (a background thread)."""
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval_s,
-                                             tracking_uri=self.uri)
+        monitor: Any = SystemMetricsMonitor  # untyped in MLflow
+        self._monitor = monitor(self._id, sampling_interval=interval_s, tracking_uri=self.uri)
         self._monitor.start()
 
     def stop_system_metrics(self) -> None:
@@ -196,7 +204,7 @@ class Tracker:
             self._monitor = None
 
     def finish(self) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED")
+        self.client.set_terminated(self._id, "FINISHED")
 
     def fail(self, error: BaseException) -> None:
         """End the run FAILED (KILLED for interrupts), with the error recorded."""
@@ -208,7 +216,7 @@ class Tracker:
             self.set_tags({"relflow.error": f"{type(error).__name__}: {error}"})
             self.log_text("".join(traceback.format_exception(error)), "error.txt")
         finally:
-            self.client.set_terminated(self.run_id, "KILLED" if killed else "FAILED")
+            self.client.set_terminated(self._id, "KILLED" if killed else "FAILED")
 
     def reopen(self, run_id: str) -> str:
         """Continue an existing run of this experiment (a resumed sweep's parent): RUNNING again."""
