@@ -17,6 +17,7 @@ Unseen categories map to the unknown index, nulls to the null index.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -55,11 +56,11 @@ class Encoding:
     target_mean: float = 0.0
     target_std: float = 1.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Encoding:
+    def from_dict(cls, d: dict[str, Any]) -> Encoding:
         return cls(**d)
 
 

@@ -28,6 +28,9 @@ from .schema import NodeDef
 
 
 class CoordinateEncoder(nn.Module):
+    category_offset_K: torch.Tensor  # buffers, registered in __init__
+    category_cardinality_K: torch.Tensor
+
     def __init__(self, node: NodeDef, d_model: int, target_column: str | None) -> None:
         super().__init__()
         self.node_name = node.name
@@ -121,6 +124,7 @@ class CoordinateEncoder(nn.Module):
         if target is not None:
             is_target_T1 = torch.zeros(self.tokens_per_row, 1, dtype=torch.bool, device=x_RTD.device)
             is_target_T1[target] = True
+            assert self.mask_value_D is not None  # created whenever there is a target column
             x_RTD = torch.where(is_target_T1, self.mask_value_D, x_RTD)
         x_RTD = x_RTD + self.column_identity_TD
         if self.row_position is not None and position_L is not None:

@@ -29,11 +29,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batch import Batch
+from .schema import ModelSchema
 
 Encode = Callable[[pa.Table], Batch]
 
 
-class ArrowBatches(IterableDataset):
+class ArrowBatches(IterableDataset[Batch]):
     """Encoded batches over contiguous row ranges; workers take disjoint batch subsets."""
 
     def __init__(self, table: pa.Table, batch_size: int, encode: Encode) -> None:
@@ -43,7 +44,7 @@ class ArrowBatches(IterableDataset):
         self.encode = encode
 
     def __len__(self) -> int:
-        return math.ceil(self.table.num_rows / self.batch_size)
+        return int(math.ceil(self.table.num_rows / self.batch_size))
 
     def ranges(self, worker: int = 0, workers: int = 1) -> list[tuple[int, int]]:
         """``(offset, length)`` of this worker's batches."""
@@ -64,7 +65,7 @@ class ArrowBatches(IterableDataset):
 class DeviceLoader:
     """Iterates a DataLoader and moves each batch to the model's current device."""
 
-    def __init__(self, loader: DataLoader, model: torch.nn.Module) -> None:
+    def __init__(self, loader: DataLoader[Batch], model: torch.nn.Module) -> None:
         self.loader = loader
         self.model = model
 
@@ -108,7 +109,8 @@ class ArrowDataModule:
                 )
             from .arrow import encode as arrow_encode  # lazy: only needed on this path
 
-            encode = functools.partial(arrow_encode, schema=model.schema, layout=layout, enc=encoding)
+            schema: ModelSchema = getattr(model, "schema")  # noqa: B009 -- any module with a schema
+            encode = functools.partial(arrow_encode, schema=schema, layout=layout, enc=encoding)
         self.model = model
         self.train = train
         self.validate = validate

@@ -64,7 +64,8 @@ def dropout_active(module: nn.Module) -> bool:
     for m in module.modules():
         if isinstance(m, nn.Dropout) and m.p > 0:
             return True
-        if isinstance(getattr(m, "dropout", None), float) and m.dropout > 0:
+        rate = getattr(m, "dropout", None)
+        if isinstance(rate, float) and rate > 0:
             return True
     return False
 

@@ -288,11 +288,16 @@ class RelationalTransformer(nn.Module):
         continuous = torch.where(present_PL1 & ~null, continuous, torch.zeros_like(continuous))
         null = null & present_PL1
         categorical = torch.where(present_PL1, categorical, torch.zeros_like(categorical))
-        self.coordinates[node.name].check(categorical)
+        self._coordinates(node.name).check(categorical)
         children_PLKD = None
         if children:
             children_PLKD = torch.stack([c.reshape(P, L, -1) for c in children], dim=2)
         return NodeRows(present_PL, continuous, null, categorical, children_PLKD)
+
+    def _coordinates(self, name: str) -> CoordinateEncoder:
+        encoder = self.coordinates[name]
+        assert isinstance(encoder, CoordinateEncoder)
+        return encoder
 
     def _encode_node(
         self,
@@ -325,7 +330,7 @@ class RelationalTransformer(nn.Module):
             pool,
             self.empty[name],
             row_outputs,
-            self.coordinates[name].target_index,
+            self._coordinates(name).target_index,
         )
         return result, packed
 
