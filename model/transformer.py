@@ -38,7 +38,7 @@ from .config import ModelConfig
 from .coordinates import CoordinateEncoder
 from .encoder import STOCK_ENCODER_TYPES, EncoderStack
 from .optim import AdamW, adamw
-from .packing import NodeRows, encode_packed, encode_padded
+from .packing import NodeResult, NodeRows, encode_packed, encode_padded
 from .pooling import STOCK_POOL_TYPES, AttentionPool, mean_pool
 from .regions import CompileSettings, RegionRunner, dropout_active, has_hooks, is_stock
 from .schema import ModelSchema, NodeDef
@@ -152,7 +152,7 @@ class RelationalTransformer(nn.Module):
         return tuple(dict.fromkeys(self._regions.ran_compiled))
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
+        state = super().__getstate__()  # type: ignore[no-untyped-call]  # unannotated in torch
         state = dict(state)
         state["_regions"] = RegionRunner()  # copies and pickles never keep compilation
         return state
@@ -306,7 +306,7 @@ class RelationalTransformer(nn.Module):
         children: list[torch.Tensor],
         want_pool: bool,
         row_outputs: tuple[str, ...],
-    ):
+    ) -> tuple[NodeResult, bool]:
         if node.name not in batch.nodes:
             raise ValueError(
                 f"batch has no tensors for node {node.name!r} (has {sorted(batch.nodes)}); "
