@@ -47,7 +47,7 @@ def sweep_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"Sweep {summary['sweep_hash']} (parent run {summary['parent_run_id']})",
                   title_justify="left")
     metric = next((r["quality_metric"] for r in summary["rows"] if r["quality_metric"]), "")
-    for col in ("#", "config", "status", "steady rows/s", "e2e rows/s", f"quality ({metric})", "validity",
+    for col in ("#", "config", "status", "steady rows/s", "e2e predict rows/s", f"quality ({metric})", "validity",
                 "run id"):
         table.add_column(col, justify="left" if col in {"config", "status", "validity", "run id"} else "right")
     for r in summary["rows"]:

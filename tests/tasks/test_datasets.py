@@ -106,14 +106,17 @@ def engine_exp(uri: str) -> str:
 
 
 def test_run_description_holds_the_stage_table_and_verdict(mlflow_uri):
-    table = [{"stage": s, "seconds": 0.5, "rows": 100, "rows_per_s": 200.0, "share": 0.2} for s in STAGES]
-    metrics = {"e2e.seconds": 2.5, "data.rows_predicted": 100, "e2e.rows_per_s": 40.0,
+    table = [{"phase": "predict", "stage": s, "seconds": 0.5, "rows": 100, "rows_per_s": 200.0, "share": 0.2}
+             for s in STAGES]
+    metrics = {"e2e.predict.seconds": 2.5, "e2e.predict.rows": 100, "e2e.predict.rows_per_s": 40.0,
                "compute.steady_rows_per_s": 900.0, "compute.first_call_seconds": 0.25,
                "quality.accuracy": 0.75, "memory.host_peak_bytes": 2**30}
     md = run_description("shop", table, metrics, ["run.min_steady_batches 10 > 3 steady batches"],
                          "accuracy", True)
     assert "**INVALID**: run.min_steady_batches 10 > 3" in md
-    assert all(f"| {s} | 0.500 |" in md for s in STAGES) and "| **end-to-end** | **2.500** | 100 |" in md
+    assert all(f"| predict | {s} | 0.500 |" in md for s in STAGES)
+    assert "| **predict** | **end-to-end predict (headline)** | **2.500** | 100 |" in md
+    assert "| train |" not in md
     assert "accuracy 0.7500" in md
     tracker = Tracker("shop")
     run_id = tracker.start("r", {})
@@ -124,8 +127,9 @@ def test_run_description_holds_the_stage_table_and_verdict(mlflow_uri):
 
 @pytest.mark.parametrize("reasons", [[]])
 def test_a_valid_run_says_so(reasons):
-    table = [{"stage": s, "seconds": 1.0, "rows": 1, "rows_per_s": 1.0, "share": 0.2} for s in STAGES]
-    metrics = {"e2e.seconds": 5.0, "data.rows_predicted": 1, "e2e.rows_per_s": 0.2,
+    table = [{"phase": "predict", "stage": s, "seconds": 1.0, "rows": 1, "rows_per_s": 1.0, "share": 0.2}
+             for s in STAGES]
+    metrics = {"e2e.predict.seconds": 5.0, "e2e.predict.rows": 1, "e2e.predict.rows_per_s": 0.2,
                "compute.steady_rows_per_s": 1.0, "compute.first_call_seconds": 1.0,
                "memory.host_peak_bytes": 0}
     md = run_description("x", table, metrics, reasons, None, False)
