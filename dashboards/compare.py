@@ -54,9 +54,15 @@ KEY_METRICS: tuple[tuple[str, int], ...] = (
     (K.OUTPUT_BYTES_PER_ROW, -1),
     (K.TRAIN_UPDATES, 0),
     (K.TRAIN_UPDATES_PER_EPOCH, 0),
+    # request scenarios (single_stream / server); absent on offline runs, so not shown there
+    ("latency.request_ms.p50", -1),
+    ("latency.request_ms.p99", -1),
+    ("latency.first_request_ms", -1),
+    ("latency.achieved_qps", +1),
 )
 # quality.<name> direction by name; unknown quality keys are shown with no direction.
 QUALITY_DIRECTION = {"accuracy": +1, "auc": +1, "f1": +1, "mae": -1, "rmse": -1,
+                     "nll": -1, "ece": -1, "brier": -1,
                      "majority_rate": 0, "mae_of_mean": 0, "rows": 0}
 # Tags that identify a run rather than its environment: never listed as explanations.
 IDENTITY_TAGS = {"relflow.output_path", "relflow.error", "relflow.invalid_reasons"}
@@ -349,6 +355,8 @@ def fmt_value(key: str, v: float) -> str:
         return f"{v / 2**20:,.1f} MiB"
     if key.endswith("seconds"):
         return f"{v:,.3f} s" if v >= 0.01 else f"{v * 1e3:,.2f} ms"
+    if key.startswith("latency.") and ("_ms" in key):
+        return f"{v:,.2f} ms"
     if abs(v) >= 1000 or (v == int(v) and abs(v) >= 1):
         return f"{v:,.0f}"
     return f"{v:.4g}"

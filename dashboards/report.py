@@ -48,6 +48,12 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
         "occupancy_vs_packing": figures.occupancy_vs_packing(bench),
         "history": figures.history_figure(hist_runs, steps),
     }
+    latency_runs = [r for r in bench if r.metrics.get("latency.requests", 0) > 0]
+    if latency_runs:  # request scenarios: the CDF series each run logged
+        from tasks.tracking import metric_history
+
+        cdfs = {r.run_id: metric_history(r.run_id, "latency.cdf_ms") for r in latency_runs}
+        figs["latency_cdf"] = figures.latency_cdf(latency_runs, cdfs)
     return Dashboard(experiment, figs, bench, hist_runs, steps, host, spec)
 
 

@@ -125,6 +125,19 @@ def _progress_line(name: str) -> Iterator[None]:
             unsubscribe()
 
 
+def _latency_line(m: dict[str, float]) -> str:
+    steps = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write", "queue")
+    shares = ", ".join(f"{s} {m.get(f'latency.step_share.{s}', 0.0):.0%}" for s in steps)
+    qps = (f", {m['latency.achieved_qps']:.1f} QPS achieved of {m['latency.target_qps']:g}"
+           if "latency.target_qps" in m else "")
+    return (f"latency              {int(m['latency.requests']):,} requests in "
+            f"{m['latency.duration_seconds']:.1f} s{qps}: p50 {m.get('latency.request_ms.p50', 0):.2f} "
+            f"ms, p90 {m.get('latency.request_ms.p90', 0):.2f}, p99 "
+            f"{m.get('latency.request_ms.p99', 0):.2f}, max {m.get('latency.request_ms.max', 0):.2f}; "
+            f"cold first {m.get('latency.first_request_ms', 0):.1f} ms\n"
+            f"                     shares: {shares}")
+
+
 def report(summary: dict[str, Any]) -> None:
     from tasks import keys as K
     from tasks.records import describe_repeats
@@ -171,6 +184,10 @@ def report(summary: dict[str, Any]) -> None:
         f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates), "
         f"{int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow",
     ]
+    if K.DATA_PADDED_COORDS in m:
+        lines.append(f"batches              {int(m[K.DATA_PADDED_COORDS]):,} coordinates materialised per "
+                     f"pass, batch occupancy p50 {m[K.DATA_BATCH_OCCUPANCY_P50]:.1%} "
+                     f"min {m[K.DATA_BATCH_OCCUPANCY_MIN]:.1%}")
     if K.quality(q) in m:
         base = m.get(K.quality('majority_rate'))
         note = f" (majority class {base:.3f})" if base is not None else ""
@@ -183,6 +200,13 @@ def report(summary: dict[str, Any]) -> None:
         f"the cores just before the timed region, {m.get(K.HOST_OTHER_CPU_FRACTION, 0):.0%} during it",
         f"predictions          {summary['output_path']} ({int(m[K.OUTPUT_BYTES]):,} bytes)",
     ]
+    if "latency.requests" in m:  # single_stream / server (tasks/scenarios)
+        lines.append(_latency_line(m))
+    if K.quality('nll') in m:
+        lines.append(f"calibration          T {m.get('calibration.temperature', 1.0):.3f}: nll "
+                     f"{m[K.quality('uncalibrated.nll')]:.4f} -> {m[K.quality('nll')]:.4f}, ece "
+                     f"{m[K.quality('uncalibrated.ece')]:.4f} -> {m[K.quality('ece')]:.4f}, brier "
+                     f"{m[K.quality('uncalibrated.brier')]:.4f} -> {m[K.quality('brier')]:.4f}")
     if summary.get("checkpoint_path"):
         lines.append(f"checkpoint           {summary['checkpoint_path']}")
     lines += [
@@ -267,6 +291,10 @@ def peak_cmd(
 @data_app.command("tpch")
 def data_tpch(
     scale: Annotated[float, typer.Option(help="TPC-H scale factor (1 = about 1 GB of CSV-equivalent).")] = 0.01,
+    into: Annotated[str | None, typer.Option(
+        help="Also load the tables into a database, key columns indexed: 'duckdb' (a file next "
+        "to the Parquet), 'duckdb:<path>' or 'postgresql://user@host:port/db' (password from "
+        "PGPASSWORD).")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once."""
@@ -275,10 +303,16 @@ def data_tpch(
     try:
         t0 = wall_clock()
         folder, generated = ensure_tpch(scale)
+        verb = f"generated in {wall_clock() - t0:.1f} s" if generated else "already present"
+        out.print(f"TPC-H scale {scale:g}: {folder} ({verb})")
+        if into is not None:
+            from tasks.databases import load_tpch
+
+            shown, rows, seconds = load_tpch(scale, into)
+            out.print(f"loaded into {shown} in {seconds:.1f} s: "
+                      + ", ".join(f"{t} {n:,}" for t, n in rows.items()))
     except Exception as err:  # noqa: BLE001
         fail(err, debug)
-    verb = f"generated in {wall_clock() - t0:.1f} s" if generated else "already present"
-    out.print(f"TPC-H scale {scale:g}: {folder} ({verb})")
 
 
 app.command("compare")(compare_cmd)

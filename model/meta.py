@@ -37,6 +37,9 @@ def full_meta_batch(schema: ModelSchema, batch_size: int = 1) -> Batch:
             continuous_null=torch.zeros(*shape, C, dtype=torch.bool, device=meta),
             categorical=torch.zeros(*shape, K, dtype=torch.long, device=meta),
         )
+        if node.text:
+            nodes[node.name].text = torch.zeros(*shape, len(node.text), node.text[0].width, device=meta)
+            nodes[node.name].text_null = torch.zeros(*shape, len(node.text), dtype=torch.bool, device=meta)
     label_shape = (batch_size, *schema.reserved_shape(schema.target.node))
     labels = torch.zeros(label_shape, device=meta)
     return Batch(nodes, labels, torch.ones(label_shape, dtype=torch.bool, device=meta))

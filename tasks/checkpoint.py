@@ -32,7 +32,8 @@ def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> N
     try:
         save_checkpoint(tmp, engine.model, optimizer=engine.optimizer,
                         optimizer_settings=engine.optimizer_settings,
-                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash})
+                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash,
+                               "temperature": float(getattr(engine, "temperature", 1.0))})
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -69,7 +70,9 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
             "set model.* to match the checkpoint."
         )
     out = {"model": ckpt.model.state_dict(), "schema": schema,
-           "encoding": Encoding.from_dict(ckpt.extra["encoding"]), "optimizer": None}
+           "encoding": Encoding.from_dict(ckpt.extra["encoding"]), "optimizer": None,
+           # Output calibration (tasks/calibrate.py); checkpoints from before it had none.
+           "temperature": float(ckpt.extra.get("temperature", 1.0))}
     if spec.run.mode == "train+predict":
         out["optimizer"] = _resumable_optimizer(path, ckpt, spec)
     return out

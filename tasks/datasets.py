@@ -4,7 +4,8 @@
 from, a digest, its Arrow schema); ``model_input_schema`` is the model's input as one nested
 Arrow schema (root columns, each branch a list of structs of its columns). Neither reads
 table data: digests come from file metadata (name, size, modification time) and the schema,
-so they change when the data does and cost nothing on large tables. ``tasks.tracking`` turns
+so they change when the data does and cost nothing on large tables (a database table's digest
+covers its location, name and schema only: nothing is queried). ``tasks.tracking`` turns
 them into MLflow dataset inputs and a model signature.
 """
 
@@ -48,14 +49,20 @@ def redact_url(url: str) -> str:
 
 
 def _source_location(src: SourceTable) -> str:
-    url = getattr(src, "url", None)  # database sources carry a URL instead of files
-    if url:
-        return redact_url(str(url))
+    db = getattr(src, "db", None)  # tasks.databases.DatabaseTable: a table in a database
+    if db is not None:
+        if db.kind == "duckdb":  # shown as duckdb:<file>: the local file
+            return str(db.shown).removeprefix("duckdb:")
+        return redact_url(str(db.url))
     return str(src.files[0] if len(src.files) == 1 else src.files[0].parent)
 
 
 def _digest(src: SourceTable) -> str:
     h = hashlib.sha256(str(src.schema).encode())
+    if getattr(src, "db", None) is not None:
+        # A database table: its location, name and schema only (no query, so nothing is read).
+        h.update(f"{_source_location(src)}\0{src.name}".encode())
+        return h.hexdigest()[:12]
     for f in src.files:
         st = f.stat()
         h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
+STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 PHASES = ("train", "predict")
 # Stages each phase runs: training epochs never write predictions.
 PHASE_STAGES = {"train": STAGES[:4], "predict": STAGES}
@@ -94,6 +94,13 @@ DATA_COORDS_RESERVED = "data.coords_reserved"
 DATA_OCCUPANCY = "data.occupancy"
 DATA_OVERFLOW_DROPPED = "data.overflow_dropped"
 DATA_CHUNKS = "data.chunks"
+DATA_ROWS_READ = "data.rows_read"
+DATA_PADDED_COORDS = "data.padded_coords"
+DATA_BATCH_OCCUPANCY_P50 = "data.batch_occupancy.p50"
+DATA_BATCH_OCCUPANCY_MIN = "data.batch_occupancy.min"
+DATA_BATCH_SHAPES = "data.batch_shapes"
+DATA_TEXT_CELLS = "data.text_cells"
+ENCODE_CELLS_PER_S = "encode.cells_per_s"
 
 
 def overflow_dropped(branch: str) -> str:
@@ -185,6 +192,20 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (DATA_OVERFLOW_DROPPED, "branch rows dropped by max_length, all branches"),
     ("data.overflow_dropped.<branch>", "the same for one branch"),
     (DATA_CHUNKS, "retrieve..write chunks (run.chunk_rows)"),
+    (DATA_ROWS_READ, "source rows read (root and branch tables), summed over reads"),
+    ("latency.<what>", "request scenarios (run.scenario single_stream | server): requests, "
+     "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean, first_request_ms (cold, "
+     "kept apart), first_request.step_ms.<step>, step_ms.<step>.mean, step_share.<step|queue|other>, "
+     "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
+     "steps 0..100 are the percentiles, in ms"),
+    ("calibration.<what>", "temperature scaling: temperature, fit_seconds, fit_rows"),
+    (DATA_PADDED_COORDS, "coordinates the predict batches actually materialised, per pass (with "
+     "run.bucketing each batch is padded to its own longest context, not the schema's reserved shape)"),
+    (DATA_BATCH_OCCUPANCY_P50, "median over predict batches of present / materialised coordinates"),
+    (DATA_BATCH_OCCUPANCY_MIN, "lowest predict-batch occupancy"),
+    (DATA_BATCH_SHAPES, "distinct padded branch-length shapes the model saw in predict"),
+    (DATA_TEXT_CELLS, "text cells encoded per pass (text columns only)"),
+    (ENCODE_CELLS_PER_S, "text cells / second of the application's encode step"),
     (INPUT_WAIT_FRACTION, "share of compute-stage wall time spent waiting for input "
      "(loader worker start-up excluded)"),
     (WORKER_STARTUP_SECONDS, "seconds starting DataLoader workers (run.loader.num_workers > 0)"),

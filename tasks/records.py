@@ -223,6 +223,25 @@ class RunResult:
                      for s in self.stages[phase].values()]
         return rows
 
+def batch_coordinate_metrics(batch_coords: list[tuple[int, int]], passes: int,
+                             shapes: int) -> dict[str, float]:
+    """What the predict batches really held (issue 13): ``data.padded_coords`` is the
+    coordinates materialised per predict pass (each batch at the shape it was padded to,
+    not the schema product unless bucketing is off), ``data.batch_occupancy.*`` the present
+    share per batch, ``data.batch_shapes`` the distinct padded branch lengths seen."""
+    if not batch_coords:
+        return {}
+    present = np.array([p for p, _ in batch_coords], dtype=np.float64)
+    padded = np.array([q for _, q in batch_coords], dtype=np.float64)
+    occupancy = present / np.maximum(padded, 1.0)
+    return {
+        K.DATA_PADDED_COORDS: float(padded.sum()) / max(passes, 1),
+        K.DATA_BATCH_OCCUPANCY_P50: float(np.median(occupancy)),
+        K.DATA_BATCH_OCCUPANCY_MIN: float(occupancy.min()),
+        K.DATA_BATCH_SHAPES: float(shapes),
+    }
+
+
 def describe_repeats(m: dict[str, float], key: str, unit: str = "rows/s") -> str | None:
     """The median over passes and, only where the sample supports it, its 95% interval."""
     if K.median(key) not in m:

@@ -33,15 +33,18 @@ def run_description(name: str, stage_table: Sequence[Mapping[str, Any]], metrics
         if seconds in metrics:
             lines.append(f"| **{phase}** | **{_E2E_LABEL[phase]}** | **{metrics[seconds]:.3f}** | "
                          f"{int(metrics.get(count, 0)):,} | **{metrics.get(rate, 0.0):,.0f}** | 100% |")
-    steady = f"- compute steady state: {metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
-    if K.TRAIN_STEADY_ROWS_PER_S in metrics:
-        steady += f", {metrics[K.TRAIN_STEADY_ROWS_PER_S]:,.0f} rows/s (train)"
-    lines += ["", steady + f"; first call {metrics[K.FIRST_CALL_SECONDS]:.3f} s"]
+    lines.append("")
+    if K.STEADY_ROWS_PER_S in metrics:  # request scenarios report latency instead
+        steady = f"- compute steady state: {metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
+        if K.TRAIN_STEADY_ROWS_PER_S in metrics:
+            steady += f", {metrics[K.TRAIN_STEADY_ROWS_PER_S]:,.0f} rows/s (train)"
+        lines.append(steady + f"; first call {metrics.get(K.FIRST_CALL_SECONDS, 0.0):.3f} s")
     if K.compute("predict", K.MFU) in metrics:
         lines.append(f"- MFU: {metrics[K.compute('predict', K.MFU)]:.2%} (predict)")
     key = K.quality(quality_metric) if quality_metric else ""
     if quality_metric and key in metrics:
         note = "" if quality_meaningful else " (untrained weights: not meaningful)"
         lines.append(f"- quality: {quality_metric} {metrics[key]:.4f}{note}")
-    lines.append(f"- host peak memory: {metrics[K.HOST_PEAK_BYTES] / 2**20:,.0f} MiB")
+    if K.HOST_PEAK_BYTES in metrics:
+        lines.append(f"- host peak memory: {metrics[K.HOST_PEAK_BYTES] / 2**20:,.0f} MiB")
     return "\n".join(lines)

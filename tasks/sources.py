@@ -90,6 +90,8 @@ def _kind_fits(kind: str, dtype: pa.DataType) -> bool:
         return bool(pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype))
     if kind == "timestamp":
         return bool(pa.types.is_date(dtype) or pa.types.is_timestamp(dtype))
+    if kind == "text":
+        return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype))
     return not (pa.types.is_nested(dtype) or pa.types.is_floating(dtype))
 
 
@@ -122,7 +124,8 @@ def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
                 raise UserError(
                     f"Column '{col}' of table '{table}' has type {dtype}, which cannot be read as "
                     f"'{kind}' ({where}.columns.{col}). Use numeric for ints/floats/decimals, "
-                    "timestamp for dates/datetimes, category for strings/ints."
+                    "timestamp for dates/datetimes, category for strings/ints, text for strings "
+                    "(free text, encoded by run.text.encoder)."
                 )
 
     root = spec.schema_.root

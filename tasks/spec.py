@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tasks.errors import UserError
 
-ColumnKind = Literal["numeric", "category", "timestamp"]
+ColumnKind = Literal["numeric", "category", "timestamp", "text"]
 SourceFormat = Literal["parquet", "ipc", "csv"]
 
 
@@ -93,7 +93,15 @@ class Generate(Strict):
     tpch: TpchSource
 
 
+class Database(Strict):
+    url: str = Field(description="'duckdb' (the file built from the generated TPC-H), "
+                     "'duckdb:<path>', or 'postgresql://user@host:port/db'; ${VAR} is read from "
+                     "the environment, the password best from PGPASSWORD")
+
+
 class Source(Strict):
+    database: Database | None = Field(
+        None, description="read the schema's tables from this database instead of files")
     tables: dict[str, str] = Field(
         default_factory=dict,
         description="table name -> path (Parquet/IPC/CSV); relative paths resolve against "
@@ -101,6 +109,17 @@ class Source(Strict):
     )
     format: SourceFormat | None = Field(None, description="default: from the file suffix")
     generate: Generate | None = None
+
+    @model_validator(mode="after")
+    def _no_password_in_url(self) -> Source:
+        # The spec travels to Prefect, MLflow params and spec.yaml: a password must not.
+        from tasks.masking import literal_password, mask_secrets
+
+        if self.database is not None and literal_password(self.database.url):
+            raise ValueError(
+                f"source.database.url {mask_secrets(self.database.url)} carries a password; "
+                "remove it and export PGPASSWORD (or write ${VAR} in the URL and export VAR)")
+        return self
 
 
 class Task(Strict):
@@ -168,7 +187,40 @@ class Threads(Strict):
     inter_op: int | None = Field(None, ge=1, description="torch.set_num_interop_threads; unset = default")
 
 
+class TextEncoder(Strict):
+    """The application's text encoder: runs outside the model, timed as the ``encode`` step."""
+
+    encoder: str = Field(
+        "hashed", description="'hashed' (deterministic character/word n-gram hashing, no "
+        "weights) or a plug-in 'module:function' (Arrow string array -> float32 [n, dim])")
+    dim: int = Field(64, gt=0, le=65_536, description="width of each text cell's vector")
+
+    @field_validator("encoder")
+    @classmethod
+    def _encoder_form(cls, v: str) -> str:
+        if v != "hashed" and (v.count(":") != 1 or not all(v.split(":"))):
+            raise ValueError(f"'{v}' is neither 'hashed' nor an import path 'module:function'")
+        return v
+
+
+class Request(Strict):
+    """Request scenarios (single_stream, server); LoadGen-style minimums."""
+
+    roots: int = Field(1, gt=0, description="root keys per request, drawn from validation keys")
+    target_qps: float = Field(10.0, gt=0, description="server: Poisson arrival rate")
+    max_batch: int = Field(1, ge=1, description="server: requests served together at most")
+    max_wait_ms: float = Field(0.0, ge=0, description="server: how long the oldest queued "
+                               "request may wait for a batch to fill")
+    latency_bound_ms: float = Field(100.0, gt=0, description="server: p99 above it is INVALID")
+    min_duration_s: float = Field(60.0, ge=0, description="shorter runs are INVALID")
+    min_requests: int = Field(1024, ge=1, description="fewer requests are INVALID")
+
+
 class Run(Strict):
+    scenario: Literal["offline", "single_stream", "server"] = Field(
+        "offline", description="offline: every root row in chunks; single_stream / server: "
+        "timed requests (see run.request)")
+    request: Request = Field(default_factory=Request)
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
     epochs: int = Field(1, ge=1)
@@ -176,6 +228,14 @@ class Run(Strict):
     adamw: AdamWSettings = Field(default_factory=AdamWSettings)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     packing: Literal["auto", "off"] = "auto"
+    bucketing: Literal["off", "by_length"] = Field(
+        "off", description="by_length: batches of roots with similar present cells, each padded "
+        "only to its own longest context (off: every batch padded to the schema's reserved shape)")
+    bucket_count: int = Field(
+        8, ge=1, description="by_length: equal-count groups of roots sorted by present cells; "
+        "training shuffles within each and the batch order; compiled regions pad to the "
+        "bucket's longest context, so at most this many shapes")
+    text: TextEncoder = Field(default_factory=TextEncoder)
     compile: CompileSettings = Field(default_factory=CompileSettings)
     loader: Loader = Field(default_factory=Loader)
     warmup_batches: int = Field(2, ge=0)
@@ -200,10 +260,23 @@ class Run(Strict):
                                    "train+predict resumes training from it (optimizer state and settings)")
     output_dir: str = "outputs"
 
+    @model_validator(mode="after")
+    def _repeats_are_offline(self) -> Run:
+        if self.scenario != "offline" and self.repeats > 1:
+            raise ValueError(
+                f"run.repeats ({self.repeats}) repeats offline predict passes; a {self.scenario} "
+                "run measures many requests instead: set run.repeats: 1 or run.scenario: offline")
+        return self
+
     @field_validator("packing", mode="before")
     @classmethod
     def _bare_off(cls, v: Any) -> Any:
         """YAML reads a bare ``off`` (``packing: off``, ``--set run.packing=off``) as false."""
+        return "off" if v is False else v
+
+    @field_validator("bucketing", mode="before")
+    @classmethod
+    def _bare_off_bucketing(cls, v: Any) -> Any:
         return "off" if v is False else v
 
 
@@ -222,7 +295,7 @@ class Spec(Strict):
         branches = {b.name: b for b, _ in self.schema_.walk()}
         tables = {self.schema_.root.table, *(b.table for b in branches.values())}
         missing = sorted(t for t in tables if t not in self.source.tables)
-        if missing:
+        if missing and self.source.database is None:  # a database holds tables by name
             raise ValueError(
                 f"schema uses table(s) {missing} that source.tables does not list; add "
                 "'source.tables.<name>: <path>' for each"

@@ -21,9 +21,11 @@ from model.arrow import (
     coordinate_counts,
     encode,
     fit_encoding,
+    flatten,
     model_schema,
 )
 from model.batch import Batch
+from model.bucketing import RootShapes, arrow_root_shapes, root_shapes
 from model.schema import ModelSchema, TargetDef
 from tasks.preprocess import TRAIN, Preprocessed
 from tasks.retrieve import ROOT
@@ -42,6 +44,7 @@ class Tensorized:
     coords_reserved: int
     root_rows: int
     table: pa.Table | None = None  # loader mode: nested Arrow rows, encoded by the workers
+    shapes: RootShapes | None = None  # run.bucketing by_length: context size per root row
 
 
 def layout(spec: Spec) -> NodeLayout:
@@ -83,6 +86,11 @@ def tensorize(spec: Spec, pre: Preprocessed, enc: Encoding, schema: ModelSchema)
         batch = encode(pre.table, schema, layout(spec), enc)
         present, reserved = coordinate_counts(batch, schema)
     is_train = torch.from_numpy(np.asarray(pre.table[TRAIN].to_numpy(zero_copy_only=False), dtype=bool))
+    shapes = None
+    if spec.run.bucketing == "by_length":  # per-root sizes the compute stage groups batches by
+        shapes = (root_shapes(batch, schema) if batch is not None else
+                  arrow_root_shapes(flatten(pre.table, layout(spec)), schema, pre.table.num_rows))
     return Tensorized(batch=batch, keys=pre.table[spec.schema_.root.key].combine_chunks(),
                       is_train=is_train, coords_present=present, coords_reserved=reserved,
-                      root_rows=pre.root_rows, table=pre.table if batch is None else None)
+                      root_rows=pre.root_rows, table=pre.table if batch is None else None,
+                      shapes=shapes)

@@ -168,6 +168,13 @@ class Tracker:
         """The logger interface of ``model.throughput.ThroughputCallback``."""
         self.log_metrics(metrics, step)
 
+    def log_metric_steps(self, key: str, values: list[float]) -> None:
+        """One metric as a series over steps 0..n-1 (e.g. a latency CDF), in one batch."""
+        now = int(unix_time() * 1000)
+        items = [Metric(key, float(v), now, step) for step, v in enumerate(values)]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self._id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self._id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
 

@@ -292,3 +292,29 @@ def page(browser):
     p.on("pageerror", lambda e: p.errors.append(str(e)))
     yield p
     context.close()
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL on 127.0.0.1 for the session (tests/pg_server.py); PGPASSWORD is set
+    for its user. Skipped with the reason when no server is installed, except under CI."""
+    import pg_server
+
+    bin_dir = pg_server.pg_binaries()
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL binaries are missing under CI: apt-get install -y postgresql")
+        pytest.skip("PostgreSQL server binaries not installed (Debian: apt-get install -y "
+                    "postgresql); the PostgreSQL tests need a real server")
+    server = pg_server.start(bin_dir)
+    old = os.environ.get("PGPASSWORD")
+    os.environ["PGPASSWORD"] = pg_server.PASSWORD
+    try:
+        yield server
+    finally:
+        from tasks.databases import close_all
+
+        close_all()
+        server.stop()
+        if old is None:
+            os.environ.pop("PGPASSWORD", None)
+        else:
+            os.environ["PGPASSWORD"] = old

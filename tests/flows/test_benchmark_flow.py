@@ -21,7 +21,7 @@ from tasks.spec import load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
+STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 SMALL = ["model.d_model=16", "model.layers=1", "model.heads=2", "run.epochs=1",
          "run.batch_size=512", "run.chunk_rows=10000", "run.device=cpu",
          "run.packing=off",
