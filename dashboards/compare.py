@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tasks import keys as K
+from tasks.errors import UserError
 from tasks.stats import MIN_CI_SAMPLES, median_interval
 from tasks.tracking import RunRecord
 
@@ -329,7 +330,7 @@ def split_by(runs: Sequence[RunRecord], selector: str, baseline: str,
 
     Baseline: runs whose value equals ``baseline``. Candidate: runs whose value equals
     ``candidate``; when not given, the runs with any other value, which must be a single
-    value (otherwise ``ValueError`` lists them). Runs without the key take no part.
+    value (otherwise a ``UserError`` lists them). Runs without the key take no part.
     Returns (baseline, candidate, candidate value).
     """
     attr, key = ("params", selector[len("params."):]) if selector.startswith("params.") else (
@@ -340,8 +341,8 @@ def split_by(runs: Sequence[RunRecord], selector: str, baseline: str,
     if candidate is None:
         if len(others) != 1:
             found = ", ".join(others) or "none"
-            raise ValueError(f"{selector}: the non-baseline runs have {len(others)} values ({found}); "
-                             "pick one with --candidate VALUE")
+            raise UserError(f"{selector}: the non-baseline runs have {len(others)} values ({found}); "
+                            "pick one with --candidate VALUE")
         candidate = others[0]
     cand = [r for r in with_key if getattr(r, attr)[key] == candidate]
     return base, cand, candidate

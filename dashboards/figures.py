@@ -7,7 +7,6 @@ note instead of failing, so a dashboard always renders.
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -216,10 +215,6 @@ def occupancy_vs_packing(runs: Sequence[RunRecord]) -> go.Figure:
     return fig
 
 
-def _when(run: RunRecord) -> dt.datetime:
-    return dt.datetime.fromtimestamp(run.start_time_ms / 1000, tz=dt.UTC)
-
-
 def history_figure(runs: Sequence[RunRecord], steps: Sequence[HistoryStep]) -> go.Figure:
     """Throughput over time for one host and spec, with detected steps marked."""
     # Throughput always; latency rows only when the runs are request-scenario runs.
@@ -233,11 +228,11 @@ def history_figure(runs: Sequence[RunRecord], steps: Sequence[HistoryStep]) -> g
         return _note(fig, "no FINISHED benchmark runs")
     for row, key in enumerate(keys, start=1):
         kept, values = series(runs, key)
-        fig.add_scatter(x=[_when(r) for r in kept], y=values, mode="lines+markers", row=row, col=1,
+        fig.add_scatter(x=[r.started_at for r in kept], y=values, mode="lines+markers", row=row, col=1,
                         hovertext=[f"{r.label}<br>git {r.tags.get('relflow.git_sha', '?')[:10]}" for r in kept])
         for s in (s for s in steps if s.metric == key):
             colour = "#d62728" if s.kind == "regression" else "#2ca02c"
-            x = _when(s.after_run)
+            x = s.after_run.started_at
             fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, yref=f"y{'' if row == 1 else row} domain",
                           xref=f"x{'' if row == 1 else row}", line=dict(color=colour, dash="dash"))
             fig.add_annotation(x=x, y=1, yref=f"y{'' if row == 1 else row} domain",

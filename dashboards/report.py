@@ -66,7 +66,7 @@ def to_html(d: Dashboard, source: str) -> str:
                     f"{html.escape(s.after_run.label)}</li>" for s in d.steps) or "<li>none detected</li>"
     first = d.runs[0].start_time_ms if d.runs else 0
     last = d.runs[-1].start_time_ms if d.runs else 0
-    span = (f"{figures._when(d.runs[0]):%Y-%m-%d %H:%M} to {figures._when(d.runs[-1]):%Y-%m-%d %H:%M} UTC"
+    span = (f"{d.runs[0].started_at:%Y-%m-%d %H:%M} to {d.runs[-1].started_at:%Y-%m-%d %H:%M} UTC"
             if first and last else "no runs")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -43,6 +43,7 @@ from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
 from tasks.databases import close_all as close_databases
 from tasks.databases import kind_of, resolve_database
+from tasks.datasets import describe_sources, model_interface
 from tasks.encode import check_text
 from tasks.encode import encode as encode_text
 from tasks.environment import fingerprint, host_load_per_core
@@ -54,6 +55,7 @@ from tasks.preprocess import Preprocessed, preprocess
 from tasks.profiling import to_markdown as profile_markdown
 from tasks.records import PHASES, RunResult, StageTiming, batch_coordinate_metrics
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
+from tasks.run_note import run_description
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.runner import run_requests
 from tasks.sources import SourceTable, check_sources, resolve_sources
@@ -358,6 +360,7 @@ def timed_body(run: Run) -> None:
     s = run.spec
     run.tracker.log_params(flatten(s.to_dict()))
     run.tracker.log_text(s.to_yaml(), "spec.yaml")
+    run.tracker.log_datasets(describe_sources(s, run.plan.sources))
     with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")
                    ) as waited:
         load_start = host_load_per_core()
@@ -443,6 +446,8 @@ def collect(run: Run) -> dict[str, float]:
         run.ckpt_path = run.output.with_suffix(".ckpt")
         save_run_checkpoint(run.ckpt_path, engine, enc, s)
         run.tracker.log_artifact(run.ckpt_path, "checkpoint")
+        run.tracker.log_model(engine.model, model_interface(s, p.sources, engine.schema, engine.model.config,
+                                                            engine.needed_outputs(tuple(s.task.outputs))))
     shape = inspect_on_meta(engine.schema, engine.model.config,
                             outputs=engine.needed_outputs(tuple(s.task.outputs)))
     run.tracker.log_params({"model.parameters": shape["parameters"],
@@ -473,6 +478,7 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
     Returns the flow's summary."""
     engine, tracker = run.pipe.engine, run.tracker
     tracker.log_metrics(metrics)
+    metrics.update(engine.flush_throughput(tracker))  # the callback logs its own estimate
     if run.latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
         tracker.log_metric_steps("latency.cdf_ms", run.latency.cdf_ms())
     tracker.flush_system_metrics()
@@ -487,6 +493,8 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
     stage_table = run.result.stage_table()
     tracker.log_dict(stage_table, "stages.json")
     tracker.log_text(_sample_csv(run.output), "predictions_sample.csv")
+    tracker.set_description(run_description(run.spec.name, stage_table, metrics, reasons,
+                                            engine.quality.headline, run.quality_meaningful))
     tracker.finish()
     return {
         "run_id": run.run_id,

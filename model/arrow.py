@@ -25,6 +25,7 @@ same rows; a null list entry is a null text cell. ``encode`` scatters those vect
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,11 +65,11 @@ class Encoding:
     target_std: float = 1.0
     text_width: int = 0  # width of the text vectors (0: no text columns)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Encoding:
+    def from_dict(cls, d: dict[str, Any]) -> Encoding:
         return cls(**d)
 
 

@@ -24,7 +24,9 @@ Target (in one node): ``labels_R`` (int64 class index, or float for binary/regre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -38,9 +40,10 @@ class NodeTensors:
     text: torch.Tensor | None = None  # float32 [R, X, E], nodes with text columns only
     text_null: torch.Tensor | None = None  # bool [R, X]
 
-    def _map(self, fn) -> NodeTensors:
-        return replace(self, **{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
-                                for f in fields(self)})
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> NodeTensors:
+        changes: dict[str, Any] = {f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
+                                   for f in fields(self)}
+        return replace(self, **changes)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> NodeTensors:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))

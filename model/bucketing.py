@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ def root_shapes(batch: Batch, schema: ModelSchema) -> RootShapes:
     return RootShapes(cells, lengths)
 
 
-def arrow_root_shapes(rows_by_node: dict, schema: ModelSchema, num_rows: int) -> RootShapes:
+def arrow_root_shapes(rows_by_node: dict[str, Any], schema: ModelSchema, num_rows: int) -> RootShapes:
     """``RootShapes`` from ``model.arrow.flatten`` output (list offsets only, no values)."""
     cells = np.zeros(num_rows, dtype=np.int64)
     lengths: dict[str, np.ndarray] = {}
@@ -129,10 +129,12 @@ def take(batch: Batch, schema: ModelSchema, rows: torch.Tensor, lengths: dict[st
     for node in schema.root.walk():
         dims = node_dims(schema, node.name, lengths)
         t = batch.nodes[node.name]
-        nodes[node.name] = replace(t, **{f.name: _trimmed(getattr(t, f.name), dims, rows)
-                                         for f in fields(NodeTensors)})
+        trimmed: dict[str, Any] = {f.name: _trimmed(getattr(t, f.name), dims, rows) for f in fields(NodeTensors)}
+        nodes[node.name] = replace(t, **trimmed)
     dims = node_dims(schema, schema.target.node, lengths)
-    return Batch(nodes, _trimmed(batch.labels, dims, rows), _trimmed(batch.label_present, dims, rows))
+    labels, label_present = _trimmed(batch.labels, dims, rows), _trimmed(batch.label_present, dims, rows)
+    assert labels is not None and label_present is not None  # a Batch always carries both
+    return Batch(nodes, labels, label_present)
 
 
 def output_node(name: str, schema: ModelSchema) -> str | None:
@@ -165,9 +167,10 @@ def pad_batch_back(batch: Batch, schema: ModelSchema) -> Batch:
     nodes = {}
     for node in schema.root.walk():
         t = batch.nodes[node.name]
-        nodes[node.name] = replace(t, **{
+        padded: dict[str, Any] = {
             f.name: None if getattr(t, f.name) is None else pad_back(getattr(t, f.name), schema, node.name)
-            for f in fields(NodeTensors)})
+            for f in fields(NodeTensors)}
+        nodes[node.name] = replace(t, **padded)
     target = schema.target.node
     return Batch(nodes, pad_back(batch.labels, schema, target), pad_back(batch.label_present, schema, target))
 

@@ -31,6 +31,9 @@ from .schema import NodeDef
 
 
 class CoordinateEncoder(nn.Module):
+    category_offset_K: torch.Tensor  # buffers, registered in __init__
+    category_cardinality_K: torch.Tensor
+
     def __init__(self, node: NodeDef, d_model: int, target_column: str | None) -> None:
         super().__init__()
         self.node_name = node.name
@@ -139,6 +142,7 @@ class CoordinateEncoder(nn.Module):
                     f"node {self.node_name!r} has {self.num_text} text column(s) but the batch "
                     "carries no text vectors; run the application's text encoder (encode step) first"
                 )
+            assert self.text_bias_XD is not None and self.text_null_XD is not None  # built when num_text
             clean_RXE = torch.where(text_null_RX.unsqueeze(-1), torch.zeros_like(text_RXE), text_RXE)
             value_RXD = torch.einsum("...xe,xed->...xd", clean_RXE, self.text_weight_XED) + self.text_bias_XD
             parts.append(torch.where(text_null_RX.unsqueeze(-1), self.text_null_XD, value_RXD))
@@ -149,6 +153,7 @@ class CoordinateEncoder(nn.Module):
         if target is not None:
             is_target_T1 = torch.zeros(self.tokens_per_row, 1, dtype=torch.bool, device=x_RTD.device)
             is_target_T1[target] = True
+            assert self.mask_value_D is not None  # created whenever there is a target column
             x_RTD = torch.where(is_target_T1, self.mask_value_D, x_RTD)
         x_RTD = x_RTD + self.column_identity_TD
         if self.row_position is not None and position_L is not None:

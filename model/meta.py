@@ -1,4 +1,5 @@
-"""Meta-device inspection: parameter count and FLOPs per root row without allocating weights.
+"""Meta-device inspection: parameter count, FLOPs per root row and output shapes without
+allocating weights.
 
 Design choices:
 - The model is built under ``torch.device("meta")``: parameters have shapes, no storage, so
@@ -60,3 +61,17 @@ def inspect_on_meta(
     with counter, torch.no_grad():
         model(batch, outputs=tuple(outputs))
     return {"parameters": int(parameters), "flops_per_root_row": int(counter.get_total_flops())}
+
+
+def output_shapes_on_meta(
+    schema: ModelSchema, config: ModelConfig | None, outputs: Iterable[str]
+) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{output: (dtype name, shape)}`` of a forward pass, batch dimension as -1 (meta device:
+    nothing is allocated or computed)."""
+    with torch.device("meta"):
+        model = RelationalTransformer(schema, config)
+    model.eval()
+    model.packing = "off"
+    with torch.no_grad():
+        out = model(full_meta_batch(schema), outputs=tuple(outputs))
+    return {k: (str(v.dtype).removeprefix("torch."), (-1, *v.shape[1:])) for k, v in out.items()}

@@ -38,7 +38,7 @@ from .config import ModelConfig
 from .coordinates import CoordinateEncoder
 from .encoder import STOCK_ENCODER_TYPES, EncoderStack
 from .optim import AdamW, adamw
-from .packing import NodeRows, encode_packed, encode_padded
+from .packing import NodeResult, NodeRows, encode_packed, encode_padded
 from .pooling import STOCK_POOL_TYPES, AttentionPool, mean_pool
 from .regions import CompileSettings, RegionRunner, dropout_active, has_hooks, is_stock
 from .schema import ModelSchema, NodeDef
@@ -153,7 +153,7 @@ class RelationalTransformer(nn.Module):
         return tuple(dict.fromkeys(self._regions.ran_compiled))
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
+        state = super().__getstate__()  # type: ignore[no-untyped-call]  # unannotated in torch
         state = dict(state)
         state["_regions"] = RegionRunner()  # copies and pickles never keep compilation
         return state
@@ -280,7 +280,7 @@ class RelationalTransformer(nn.Module):
         expected = self._expected_shape(node, batch)
         C, K = len(node.continuous), len(node.categorical)
         X, E = len(node.text), (node.text[0].width if node.text else 0)
-        checks = {
+        checks: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]] = {
             "present": (tensors.present, expected),
             "continuous": (tensors.continuous, (*expected, C)),
             "continuous_null": (tensors.continuous_null, (*expected, C)),
@@ -307,7 +307,7 @@ class RelationalTransformer(nn.Module):
         continuous = torch.where(present_PL1 & ~null, continuous, torch.zeros_like(continuous))
         null = null & present_PL1
         categorical = torch.where(present_PL1, categorical, torch.zeros_like(categorical))
-        self.coordinates[node.name].check(categorical)
+        self._coordinates(node.name).check(categorical)
         children_PLKD = None
         if children:
             children_PLKD = torch.stack([c.reshape(P, L, -1) for c in children], dim=2)
@@ -319,6 +319,11 @@ class RelationalTransformer(nn.Module):
             text = torch.where(text_null.unsqueeze(-1) | ~present_PL1.unsqueeze(-1), torch.zeros_like(text), text)
         return NodeRows(present_PL, continuous, null, categorical, children_PLKD, text, text_null)
 
+    def _coordinates(self, name: str) -> CoordinateEncoder:
+        encoder = self.coordinates[name]
+        assert isinstance(encoder, CoordinateEncoder)
+        return encoder
+
     def _encode_node(
         self,
         node: NodeDef,
@@ -326,7 +331,7 @@ class RelationalTransformer(nn.Module):
         children: list[torch.Tensor],
         want_pool: bool,
         row_outputs: tuple[str, ...],
-    ):
+    ) -> tuple[NodeResult, bool]:
         if node.name not in batch.nodes:
             raise ValueError(
                 f"batch has no tensors for node {node.name!r} (has {sorted(batch.nodes)}); "
@@ -350,7 +355,7 @@ class RelationalTransformer(nn.Module):
             pool,
             self.empty[name],
             row_outputs,
-            self.coordinates[name].target_index,
+            self._coordinates(name).target_index,
         )
         return result, packed
 

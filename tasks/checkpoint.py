@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from model.arrow import Encoding
+from model.arrow import Encoding, NodeLayout
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.schema import ModelSchema, NodeDef
 from tasks.errors import UserError
@@ -51,7 +51,7 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
         raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
     schema: ModelSchema = ckpt.model.schema
     lay = layout(spec)
-    def spec_shape(n) -> list[Any]:
+    def spec_shape(n: NodeLayout) -> list[Any]:
         return [n.name, list(n.columns), n.max_length, n.reduce, [spec_shape(c) for c in n.children]]
 
     want = spec_shape(lay)
@@ -100,4 +100,5 @@ def _resumable_optimizer(path: Path, ckpt: Any, spec: Spec) -> dict[str, Any]:
             "resume with the saved settings (set those keys to the saved values) or start a "
             "new run without run.checkpoint."
         )
-    return ckpt.optimizer_state
+    state: dict[str, Any] = ckpt.optimizer_state
+    return state

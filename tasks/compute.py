@@ -12,8 +12,9 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import torch
@@ -25,6 +26,8 @@ from model.data import ArrowDataModule
 from model.optim import AdamW
 from model.precision import autocast_context
 from model.schema import ModelSchema
+from model.throughput import Logger, ThroughputCallback
+from tasks import keys as K
 from tasks.clock import Clock
 from tasks.errors import UserError
 from tasks.profiling import SteadyProfiler
@@ -86,8 +89,8 @@ class PredictOutputs:
 
 class Engine:
     def __init__(self, spec: Spec, schema: ModelSchema, device: torch.device,
-                 state_dict: dict | None = None, clock: Clock | None = None,
-                 encoding: Encoding | None = None, optimizer_state: dict | None = None) -> None:
+                 state_dict: dict[str, Any] | None = None, clock: Clock | None = None,
+                 encoding: Encoding | None = None, optimizer_state: dict[str, Any] | None = None) -> None:
         self.spec, self.schema, self.device = spec, schema, device
         self.encoding = encoding  # loader workers encode with it
         torch.manual_seed(spec.run.seed)
@@ -114,8 +117,11 @@ class Engine:
         self.optimizer: torch.optim.Optimizer | None = None
         self.clock = clock or Clock(device)
         bs, wu = spec.run.batch_size, spec.run.warmup_batches
-        self.train_timings = PhaseTimings(wu, bs)
-        self.predict_timings = PhaseTimings(wu, bs)
+        self.train_timings = PhaseTimings(wu)
+        self.predict_timings = PhaseTimings(wu)
+        # The product's throughput callback: its batches x batch size estimate, steady batches only.
+        self.throughput = {phase: ThroughputCallback(bs, K.compute(phase, K.ESTIMATED_ROWS_PER_S))
+                           for phase in K.PHASES}
         self.wall_seconds = 0.0
         self.paths_seen: set[str] = set()
         self.quality = self._new_quality()
@@ -144,6 +150,21 @@ class Engine:
         """Quality is scored on one pass (the latest), not accumulated over repeats."""
         self.quality = self._new_quality()
 
+    def _record(self, phase: str, t: PhaseTimings, seconds: float, rows: int) -> None:
+        if t.in_steady_state:
+            self.throughput[phase].on_batch_end(seconds)
+        t.record(seconds, rows)
+
+    def flush_throughput(self, logger: Logger) -> dict[str, float]:
+        """Send each phase's callback estimate to ``logger`` (phases that ran steady batches);
+        returns what was sent."""
+        sent: dict[str, float] = {}
+        for cb in self.throughput.values():
+            if cb.batches:
+                cb.logger = logger
+                sent.update(cb.flush())
+        return sent
+
     def recompiles(self, phase: str) -> int:
         return self.steady_frames[phase]
 
@@ -155,7 +176,7 @@ class Engine:
             self._data_module.close()
             self._data_module = None
 
-    def _autocast(self):
+    def _autocast(self) -> AbstractContextManager[Any]:
         if self.spec.run.precision == "fp32":
             return nullcontext()
         return autocast_context(self.device, self.spec.run.precision)
@@ -171,10 +192,13 @@ class Engine:
         to its own longest instance per branch (compiled regions: its bucket's)."""
         run = self.spec.run
         if tz.shapes is None:  # tensorized without bucketing: measure the sizes here
-            tz.shapes = (bucketing.root_shapes(tz.batch, self.schema) if tz.batch is not None else
-                         bucketing.arrow_root_shapes(flatten(tz.table, layout(self.spec)), self.schema,
-                                                     tz.table.num_rows))
-        pad_to = "bucket" if (run.compile.encoders or run.compile.pools) else "batch"
+            if tz.batch is not None:
+                tz.shapes = bucketing.root_shapes(tz.batch, self.schema)
+            else:
+                assert tz.table is not None  # loader mode: the Arrow rows
+                tz.shapes = bucketing.arrow_root_shapes(flatten(tz.table, layout(self.spec)), self.schema,
+                                                        tz.table.num_rows)
+        pad_to: bucketing.PadTo = "bucket" if (run.compile.encoders or run.compile.pools) else "batch"
         planned = bucketing.plan(tz.shapes, rows, run.batch_size, run.bucket_count,
                                  self._generator if shuffle else None, pad_to)
         if tz.batch is not None:
@@ -282,7 +306,7 @@ class Engine:
                     else:
                         loss.backward()
                         self.optimizer.step()
-                t.record(step.seconds, n)
+                self._record("train", t, step.seconds, n)
                 t.updates += 1
         self.wall_seconds += wall.seconds
         self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
@@ -315,7 +339,7 @@ class Engine:
                     with self._autocast():
                         outs = self.model(part, outputs=need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
-                t.record(step.seconds, n)
+                self._record("predict", t, step.seconds, n)
                 self._count_batch(part)
                 for k, v in outs.items():
                     parts[k].append(bucketing.pad_back(v, self.schema, bucketing.output_node(k, self.schema))

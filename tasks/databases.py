@@ -23,6 +23,7 @@ import os
 import re
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -100,6 +101,8 @@ class Connection:
     def __init__(self, url: str, duckdb_file: Path | None = None) -> None:
         self.url, self.kind = url, kind_of(url)
         self.shown = mask_secrets(url) if duckdb_file is None else f"duckdb:{duckdb_file}"
+        self._con: Any = None  # a DuckDB or ADBC (PostgreSQL) connection
+        self._cur: Any = None  # the ADBC cursor (PostgreSQL)
         self._lock = threading.Lock()  # Prefect may call from different threads, one at a time
         if self.kind == "duckdb":
             import duckdb
@@ -157,7 +160,7 @@ class Connection:
         else:
             sql = ("SELECT count(*) AS n FROM information_schema.tables WHERE table_name = $1 "
                    "AND table_schema = ANY(current_schemas(false))")
-        return self.query(sql, [table])["n"][0].as_py() > 0
+        return bool(self.query(sql, [table])["n"][0].as_py() > 0)
 
     def schema(self, table: str) -> pa.Schema:
         """The table's columns as the Arrow types a read returns (after ``conform``)."""
@@ -253,6 +256,7 @@ def resolve_database(spec: Any, base: Path, generated_dir: Path | None) -> dict[
     kind = kind_of(url)
     file = duckdb_path(url, base, generated_dir) if kind == "duckdb" else None
     if kind == "duckdb" and url == "duckdb" and generated_dir is not None:
+        assert file is not None  # duckdb_path gives one for duckdb URLs
         build_duckdb(generated_dir, file)  # the embedded default is built on first use
     db = connect(url, file)
     used = [spec.schema_.root.table, *(b.table for b, _ in spec.schema_.walk())]
@@ -274,6 +278,10 @@ def _tables(folder: Path) -> dict[str, Path]:
     return {p.stem: p for p in sorted(folder.glob("*.parquet"))}
 
 
+def _count(con: Any, table: str) -> int:
+    return int(con.execute(f"SELECT count(*) FROM {quote(table)}").fetchone()[0])
+
+
 def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = TPCH_KEYS) -> dict[str, int]:
     """A DuckDB file with every Parquet table of ``folder``; written to a temp file and
     renamed, so a half-built database is never opened. Returns rows per table."""
@@ -282,7 +290,7 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
     if target.is_file():
         con = duckdb.connect(str(target), read_only=True)
         try:
-            return {t: con.execute(f"SELECT count(*) FROM {quote(t)}").fetchone()[0]
+            return {t: _count(con, t)
                     for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         finally:
             con.close()
@@ -299,7 +307,7 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
                 con.execute(f"CREATE TABLE {quote(name)} AS SELECT * FROM read_parquet($1)", [str(path)])
                 for col in keys.get(name, ()):
                     con.execute(f"CREATE INDEX {quote(f'{name}_{col}')} ON {quote(name)} ({quote(col)})")
-                rows[name] = con.execute(f"SELECT count(*) FROM {quote(name)}").fetchone()[0]
+                rows[name] = _count(con, name)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -310,7 +318,7 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
     return rows
 
 
-_PG_TYPES = [
+_PG_TYPES: list[tuple[Callable[[pa.DataType], Any], Callable[[pa.DataType], str]]] = [
     (pa.types.is_int64, lambda t: "bigint"), (pa.types.is_int32, lambda t: "integer"),
     (pa.types.is_int16, lambda t: "smallint"), (pa.types.is_int8, lambda t: "smallint"),
     (pa.types.is_float64, lambda t: "double precision"), (pa.types.is_float32, lambda t: "real"),

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from tasks.errors import UserError
 from tasks.preprocess import Preprocessed
-from tasks.spec import Spec
+from tasks.spec import Branch, Spec
 
 TextEncoder = Callable[[pa.Array], np.ndarray]
 
@@ -73,7 +73,8 @@ def _segment_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> n
         shift = _powers(_P_INV, n + 1)
         lengths = (ends - starts).astype(np.uint64)
         # (prefix[e] - prefix[s]) / P**s, plus the length so "ab" and "ab\0" differ
-        return (prefix[ends] - prefix[starts]) * shift[starts] + lengths * _P
+        hashes: np.ndarray = (prefix[ends] - prefix[starts]) * shift[starts] + lengths * _P
+        return hashes
 
 
 def _buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -151,7 +152,8 @@ def load_encoder(name: str, dim: int) -> TextEncoder:
         raise UserError(f"{where} returned {out.dtype} {tuple(out.shape)} for 2 strings; it must "
                         f"return float32 [n, run.text.dim] = [2, {dim}]. Fix the encoder or set "
                         "run.text.dim to its width.")
-    return fn
+    encoder: TextEncoder = fn
+    return encoder
 
 
 def text_columns(spec: Spec) -> list[str]:
@@ -188,8 +190,11 @@ class Encoded:
     cells: int  # text cells encoded (nulls included: they are present cells)
 
 
-def _rebuild(values: pa.Table | pa.StructArray, columns: dict[str, str],
-             children: dict[str, tuple[dict[str, str], dict]], fn) -> tuple[pa.Table | pa.StructArray, int]:
+Children = dict[str, tuple[Mapping[str, str], "Children"]]  # branch name -> (its columns, its children)
+
+
+def _rebuild(values: pa.Table | pa.StructArray, columns: Mapping[str, str], children: Children,
+             fn: Callable[[pa.Array], pa.Array]) -> tuple[pa.Table | pa.StructArray, int]:
     """Replace text columns of one node, then recurse into its list<struct> children."""
     is_table = isinstance(values, pa.Table)
     names = values.column_names if is_table else [f.name for f in values.type]
@@ -219,7 +224,7 @@ def encode(spec: Spec, pre: Preprocessed) -> Encoded:
     dim = spec.run.text.dim
     encoder = load_encoder(spec.run.text.encoder, dim)
 
-    def tree(branches) -> dict:
+    def tree(branches: list[Branch]) -> Children:
         return {b.name: (b.columns, tree(b.branches)) for b in branches if _has_text(b)}
 
     table, cells = _rebuild(pre.table, spec.schema_.root.columns, tree(spec.schema_.branches),
@@ -227,5 +232,5 @@ def encode(spec: Spec, pre: Preprocessed) -> Encoded:
     return Encoded(replace(pre, table=table), cells)
 
 
-def _has_text(branch) -> bool:
+def _has_text(branch: Branch) -> bool:
     return "text" in branch.columns.values() or any(_has_text(b) for b in branch.branches)

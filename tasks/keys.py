@@ -60,6 +60,9 @@ FIRST_CALL_SECONDS = "compute.first_call_seconds"
 TRAIN_UPDATES = "compute.train.updates"
 TRAIN_UPDATES_PER_EPOCH = "compute.train.updates_per_epoch"
 COMPILED_FRAMES = "compute.compiled_frames"
+# compute(phase, ESTIMATED_ROWS_PER_S): logged by the model's throughput callback itself
+# (model.throughput.ThroughputCallback), not by RunResult.metrics().
+ESTIMATED_ROWS_PER_S = "estimated_rows_per_s"
 
 
 # Repeat statistics (tasks/stats.py): the median of per-pass samples and its interval.
@@ -163,9 +166,12 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (REPEATS_MEASURED, "predict passes that gave a per-pass sample"),
     ("compute.<what>", "predict-phase compute figures (same as compute.predict.<what>)"),
     ("compute.predict.<what>", "predict compute: first_call_seconds, compile_overhead_seconds, "
-     "steady_rows_per_s, estimated_rows_per_s, steady_batches, steady_seconds, "
-     "batch_ms.p50|p95|p99, recompiles, graph_breaks"),
+     "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, recompiles, "
+     "graph_breaks"),
     ("compute.train.<what>", "the same for training, plus updates and updates_per_epoch"),
+    ("compute.estimated_rows_per_s", "the model's throughput callback (logged by the callback): "
+     "steady batches x run.batch_size / their seconds, so a partial last batch is over-counted "
+     "(the exact figure is compute.steady_rows_per_s); also compute.train.estimated_rows_per_s"),
     (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
     ("compute.model_flops_per_s", "predict model FLOP/s: the meta inspection's forward FLOPs per root row "
      "(reserved coordinates) x compute.steady_rows_per_s"),

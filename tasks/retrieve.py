@@ -15,6 +15,7 @@ result (a database, ``tasks.databases``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -53,7 +54,7 @@ def node_columns(spec: Spec) -> dict[str, list[str]]:
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
-def _overlaps(stats, lo, hi) -> bool:
+def _overlaps(stats: Any, lo: Any, hi: Any) -> bool:
     if stats is None or not stats.has_min_max:
         return True
     try:
@@ -106,7 +107,7 @@ def _read_ipc(src: SourceTable, columns: list[str], key: str, keys: pa.Array) ->
 
 
 def _read_csv(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
-    wanted = pl.from_arrow(keys)
+    wanted = cast(pl.Series, pl.from_arrow(keys))
     # The settings and pinned column types of the up-front check (source.csv), so every
     # chunk reads the same types the check verified.
     frames = [src.scan_csv(p).select(columns).filter(pl.col(key).is_in(wanted.implode()))
@@ -128,7 +129,9 @@ READERS = {"parquet": _read_parquet, "ipc": _read_ipc, "csv": _read_csv}
 def read_rows(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
     """Rows of ``src`` whose ``key`` is in ``keys``, projected to ``columns``."""
     if src.format in DB_FORMATS:  # a database table (tasks.databases): SQL with bound keys
-        return src.read(columns, key, keys)
+        db_table: Any = src  # tasks.databases.DatabaseTable (duck-types SourceTable)
+        rows: tuple[pa.Table, int] = db_table.read(columns, key, keys)
+        return rows
     return READERS[src.format](src, columns, key, keys)
 
 
@@ -137,7 +140,8 @@ def list_root_keys(spec: Spec, sources: dict[str, SourceTable]) -> tuple[np.ndar
     root = spec.schema_.root
     src = sources[root.table]
     if src.format in DB_FORMATS:
-        arr, nbytes = src.distinct(root.key)
+        db_table: Any = src  # tasks.databases.DatabaseTable
+        arr, nbytes = db_table.distinct(root.key)
         return arr.to_numpy(zero_copy_only=False), nbytes
     if src.format == "csv":
         keys = pl.concat([src.scan_csv(p).select(root.key) for p in src.files]).collect().to_series()

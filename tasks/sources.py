@@ -9,6 +9,7 @@ parsed once here, with the ``source.csv`` settings retrieve uses (``tasks/csv_so
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -97,11 +98,11 @@ def resolve_sources(spec: Spec, base: Path) -> dict[str, SourceTable]:
 
 def _kind_fits(kind: str, dtype: pa.DataType) -> bool:
     if kind == "numeric":
-        return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype)
+        return bool(pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype))
     if kind == "timestamp":
-        return pa.types.is_date(dtype) or pa.types.is_timestamp(dtype)
+        return bool(pa.types.is_date(dtype) or pa.types.is_timestamp(dtype))
     if kind == "text":
-        return pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype)
+        return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype))
     return not (pa.types.is_nested(dtype) or pa.types.is_floating(dtype))
 
 
@@ -134,7 +135,7 @@ def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
             )
         return schema.field(column).type
 
-    def columns(table: str, cols: dict[str, str], where: str) -> None:
+    def columns(table: str, cols: Mapping[str, str], where: str) -> None:
         for col, kind in cols.items():
             dtype = need(table, col, f"{where}.columns.{col}")
             if not _kind_fits(kind, dtype):

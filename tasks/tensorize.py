@@ -7,6 +7,7 @@ split when no checkpoint provides one, and counting present vs reserved coordina
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,8 +24,8 @@ from model.arrow import (
     flatten,
     model_schema,
 )
-from model.bucketing import RootShapes, arrow_root_shapes, root_shapes
 from model.batch import Batch
+from model.bucketing import RootShapes, arrow_root_shapes, root_shapes
 from model.schema import ModelSchema, TargetDef
 from tasks.preprocess import TRAIN, Preprocessed
 from tasks.retrieve import ROOT
@@ -49,7 +50,7 @@ class Tensorized:
 def layout(spec: Spec) -> NodeLayout:
     """The spec's schema tree as the model's Arrow layout (target column included)."""
 
-    def columns(node: str, cols: dict[str, str]) -> dict[str, str]:
+    def columns(node: str, cols: Mapping[str, str]) -> dict[str, str]:
         out = dict(cols)
         if (spec.task.branch or ROOT) == node:
             out[spec.task.target] = "numeric"  # masked target cell; kind is irrelevant

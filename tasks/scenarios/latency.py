@@ -70,10 +70,10 @@ class LatencyRecord:
         total = float(lat.sum()) or 1.0
         accounted = 0.0
         for s in STEPS:
-            v = np.asarray(self.steps_s[s])
-            m[f"latency.step_ms.{s}.mean"] = float(v.mean() * 1e3) if len(v) else 0.0
-            m[f"latency.step_share.{s}"] = float(v.sum()) / total
-            accounted += float(v.sum())
+            step_s = np.asarray(self.steps_s[s])
+            m[f"latency.step_ms.{s}.mean"] = float(step_s.mean() * 1e3) if len(step_s) else 0.0
+            m[f"latency.step_share.{s}"] = float(step_s.sum()) / total
+            accounted += float(step_s.sum())
         queue = np.asarray(self.queue_s)
         m["latency.step_share.queue"] = float(queue.sum()) / total
         m["latency.step_share.other"] = max(total - accounted - float(queue.sum()), 0.0) / total

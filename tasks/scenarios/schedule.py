@@ -11,8 +11,9 @@ from tasks.preprocess import split_is_train
 
 def validation_keys(keys: np.ndarray, validation_fraction: float) -> np.ndarray:
     """The held-out root keys (the same hash split as every other stage)."""
-    is_train = split_is_train(pl.Series(keys), validation_fraction).to_numpy()
-    return keys[~is_train]
+    is_train: np.ndarray = split_is_train(pl.Series(keys), validation_fraction).to_numpy()
+    held_out: np.ndarray = keys[~is_train]
+    return held_out
 
 
 def request_keys(pool: np.ndarray, requests: int, roots: int, seed: int) -> np.ndarray:

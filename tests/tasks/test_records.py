@@ -13,22 +13,20 @@ from tasks.validity import verdict
 
 
 def test_first_call_and_warmup_are_kept_out_of_steady_state():
-    t = PhaseTimings(warmup_batches=2, batch_size=4)
+    t = PhaseTimings(warmup_batches=2)
     for seconds, rows in [(10.0, 4), (5.0, 4), (4.0, 4), (1.0, 4), (1.0, 4), (0.5, 2)]:
         t.record(seconds, rows)
     assert t.first_call_seconds == 10.0
     assert t.warmup_seconds == [5.0, 4.0]
     assert t.steady_seconds == [1.0, 1.0, 0.5]
-    # exact rows (a partial last batch of 2) vs the seed note's batches x batch size estimate
-    assert t.steady_rows_per_s == pytest.approx(10 / 2.5)
-    assert t.estimated_rows_per_s == pytest.approx(12 / 2.5)
+    assert t.steady_rows_per_s == pytest.approx(10 / 2.5)  # exact rows: a partial last batch of 2
     m = t.metrics(lambda w: f"compute.{w}")
     assert m["compute.batch_ms.p50"] <= m["compute.batch_ms.p95"] <= m["compute.batch_ms.p99"]
     assert m["compute.compile_overhead_seconds"] == pytest.approx(10.0 - 1.0)
 
 
 def test_steady_state_flag_flips_after_warmup():
-    t = PhaseTimings(warmup_batches=1, batch_size=1)
+    t = PhaseTimings(warmup_batches=1)
     assert not t.in_steady_state
     t.record(1.0, 1)
     assert not t.in_steady_state
