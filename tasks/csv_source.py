@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -27,7 +28,7 @@ _NUMBER_WITH_COMMA = re.compile(r"^\s*[-+]?\d{1,3}(\.\d{3})*,\d+\s*$|^\s*[-+]?\d
 
 def scan(path: Path, opts: CsvOptions, schema: pl.Schema | None = None) -> pl.LazyFrame:
     """One CSV file as a lazy frame; ``schema`` pins the column types (no inference)."""
-    kw = dict(separator=opts.separator, quote_char=opts.quote_char, has_header=opts.has_header,
+    kw: dict[str, Any] = dict(separator=opts.separator, quote_char=opts.quote_char, has_header=opts.has_header,
               null_values=list(opts.null_values) or None, try_parse_dates=True,
               decimal_comma=opts.decimal_comma)
     if schema is None:
@@ -35,7 +36,7 @@ def scan(path: Path, opts: CsvOptions, schema: pl.Schema | None = None) -> pl.La
     else:
         kw["schema"] = schema
     if opts.encoding in ("utf8", "utf8-lossy"):
-        lf = pl.scan_csv(path, encoding=opts.encoding, **kw)
+        lf = pl.scan_csv(path, encoding="utf8" if opts.encoding == "utf8" else "utf8-lossy", **kw)
     else:  # Polars reads only UTF-8 natively; other codecs are decoded in memory first.
         lf = pl.read_csv(path, encoding=opts.encoding, **kw).lazy()
     if schema is None and not opts.has_header:

@@ -107,8 +107,8 @@ def _kind_fits(kind: str, dtype: pa.DataType) -> bool:
 
 
 def _is_text(dtype: pa.DataType) -> bool:
-    return (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
-            or pa.types.is_string_view(dtype))
+    return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
+                or pa.types.is_string_view(dtype))
 
 
 def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
