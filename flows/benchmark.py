@@ -30,6 +30,7 @@ from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks import compute as compute_stage
+from tasks import distributed
 from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
@@ -115,6 +116,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     check_sources(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
+    distributed.check(spec, device)
     ckpt = None
     if spec.run.mode == "predict" and spec.run.checkpoint:
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
@@ -243,7 +245,9 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             load_start = host_load_per_core()
             pipe = Pipeline(p, result)
             pipe.list_keys()
-            if s.run.mode == "train+predict":
+            if s.run.mode == "train+predict" and s.run.distributed:
+                distributed.train(pipe, Path(spec_dir).resolve(), run_id, s.name, tracker.uri)
+            elif s.run.mode == "train+predict":
                 pipe.train()
             for repeat in range(s.run.repeats):
                 # Every pass really writes; only the last file is kept.

@@ -153,6 +153,15 @@ class Loader(Strict):
     prefetch_factor: int = Field(2, ge=1)
 
 
+class Distributed(Strict):
+    """Data-parallel training with PyTorch DDP, launched by torchrun (``tasks/distributed.py``)."""
+
+    processes: int = Field(2, ge=1, description="training processes (ranks) on this host")
+    backend: Literal["gloo", "nccl"] = Field("gloo", description="gloo (CPU) or nccl (one CUDA device per rank)")
+    threads_per_process: int = Field(1, ge=1, description="torch threads in every rank (held fixed for scaling)")
+    reference: bool = Field(True, description="also time a 1-process run for compute.train.scaling_efficiency")
+
+
 class Run(Strict):
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
@@ -177,6 +186,7 @@ class Run(Strict):
     device: str = "auto"
     checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
     output_dir: str = "outputs"
+    distributed: Distributed | None = Field(None, description="train with DDP over several processes")
 
     @field_validator("packing", mode="before")
     @classmethod

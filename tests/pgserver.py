@@ -164,3 +164,28 @@ def running_mlflow_server(backend_uri: str, folder: Path, *, app_name: str | Non
         yield url
     finally:
         _stop(proc)
+
+
+@contextmanager
+def running_prefect_server(folder: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``prefect server start`` on 127.0.0.1:<free port> (own PREFECT_HOME); yields its API URL."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    server_env = dict(os.environ, PREFECT_HOME=str(folder / "prefect-home"),
+                      PREFECT_SERVER_ANALYTICS_ENABLED="false", **(env or {}))
+    server_env.pop("PREFECT_API_URL", None)
+    log = folder / f"prefect-server-{port}.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+                                env=server_env, cwd=folder, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not healthy(api):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server did not start:\n{log.read_text()[-4000:]}")
+            time.sleep(1.0)
+        yield api
+    finally:
+        _stop(proc)
