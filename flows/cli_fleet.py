@@ -40,14 +40,16 @@ def sweep_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"Sweep {summary['sweep_hash']} (parent run {summary['parent_run_id']})",
                   title_justify="left")
     metric = next((r["quality_metric"] for r in summary["rows"] if r["quality_metric"]), "")
+    pooled = any("worker" in r for r in summary["rows"])  # fanned out: show who ran each
     for col in ("#", "config", "status", "steady rows/s", "e2e rows/s", f"quality ({metric})", "validity",
-                "run id"):
-        table.add_column(col, justify="left" if col in {"config", "status", "validity", "run id"} else "right")
+                "run id", *(["worker"] if pooled else [])):
+        table.add_column(col, justify="left" if col in {"config", "status", "validity", "run id", "worker"} else "right")
     for r in summary["rows"]:
         status = {"FAILED": "[bold red]FAILED[/]", "SKIPPED": "skipped (done)"}.get(r["status"], r["status"])
         quality = "-" if r["quality"] is None else f"{r['quality']:.4f}"
         table.add_row(str(r["index"] + 1), r["config"], status, _fmt(r["steady_rows_per_s"]),
-                      _fmt(r["e2e_rows_per_s"]), quality, r["validity"] or "-", r["run_id"] or "-")
+                      _fmt(r["e2e_rows_per_s"]), quality, r["validity"] or "-", r["run_id"] or "-",
+                      *([r.get("worker", "-")] if pooled else []))
     return table
 
 
@@ -63,6 +65,13 @@ def sweep_cmd(
         help="TPC-H scale factor (same as --set source.generate.tpch.scale=S).")] = None,
     tag: Annotated[list[str] | None, typer.Option(
         help="Extra MLflow tag key=value on the parent and every child run. Repeatable.")] = None,
+    pool: Annotated[str | None, typer.Option(
+        help="Fan configurations out to this Prefect work pool's workers (one flow run of the benchmark "
+        "deployment each; needs `prefect server start`). Default: the spec's sweep.pool.")] = None,
+    queue: Annotated[str | None, typer.Option(
+        help="Work queue of --pool to pin the configurations to (a queue per host). Default: sweep.queue.")] = None,
+    working_dir: Annotated[Path | None, typer.Option(
+        help="With --pool: working directory of the flow runs on the workers' hosts (default: this folder).")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run a grid of configurations, one at a time: one parent MLflow run, one child per config.
@@ -84,6 +93,11 @@ def sweep_cmd(
         from flows.sweep import expand, sweep
 
         configs = expand(base, full_grid)  # every configuration validated before Prefect starts
+        from flows.sweep_pool import check_pool_args
+
+        pool = pool or (sections.sweep.pool if sections.sweep else None)
+        queue = queue or (sections.sweep.queue if sections.sweep else None)
+        check_pool_args(pool, queue)
         checked = plan(base, spec.resolve().parent)
         if checked.generated:
             console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
@@ -111,8 +125,17 @@ def sweep_cmd(
 
         unsubscribe = progress.subscribe(show)
         try:
-            summary = sweep(base_spec=base.to_dict(), grid=full_grid, spec_dir=str(spec.resolve().parent),
-                            tags=extra_tags)
+            if pool:
+                from flows.sweep_pool import prepare, sweep_pool
+
+                deployment = prepare(spec, base.to_dict(), pool, (working_dir or Path.cwd()).resolve())
+                console.print(f"fanning out to work pool '{pool}'" + (f", queue '{queue}'" if queue else "")
+                              + f" as flow runs of {deployment}")
+                summary = sweep_pool(base_spec=base.to_dict(), grid=full_grid, deployment=deployment, pool=pool,
+                                     spec_dir=str(spec.resolve().parent), queue=queue, tags=extra_tags)
+            else:
+                summary = sweep(base_spec=base.to_dict(), grid=full_grid, spec_dir=str(spec.resolve().parent),
+                                tags=extra_tags)
         finally:
             unsubscribe()
     except (Exception, KeyboardInterrupt, SystemExit) as err:
