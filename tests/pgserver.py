@@ -9,7 +9,11 @@ cluster lives for one test session). ``create_database(pg, name)`` adds a databa
 ``running_mlflow_server(backend_uri, folder, ...)`` starts ``mlflow server`` with proxied
 artifacts (``--serve-artifacts``) on a free loopback port and waits for ``/health``.
 
-Both stop their processes by pid (process group) on exit, also when the test fails. Import
+``private_dir(prefix)`` is a temp folder of their own: pytest's ``tmp_path`` lives under a
+``pytest-of-<user>`` tree that other pytest sessions on the host prune while long tests still
+run (PostgreSQL aborts when its data directory vanishes), so servers keep their files here.
+
+All stop their processes by pid (process group) on exit, also when the test fails. Import
 from tests as ``from pgserver import ...`` (``tests/`` is on ``sys.path`` through its conftest).
 """
 
@@ -30,6 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+
+@contextmanager
+def private_dir(prefix: str = "relflow-test-") -> Iterator[Path]:
+    """A temp folder outside pytest's shared basetemp, removed on exit."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:

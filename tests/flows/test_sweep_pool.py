@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from pgserver import running_prefect_server
+from pgserver import private_dir, running_prefect_server
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
@@ -59,10 +59,11 @@ def _children(client: MlflowClient, seeds: set[str]) -> list:
 
 
 @pytest.mark.slow
-def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).search_experiments()  # create the store before several processes use it
+def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
     with ExitStack() as stack:
+        tmp_path = stack.enter_context(private_dir())
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        MlflowClient(tracking_uri=uri).search_experiments()  # create the store before several processes use it
         api = stack.enter_context(running_prefect_server(tmp_path / "prefect"))
         env = dict(os.environ, PREFECT_API_URL=api, PREFECT_HOME=str(tmp_path / "client-home"),
                    MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(REPO), PREFECT_WORKER_QUERY_SECONDS="2",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from pgserver import create_database, running_mlflow_server, running_postgres, running_prefect_server
+from pgserver import create_database, private_dir, running_mlflow_server, running_postgres, running_prefect_server
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.d_model=8", "model.heads=2", "model.layers=1", "run.batch_size=2048", "lineitem.max_length=2",
@@ -48,8 +48,8 @@ def _bench_cmd(*more: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small, tmp_path):
-    with running_postgres(tmp_path / "pg") as pg, \
+def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small):
+    with private_dir() as tmp_path, running_postgres(tmp_path / "pg") as pg, \
             running_mlflow_server(create_database(pg, "mlflow"), tmp_path / "server") as url, \
             running_prefect_server(tmp_path / "prefect") as api:
         procs = []
@@ -89,8 +89,8 @@ def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small, tm
 
 
 @pytest.mark.slow
-def test_load_test_loses_nothing_on_the_server(tmp_path):
-    with running_postgres(tmp_path / "pg") as pg, \
+def test_load_test_loses_nothing_on_the_server():
+    with private_dir() as tmp_path, running_postgres(tmp_path / "pg") as pg, \
             running_mlflow_server(create_database(pg, "mlflow"), tmp_path / "server") as url:
         done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_tracking.py"), "--uri", url,
                                "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--processes", "4", "--runs", "3"],
@@ -105,9 +105,9 @@ def test_load_test_loses_nothing_on_the_server(tmp_path):
 
 
 @pytest.mark.slow
-def test_basic_auth_read_only_user_cannot_create_runs(tpch_small, tmp_path):
+def test_basic_auth_read_only_user_cannot_create_runs(tpch_small):
     admin_pw, writer_pw, reader_pw = "adm-Secret-7731", "wr-Secret-4410", "rd-Secret-9902"
-    with running_postgres(tmp_path / "pg") as pg:
+    with private_dir() as tmp_path, running_postgres(tmp_path / "pg") as pg:
         auth_ini = tmp_path / "basic_auth.ini"  # users and permissions in PostgreSQL too
         auth_ini.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = {create_database(pg, 'mlflow_auth')}\n"
                             "admin_username = admin\nauthorization_function = "
