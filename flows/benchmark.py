@@ -30,8 +30,7 @@ from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks import compute as compute_stage
-from tasks import distributed
-from tasks import progress
+from tasks import distributed, progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch

@@ -43,7 +43,8 @@ def sweep_table(summary: dict[str, Any]) -> Table:
     pooled = any("worker" in r for r in summary["rows"])  # fanned out: show who ran each
     for col in ("#", "config", "status", "steady rows/s", "e2e rows/s", f"quality ({metric})", "validity",
                 "run id", *(["worker"] if pooled else [])):
-        table.add_column(col, justify="left" if col in {"config", "status", "validity", "run id", "worker"} else "right")
+        left = {"config", "status", "validity", "run id", "worker"}
+        table.add_column(col, justify="left" if col in left else "right")
     for r in summary["rows"]:
         status = {"FAILED": "[bold red]FAILED[/]", "SKIPPED": "skipped (done)"}.get(r["status"], r["status"])
         quality = "-" if r["quality"] is None else f"{r['quality']:.4f}"

@@ -35,10 +35,10 @@ POOL = "relflow-hosts"
 
 
 def _worker(name: str, env: dict[str, str], tmp: Path) -> subprocess.Popen:
-    log = open(tmp / f"worker-{name}.log", "w")
-    return subprocess.Popen(["prefect", "worker", "start", "--pool", POOL, "--name", name, "--limit", "1",
-                             "--type", "process"], env=dict(env, RELFLOW_LOCK_FILE=str(tmp / f"{name}.lock")),
-                            cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp / f"worker-{name}.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(["prefect", "worker", "start", "--pool", POOL, "--name", name, "--limit", "1",
+                                 "--type", "process"], env=dict(env, RELFLOW_LOCK_FILE=str(tmp / f"{name}.lock")),
+                                cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -105,7 +105,8 @@ def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
         # The host dies: the worker and its flow-run process (Prefect starts that in its own session).
         import psutil
 
-        doomed = [workers["host-b"].pid, *(c.pid for c in psutil.Process(workers["host-b"].pid).children(recursive=True))]
+        victim = workers["host-b"].pid
+        doomed = [victim, *(c.pid for c in psutil.Process(victim).children(recursive=True))]
         for pid in doomed:
             try:
                 os.kill(pid, signal.SIGKILL)
