@@ -56,14 +56,12 @@ def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small):
         for i in range(4):  # four hosts: each its own host lock, all at once; one Prefect server
             work = tmp_path / f"host{i}"
             work.mkdir()
-            log = open(work / "run.log", "w")
-            procs.append((subprocess.Popen(_bench_cmd("--set", f"run.seed={i}", "--json", str(work / "s.json")),
-                                           env=_env(tmp_path, url, f"host{i}", PREFECT_API_URL=api), cwd=work,
-                                           stdout=log,
-                                           stderr=subprocess.STDOUT), work, log))
-        for proc, work, log in procs:
+            with open(work / "run.log", "w") as log:  # the child keeps its own descriptor
+                procs.append((subprocess.Popen(_bench_cmd("--set", f"run.seed={i}", "--json", str(work / "s.json")),
+                                               env=_env(tmp_path, url, f"host{i}", PREFECT_API_URL=api), cwd=work,
+                                               stdout=log, stderr=subprocess.STDOUT), work))
+        for proc, work in procs:
             code = proc.wait(timeout=900)
-            log.close()
             assert code == 0, (work / "run.log").read_text()[-3000:]
         client = MlflowClient(tracking_uri=url)
         exp = client.get_experiment_by_name("tpch-orders")
