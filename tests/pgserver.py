@@ -197,7 +197,7 @@ def running_prefect_server(folder: Path, env: dict[str, str] | None = None) -> I
                                 env=server_env, cwd=folder, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600  # minutes on a busy shared host
         while not healthy(api):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"prefect server did not start:\n{log.read_text()[-4000:]}")

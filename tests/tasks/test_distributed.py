@@ -51,7 +51,8 @@ def test_distributed_settings_are_checked_before_any_work(shop_spec):
 def _run(tmp: Path, name: str, *sets: str) -> dict:
     work = tmp / name
     work.mkdir()
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}", PYTHONPATH=str(REPO))
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}", PYTHONPATH=str(REPO),
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600")  # a busy shared host starts it slowly
     done = subprocess.run([sys.executable, "-m", "flows.cli", "run", *(a for o in [*SMALL, *sets]
                            for a in ("--set", o)), "--json", str(work / "s.json")],
                           cwd=work, env=env, capture_output=True, text=True, timeout=1500)

@@ -36,7 +36,8 @@ ARTIFACTS = {"spec.yaml", "stages.json", "predictions_sample.csv", "checkpoint"}
 
 def _env(tmp: Path, uri: str, name: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PREFECT_HOME=str(tmp / f"prefect-{name}"),
-               RELFLOW_LOCK_FILE=str(tmp / f"{name}.lock"), PYTHONPATH=str(REPO), **extra)
+               RELFLOW_LOCK_FILE=str(tmp / f"{name}.lock"), PYTHONPATH=str(REPO),
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600", **extra)
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_URL"):
         if key not in extra:
             env.pop(key, None)
