@@ -39,7 +39,11 @@ from tasks.tracking import Tracker, search_runs
 
 TERMINAL_FAILED = {"FAILED", "CRASHED", "CANCELLED"}
 POLL_SECONDS = 3.0
-MISSED_HEARTBEATS = 3  # as Prefect's own server marks a worker OFFLINE
+# A worker is lost after 5 missed heartbeats and at least a minute: a live worker on a busy host
+# (or a Prefect server on SQLite, whose heartbeat writes can fail "database is locked") misses
+# some, and declaring a live run CRASHED is worse than noticing a dead one a little later.
+MISSED_HEARTBEATS = 5
+MIN_SILENCE_S = 60.0
 
 
 def deployment_name(spec_name: str, pool: str) -> str:
@@ -59,17 +63,16 @@ def prepare(spec_path: Path, base_spec: dict[str, Any], pool: str, working_dir: 
 
 
 def _worker_gone(client: Any, pool: str, worker: str | None) -> bool:
-    """True when ``worker`` stopped heart-beating (OFFLINE, or silent for 3 intervals)."""
+    """True when ``worker`` stopped heart-beating (silent for 5 intervals and at least a minute)."""
     if not worker:
         return False
     for w in client.read_workers_for_work_pool(pool):
         if w.name != worker:
             continue
-        if str(w.status).upper().endswith("OFFLINE"):
-            return True
         interval = w.heartbeat_interval_seconds or 30
         last = w.last_heartbeat_time
-        return last is not None and (datetime.now(UTC) - last).total_seconds() > MISSED_HEARTBEATS * interval
+        silent = (datetime.now(UTC) - last).total_seconds() if last is not None else 0.0
+        return silent > max(MISSED_HEARTBEATS * interval, MIN_SILENCE_S)
     return True  # the worker was deleted
 
 

@@ -25,11 +25,13 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from pgserver import private_dir, running_prefect_server
+from pgserver import private_dir, running_postgres, running_prefect_server
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
+# predict mode (untrained weights): this test is about where runs go, not about quality
 SMALL = ["model.d_model=8", "model.heads=2", "model.layers=1", "run.batch_size=2048", "lineitem.max_length=2",
+         "run.mode=predict",
          "run.min_steady_batches=0", "run.min_steady_seconds=0", "run.system_metrics_interval_s=0"]
 POOL = "relflow-hosts"
 
@@ -64,7 +66,14 @@ def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
         tmp_path = stack.enter_context(private_dir())
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         MlflowClient(tracking_uri=uri).search_experiments()  # create the store before several processes use it
-        api = stack.enter_context(running_prefect_server(tmp_path / "prefect"))
+        # The Prefect server on PostgreSQL, as a team runs it: on its default SQLite file worker
+        # heartbeats failed with "database is locked" on this busy host.
+        pg = stack.enter_context(running_postgres(tmp_path / "pg"))
+        from pgserver import create_database
+
+        create_database(pg, "prefect")
+        api = stack.enter_context(running_prefect_server(tmp_path / "prefect", env={
+            "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", driver="postgresql+asyncpg")}))
         env = dict(os.environ, PREFECT_API_URL=api, PREFECT_HOME=str(tmp_path / "client-home"),
                    MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(REPO), PREFECT_WORKER_QUERY_SECONDS="2",
                    PREFECT_WORKER_HEARTBEAT_SECONDS="10", PREFECT_LOGGING_LEVEL="INFO")
