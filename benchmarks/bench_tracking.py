@@ -33,12 +33,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tasks import keys as K  # noqa: E402 - after the sys.path line above
+
 CONTRACT_METRICS = [
-    *(f"stage.{s}.{u}" for s in ("retrieve", "preprocess", "tensorize", "compute", "write")
-      for u in ("seconds", "rows_per_s")),
-    "e2e.seconds", "e2e.rows_per_s", "compute.first_call_seconds", "compute.steady_rows_per_s",
-    "compute.train.steady_rows_per_s", "quality.accuracy", "memory.host_peak_bytes",
-    "harness.startup_seconds",
+    *(f(s, phase) for phase in K.PHASES for s in K.PHASE_STAGES[phase]
+      for f in (K.stage_seconds, K.stage_rows_per_s)),
+    K.E2E_PREDICT_SECONDS, K.E2E_PREDICT_ROWS_PER_S, K.E2E_TRAIN_SECONDS, K.E2E_TRAIN_ROWS_PER_S,
+    K.FIRST_CALL_SECONDS, K.STEADY_ROWS_PER_S, K.TRAIN_STEADY_ROWS_PER_S, K.quality("accuracy"),
+    K.HOST_PEAK_BYTES, K.HARNESS_STARTUP_SECONDS,
 ]
 ARTIFACTS = {"spec.yaml", "stages.json"}
 

@@ -4,11 +4,12 @@ Pure functions from ``RunRecord``s to a ``Comparison`` (no MLflow, no printing).
 
 A side is one run or a group of runs. For each key metric a side yields an ``Estimate``:
 
-- one run with repeats (``run.repeats >= 2`` logs ``<key>.median/.ci_low/.ci_high`` for
-  ``e2e.rows_per_s`` and ``compute.steady_rows_per_s``): the median of the repeats and its
-  bootstrap 95% interval;
+- one run with repeats (``run.repeats >= 2`` logs ``<key>.median`` for
+  ``e2e.predict.rows_per_s`` and ``compute.steady_rows_per_s``; from 6 repeats also
+  ``<key>.median_ci_low/high``): the median of the repeats and its order-statistic 95%
+  interval (``tasks.stats``; below 6 samples there is no 95% interval and none is used);
 - a group of runs: one sample per run (the run's repeat median when logged, else its value),
-  the median over runs and a bootstrap 95% interval of that median (``tasks.stats``);
+  the median over runs and, from 6 runs, the order-statistic 95% interval of that median;
 - one run without repeats (or a metric without an interval): a single value, no spread.
 
 A change is **marked** only when it is both larger than ``threshold`` (default 5%) and
@@ -36,20 +37,22 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tasks.records import STAGES
-from tasks.stats import median_ci
+from tasks import keys as K
+from tasks.stats import MIN_CI_SAMPLES, median_interval
 from tasks.tracking import RunRecord
 
 # (metric key, direction): +1 higher is better, -1 lower is better, 0 neither.
 KEY_METRICS: tuple[tuple[str, int], ...] = (
-    ("e2e.rows_per_s", +1),
-    ("compute.steady_rows_per_s", +1),
-    ("compute.first_call_seconds", -1),
-    *((f"stage.{s}.seconds", -1) for s in STAGES),
-    ("memory.host_peak_bytes", -1),
-    ("output.bytes_per_row", -1),
-    ("compute.train.updates", 0),
-    ("compute.train.updates_per_epoch", 0),
+    (K.E2E_PREDICT_ROWS_PER_S, +1),
+    (K.STEADY_ROWS_PER_S, +1),
+    (K.FIRST_CALL_SECONDS, -1),
+    *((K.stage_seconds(s, "predict"), -1) for s in K.STAGES),
+    (K.E2E_TRAIN_ROWS_PER_S, +1),
+    (K.TRAIN_STEADY_ROWS_PER_S, +1),
+    (K.HOST_PEAK_BYTES, -1),
+    (K.OUTPUT_BYTES_PER_ROW, -1),
+    (K.TRAIN_UPDATES, 0),
+    (K.TRAIN_UPDATES_PER_EPOCH, 0),
 )
 # quality.<name> direction by name; unknown quality keys are shown with no direction.
 QUALITY_DIRECTION = {"accuracy": +1, "auc": +1, "f1": +1, "mae": -1, "rmse": -1,
@@ -60,10 +63,10 @@ IDENTITY_TAGS = {"relflow.output_path", "relflow.error", "relflow.invalid_reason
 IDENTITY_PARAMS = {"run.output_dir", "run.checkpoint"}
 
 # Counts fixed by the spec and data: any difference is real, no noise to test against.
-EXACT_METRICS = {"compute.train.updates", "compute.train.updates_per_epoch", "output.bytes_per_row",
-                 "quality.rows"}
+EXACT_METRICS = {K.TRAIN_UPDATES, K.TRAIN_UPDATES_PER_EPOCH, K.OUTPUT_BYTES_PER_ROW, K.QUALITY_ROWS}
 
 NOT_ENOUGH = "not enough repeats"
+CI_LABEL = "95% CI (order statistics)"
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class MetricRow:
     baseline: Estimate
     candidate: Estimate
     ratio: float  # candidate / baseline (nan when undefined)
-    method: str  # "Mann-Whitney U", "95% CI", "exact" (counts; or equal values), NOT_ENOUGH
+    method: str  # "Mann-Whitney U", CI_LABEL, "exact" (counts; or equal values), NOT_ENOUGH
     significant: bool
     p_value: float | None
     marked: bool  # significant AND beyond the threshold: a real change
@@ -188,8 +191,8 @@ def min_rank_p(n1: int, n2: int) -> float:
 def run_value(run: RunRecord, key: str) -> float | None:
     """A run's figure: the median over its repeats when logged, else the plain value."""
     m = run.metrics
-    if f"{key}.median" in m and m.get("run.repeats_measured", 1) >= 2:
-        return m[f"{key}.median"]
+    if K.median(key) in m and m.get(K.REPEATS_MEASURED, 1) >= 2:
+        return m[K.median(key)]
     return m.get(key)
 
 
@@ -199,13 +202,15 @@ def estimate(runs: Sequence[RunRecord], key: str) -> Estimate | None:
         return None
     if len(pairs) == 1:
         run, v = pairs[0]
-        lo, hi = run.metrics.get(f"{key}.ci_low"), run.metrics.get(f"{key}.ci_high")
-        if lo is not None and hi is not None and run.metrics.get("run.repeats_measured", 1) >= 2:
+        lo, hi = run.metrics.get(K.median_ci_low(key)), run.metrics.get(K.median_ci_high(key))
+        if lo is not None and hi is not None:
             return Estimate(v, lo, hi, (v,), True)
         return Estimate(v, v, v, (v,), False)
     values = [v for _, v in pairs]
-    med, lo, hi = median_ci(values)
-    return Estimate(med, lo, hi, tuple(values), True)
+    iv = median_interval(values)
+    if iv.has_interval:
+        return Estimate(iv.median, iv.low, iv.high, tuple(values), True)
+    return Estimate(iv.median, iv.median, iv.median, tuple(values), False)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -230,7 +235,7 @@ def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold
         significant = p < alpha
         effect = ratio
     elif base.has_interval and cand.has_interval:
-        method = "95% CI"
+        method = CI_LABEL
         significant = base.high < cand.low or cand.high < base.low
         # The conservative ratio: the nearer edges of the two intervals.
         effect = (_ratio(base.high, cand.low) if cand.low > base.high else
@@ -302,10 +307,12 @@ def compare(base: Sequence[RunRecord], cand: Sequence[RunRecord], *, threshold: 
         bad = [r.run_id[:8] for r in runs if r.tags.get("relflow.validity") == "INVALID"]
         if bad:
             c.notes.append(f"{side} has INVALID runs: {', '.join(bad)}")
-        if len(runs) == 1 and runs[0].metrics.get("run.repeats_measured", 1) < 2:
-            c.notes.append(f"the {side} run has one repeat: rerun with --set run.repeats=3 "
-                           "(or compare groups of runs) to judge significance")
-    if all(r.method == NOT_ENOUGH for r in c.rows if r.key in ("e2e.rows_per_s", "compute.steady_rows_per_s")):
+        if len(runs) == 1 and runs[0].metrics.get(K.REPEATS_MEASURED, 1) < MIN_CI_SAMPLES:
+            n = int(runs[0].metrics.get(K.REPEATS_MEASURED, 1))
+            c.notes.append(f"the {side} run has {n} repeat(s), too few for a 95% interval: rerun "
+                           f"with --set run.repeats={MIN_CI_SAMPLES} (or compare groups of runs) "
+                           "to judge significance")
+    if all(r.method == NOT_ENOUGH for r in c.rows if r.key in K.REPEATED):
         c.notes.append("throughput has no spread on at least one side: nothing can be marked")
     return c
 

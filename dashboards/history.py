@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasks.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S
 from tasks.tracking import RunRecord
 
 # Metrics the history walks: higher is better for both.
-HISTORY_METRICS: tuple[str, ...] = ("e2e.rows_per_s", "compute.steady_rows_per_s")
+HISTORY_METRICS: tuple[str, ...] = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S)
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in sigma / sqrt(n)
 
@@ -137,14 +138,21 @@ def history(runs: Sequence[RunRecord], key: str, **kw) -> list[HistoryStep]:
     return out
 
 
+def profiled(run: RunRecord) -> bool:
+    """Profiled runs are slowed by the profiler: left out of history and compare by default."""
+    return run.tags.get("relflow.profiled") == "true"
+
+
 def select_history_runs(runs: Sequence[RunRecord], *, host_fingerprint: str | None,
-                        spec_hash: str | None) -> tuple[list[RunRecord], str | None, str | None]:
+                        spec_hash: str | None, include_profiled: bool = False
+                        ) -> tuple[list[RunRecord], str | None, str | None]:
     """FINISHED benchmark runs on one host fingerprint (and spec hash), oldest first.
 
     ``None`` picks the latest benchmark run's value (report runs carry no e2e metric and
     are skipped). Returns (runs, host fingerprint, spec hash) actually used.
     """
-    bench = sorted((r for r in runs if r.status == "FINISHED" and "e2e.rows_per_s" in r.metrics),
+    runs = [r for r in runs if include_profiled or not profiled(r)]
+    bench = sorted((r for r in runs if r.status == "FINISHED" and E2E_PREDICT_ROWS_PER_S in r.metrics),
                    key=lambda r: r.start_time_ms)
     if not bench:
         return [], host_fingerprint, spec_hash

@@ -118,12 +118,14 @@ def run(
         help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the run summary (metrics, stages, paths) to this JSON file.")] = None,
+    profile: Annotated[bool, typer.Option(
+        help="Record torch.profiler over a few steady batches per phase (same as --set run.profile=true).")] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
     from tasks.spec import load_spec
 
-    overrides = _start_run_command(debug, set_, scale)
+    overrides = _start_run_command(debug, set_, scale) + (["run.profile=true"] if profile else [])
     try:
         extra_tags = _pairs(tag or [], "--tag")
         s = load_spec(spec, overrides)
@@ -180,58 +182,94 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def report(summary: dict[str, Any]) -> None:
+    from tasks import keys as K
+    from tasks.records import describe_repeats
+
     m = summary["metrics"]
-    table = Table(title="Stages", title_justify="left")
-    for col in ("stage", "seconds", "root rows", "rows/s", "share of e2e"):
-        table.add_column(col, justify="left" if col == "stage" else "right")
-    for row in summary["stages"]:
-        table.add_row(row["stage"], f"{row['seconds']:.3f}", f"{row['rows']:,}",
-                      f"{row['rows_per_s']:,.0f}", f"{row['share']:.1%}")
-    table.add_row("[bold]end-to-end", f"[bold]{m['e2e.seconds']:.3f}",
-                  f"{int(m['data.rows_predicted']):,}", f"[bold]{m['e2e.rows_per_s']:,.0f}", "100%")
+    table = Table(title="Stages (training epochs and predict passes are separate phases)",
+                  title_justify="left")
+    for col in ("phase", "stage", "seconds", "root rows", "rows/s", "share of phase"):
+        table.add_column(col, justify="left" if col in ("phase", "stage") else "right")
+    for phase in K.PHASES:
+        rows = [r for r in summary["stages"] if r["phase"] == phase]
+        if not rows:
+            continue
+        for row in rows:
+            table.add_row(phase, row["stage"], f"{row['seconds']:.3f}", f"{row['rows']:,}",
+                          f"{row['rows_per_s']:,.0f}", f"{row['share']:.1%}")
+        label = ("end-to-end predict (headline)" if phase == "predict"
+                 else "end-to-end train (trained rows)")
+        table.add_row(f"[bold]{phase}", f"[bold]{label}", f"[bold]{m[K.e2e(phase, 'seconds')]:.3f}",
+                      f"{int(m[K.e2e(phase, 'rows')]):,}",
+                      f"[bold]{m[K.e2e(phase, 'rows_per_s')]:,.0f}", "100%", end_section=True)
     out.print(table)
+    for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
+        text = describe_repeats(m, key)
+        if text:
+            out.print(f"{label + ' repeats':<21}{text}")
     q = summary["quality_metric"]
     lines = [
-        f"compute first call   {m['compute.first_call_seconds'] * 1e3:,.1f} ms "
-        f"(steady batch p50 {m['compute.batch_ms.p50']:.1f} ms)",
-        f"compute steady       {m['compute.steady_rows_per_s']:,.0f} rows/s (predict)"
-        + (f", {m['compute.train.steady_rows_per_s']:,.0f} rows/s (train)"
-           if "compute.train.steady_rows_per_s" in m else ""),
-        f"data                 occupancy {m['data.occupancy']:.1%} "
-        f"({int(m['data.coords_present']):,} of {int(m['data.coords_reserved']):,} coordinates), "
-        f"{int(m['data.overflow_dropped']):,} rows dropped by overflow",
+        f"compute first call   {m[K.FIRST_CALL_SECONDS] * 1e3:,.1f} ms "
+        f"(steady batch p50 {m[K.compute('predict', 'batch_ms.p50')]:.1f} ms)",
+        f"recompiles           {int(m.get(K.compute('predict', 'recompiles'), 0))} in predict's steady window"
+        + (f", {int(m[K.compute('train', 'recompiles')])} in train's"
+           if K.compute("train", "recompiles") in m else ""),
+        f"compute steady       {m[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
+        + (f", {m[K.TRAIN_STEADY_ROWS_PER_S]:,.0f} rows/s (train)"
+           if K.TRAIN_STEADY_ROWS_PER_S in m else ""),
     ]
-    if f"quality.{q}" in m:
-        base = m.get("quality.majority_rate")
+    if K.compute("predict", K.MFU) in m:
+        train = (f", {m[K.compute('train', K.MFU)]:.2%} train" if K.compute("train", K.MFU) in m else "")
+        lines.append(f"compute MFU          {m[K.compute('predict', K.MFU)]:.2%} predict{train} of a "
+                     f"{m[K.HOST_PEAK_FLOPS_PER_S] / 1e9:,.1f} GFLOP/s matmul peak")
+    lines += [
+        f"data                 occupancy {m[K.DATA_OCCUPANCY]:.1%} "
+        f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates), "
+        f"{int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow",
+    ]
+    if K.quality(q) in m:
+        base = m.get(K.quality('majority_rate'))
         note = f" (majority class {base:.3f})" if base is not None else ""
         if not summary["quality_meaningful"]:
             note += " [untrained weights: not meaningful, speed run]"
-        lines.append(f"quality              {q} {m[f'quality.{q}']:.4f}{note}")
+        lines.append(f"quality              {q} {m[K.quality(q)]:.4f}{note}")
     lines += [
-        f"memory               host peak {m['memory.host_peak_bytes'] / 2**20:,.0f} MiB",
-        f"predictions          {summary['output_path']} ({int(m['output.bytes']):,} bytes)",
+        f"memory               host peak {m[K.HOST_PEAK_BYTES] / 2**20:,.0f} MiB (with loader workers)",
+        f"host                 other processes used {m.get(K.HOST_OTHER_CPU_FRACTION_BEFORE, 0):.0%} of "
+        f"the cores just before the timed region, {m.get(K.HOST_OTHER_CPU_FRACTION, 0):.0%} during it",
+        f"predictions          {summary['output_path']} ({int(m[K.OUTPUT_BYTES]):,} bytes)",
     ]
     if summary.get("checkpoint_path"):
         lines.append(f"checkpoint           {summary['checkpoint_path']}")
     lines += [
-        f"harness start-up     {m['harness.startup_seconds']:.1f} s (not in e2e)",
+        f"harness start-up     {m[K.HARNESS_STARTUP_SECONDS]:.1f} s (not in e2e)",
         ("validity             VALID" if summary["validity"] == "VALID" else
          "validity             [bold red]INVALID[/]: " + "; ".join(summary["invalid_reasons"])),
         f"MLflow               experiment '{summary['experiment']}', run {summary['run_id']}",
         f"                     {summary['tracking_uri']}",
     ]
     out.print("\n".join(lines))
+    for phase, ops in (summary.get("profile") or {}).items():
+        top = Table(title=f"Top ops, {phase} (profiled steady batches)", title_justify="left")
+        for col in ("op", "calls", "self CPU ms", "self CUDA ms", "share"):
+            top.add_column(col, justify="left" if col == "op" else "right")
+        for r in ops:
+            top.add_row(r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}",
+                        f"{r['share']:.1%}")
+        out.print(top)
 
 
 @app.command("compile-report")
 def compile_report(
     spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
-    repeats: Annotated[int, typer.Option(help="Interleaved rounds (each runs every variant).")] = 2,
+    repeats: Annotated[int, typer.Option(help="Interleaved rounds (each runs every variant); 6 is the "
+                                         "fewest with a 95% interval of each median.")] = 6,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Eager vs compiled encoders/pools, each in fresh processes, cold and warm Inductor cache."""
     from flows.compile_report import collect, summarize, to_markdown
+    from tasks import keys as K
     from tasks.spec import load_spec
     from tasks.tracking import Tracker
 
@@ -244,8 +282,8 @@ def compile_report(
         console.print(f"parent MLflow run {parent} in experiment '{s.name}'")
         samples = collect(spec.resolve(), list(set_ or []), repeats, parent, on_sample=lambda x: console.print(
             f"  round {x.round + 1} {x.variant:<15} {x.cache:<5} steady "
-            f"{x.metrics['compute.steady_rows_per_s']:,.0f} rows/s, first call "
-            f"{x.metrics['compute.first_call_seconds']:.2f} s (run {x.run_id})"))
+            f"{x.metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s, first call "
+            f"{x.metrics[K.FIRST_CALL_SECONDS]:.2f} s (run {x.run_id})"))
         rows = summarize(samples)
         md = to_markdown(rows)
         tracker.log_dict(rows, "compile_report.json")
@@ -257,6 +295,29 @@ def compile_report(
         _fail(err, debug)
         return
     out.print(md)
+
+
+@app.command("peak")
+def peak_cmd(
+    device: Annotated[str, typer.Option(help="Device to measure (auto = cuda if available).")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16.")] = "fp32",
+    remeasure: Annotated[bool, typer.Option(help="Measure again and replace the cached value.")] = False,
+) -> None:
+    """The host's peak matmul FLOP/s (the MFU denominator), cached per host fingerprint."""
+    import torch
+
+    from tasks.environment import fingerprint
+    from tasks.peak import DTYPES, cache_file, peak_flops
+
+    if precision not in DTYPES:
+        _fail(UserError(f"--precision '{precision}' is not one of {sorted(DTYPES)}."), False)
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    fp = fingerprint(dev)["relflow.host_fingerprint"]
+    pk = peak_flops(fp, dev, precision, remeasure=remeasure)
+    how = "cached" if pk.cached else "measured now"
+    out.print(f"peak {pk.flops_per_s / 1e9:,.1f} GFLOP/s ({precision}, {pk.device}, {pk.threads} threads, "
+              f"{pk.size}^3 matmul, {how}; host {fp}; cache {cache_file()})")
 
 
 @data_app.command("tpch")

@@ -41,7 +41,7 @@ def sweep_table(summary: dict[str, Any]) -> Table:
                   title_justify="left")
     metric = next((r["quality_metric"] for r in summary["rows"] if r["quality_metric"]), "")
     pooled = any("worker" in r for r in summary["rows"])  # fanned out: show who ran each
-    for col in ("#", "config", "status", "steady rows/s", "e2e rows/s", f"quality ({metric})", "validity",
+    for col in ("#", "config", "status", "steady rows/s", "e2e predict rows/s", f"quality ({metric})", "validity",
                 "run id", *(["worker"] if pooled else [])):
         left = {"config", "status", "validity", "run id", "worker"}
         table.add_column(col, justify="left" if col in left else "right")

@@ -95,16 +95,21 @@ def compare_cmd(
     threshold: Annotated[float, typer.Option(help="Smallest relative change worth marking (0.05 = 5%).")] = 0.05,
     alpha: Annotated[float, typer.Option(help="Significance level of the rank test.")] = 0.05,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the comparison as JSON.")] = None,
+    include_profiled: Annotated[bool, typer.Option(
+        help="Keep runs tagged relflow.profiled (slowed by the profiler) in --baseline groups.")] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Baseline vs candidate: key metrics side by side with ratios, marked when real.
 
     A change is marked only when beyond --threshold AND significant given the repeats; the params and
     environment tags that differ are listed. Two run ids compare one run each (run with
-    run.repeats>=3 so each carries a 95% CI). --experiment E --baseline KEY=VALUE compares groups of
-    FINISHED runs (one sample per run: Mann-Whitney U from 4 runs a side, else bootstrap CIs).
+    run.repeats>=6 so each carries a 95% interval). --experiment E --baseline KEY=VALUE compares groups
+    of FINISHED runs (one sample per run: Mann-Whitney U from 4 runs a side, else 95% intervals of the
+    group medians from 6 runs a side).
     """
     from dashboards.compare import as_dict, compare, split_by
+    from dashboards.history import profiled
+    from tasks.keys import E2E_PREDICT_ROWS_PER_S
     from tasks.tracking import get_run_record, search_runs
 
     try:
@@ -114,7 +119,8 @@ def compare_cmd(
             if "=" not in baseline:
                 raise UserError(f"--baseline '{baseline}' must look like KEY=VALUE, e.g. relflow.git_sha=abc123.")
             key, value = baseline.split("=", 1)
-            pool = [r for r in search_runs(experiment) if "e2e.rows_per_s" in r.metrics]
+            pool = [r for r in search_runs(experiment) if E2E_PREDICT_ROWS_PER_S in r.metrics
+                    and (include_profiled or not profiled(r))]
             if not pool:
                 raise UserError(f"experiment '{experiment}' has no FINISHED benchmark runs.")
             base, cand, cand_value = split_by(pool, key, value, candidate)
@@ -128,6 +134,10 @@ def compare_cmd(
             if not runs or len(runs) != 2:
                 raise UserError("give two run ids (RUN_A RUN_B) or --experiment E --baseline KEY=VALUE.")
             a, b = (get_run_record(r) for r in runs)
+            for r in (a, b):
+                if profiled(r):
+                    console.print(f"[yellow]warning:[/] run {r.run_id} was profiled (relflow.profiled=true); "
+                                  "its times include the profiler's overhead.")
             c = compare([a], [b], threshold=threshold, alpha=alpha, baseline_label=f"A {a.label}",
                         candidate_label=f"B {b.label}")
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
@@ -151,6 +161,8 @@ def history_cmd(
     threshold: Annotated[float, typer.Option(help="Smallest relative shift reported (0.05 = 5%).")] = 0.05,
     fail_on_regression: Annotated[bool, typer.Option(
         help=f"Exit {REGRESSION_EXIT} when a regression step is found.")] = False,
+    include_profiled: Annotated[bool, typer.Option(
+        help="Keep runs tagged relflow.profiled (slowed by the profiler).")] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Report persistent steps (regressions, improvements) in one spec's throughput over time.
@@ -166,7 +178,7 @@ def history_cmd(
         if min_segment < 2:
             raise UserError("--min-segment must be at least 2 (one run is an outlier, not a step).")
         runs, host, spec = select_history_runs(search_runs(spec_name), host_fingerprint=host_fingerprint,
-                                               spec_hash=spec_hash)
+                                               spec_hash=spec_hash, include_profiled=include_profiled)
         if not runs:
             raise UserError(f"no FINISHED benchmark runs of '{spec_name}' on host fingerprint {host} "
                             f"with spec hash {spec}.")

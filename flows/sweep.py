@@ -26,6 +26,7 @@ from typing import Any
 
 from prefect import flow
 
+from tasks import keys as K
 from tasks import progress
 from tasks.clock import wall_clock
 from tasks.errors import UserError
@@ -120,8 +121,8 @@ def sweep_hash(base: Spec, configs: list[Config]) -> str:
 def _row_from_record(c: Config, rec: Any, status: str, kind: str) -> Row:
     q = HEADLINE[kind]
     return Row(c.index, c.label, c.values, status, rec.run_id,
-               steady_rows_per_s=rec.metrics.get("compute.steady_rows_per_s"),
-               e2e_rows_per_s=rec.metrics.get("e2e.rows_per_s"),
+               steady_rows_per_s=rec.metrics.get(K.STEADY_ROWS_PER_S),
+               e2e_rows_per_s=rec.metrics.get(K.E2E_PREDICT_ROWS_PER_S),
                quality_metric=q, quality=rec.metrics.get(f"quality.{q}"),
                validity=rec.tags.get("relflow.validity"), error=rec.tags.get("relflow.error"))
 
@@ -175,8 +176,8 @@ def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str =
                               parent_run_id=parent, tags=child_tags)
                 q = s["quality_metric"]
                 row = Row(c.index, c.label, c.values, "FINISHED", s["run_id"],
-                          steady_rows_per_s=s["metrics"].get("compute.steady_rows_per_s"),
-                          e2e_rows_per_s=s["metrics"].get("e2e.rows_per_s"), quality_metric=q,
+                          steady_rows_per_s=s["metrics"].get(K.STEADY_ROWS_PER_S),
+                          e2e_rows_per_s=s["metrics"].get(K.E2E_PREDICT_ROWS_PER_S), quality_metric=q,
                           quality=s["metrics"].get(f"quality.{q}"), validity=s["validity"],
                           stages=s["stages"])
             except Exception as err:  # noqa: BLE001 - one configuration failing must not stop the sweep

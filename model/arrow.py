@@ -72,7 +72,10 @@ class NodeRows:
 
     def column(self, name: str) -> pa.Array:
         col = self.values.field(name) if isinstance(self.values, pa.StructArray) else self.values[name]
-        return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if isinstance(col, pa.ChunkedArray):
+            # one chunk (the usual case) is used in place; combine_chunks would copy it
+            return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        return col
 
 
 def flatten(table: pa.Table, root: NodeLayout) -> dict[str, NodeRows]:
@@ -250,7 +253,9 @@ def coordinate_counts(batch: Batch, schema: ModelSchema) -> tuple[int, int]:
     for node in schema.root.walk():
         cells = len(node.columns)
         p = batch.nodes[node.name].present
-        present += int(p.sum()) * cells
+        # numpy, not torch: torch's threaded reduction of a small bool tensor costs ~1000x
+        # more (thread wake-ups; far worse on a busy host) for the same count
+        present += int(np.count_nonzero(p.cpu().numpy())) * cells
         reserved += p.numel() * cells
     return present, reserved
 

@@ -14,6 +14,10 @@ Design choices:
 - Loader settings that cannot apply are ignored with a warning: ``persistent_workers`` and
   ``prefetch_factor`` without workers, ``pin_memory`` when the model is not on CUDA.
 - Batch order is not shuffled (a shuffle belongs to the preprocess stage).
+- ``stream(parts)`` feeds already-cut Arrow slices (any order, any table) through one
+  DataLoader built once per data module: the slices travel to the workers through the
+  loader's index queue and workers only encode, so ``persistent_workers=True`` keeps the
+  same workers across chunks, epochs and passes.
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .batch import Batch
 
@@ -59,6 +63,32 @@ class ArrowBatches(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for offset, length in self.ranges(worker, workers):
             yield self.encode(self.table.slice(offset, length))
+
+
+class EncodeSlices(Dataset):
+    """Map-style dataset whose "index" is the Arrow slice itself: workers only encode."""
+
+    def __init__(self, encode: Encode) -> None:
+        self.encode = encode
+
+    def __getitem__(self, part: pa.Table) -> Batch:  # type: ignore[override]
+        return self.encode(part)
+
+
+class SliceFeed(Sampler):
+    """The slices of the next iteration; each iteration consumes what was fed."""
+
+    def __init__(self) -> None:
+        self.parts: Iterator[pa.Table] = iter(())
+        self.count = 0
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        # The same iterator however often the DataLoader asks (it calls iter() twice when
+        # it builds a worker iterator); ``stream`` sets a fresh one per iteration.
+        return self.parts
+
+    def __len__(self) -> int:
+        return self.count
 
 
 class DeviceLoader:
@@ -127,6 +157,8 @@ class ArrowDataModule:
         self.pin_memory = pin_memory and device.type == "cuda"
         self.prefetch_factor = prefetch_factor if num_workers > 0 else None
         self._loaders: dict[str, DeviceLoader] = {}  # reused, so persistent workers persist
+        self._feed = SliceFeed()
+        self._stream: DataLoader | None = None
 
     def _loader(self, table: pa.Table | None, which: str) -> DeviceLoader:
         if which in self._loaders:
@@ -143,6 +175,29 @@ class ArrowDataModule:
         )
         self._loaders[which] = DeviceLoader(loader, self.model)
         return self._loaders[which]
+
+    def stream(self, parts: Iterable[pa.Table], count: int) -> DataLoader:
+        """The one slice-fed DataLoader (CPU batches, in ``parts`` order), fed ``parts``
+        (``count`` of them; a generator is cut lazily as the loader asks for more)."""
+        if self._stream is None:
+            self._stream = DataLoader(
+                EncodeSlices(self.encode),
+                batch_size=None,
+                sampler=self._feed,
+                num_workers=self.num_workers,
+                persistent_workers=self.persistent_workers,
+                pin_memory=self.pin_memory,
+                prefetch_factor=self.prefetch_factor,
+            )
+        self._feed.parts, self._feed.count = iter(parts), count
+        return self._stream
+
+    def close(self) -> None:
+        """Stop persistent workers now rather than at garbage collection."""
+        it = getattr(self._stream, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self._stream = None
 
     def train_dataloader(self) -> DeviceLoader:
         return self._loader(self.train, "train")

@@ -76,13 +76,19 @@ class CompileSettings:
     backend: str | Callable[..., Any] = "inductor"
     dynamic: bool | None = None
     options: dict[str, Any] | None = None
+    mode: str | None = None  # torch.compile mode, e.g. "max-autotune-no-cudagraphs"
 
     def selects(self, kind: str) -> bool:
         return self.encoders if kind == "encoder" else self.pools
 
     def resolved_options(self) -> dict[str, Any] | None:
         if self.backend == "inductor":
-            return {**INDUCTOR_DEFAULTS, **(self.options or {})}
+            # torch.compile takes mode or options, not both: expand the mode into its options
+            # (as torch does), then our defaults, then the caller's options win.
+            from torch._inductor import list_mode_options
+
+            by_mode = list_mode_options(self.mode, self.dynamic) if self.mode else {}
+            return {**by_mode, **INDUCTOR_DEFAULTS, **(self.options or {})}
         return dict(self.options) if self.options else None
 
     def wrap(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -92,6 +98,7 @@ class CompileSettings:
             backend=self.backend,
             dynamic=self.dynamic,
             options=self.resolved_options(),
+            **({"mode": self.mode} if self.mode and self.backend != "inductor" else {}),
         )
 
 

@@ -131,6 +131,7 @@ class RelationalTransformer(nn.Module):
         backend: Any = "inductor",
         dynamic: bool | None = None,
         options: dict[str, Any] | None = None,
+        mode: str | None = None,
     ) -> RelationalTransformer:
         """Select regions to run under ``torch.compile(fullgraph=True)``; returns self.
 
@@ -138,7 +139,7 @@ class RelationalTransformer(nn.Module):
         Regions compile lazily on their first real input."""
         settings = None
         if encoders or pools:
-            settings = CompileSettings(bool(encoders), bool(pools), backend, dynamic, options)
+            settings = CompileSettings(bool(encoders), bool(pools), backend, dynamic, options, mode)
         self._regions.select(settings)
         return self
 

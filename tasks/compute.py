@@ -21,10 +21,12 @@ from model import ModelConfig, RelationalTransformer, adamw
 from model.arrow import Encoding
 from model.batch import Batch
 from model.data import ArrowDataModule
+from model.optim import AdamW
 from model.precision import autocast_context
 from model.schema import ModelSchema
 from tasks.clock import Clock
 from tasks.errors import UserError
+from tasks.profiling import SteadyProfiler
 from tasks.quality import Quality
 from tasks.records import PhaseTimings
 from tasks.spec import Spec
@@ -32,10 +34,13 @@ from tasks.tensorize import Tensorized, layout
 
 
 def compiled_frames() -> int:
-    """Frames Dynamo has compiled so far in this process (each recompile adds one)."""
+    """Graphs Dynamo has compiled so far in this process (each recompile adds one).
+
+    ``counters["frames"]["ok"]`` is not counted for ``fullgraph=True`` regions in torch 2.13
+    (it stayed 0 through real recompiles, so every run reported 0); ``unique_graphs`` is."""
     from torch._dynamo.utils import counters
 
-    return int(counters["frames"]["ok"])
+    return int(counters["stats"]["unique_graphs"])
 
 
 def graph_breaks() -> int:
@@ -62,6 +67,12 @@ def check_precision(spec: Spec, device: torch.device) -> None:
         )
 
 
+def optimizer_settings(spec: Spec) -> AdamW:
+    """The run's AdamW settings (``run.learning_rate`` and ``run.adamw``)."""
+    a = spec.run.adamw
+    return adamw(learning_rate=spec.run.learning_rate, weight_decay=a.weight_decay, fused=a.fused)
+
+
 @dataclass
 class PredictOutputs:
     """Selected outputs of one chunk, on CPU, aligned with the chunk's root rows."""
@@ -73,7 +84,7 @@ class PredictOutputs:
 class Engine:
     def __init__(self, spec: Spec, schema: ModelSchema, device: torch.device,
                  state_dict: dict | None = None, clock: Clock | None = None,
-                 encoding: Encoding | None = None) -> None:
+                 encoding: Encoding | None = None, optimizer_state: dict | None = None) -> None:
         self.spec, self.schema, self.device = spec, schema, device
         self.encoding = encoding  # loader workers encode with it
         torch.manual_seed(spec.run.seed)
@@ -86,9 +97,15 @@ class Engine:
         c = spec.run.compile
         if c.encoders or c.pools:
             self.model.compile(encoders=c.encoders, pools=c.pools, backend=c.backend,
-                               dynamic=c.dynamic)
-        # The seed note's factory: fused AdamW by default (torch 2.13 has a CPU fused kernel).
-        self.model.optimizer = adamw(learning_rate=spec.run.learning_rate)
+                               dynamic=c.dynamic, options=dict(c.options) or None, mode=c.mode)
+        # The model package's AdamW factory: fused by default (torch 2.13 has a CPU fused kernel).
+        self.model.optimizer = optimizer_settings(spec)
+        # Resuming (train+predict with run.checkpoint): the saved optimizer state, whose
+        # settings tasks/checkpoint.py already checked against the spec.
+        self._optimizer_state = optimizer_state
+        # fp16 gradients underflow without loss scaling; bf16 and fp32 need none.
+        self.scaler = (torch.amp.GradScaler("cuda")
+                       if spec.run.precision == "fp16" and device.type == "cuda" else None)
         self.model.batch_size = spec.run.batch_size
         self.optimizer_settings = self.model.optimizer
         self.optimizer: torch.optim.Optimizer | None = None
@@ -98,23 +115,37 @@ class Engine:
         self.predict_timings = PhaseTimings(wu, bs)
         self.wall_seconds = 0.0
         self.paths_seen: set[str] = set()
-        self.quality = Quality(spec.task.kind)
-        # Dynamo frame counts when each phase leaves warm-up: later growth = recompiles.
+        self.quality = self._new_quality()
+        # Dynamo frames compiled (and graph breaks) while a phase's own steady batches ran:
+        # a recompile is charged to the phase whose batch triggered it, never to the other.
         self.frames_at_start = compiled_frames()
-        self.frames_at_steady: dict[str, int] = {}
-        self.breaks_at_steady: dict[str, int] = {}
+        self.steady_frames: dict[str, int] = {"train": 0, "predict": 0}
+        self.steady_breaks: dict[str, int] = {"train": 0, "predict": 0}
+        self.worker_startup_seconds = 0.0
+        self._data_module: ArrowDataModule | None = None
         self._generator = torch.Generator().manual_seed(spec.run.seed)
+        self.profiler = SteadyProfiler(spec.run.profile, spec.run.profile_batches, device)
 
-    def _mark_steady(self, phase: str, t: PhaseTimings) -> None:
-        if phase not in self.frames_at_steady and t.in_steady_state:
-            self.frames_at_steady[phase] = compiled_frames()
-            self.breaks_at_steady[phase] = graph_breaks()
+    def _new_quality(self) -> Quality:
+        """Quality in the target's own units: regression errors are scaled back."""
+        enc = self.encoding
+        return Quality(self.spec.task.kind, target_mean=enc.target_mean if enc else 0.0,
+                       target_std=enc.target_std if enc else 1.0)
+
+    def begin_predict_pass(self) -> None:
+        """Quality is scored on one pass (the latest), not accumulated over repeats."""
+        self.quality = self._new_quality()
 
     def recompiles(self, phase: str) -> int:
-        return compiled_frames() - self.frames_at_steady.get(phase, compiled_frames())
+        return self.steady_frames[phase]
 
     def graph_breaks_after_warmup(self, phase: str) -> int:
-        return graph_breaks() - self.breaks_at_steady.get(phase, graph_breaks())
+        return self.steady_breaks[phase]
+
+    def close(self) -> None:
+        if self._data_module is not None:
+            self._data_module.close()
+            self._data_module = None
 
     def _autocast(self):
         if self.spec.run.precision == "fp32":
@@ -136,28 +167,46 @@ class Engine:
                 yield self._input(tz.batch, idx), int(idx.numel())
             return
         assert tz.table is not None and self.encoding is not None
-        table = tz.table.take(pa.array(rows.numpy()))
-        ld = self.spec.run.loader
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # pin_memory off CUDA is a no-op, said in the README
-            dm = ArrowDataModule(self.model, validate=table, batch_size=bs, num_workers=ld.num_workers,
-                                 persistent_workers=ld.persistent_workers, pin_memory=ld.pin_memory,
-                                 prefetch_factor=ld.prefetch_factor, encoding=self.encoding,
-                                 layout=layout(self.spec))
-        for part in dm.val_dataloader():
-            yield part, part.size
+        table = tz.table
+        parts = (table.take(pa.array(idx.numpy())) for idx in rows.split(bs))
+        loader = self.data_module().stream(parts, count=(rows.numel() + bs - 1) // bs)
+        # Starting (or, when persistent, re-arming) the workers is not input wait.
+        with self.clock.measure() as start:
+            it = iter(loader)
+        self.worker_startup_seconds += start.seconds
+        non_blocking = bool(loader.pin_memory) and self.device.type == "cuda"
+        for part in it:
+            yield part.to(self.device, non_blocking=non_blocking), part.size
+
+    def data_module(self) -> ArrowDataModule:
+        """One data module per run, so ``persistent_workers`` keeps its workers across chunks,
+        epochs and passes (the loader is fed Arrow slices; workers only encode)."""
+        if self._data_module is None:
+            ld = self.spec.run.loader
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # pin_memory off CUDA is a no-op, said in the README
+                self._data_module = ArrowDataModule(
+                    self.model, batch_size=self.spec.run.batch_size, num_workers=ld.num_workers,
+                    persistent_workers=ld.persistent_workers, pin_memory=ld.pin_memory,
+                    prefetch_factor=ld.prefetch_factor, encoding=self.encoding,
+                    layout=layout(self.spec))
+        return self._data_module
 
     def _timed(self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]]
                ) -> Iterator[tuple[Batch, int]]:
         """Yield batches, charging the wait for each one to ``t.input_seconds``."""
         while True:
-            self._mark_steady(phase, t)
+            steady = t.in_steady_state
+            frames, breaks = (compiled_frames(), graph_breaks()) if steady else (0, 0)
             with self.clock.measure() as wait:
                 item = next(batches, None)
             t.input_seconds += wait.seconds
             if item is None:
                 return
-            yield item
+            yield item  # the caller runs the step before asking for the next batch
+            if steady:
+                self.steady_frames[phase] += compiled_frames() - frames
+                self.steady_breaks[phase] += graph_breaks() - breaks
 
     def train(self, tz: Tensorized) -> None:
         """One pass over the chunk's training rows, shuffled with the run's seed."""
@@ -166,18 +215,25 @@ class Engine:
             return
         if self.optimizer is None:
             self.optimizer = self.model.configure_optimizer()
+            if self._optimizer_state is not None:
+                self.optimizer.load_state_dict(self._optimizer_state)
         self.model.train()
         order = rows[torch.randperm(rows.numel(), generator=self._generator)]
         t = self.train_timings
         with self.clock.measure() as wall:
             for part, n in self._timed("train", t, self._batches(tz, order)):
-                with self.clock.measure() as step:
+                with self.profiler.batch("train", t.in_steady_state), self.clock.measure() as step:
                     with self._autocast():
                         outs = self.model(part, outputs=("prediction",))
                         loss = self.model.loss(part, outs)
                     self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    self.optimizer.step()
+                    if self.scaler is not None:
+                        self.scaler.scale(loss).backward()
+                        self.scaler.step(self.optimizer)
+                        self.scaler.update()
+                    else:
+                        loss.backward()
+                        self.optimizer.step()
                 t.record(step.seconds, n)
                 t.updates += 1
         self.wall_seconds += wall.seconds
@@ -199,7 +255,7 @@ class Engine:
         t = self.predict_timings
         with self.clock.measure() as wall:
             for part, n in self._timed("predict", t, self._batches(tz, torch.arange(tz.root_rows))):
-                with self.clock.measure() as step:
+                with self.profiler.batch("predict", t.in_steady_state), self.clock.measure() as step:
                     with self._autocast():
                         outs = self.model(part, outputs=need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}

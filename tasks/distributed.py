@@ -16,12 +16,13 @@ and recorded. ``compute.train.scaling_efficiency`` = throughput(N) / (N x throug
 where throughput(1) is a one-process torchrun of the same spec and threads, timed in the same
 flow just before (``run.distributed.reference``), so the two are measured side by side.
 
-Metric keys (units in the names): ``compute.train.rank<r>.rows_per_s`` (steady trained rows/s
-of each rank), ``compute.train.total_rows_per_s`` (their sum), ``compute.train.allreduce_seconds``
-(rank 0, DDP communication hook: from each bucket's all-reduce launch to its completion,
-overlapping backward), ``compute.train.allreduce_fraction`` (of rank 0's steady step time),
-``compute.train.reference_rows_per_s``, ``compute.train.scaling_efficiency``,
-``compute.train.processes``, ``compute.train.threads_per_process``.
+Metric keys (``tasks/keys.py``, units in its CATALOGUE): ``compute.train.rank<r>.rows_per_s``
+(steady trained rows/s of each rank), ``compute.train.total_rows_per_s`` (their sum),
+``compute.train.allreduce_seconds`` (rank 0, DDP communication hook: from each bucket's
+all-reduce launch to its completion, overlapping backward), ``compute.train.allreduce_fraction``
+(of rank 0's step time), ``compute.train.reference_rows_per_s``,
+``compute.train.scaling_efficiency``, ``compute.train.processes``,
+``compute.train.threads_per_process``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from tasks import keys as K
 from tasks.errors import UserError
 from tasks.records import PhaseTimings
 from tasks.spec import Spec
@@ -68,6 +70,9 @@ def check(spec: Spec, device: torch.device) -> None:
         raise UserError("run.distributed.backend gloo trains on CPU; set run.device: cpu, or use backend: nccl.")
     if spec.run.loader.num_workers > 0:
         raise UserError("run.distributed does not use loader workers yet; set run.loader.num_workers: 0.")
+    if spec.run.checkpoint:
+        raise UserError("run.distributed does not resume from run.checkpoint yet (ranks start from fresh "
+                        "weights); remove run.checkpoint or run.distributed.")
 
 
 def shard(keys: np.ndarray, rank: int, world: int) -> np.ndarray:
@@ -106,21 +111,21 @@ class RankReport:
 def metrics(reports: list[RankReport], threads: int, reference_rows_per_s: float | None) -> dict[str, float]:
     """The distributed figures of one training job (the keys in the module docstring)."""
     n = len(reports)
-    out = {f"compute.train.rank{r.rank}.rows_per_s": r.steady_rows_per_s for r in reports}
+    out = {K.ddp_rank_rows_per_s(r.rank): r.steady_rows_per_s for r in reports}
     total = sum(r.steady_rows_per_s for r in reports)
     r0 = reports[0]
     step_seconds = sum(r0.timings.steady_seconds) + sum(r0.timings.warmup_seconds) + (
         r0.timings.first_call_seconds or 0.0)
     out.update({
-        "compute.train.total_rows_per_s": total,
-        "compute.train.allreduce_seconds": r0.allreduce_seconds,
-        "compute.train.allreduce_fraction": r0.allreduce_seconds / step_seconds if step_seconds > 0 else 0.0,
-        "compute.train.processes": float(n),
-        "compute.train.threads_per_process": float(threads),
+        K.DDP_TOTAL_ROWS_PER_S: total,
+        K.DDP_ALLREDUCE_SECONDS: r0.allreduce_seconds,
+        K.DDP_ALLREDUCE_FRACTION: r0.allreduce_seconds / step_seconds if step_seconds > 0 else 0.0,
+        K.DDP_PROCESSES: float(n),
+        K.DDP_THREADS_PER_PROCESS: float(threads),
     })
     if reference_rows_per_s:
-        out["compute.train.reference_rows_per_s"] = reference_rows_per_s
-        out["compute.train.scaling_efficiency"] = total / (n * reference_rows_per_s)
+        out[K.DDP_REFERENCE_ROWS_PER_S] = reference_rows_per_s
+        out[K.DDP_SCALING_EFFICIENCY] = total / (n * reference_rows_per_s)
     return out
 
 
@@ -156,7 +161,7 @@ def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri:
     """The train phase of ``pipe`` (a ``flows.benchmark.Pipeline``) with DDP; fills its engine."""
     spec: Spec = pipe.spec
     d = spec.run.distributed
-    pipe.prepare(0, reuse=True)  # fits the encoding (and builds the engine) as a 1-process run does
+    pipe.prepare(0, "train", reuse=True)  # fits the encoding (and builds the engine) as a 1-process run does
     with tempfile.TemporaryDirectory(prefix="relflow-ddp-") as tmp:
         work = Path(tmp)
         job = {"spec": spec.to_dict(), "spec_dir": str(spec_dir), "encoding": pipe.enc.to_dict(),
@@ -176,9 +181,10 @@ def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri:
     engine.train_timings.updates = r0.timings.updates
     engine.paths_seen.update(r0.encoder_paths)
     result = pipe.result
-    for stage in ("retrieve", "preprocess", "tensorize", "compute"):
+    for stage in K.PHASE_STAGES["train"]:
         # Ranks work in parallel: the stage took the slowest rank's time over every rank's rows.
-        result.stages[stage].add(max(r.stage_seconds.get(stage, 0.0) for r in reports),
+        result.stages["train"][stage].add(max(r.stage_seconds.get(stage, 0.0) for r in reports),
                                  sum(r.stage_rows.get(stage, 0) for r in reports))
     result.updates_per_epoch = r0.updates_per_epoch
+    result.train_epochs += spec.run.epochs
     return metrics(reports, d.threads_per_process, reference)

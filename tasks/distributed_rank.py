@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from model.arrow import Encoding, model_schema
 from tasks.clock import Clock, wall_clock
 from tasks.distributed import RankReport, metrics, shard
+from tasks.keys import PHASE_STAGES
 from tasks.preprocess import preprocess
 from tasks.retrieve import list_root_keys, retrieve
 from tasks.spec import parse_spec
@@ -93,7 +94,7 @@ def main(job_path: str) -> None:
         mine = shard(keys, rank, world)
         n = spec.run.chunk_rows
         chunks = [mine[i:i + n] for i in range(0, len(mine), n)]
-        seconds = {s: 0.0 for s in ("retrieve", "preprocess", "tensorize", "compute")}
+        seconds = {s: 0.0 for s in PHASE_STAGES["train"]}
         rows = {s: 0 for s in seconds}
         engine = Engine(rank_spec, schema, device, None, clock, enc)
         # Heads for outputs a train step does not request get no gradient: let DDP find them.

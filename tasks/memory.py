@@ -1,4 +1,9 @@
-"""Peak memory: host RSS sampled in a background thread, device peak from CUDA's allocator."""
+"""Peak memory: host RSS sampled in a background thread, device peak from CUDA's allocator.
+
+Host memory is the resident set of this process **plus its child processes** (DataLoader
+workers with ``run.loader.num_workers > 0``), summed at each sample; pages a forked worker
+shares with its parent count once per process, so with workers the figure is an upper bound.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import torch
 
 
 class PeakMemory:
-    """Samples this process's RSS every ``interval`` seconds between ``start`` and ``stop``."""
+    """Samples the RSS of this process tree every ``interval`` seconds between ``start`` and ``stop``."""
 
     def __init__(self, device: torch.device | None = None, interval: float = 0.02) -> None:
         self.device = device
@@ -20,7 +25,13 @@ class PeakMemory:
         self._proc = psutil.Process()
 
     def _sample(self) -> None:
-        self.host_peak_bytes = max(self.host_peak_bytes, self._proc.memory_info().rss)
+        rss = self._proc.memory_info().rss
+        for child in self._proc.children(recursive=True):
+            try:
+                rss += child.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass  # exited between listing and reading
+        self.host_peak_bytes = max(self.host_peak_bytes, rss)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

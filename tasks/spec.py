@@ -144,6 +144,14 @@ class CompileSettings(Strict):
     pools: bool = False
     backend: str = "inductor"
     dynamic: bool | None = None
+    mode: str | None = Field(None, description="torch.compile mode, e.g. max-autotune-no-cudagraphs")
+    options: dict[str, Any] = Field(default_factory=dict, description="torch.compile options "
+                                    "(Inductor config keys), applied over the harness defaults")
+
+
+class AdamWSettings(Strict):
+    fused: bool | None = Field(True, description="fused kernel (true), for-each (false), torch's choice (null)")
+    weight_decay: float = Field(0.01, ge=0, description="decoupled weight decay (not on biases/norms)")
 
 
 class Loader(Strict):
@@ -162,29 +170,43 @@ class Distributed(Strict):
     reference: bool = Field(True, description="also time a 1-process run for compute.train.scaling_efficiency")
 
 
+class Threads(Strict):
+    intra_op: int | None = Field(
+        None, ge=1, description="torch.set_num_threads; unset = leave torch's default (an explicit "
+        "setting equal to the default can still run slower: see the README)")
+    inter_op: int | None = Field(None, ge=1, description="torch.set_num_interop_threads; unset = default")
+
+
 class Run(Strict):
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
     epochs: int = Field(1, ge=1)
-    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate (the seed note's 1e-3)")
+    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    adamw: AdamWSettings = Field(default_factory=AdamWSettings)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     packing: Literal["auto", "off"] = "auto"
     compile: CompileSettings = Field(default_factory=CompileSettings)
     loader: Loader = Field(default_factory=Loader)
     warmup_batches: int = Field(2, ge=0)
-    repeats: int = Field(1, ge=1, description="predict passes; >1 adds medians and 95% CIs")
+    repeats: int = Field(1, ge=1, description="predict passes; >=2 adds medians, >=6 their 95% intervals")
     min_steady_batches: int = Field(10, ge=0, description="validity: fewer makes the run INVALID")
     min_steady_seconds: float = Field(1.0, ge=0, description="validity: less makes the run INVALID")
     max_recompiles: int = Field(0, ge=0, description="validity: recompiles after warm-up allowed")
     max_host_load: float | None = Field(
-        None, gt=0, description="validity: 1-minute load average per core allowed at the start or end of "
-        "the timed region (other work on the host slows torch 10x+ through thread oversubscription)")
+        None, gt=0, description="validity: share of all cores other processes may use just before "
+        "(0.5 s window) and during the timed region (other work slows torch 10x+)")
     chunk_rows: int = Field(50_000, gt=0, description="root rows per retrieve..write chunk")
     seed: int = 0
     system_metrics_interval_s: float = Field(
-        5.0, ge=0, description="MLflow system metrics sampling (0 = off); a background thread")
+        5.0, ge=0, description="MLflow system metrics sampling (0 = off); sampled in memory during "
+        "the timed region and logged after it")
     device: str = "auto"
-    checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
+    threads: Threads = Field(default_factory=Threads)
+    profile: bool = Field(False, description="torch.profiler over run.profile_batches steady batches per "
+                          "phase; the run is tagged relflow.profiled and left out of history/compare")
+    profile_batches: int = Field(5, ge=1)
+    checkpoint: str | None = Field(None, description="checkpoint to load: predict uses its weights; "
+                                   "train+predict resumes training from it (optimizer state and settings)")
     output_dir: str = "outputs"
     distributed: Distributed | None = Field(None, description="train with DDP over several processes")
 

@@ -12,6 +12,7 @@ unless ``MLFLOW_TRACKING_URI`` is set.
 from __future__ import annotations
 
 import os
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,45 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
     else:
         out[prefix[:-1]] = str(d)
     return out
+
+
+class SystemSampler:
+    """MLflow's system-metric collectors on a thread, kept in memory (no store access)."""
+
+    def __init__(self, interval_s: float, uri: str) -> None:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        # Only for its collector list (CPU, disk, network, GPU when present); its own thread,
+        # which logs to the store, is never started.
+        self.monitors = SystemMetricsMonitor("unused", sampling_interval=interval_s,
+                                             tracking_uri=uri).monitors
+        self.interval_s = interval_s
+        self.samples: list[tuple[int, dict[str, float]]] = []  # (unix ms, metrics)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        metrics: dict[str, float] = {}
+        for m in self.monitors:
+            m.collect_metrics()
+            metrics.update(m.aggregate_metrics())
+            m.clear_metrics()
+        self.samples.append((int(unix_time() * 1000), metrics))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> None:
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="relflow-system-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 class Tracker:
@@ -128,18 +168,30 @@ class Tracker:
         self.client.log_dict(self.run_id, data, name)
 
     def start_system_metrics(self, interval_s: float) -> None:
-        """MLflow's own CPU/memory/GPU sampler for this run (a background thread)."""
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        """Sample MLflow's system metrics (CPU, memory, disk, network, GPU) into memory.
 
-        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval_s,
-                                             tracking_uri=self.uri)
+        Nothing reaches the store while sampling (MLflow's own monitor thread writes and
+        reads the store every interval, which would put store traffic inside the timed
+        region); ``flush_system_metrics`` logs the samples, with their times, afterwards."""
+        self._monitor = SystemSampler(interval_s, self.uri)
         self._monitor.start()
 
     def stop_system_metrics(self) -> None:
         monitor = getattr(self, "_monitor", None)
         if monitor is not None:
-            monitor.finish()
-            self._monitor = None
+            monitor.stop()
+
+    def flush_system_metrics(self) -> None:
+        """Log the buffered samples (``system/<name>``, one step per sample)."""
+        monitor = getattr(self, "_monitor", None)
+        if monitor is None:
+            return
+        monitor.stop()
+        self._monitor = None
+        items = [Metric(f"system/{k}", float(v), ts, step)
+                 for step, (ts, sample) in enumerate(monitor.samples) for k, v in sample.items()]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
 
     def finish(self) -> None:
         self.client.set_terminated(self.run_id, "FINISHED")

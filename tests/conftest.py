@@ -39,6 +39,8 @@ os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["RELFLOW_DATA_DIR"] = str(_SESSION_DIR / "data")
 # The host lock serialises real benchmarks; tests must not queue behind one (or block it).
 os.environ["RELFLOW_LOCK_FILE"] = str(_SESSION_DIR / "host.lock")
+# The peak-FLOPs cache (MFU) is per host; tests keep theirs private.
+os.environ["RELFLOW_CACHE_DIR"] = str(_SESSION_DIR / "cache")
 # A tracking URI inherited from the shell must never receive test runs.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 

@@ -7,14 +7,17 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tasks.distributed import check, shard
+from tasks import keys as K
+from tasks.distributed import RankReport, check, metrics, shard
 from tasks.errors import UserError
+from tasks.records import PhaseTimings
 from tasks.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +49,17 @@ def test_distributed_settings_are_checked_before_any_work(shop_spec):
         check(parse_spec(shop_spec), torch.device("cpu"))
     shop_spec["run"]["mode"] = "train+predict"
     check(parse_spec(shop_spec), torch.device("cpu"))
+    shop_spec["run"]["checkpoint"] = "some.ckpt"  # resume is not distributed yet
+    with pytest.raises(UserError, match="run.checkpoint"):
+        check(parse_spec(shop_spec), torch.device("cpu"))
+
+
+def test_every_distributed_metric_key_is_catalogued():
+    timings = asdict(PhaseTimings(1, 4, first_call_seconds=1.0, steady_seconds=[1.0], steady_rows=[4]))
+    reports = [RankReport(r, timings, {}, {}, 10, 3, allreduce_seconds=0.1) for r in range(2)]
+    m = metrics(reports, threads=1, reference_rows_per_s=3.0)
+    assert m[K.DDP_SCALING_EFFICIENCY] == pytest.approx(8.0 / 6.0)
+    assert not [k for k in m if not K.documented(k)]
 
 
 def _run(tmp: Path, name: str, *sets: str) -> dict:

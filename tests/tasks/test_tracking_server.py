@@ -25,12 +25,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 from pgserver import create_database, private_dir, running_mlflow_server, running_postgres, running_prefect_server
 
+from tasks import keys as K
+
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model.d_model=8", "model.heads=2", "model.layers=1", "run.batch_size=2048", "lineitem.max_length=2",
          "run.min_steady_batches=0", "run.min_steady_seconds=0", "run.system_metrics_interval_s=0"]
-CONTRACT = ["e2e.seconds", "e2e.rows_per_s", "compute.steady_rows_per_s", "compute.first_call_seconds",
-            "compute.train.steady_rows_per_s", "quality.accuracy", "memory.host_peak_bytes",
-            *(f"stage.{s}.seconds" for s in ("retrieve", "preprocess", "tensorize", "compute", "write"))]
+CONTRACT = [K.E2E_PREDICT_SECONDS, K.E2E_PREDICT_ROWS_PER_S, K.E2E_TRAIN_SECONDS, K.E2E_TRAIN_ROWS_PER_S,
+            K.STEADY_ROWS_PER_S, K.FIRST_CALL_SECONDS, K.TRAIN_STEADY_ROWS_PER_S, K.quality("accuracy"),
+            K.HOST_PEAK_BYTES,
+            *(K.stage_seconds(s, phase) for phase in K.PHASES for s in K.PHASE_STAGES[phase])]
 ARTIFACTS = {"spec.yaml", "stages.json", "predictions_sample.csv", "checkpoint"}
 
 
