@@ -4,8 +4,8 @@ What: the model's encoder work (all branch encoders + pools + head) on real TPC-
 the `tpch_customer` workload (customer -> 16 orders -> 8 lines each), once with automatic
 packing (present coordinates only, length-bucketed dense attention) and once padded +
 masked (`packing: off`), forward (eval, no grad) and forward+backward (train, dropout 0).
-Why: the seed note says padding and skipped coordinates are absent from attention and
-eligible work is packed automatically; the payoff should scale with 1 / occupancy.
+Why: the model promises that padding and skipped coordinates are absent from attention and
+that eligible work is packed automatically; the payoff should scale with 1 / occupancy.
 How: the same batches, the two paths interleaved batch by batch (drift hits both alike),
 warm-up batches dropped, medians over batches. Goal: forward speedup >= 0.7 / occupancy.
 

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tasks import keys as K
+from tasks.errors import UserError
 from tasks.stats import MIN_CI_SAMPLES, median_interval
 from tasks.tracking import RunRecord
 
@@ -53,9 +54,15 @@ KEY_METRICS: tuple[tuple[str, int], ...] = (
     (K.OUTPUT_BYTES_PER_ROW, -1),
     (K.TRAIN_UPDATES, 0),
     (K.TRAIN_UPDATES_PER_EPOCH, 0),
+    # request scenarios (single_stream / server); absent on offline runs, so not shown there
+    ("latency.request_ms.p50", -1),
+    ("latency.request_ms.p99", -1),
+    ("latency.first_request_ms", -1),
+    ("latency.achieved_qps", +1),
 )
 # quality.<name> direction by name; unknown quality keys are shown with no direction.
 QUALITY_DIRECTION = {"accuracy": +1, "auc": +1, "f1": +1, "mae": -1, "rmse": -1,
+                     "nll": -1, "ece": -1, "brier": -1,
                      "majority_rate": 0, "mae_of_mean": 0, "rows": 0}
 # Tags that identify a run rather than its environment: never listed as explanations.
 IDENTITY_TAGS = {"relflow.output_path", "relflow.error", "relflow.invalid_reasons"}
@@ -323,7 +330,7 @@ def split_by(runs: Sequence[RunRecord], selector: str, baseline: str,
 
     Baseline: runs whose value equals ``baseline``. Candidate: runs whose value equals
     ``candidate``; when not given, the runs with any other value, which must be a single
-    value (otherwise ``ValueError`` lists them). Runs without the key take no part.
+    value (otherwise a ``UserError`` lists them). Runs without the key take no part.
     Returns (baseline, candidate, candidate value).
     """
     attr, key = ("params", selector[len("params."):]) if selector.startswith("params.") else (
@@ -334,8 +341,8 @@ def split_by(runs: Sequence[RunRecord], selector: str, baseline: str,
     if candidate is None:
         if len(others) != 1:
             found = ", ".join(others) or "none"
-            raise ValueError(f"{selector}: the non-baseline runs have {len(others)} values ({found}); "
-                             "pick one with --candidate VALUE")
+            raise UserError(f"{selector}: the non-baseline runs have {len(others)} values ({found}); "
+                            "pick one with --candidate VALUE")
         candidate = others[0]
     cand = [r for r in with_key if getattr(r, attr)[key] == candidate]
     return base, cand, candidate
@@ -348,6 +355,8 @@ def fmt_value(key: str, v: float) -> str:
         return f"{v / 2**20:,.1f} MiB"
     if key.endswith("seconds"):
         return f"{v:,.3f} s" if v >= 0.01 else f"{v * 1e3:,.2f} ms"
+    if key.startswith("latency.") and ("_ms" in key):
+        return f"{v:,.2f} ms"
     if abs(v) >= 1000 or (v == int(v) and abs(v) >= 1):
         return f"{v:,.0f}"
     return f"{v:.4g}"

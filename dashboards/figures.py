@@ -7,7 +7,6 @@ note instead of failing, so a dashboard always renders.
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -216,28 +215,56 @@ def occupancy_vs_packing(runs: Sequence[RunRecord]) -> go.Figure:
     return fig
 
 
-def _when(run: RunRecord) -> dt.datetime:
-    return dt.datetime.fromtimestamp(run.start_time_ms / 1000, tz=dt.UTC)
-
-
 def history_figure(runs: Sequence[RunRecord], steps: Sequence[HistoryStep]) -> go.Figure:
     """Throughput over time for one host and spec, with detected steps marked."""
-    fig = make_subplots(rows=len(HISTORY_METRICS), cols=1, shared_xaxes=True,
-                        subplot_titles=[f"{k} (rows/s)" for k in HISTORY_METRICS])
+    # Throughput always; latency rows only when the runs are request-scenario runs.
+    keys = [k for k in HISTORY_METRICS if not k.startswith("latency.") or series(runs, k)[0]]
+    fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True,
+                        subplot_titles=[f"{k} ({'ms' if k.startswith('latency.') else 'rows/s'})"
+                                        for k in keys])
     fig.update_layout(title="History (one host fingerprint, one spec hash), detected steps marked",
                       showlegend=False, **{**LAYOUT, "height": 560})
     if not benchmark_runs(runs):
         return _note(fig, "no FINISHED benchmark runs")
-    for row, key in enumerate(HISTORY_METRICS, start=1):
+    for row, key in enumerate(keys, start=1):
         kept, values = series(runs, key)
-        fig.add_scatter(x=[_when(r) for r in kept], y=values, mode="lines+markers", row=row, col=1,
+        fig.add_scatter(x=[r.started_at for r in kept], y=values, mode="lines+markers", row=row, col=1,
                         hovertext=[f"{r.label}<br>git {r.tags.get('relflow.git_sha', '?')[:10]}" for r in kept])
         for s in (s for s in steps if s.metric == key):
             colour = "#d62728" if s.kind == "regression" else "#2ca02c"
-            x = _when(s.after_run)
+            x = s.after_run.started_at
             fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, yref=f"y{'' if row == 1 else row} domain",
                           xref=f"x{'' if row == 1 else row}", line=dict(color=colour, dash="dash"))
             fig.add_annotation(x=x, y=1, yref=f"y{'' if row == 1 else row} domain",
                                xref=f"x{'' if row == 1 else row}", showarrow=False, yanchor="bottom",
                                text=f"{s.kind} x{s.step.ratio:.2f}", font=dict(color=colour))
+    return fig
+
+
+def latency_cdf(runs: Sequence[RunRecord], cdfs: dict[str, list[float]]) -> go.Figure:
+    """Request latency CDF per single_stream / server run (``latency.cdf_ms``: the latency
+    at percentiles 0..100; runs without it show their p50/p90/p99/max points)."""
+    fig = go.Figure()
+    fig.update_layout(title="Request latency CDF (steady requests; cold first request apart)",
+                      xaxis_title="latency (ms, log)", yaxis_title="share of requests (%)",
+                      xaxis_type="log", **LAYOUT)
+    runs = [r for r in benchmark_runs(runs) if r.metrics.get("latency.requests", 0) > 0]
+    if not runs:
+        return _note(fig, "no single_stream or server runs (run.scenario)")
+    for r in runs:
+        m = r.metrics
+        scenario = r.params.get("run.scenario", "?")
+        qps = f" @ {m['latency.target_qps']:g} QPS" if "latency.target_qps" in m else ""
+        name = f"{r.label} {scenario}{qps} [{r.tags.get('relflow.validity', '?')}]"
+        cdf = cdfs.get(r.run_id)
+        if cdf:
+            x, y = cdf, [100.0 * i / (len(cdf) - 1) for i in range(len(cdf))]
+        else:
+            pts = [(p, m.get(f"latency.request_ms.p{p}")) for p in (50, 90, 99)]
+            pts.append((100, m.get("latency.request_ms.max")))
+            x, y = [v for _, v in pts if v is not None], [p for p, v in pts if v is not None]
+        fig.add_scatter(x=x, y=y, mode="lines", name=name, line_shape="hv")
+        if "run.request.latency_bound_ms" in r.params and scenario == "server":
+            fig.add_vline(x=float(r.params["run.request.latency_bound_ms"]), line_dash="dot",
+                          line_color="#888")
     return fig

@@ -28,8 +28,11 @@ import numpy as np
 from tasks.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S
 from tasks.tracking import RunRecord
 
-# Metrics the history walks: higher is better for both.
-HISTORY_METRICS: tuple[str, ...] = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S)
+# Metrics the history walks: throughput (higher is better) and, for request scenarios
+# (single_stream / server runs), request latency (lower is better).
+HISTORY_METRICS: tuple[str, ...] = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S,
+                                    "latency.request_ms.p50", "latency.request_ms.p99")
+LOWER_IS_BETTER = frozenset({"latency.request_ms.p50", "latency.request_ms.p99"})
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in sigma / sqrt(n)
 
@@ -129,11 +132,13 @@ def series(runs: Sequence[RunRecord], key: str) -> tuple[list[RunRecord], list[f
 
 
 def history(runs: Sequence[RunRecord], key: str, **kw) -> list[HistoryStep]:
-    """Steps of one higher-is-better metric over runs already in start-time order."""
+    """Steps of one metric over runs already in start-time order (a rise is an improvement
+    unless the metric is in ``LOWER_IS_BETTER``)."""
     kept, values = series(runs, key)
     out = []
     for s in detect_steps(values, **kw) if values else []:
-        out.append(HistoryStep(key, s, "improvement" if s.after > s.before else "regression",
+        better = (s.after < s.before) if key in LOWER_IS_BETTER else (s.after > s.before)
+        out.append(HistoryStep(key, s, "improvement" if better else "regression",
                                kept[s.index - 1], kept[s.index]))
     return out
 

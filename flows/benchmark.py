@@ -34,12 +34,18 @@ from prefect.utilities.annotations import quote
 from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
+from tasks import calibrate as calibration
 from tasks import compute as compute_stage
 from tasks import distributed, progress
 from tasks import keys as K
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
+from tasks.databases import close_all as close_databases
+from tasks.databases import kind_of, resolve_database
+from tasks.datasets import describe_sources, model_interface
+from tasks.encode import check_text
+from tasks.encode import encode as encode_text
 from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.hostlock import host_lock
@@ -47,8 +53,11 @@ from tasks.memory import PeakMemory
 from tasks.peak import peak_flops
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.profiling import to_markdown as profile_markdown
-from tasks.records import PHASES, RunResult
+from tasks.records import PHASES, RunResult, StageTiming, batch_coordinate_metrics
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
+from tasks.run_note import run_description
+from tasks.scenarios.latency import verdict as latency_verdict
+from tasks.scenarios.runner import run_requests
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
 from tasks.stats import CI_METHOD
@@ -80,6 +89,13 @@ def preprocess_task(spec: Spec, retrieved: Retrieved, clock: Clock) -> tuple[Pre
     return out, span.seconds
 
 
+@task(name="encode", **STAGE_TASK)
+def encode_task(spec: Spec, pre: Preprocessed, clock: Clock) -> tuple[Preprocessed, int, float]:
+    with clock.measure() as span:
+        out = encode_text(spec, pre)
+    return out.pre, out.cells, span.seconds
+
+
 @task(name="tensorize", **STAGE_TASK)
 def tensorize_task(spec: Spec, pre: Preprocessed, enc: Encoding | None, schema: Any,
                    clock: Clock) -> tuple[Tensorized, Encoding, Any, float]:
@@ -96,6 +112,23 @@ def compute_task(engine: compute_stage.Engine, tz: Tensorized, phase: str,
     with engine.clock.measure() as span:
         out = engine.train(tz) if phase == "train" else engine.predict(tz, outputs)
     return out, span.seconds
+
+
+@task(name="calibrate", **STAGE_TASK)
+def calibrate_task(outs: compute_stage.PredictOutputs, temperature: float, kind: str,
+                   quality: calibration.CalibrationQuality, clock: Clock
+                   ) -> tuple[compute_stage.PredictOutputs, float]:
+    if outs.label_mask is not None:  # quality bookkeeping, not part of serving: untimed
+        quality.add(outs.tensors["prediction"], outs.labels, outs.label_mask)
+    with clock.measure() as span:
+        out = calibration.calibrate_outputs(outs, temperature, kind)
+    return out, span.seconds
+
+
+@task(name="requests", **STAGE_TASK)
+def requests_task(pipe: Pipeline, writer: PredictionWriter) -> Any:
+    """single_stream / server: timed requests (tasks/scenarios)."""
+    return run_requests(pipe, writer, pipe.calibration)
 
 
 @task(name="write", **STAGE_TASK)
@@ -125,13 +158,18 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     t0 = wall_clock()
     generated = False
     base = spec_dir
-    if spec.source.generate is not None:
+    db = spec.source.database
+    if spec.source.generate is not None and (db is None or kind_of(db.url) == "duckdb"):
         base, generated = ensure_tpch(spec.source.generate.tpch.scale)
-    sources = resolve_sources(spec, base)
+    if db is not None:  # tables in a database (tasks/databases.py) instead of files
+        sources = resolve_database(spec, spec_dir, base if spec.source.generate else None)
+    else:
+        sources = resolve_sources(spec, base)
     check_sources(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
     distributed.check(spec, device)
+    check_text(spec)
     ckpt = None
     if spec.run.checkpoint:  # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
@@ -149,10 +187,21 @@ class Pipeline:
         self.clock = Clock(p.device)
         self.enc: Encoding | None = p.checkpoint["encoding"] if p.checkpoint else None
         self.schema = p.checkpoint["schema"] if p.checkpoint else None
+        # Output calibration: fitted after training, else the checkpoint's (1.0 = none).
+        self.temperature: float = p.checkpoint.get("temperature", 1.0) if p.checkpoint else 1.0
+        self.calibration = calibration.CalibrationQuality(self.spec.task.kind, self.temperature)
         self.engine: compute_stage.Engine | None = None
         self.chunks: list[np.ndarray] = []
         self._cache: dict[int, Tensorized] = {}
         self._counted: set[int] = set()
+        self.has_text = any(k == "text" for c in [self.spec.schema_.root.columns] + [
+            b.columns for b, _ in self.spec.schema_.walk()] for k in c.values())
+        if self.has_text:  # the application's text encoder: an extra timed step, before tensorize
+            for phase, st in result.stages.items():
+                result.stages[phase] = {k: st[k] for k in ("retrieve", "preprocess")} | {
+                    "encode": StageTiming("encode", phase)} | {k: v for k, v in st.items() if k not in (
+                        "retrieve", "preprocess")}
+            self.text_cells = self.text_cells_per_pass = 0
 
     def list_keys(self) -> None:
         with self.clock.measure() as span:
@@ -177,9 +226,18 @@ class Pipeline:
         r, sec = retrieve_task(quote(spec), quote(self.p.sources), quote(self.chunks[i]), quote(clock))
         st["retrieve"].add(sec, r.root_rows)
         self.result.bytes_read += r.bytes_read
+        self.result.extra[K.DATA_ROWS_READ] = (self.result.extra.get(K.DATA_ROWS_READ, 0.0)
+                                               + sum(r.rows_read.values()))
         progress.emit("stage", name="preprocess", chunk=i)
         pre, sec = preprocess_task(quote(spec), quote(r), quote(clock))
         st["preprocess"].add(sec, pre.root_rows)
+        if self.has_text:
+            progress.emit("stage", name="encode", chunk=i)
+            pre, cells, sec = encode_task(quote(spec), quote(pre), quote(clock))
+            st["encode"].add(sec, pre.root_rows)
+            self.text_cells += cells  # every call, for encode.cells_per_s
+            if i not in self._counted:
+                self.text_cells_per_pass += cells
         progress.emit("stage", name="tensorize", chunk=i)
         tz, self.enc, self.schema, sec = tensorize_task(quote(spec), quote(pre), quote(self.enc),
                                                         quote(self.schema), quote(clock))
@@ -212,6 +270,16 @@ class Pipeline:
                 self.result.updates_per_epoch = self.engine.train_timings.updates - before
             self.result.train_epochs += 1
 
+    def fit_calibration(self) -> None:
+        """Temperature scaling on the validation split, after training (not a stage)."""
+        with self.clock.measure() as span:
+            self.temperature, rows = calibration.fit_on_validation(self)
+        self.calibration.temperature = self.temperature
+        if self.engine is not None:
+            self.engine.temperature = self.temperature  # saved with the checkpoint
+        self.result.extra.update({"calibration.fit_seconds": span.seconds,
+                                  "calibration.fit_rows": float(rows)})
+
     def predict(self, writer: PredictionWriter, repeat: int) -> None:
         """One full predict pass (retrieve..write); per-pass figures feed the repeat stats."""
         st = self.result.stages["predict"]
@@ -226,6 +294,9 @@ class Pipeline:
             progress.emit("stage", name="compute", chunk=i, phase="predict", repeat=repeat)
             outs, sec = compute_task(quote(self.engine), quote(tz), "predict", tuple(self.spec.task.outputs))
             st["compute"].add(sec, tz.root_rows)
+            outs, sec = calibrate_task(outs, self.temperature, self.spec.task.kind,
+                                       self.calibration, self.clock)
+            st["calibrate"].add(sec, tz.root_rows)
             progress.emit("stage", name="write", chunk=i)
             st["write"].add(write_task(quote(self.spec), quote(self.engine), quote(self.enc), quote(tz),
                                        quote(outs), quote(writer), quote(self.clock)), tz.root_rows)
@@ -258,6 +329,7 @@ class Run:
     pipe: Pipeline | None = None
     region: dict[str, float] | None = None
     ckpt_path: Path | None = None
+    latency: Any = None  # LatencyRecord of a single_stream / server run
 
     @property
     def quality_meaningful(self) -> bool:
@@ -290,6 +362,7 @@ def timed_body(run: Run) -> None:
     s = run.spec
     run.tracker.log_params(flatten(s.to_dict()))
     run.tracker.log_text(s.to_yaml(), "spec.yaml")
+    run.tracker.log_datasets(describe_sources(s, run.plan.sources))
     with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")
                    ) as waited:
         load_start = host_load_per_core()
@@ -301,11 +374,17 @@ def timed_body(run: Run) -> None:
         region_start_unix = unix_time()
         run.pipe = pipe = Pipeline(run.plan, run.result)
         pipe.list_keys()
-        if s.run.mode == "train+predict" and s.run.distributed:
-            distributed.train(pipe, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
-        elif s.run.mode == "train+predict":
-            pipe.train()
-        for repeat in range(s.run.repeats):
+        if s.run.mode == "train+predict":
+            if s.run.distributed:  # DDP ranks under torchrun (tasks/distributed.py)
+                distributed.train(pipe, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
+            else:
+                pipe.train()
+            pipe.fit_calibration()
+        run.latency = None
+        if s.run.scenario != "offline":  # single_stream / server (tasks/scenarios)
+            progress.emit("phase", name=f"{s.run.scenario} requests")
+            run.latency = requests_task(pipe, run.writer)
+        for repeat in range(s.run.repeats if run.latency is None else 0):
             # Every pass really writes; only the last file is kept.
             w = run.writer if repeat == s.run.repeats - 1 else PredictionWriter(
                 run.output.with_name(f"{run.output.stem}.repeat{repeat}.parquet"))
@@ -329,6 +408,11 @@ def collect(run: Run) -> dict[str, float]:
     s, p, result, region = run.spec, run.plan, run.result, run.region
     engine, enc = run.pipe.engine, run.pipe.enc
     result.extra[K.COMPILED_FRAMES] = float(compute_stage.compiled_frames() - engine.frames_at_start)
+    result.extra.update(batch_coordinate_metrics(engine.batch_coords, s.run.repeats, len(engine.batch_shapes)))
+    if run.pipe.has_text:
+        enc_s = sum(st["encode"].seconds for st in result.stages.values())
+        result.extra[K.DATA_TEXT_CELLS] = float(run.pipe.text_cells_per_pass)
+        result.extra[K.ENCODE_CELLS_PER_S] = run.pipe.text_cells / enc_s if enc_s > 0 else 0.0
     for phase in PHASES:
         result.recompiles[phase] = engine.recompiles(phase)
         result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
@@ -345,6 +429,10 @@ def collect(run: Run) -> dict[str, float]:
     result.compute_seconds = engine.wall_seconds
     result.worker_startup_seconds = engine.worker_startup_seconds
     result.quality = engine.quality.metrics()
+    result.quality.update(run.pipe.calibration.metrics())
+    result.extra["calibration.temperature"] = run.pipe.temperature
+    if run.latency is not None:
+        result.extra.update(run.latency.metrics())
     result.extra.update({
         K.HARNESS_DATA_SECONDS: p.data_seconds,
         K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
@@ -363,6 +451,8 @@ def collect(run: Run) -> dict[str, float]:
         run.ckpt_path = run.output.with_suffix(".ckpt")
         save_run_checkpoint(run.ckpt_path, engine, enc, s)
         run.tracker.log_artifact(run.ckpt_path, "checkpoint")
+        run.tracker.log_model(engine.model, model_interface(s, p.sources, engine.schema, engine.model.config,
+                                                            engine.needed_outputs(tuple(s.task.outputs))))
     shape = inspect_on_meta(engine.schema, engine.model.config,
                             outputs=engine.needed_outputs(tuple(s.task.outputs)))
     run.tracker.log_params({"model.parameters": shape["parameters"],
@@ -380,6 +470,8 @@ def collect(run: Run) -> dict[str, float]:
 def judge(run: Run, metrics: dict[str, float]) -> list[str]:
     """Step 4: the validity verdict (empty: VALID)."""
     reasons = verdict(run.spec, metrics, run.pipe.engine.quality.headline)
+    if run.latency is not None:
+        reasons += latency_verdict(run.spec.run.scenario, run.spec.run.request, metrics)
     if not run.quality_meaningful and run.spec.task.min_quality is not None:
         reasons.append("task.min_quality set but weights are untrained (predict without "
                        "run.checkpoint)")
@@ -391,6 +483,9 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
     Returns the flow's summary."""
     engine, tracker = run.pipe.engine, run.tracker
     tracker.log_metrics(metrics)
+    metrics.update(engine.flush_throughput(tracker))  # the callback logs its own estimate
+    if run.latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
+        tracker.log_metric_steps("latency.cdf_ms", run.latency.cdf_ms())
     tracker.flush_system_metrics()
     tracker.set_tags({
         "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
@@ -403,6 +498,8 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
     stage_table = run.result.stage_table()
     tracker.log_dict(stage_table, "stages.json")
     tracker.log_text(_sample_csv(run.output), "predictions_sample.csv")
+    tracker.set_description(run_description(run.spec.name, stage_table, metrics, reasons,
+                                            engine.quality.headline, run.quality_meaningful))
     tracker.finish()
     return {
         "run_id": run.run_id,
@@ -448,6 +545,8 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         run.writer.abort()
         run.tracker.fail(err)
         raise
+    finally:
+        close_databases()
     publish_run_artifact(summary)
     return summary
 

@@ -1,8 +1,7 @@
 """``relflow-bench sweep`` and ``relflow-bench serve``: many runs of one host or a fleet.
 
-Registered on the main Typer app in ``flows/cli.py``. Error handling is the same as for
-``run``: bad input exits 2 with one paragraph, other failures exit 1. ``flows.cli`` is
-imported inside the commands (it imports this module to register them).
+Registered on the main Typer app in ``flows/cli.py``; exit codes as every command's (see
+``flows/cli_common.py``), plus 1 when any configuration of a sweep failed.
 """
 
 from __future__ import annotations
@@ -15,9 +14,17 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from flows.cli_common import (
+    BENCHMARKS,
+    console,
+    fail,
+    handle_run_error,
+    out,
+    pairs,
+    quiet_prefect,
+    start_run_command,
+)
 from tasks.errors import UserError
-
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -80,79 +87,88 @@ def sweep_cmd(
     Rerunning the same sweep (same base spec and grid) reuses its parent run and skips every
     configuration that already has a FINISHED child. Exits 1 if any configuration failed.
     """
-    from flows.cli import _handle_run_error, _pairs, _start_run_command, console, out
+    overrides = start_run_command(debug, set_, scale)
+    try:
+        summary = _run_sweep(spec, overrides, grid or [], pairs(tag or [], "--tag"), pool, queue, working_dir)
+    except (Exception, KeyboardInterrupt, SystemExit) as err:
+        handle_run_error(err, debug, "the running configuration and the parent run were ended KILLED; "
+                         "rerun the same command to resume.")
+    _print_sweep_summary(summary)
+    if any(r["status"] == "FAILED" for r in summary["rows"]):
+        raise typer.Exit(1)
+
+
+def _run_sweep(path: Path, overrides: list[str], grid: list[str], tags: dict[str, str],
+               pool: str | None = None, queue: str | None = None,
+               working_dir: Path | None = None) -> dict[str, Any]:
+    """Validate every configuration and make the data available before Prefect starts, then run
+    the sweep flow (or, with a pool, fan it out to the pool's workers), printing one line per
+    configuration; returns the flow's summary."""
     from tasks import progress
     from tasks.sections import load_spec_and_sections
 
-    overrides = _start_run_command(debug, set_, scale)
+    base, sections = load_spec_and_sections(path, overrides)
+    full_grid = dict(sections.sweep.grid) if sections.sweep else {}
+    full_grid.update(parse_grid(grid))
+    from flows.benchmark import plan
+    from flows.sweep import expand, sweep
+
+    configs = expand(base, full_grid)  # every configuration validated before Prefect starts
+    from flows.sweep_pool import check_pool_args
+
+    pool = pool or (sections.sweep.pool if sections.sweep else None)
+    queue = queue or (sections.sweep.queue if sections.sweep else None)
+    check_pool_args(pool, queue)
+    checked = plan(base, path.resolve().parent)
+    if checked.generated:
+        console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
+    console.print(f"sweep of '{base.name}': {len(configs)} configurations over "
+                  f"{', '.join(full_grid)}; starting Prefect")
+    unsubscribe = progress.subscribe(_show_sweep_event)
     try:
-        extra_tags = _pairs(tag or [], "--tag")
-        base, sections = load_spec_and_sections(spec, overrides)
-        full_grid = dict(sections.sweep.grid) if sections.sweep else {}
-        full_grid.update(parse_grid(grid or []))
-        from flows.benchmark import plan
-        from flows.sweep import expand, sweep
+        if pool:
+            from flows.sweep_pool import prepare, sweep_pool
 
-        configs = expand(base, full_grid)  # every configuration validated before Prefect starts
-        from flows.sweep_pool import check_pool_args
+            deployment = prepare(path, base.to_dict(), pool, (working_dir or Path.cwd()).resolve())
+            console.print(f"fanning out to work pool '{pool}'" + (f", queue '{queue}'" if queue else "")
+                          + f" as flow runs of {deployment}")
+            return sweep_pool(base_spec=base.to_dict(), grid=full_grid, deployment=deployment, pool=pool,
+                              spec_dir=str(path.resolve().parent), queue=queue, tags=tags)
+        return sweep(base_spec=base.to_dict(), grid=full_grid, spec_dir=str(path.resolve().parent), tags=tags)
+    finally:
+        unsubscribe()
 
-        pool = pool or (sections.sweep.pool if sections.sweep else None)
-        queue = queue or (sections.sweep.queue if sections.sweep else None)
-        check_pool_args(pool, queue)
-        checked = plan(base, spec.resolve().parent)
-        if checked.generated:
-            console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
-        console.print(f"sweep of '{base.name}': {len(configs)} configurations over "
-                      f"{', '.join(full_grid)}; starting Prefect")
 
-        def show(event: str, info: dict[str, Any]) -> None:
-            if event != "sweep":
-                return
-            kind, n = info["kind"], info["total"]
-            if kind == "parent":
-                verb = "resuming sweep" if info["reused"] else "new sweep"
-                console.print(f"{verb} {info['sweep_hash']}: parent MLflow run {info['run_id']}")
-            elif kind == "skipped":
-                r = info["row"]
-                console.print(f"[{r.index + 1}/{n}] {r.config}: skipped, already FINISHED as run {r.run_id}")
-            elif kind == "start":
-                console.print(f"[{info['index'] + 1}/{n}] {info['config']}: running")
-            elif kind == "done":
-                r = info["row"]
-                if r.status == "FAILED":
-                    console.print(f"[{r.index + 1}/{n}] {r.config}: [bold red]FAILED[/] (run {r.run_id}): {r.error}")
-                else:
-                    console.print(f"[{r.index + 1}/{n}] {r.config}: FINISHED (run {r.run_id})")
-
-        unsubscribe = progress.subscribe(show)
-        try:
-            if pool:
-                from flows.sweep_pool import prepare, sweep_pool
-
-                deployment = prepare(spec, base.to_dict(), pool, (working_dir or Path.cwd()).resolve())
-                console.print(f"fanning out to work pool '{pool}'" + (f", queue '{queue}'" if queue else "")
-                              + f" as flow runs of {deployment}")
-                summary = sweep_pool(base_spec=base.to_dict(), grid=full_grid, deployment=deployment, pool=pool,
-                                     spec_dir=str(spec.resolve().parent), queue=queue, tags=extra_tags)
-            else:
-                summary = sweep(base_spec=base.to_dict(), grid=full_grid, spec_dir=str(spec.resolve().parent),
-                                tags=extra_tags)
-        finally:
-            unsubscribe()
-    except (Exception, KeyboardInterrupt, SystemExit) as err:
-        _handle_run_error(err, debug, "the running configuration and the parent run were ended KILLED; "
-                          "rerun the same command to resume.")
+def _show_sweep_event(event: str, info: dict[str, Any]) -> None:
+    """One stderr line per sweep event: parent run, skipped / started / finished configuration."""
+    if event != "sweep":
         return
+    kind, n = info["kind"], info["total"]
+    if kind == "parent":
+        verb = "resuming sweep" if info["reused"] else "new sweep"
+        console.print(f"{verb} {info['sweep_hash']}: parent MLflow run {info['run_id']}")
+    elif kind == "skipped":
+        r = info["row"]
+        console.print(f"[{r.index + 1}/{n}] {r.config}: skipped, already FINISHED as run {r.run_id}")
+    elif kind == "start":
+        console.print(f"[{info['index'] + 1}/{n}] {info['config']}: running")
+    elif kind == "done":
+        r = info["row"]
+        if r.status == "FAILED":
+            console.print(f"[{r.index + 1}/{n}] {r.config}: [bold red]FAILED[/] (run {r.run_id}): {r.error}")
+        else:
+            console.print(f"[{r.index + 1}/{n}] {r.config}: FINISHED (run {r.run_id})")
+
+
+def _print_sweep_summary(summary: dict[str, Any]) -> None:
     # A pipe or log file gets the full table (run ids included) instead of an 80-column squeeze.
     (out if out.is_terminal else Console(width=200)).print(sweep_table(summary))
     rows = summary["rows"]
     skipped = sum(r["status"] == "SKIPPED" for r in rows)
-    failed = [r for r in rows if r["status"] == "FAILED"]
-    out.print(f"{len(rows) - skipped - len(failed)} ran, {skipped} skipped (FINISHED before), "
-              f"{len(failed)} failed; MLflow experiment '{summary['experiment']}', parent run "
+    failed = sum(r["status"] == "FAILED" for r in rows)
+    out.print(f"{len(rows) - skipped - failed} ran, {skipped} skipped (FINISHED before), "
+              f"{failed} failed; MLflow experiment '{summary['experiment']}', parent run "
               f"{summary['parent_run_id']}\n{summary['tracking_uri']}")
-    if failed:
-        raise typer.Exit(1)
 
 
 def serve_cmd(
@@ -172,11 +188,10 @@ def serve_cmd(
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Create or update Prefect deployments of the benchmark flow (needs `prefect server start`)."""
-    from flows.cli import _fail, _quiet_prefect, console, out
     from flows.schedules import default_pool, deploy, ensure_pool, plan_deployments, require_server
     from tasks.tracking import tracking_uri
 
-    _quiet_prefect(debug)
+    quiet_prefect(debug)
     try:
         paths = list(specs or sorted(BENCHMARKS.glob("*.yaml")))
         pool = pool or default_pool()
@@ -185,8 +200,7 @@ def serve_cmd(
         created = ensure_pool(pool, create_pool)
         ids = deploy(planned, pool, (working_dir or Path.cwd()).resolve())
     except (Exception, KeyboardInterrupt) as err:
-        _fail(err, debug)
-        return
+        fail(err, debug)
     if created:
         console.print(f"created process work pool '{pool}'")
     table = Table(title=f"Deployments on {url} (work pool '{pool}')", title_justify="left")

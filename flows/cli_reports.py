@@ -3,8 +3,8 @@
 They read the MLflow store that ``relflow-bench run`` writes (``MLFLOW_TRACKING_URI`` or
 ``sqlite:///<cwd>/mlflow.db``) through ``tasks.tracking``; the logic lives in
 ``dashboards/`` as pure functions over run records. Registered on the app in
-``flows/cli.py``. Exit codes: 0 done, 2 bad input, 1 other failure, 4 regression found
-(``history --fail-on-regression``).
+``flows/cli.py``. Exit codes as every command's (``flows/cli_common.py``), plus 4 when
+``history --fail-on-regression`` finds a regression.
 """
 
 from __future__ import annotations
@@ -19,24 +19,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from flows.cli_common import console, fail, out
 from tasks.errors import UserError
 
-console = Console(stderr=True)
-out = Console()
 REGRESSION_EXIT = 4
-
-
-def _fail(err: BaseException, debug: bool) -> None:
-    if debug:
-        raise err
-    if isinstance(err, UserError | LookupError | ValueError):
-        console.print(f"[bold red]error:[/] {err}")
-        raise typer.Exit(UserError.exit_code)
-    console.print(f"[bold red]failed:[/] {type(err).__name__}: {err}\n(rerun with --debug for the traceback)")
-    raise typer.Exit(1)
 
 
 # --- compare ------------------------------------------------------------------------
@@ -113,6 +101,8 @@ def compare_cmd(
     from tasks.tracking import get_run_record, search_runs
 
     try:
+        if threshold < 0 or not 0 < alpha < 1:
+            raise UserError(f"--threshold {threshold} must be >= 0 and --alpha {alpha} between 0 and 1.")
         if baseline is not None:
             if runs or experiment is None:
                 raise UserError("--baseline KEY=VALUE needs --experiment E and no run ids.")
@@ -141,8 +131,7 @@ def compare_cmd(
             c = compare([a], [b], threshold=threshold, alpha=alpha, baseline_label=f"A {a.label}",
                         candidate_label=f"B {b.label}")
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
+        fail(err, debug)
     print_comparison(c)
     if json_out is not None:
         json_out.write_text(json.dumps(as_dict(c), indent=2))
@@ -185,12 +174,9 @@ def history_cmd(
         steps = [s for key in HISTORY_METRICS for s in history(runs, key, min_segment=min_segment,
                                                                threshold=threshold)]
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
-    from dashboards.figures import _when
-
+        fail(err, debug)
     out.print(f"{spec_name}: {len(runs)} FINISHED runs on host fingerprint {host}, spec hash {spec}, "
-              f"{_when(runs[0]):%Y-%m-%d %H:%M} .. {_when(runs[-1]):%Y-%m-%d %H:%M} UTC")
+              f"{runs[0].started_at:%Y-%m-%d %H:%M} .. {runs[-1].started_at:%Y-%m-%d %H:%M} UTC")
     if len(runs) < 2 * min_segment:
         out.print(f"[yellow]note:[/] a step needs {min_segment} runs on each side: "
                   f"{2 * min_segment} runs at least")
@@ -261,8 +247,7 @@ def dashboard_cmd(
                 tracker.fail(err)
                 raise
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
+        fail(err, debug)
     out.print(f"dashboard of '{experiment}' ({len(d.runs)} runs, {len(d.steps)} history step(s)):")
     for f in files:
         out.print(f"  {f}")
@@ -277,8 +262,11 @@ def ui_cmd(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 5000,
     host: Annotated[str, typer.Option(help="Interface to bind (keep the loopback unless you mean it).")] = "127.0.0.1",
 ) -> None:
-    """Start the MLflow UI on the same store, light mode (one worker, no job execution)."""
-    from tasks.tracking import default_artifact_root, tracking_uri
+    """Start the MLflow UI on the same store, light mode (one worker, no job execution).
+
+    Prints the direct link to each benchmark experiment's runs table.
+    """
+    from tasks.tracking import default_artifact_root, experiment_ids, runs_page, tracking_uri
 
     uri = tracking_uri()
     if uri.startswith(("http://", "https://")):  # a shared `mlflow server` is its own UI
@@ -290,7 +278,11 @@ def ui_cmd(
     if root:
         cmd += ["--artifacts-destination", root]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    console.print(f"MLflow UI on http://{host}:{port} for {uri} (Ctrl-C stops it)")
+    base = f"http://{host}:{port}"
+    console.print(f"MLflow UI on {base} for {uri} (Ctrl-C stops it)")
+    for name, exp_id in experiment_ids(uri).items():
+        if name != "Default":
+            out.print(f"  {name}: {runs_page(base, exp_id)}")
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum: int, frame: object) -> None:

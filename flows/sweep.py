@@ -1,16 +1,19 @@
-"""The ``sweep`` flow: a grid of spec overrides, one ``benchmark`` subflow per configuration.
+"""The ``sweep`` flow: a grid of spec overrides, one fresh ``relflow-bench run`` process per configuration.
 
     relflow-bench sweep SPEC --grid run.batch_size=64,256,1024 --grid run.packing=auto,off
 
 The Cartesian product of the grid runs one configuration at a time (the host lock inside
 ``benchmark`` keeps timed regions from overlapping with anything else on the host). Every
 configuration is validated before the first one starts, so a bad value fails in a second.
+Each configuration runs in its own fresh process, a standalone ``relflow-bench run`` of its
+spec launched by the sweep's ``configuration`` task (``flows/sweep_launch.py``), so no
+compile cache, recompile budget, allocator state or peak RSS leaks from one to the next.
 
 MLflow: one parent run (tag ``relflow.sweep_hash``: the base spec's hash + the grid) holds
 one child run per configuration, tagged ``relflow.sweep.<key>=<value>`` for each swept key.
 Resumable: rerunning the same sweep reuses the parent and skips every configuration that
 already has a FINISHED child with the same ``relflow.spec_hash``. A failing configuration
-ends its child FAILED (the benchmark flow does that; a failure before its MLflow run starts
+ends its child FAILED (the child run does that; a failure before its MLflow run starts
 gets a FAILED child here) and the sweep goes on; the summary lists it.
 """
 
@@ -20,15 +23,18 @@ import copy
 import hashlib
 import itertools
 import json
+import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
+from flows.sweep_launch import Launched, launch_local, prefect_api_url
 from tasks import keys as K
 from tasks import progress
-from tasks.clock import wall_clock
 from tasks.errors import UserError
 from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
 from tasks.tracking import Tracker, flatten, search_runs
@@ -127,6 +133,16 @@ def _row_from_record(c: Config, rec: Any, status: str, kind: str) -> Row:
                validity=rec.tags.get("relflow.validity"), error=rec.tags.get("relflow.error"))
 
 
+@task(name="configuration", task_run_name="configuration-{index}", cache_policy=NO_CACHE,
+      persist_result=False, retries=0)
+def run_configuration(index: int, spec: dict[str, Any], spec_dir: str, parent_run_id: str,
+                      tags: dict[str, str], workdir: str, tracking_uri: str,
+                      api_url: str | None) -> Launched:
+    """One configuration as a standalone ``relflow-bench run`` in a fresh process."""
+    return launch_local(spec, name=f"config-{index}", spec_dir=spec_dir, parent_run_id=parent_run_id,
+                        tags=tags, workdir=Path(workdir), tracking_uri=tracking_uri, api_url=api_url)
+
+
 def _find_parent(experiment: str, shash: str) -> str | None:
     runs = search_runs(experiment, status=None, filter_string=f"tags.\"relflow.sweep_hash\" = '{shash}' "
                        "and tags.\"relflow.sweep.role\" = 'parent'")
@@ -136,9 +152,8 @@ def _find_parent(experiment: str, shash: str) -> str | None:
 @flow(name="sweep", persist_result=False, validate_parameters=True)
 def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str = ".",
           tags: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run every grid configuration of ``base_spec`` as a child MLflow run of one parent."""
-    from flows.benchmark import benchmark
-
+    """Run every grid configuration of ``base_spec`` as a child MLflow run of one parent,
+    each in its own process."""
     base = parse_spec(base_spec, "(sweep parameter 'base_spec')")
     configs = expand(base, grid)
     shash = sweep_hash(base, configs)
@@ -156,7 +171,9 @@ def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str =
                             **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()}})
         tracker.log_text(json.dumps({"base": base_spec, "grid": grid}, indent=2), "sweep.json")
     rows: list[Row] = []
+    workdir = tempfile.TemporaryDirectory(prefix="relflow-sweep-")
     try:
+        api_url = prefect_api_url()
         progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash,
                       total=len(configs))
         done = {r.tags.get("relflow.spec_hash"): r for r in search_runs(
@@ -171,17 +188,19 @@ def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str =
             child_tags = {"relflow.sweep_hash": shash, "relflow.sweep.role": "child",
                           "relflow.sweep.attempt": attempt, "relflow.sweep.index": str(c.index),
                           **{f"relflow.sweep.{k}": v for k, v in c.values.items()}, **(tags or {})}
-            try:
-                s = benchmark(spec=c.spec, spec_dir=spec_dir, launched_at=wall_clock(),
-                              parent_run_id=parent, tags=child_tags)
+            launched = run_configuration(c.index, c.spec, spec_dir, parent, child_tags,
+                                         workdir.name, tracker.uri, api_url)
+            s = launched.summary
+            if s is not None:
                 q = s["quality_metric"]
                 row = Row(c.index, c.label, c.values, "FINISHED", s["run_id"],
                           steady_rows_per_s=s["metrics"].get(K.STEADY_ROWS_PER_S),
                           e2e_rows_per_s=s["metrics"].get(K.E2E_PREDICT_ROWS_PER_S), quality_metric=q,
                           quality=s["metrics"].get(f"quality.{q}"), validity=s["validity"],
                           stages=s["stages"])
-            except Exception as err:  # noqa: BLE001 - one configuration failing must not stop the sweep
-                row = _record_failure(tracker, c, err, child_tags, parent, base.task.kind)
+            else:  # one configuration failing must not stop the sweep
+                row = _record_failure(tracker, c, launched, child_tags, parent, base.task.kind)
+            tracker.log_text(launched.log, f"configurations/{attempt}/config-{c.index}.log")
             rows.append(row)
             progress.emit("sweep", kind="done", row=row, total=len(configs))
         failed = [r for r in rows if r.status == "FAILED"]
@@ -193,23 +212,27 @@ def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str =
     except BaseException as err:
         tracker.fail(err)
         raise
+    finally:
+        workdir.cleanup()
     return {"parent_run_id": parent, "experiment": base.name, "sweep_hash": shash,
             "reused_parent": reused, "tracking_uri": tracker.uri,
             "rows": [asdict(r) for r in rows]}
 
 
-def _record_failure(tracker: Tracker, c: Config, err: Exception, child_tags: dict[str, str],
+def _record_failure(tracker: Tracker, c: Config, launched: Launched, child_tags: dict[str, str],
                     parent: str, kind: str) -> Row:
-    """The failed configuration's child run (FAILED), created here if the flow never began one."""
+    """The failed configuration's child run (FAILED), created here if it never began one."""
     attempt, index = child_tags["relflow.sweep.attempt"], child_tags["relflow.sweep.index"]
     found = search_runs(tracker.experiment, status=None, filter_string=(
         f"tags.\"relflow.sweep.attempt\" = '{attempt}' and tags.\"relflow.sweep.index\" = '{index}'"))
     if found:
         run_id = found[-1].run_id
-    else:  # failed before the benchmark flow started its MLflow run
+    else:  # failed before its MLflow run started (bad input: exit 2)
         child = Tracker(tracker.experiment, tracker.uri)
         run_id = child.start(f"{tracker.experiment}-sweep-{index}",
                              {"relflow.spec_hash": c.spec_hash, **child_tags}, parent_run_id=parent)
-        child.fail(err)
+        text = launched.error or f"exit code {launched.returncode}"
+        body = text.removeprefix("UserError: ")
+        child.fail(UserError(body) if body != text else RuntimeError(text))
     return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind],
-               error=f"{type(err).__name__}: {err}")
+               error=launched.error)

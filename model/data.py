@@ -33,11 +33,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .batch import Batch
+from .schema import ModelSchema
 
 Encode = Callable[[pa.Table], Batch]
 
 
-class ArrowBatches(IterableDataset):
+class ArrowBatches(IterableDataset[Batch]):
     """Encoded batches over contiguous row ranges; workers take disjoint batch subsets."""
 
     def __init__(self, table: pa.Table, batch_size: int, encode: Encode) -> None:
@@ -47,7 +48,7 @@ class ArrowBatches(IterableDataset):
         self.encode = encode
 
     def __len__(self) -> int:
-        return math.ceil(self.table.num_rows / self.batch_size)
+        return int(math.ceil(self.table.num_rows / self.batch_size))
 
     def ranges(self, worker: int = 0, workers: int = 1) -> list[tuple[int, int]]:
         """``(offset, length)`` of this worker's batches."""
@@ -65,17 +66,17 @@ class ArrowBatches(IterableDataset):
             yield self.encode(self.table.slice(offset, length))
 
 
-class EncodeSlices(Dataset):
+class EncodeSlices(Dataset[Batch]):
     """Map-style dataset whose "index" is the Arrow slice itself: workers only encode."""
 
     def __init__(self, encode: Encode) -> None:
         self.encode = encode
 
-    def __getitem__(self, part: pa.Table) -> Batch:  # type: ignore[override]
+    def __getitem__(self, part: pa.Table) -> Batch:
         return self.encode(part)
 
 
-class SliceFeed(Sampler):
+class SliceFeed(Sampler[pa.Table]):
     """The slices of the next iteration; each iteration consumes what was fed."""
 
     def __init__(self) -> None:
@@ -94,7 +95,7 @@ class SliceFeed(Sampler):
 class DeviceLoader:
     """Iterates a DataLoader and moves each batch to the model's current device."""
 
-    def __init__(self, loader: DataLoader, model: torch.nn.Module) -> None:
+    def __init__(self, loader: DataLoader[Batch], model: torch.nn.Module) -> None:
         self.loader = loader
         self.model = model
 
@@ -138,7 +139,8 @@ class ArrowDataModule:
                 )
             from .arrow import encode as arrow_encode  # lazy: only needed on this path
 
-            encode = functools.partial(arrow_encode, schema=model.schema, layout=layout, enc=encoding)
+            schema: ModelSchema = getattr(model, "schema")  # noqa: B009 -- any module with a schema
+            encode = functools.partial(arrow_encode, schema=schema, layout=layout, enc=encoding)
         self.model = model
         self.train = train
         self.validate = validate
@@ -158,7 +160,7 @@ class ArrowDataModule:
         self.prefetch_factor = prefetch_factor if num_workers > 0 else None
         self._loaders: dict[str, DeviceLoader] = {}  # reused, so persistent workers persist
         self._feed = SliceFeed()
-        self._stream: DataLoader | None = None
+        self._stream: DataLoader[Batch] | None = None
 
     def _loader(self, table: pa.Table | None, which: str) -> DeviceLoader:
         if which in self._loaders:
@@ -176,7 +178,7 @@ class ArrowDataModule:
         self._loaders[which] = DeviceLoader(loader, self.model)
         return self._loaders[which]
 
-    def stream(self, parts: Iterable[pa.Table], count: int) -> DataLoader:
+    def stream(self, parts: Iterable[pa.Table], count: int) -> DataLoader[Batch]:
         """The one slice-fed DataLoader (CPU batches, in ``parts`` order), fed ``parts``
         (``count`` of them; a generator is cut lazily as the loader asks for more)."""
         if self._stream is None:

@@ -64,7 +64,8 @@ def dropout_active(module: nn.Module) -> bool:
     for m in module.modules():
         if isinstance(m, nn.Dropout) and m.p > 0:
             return True
-        if isinstance(getattr(m, "dropout", None), float) and m.dropout > 0:
+        rate = getattr(m, "dropout", None)
+        if isinstance(rate, float) and rate > 0:
             return True
     return False
 
@@ -92,7 +93,8 @@ class CompileSettings:
         return dict(self.options) if self.options else None
 
     def wrap(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        return torch.compile(
+        compile_fn: Any = torch.compile  # options are Inductor config values of any type
+        compiled: Callable[..., torch.Tensor] = compile_fn(
             fn,
             fullgraph=True,
             backend=self.backend,
@@ -100,6 +102,7 @@ class CompileSettings:
             options=self.resolved_options(),
             **({"mode": self.mode} if self.mode and self.backend != "inductor" else {}),
         )
+        return compiled
 
 
 class RegionRunner:

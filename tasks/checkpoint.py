@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from model.arrow import Encoding
+from model.arrow import Encoding, NodeLayout
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.schema import ModelSchema, NodeDef
 from tasks.errors import UserError
@@ -32,7 +32,8 @@ def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> N
     try:
         save_checkpoint(tmp, engine.model, optimizer=engine.optimizer,
                         optimizer_settings=engine.optimizer_settings,
-                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash})
+                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash,
+                               "temperature": float(getattr(engine, "temperature", 1.0))})
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -50,7 +51,7 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
         raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
     schema: ModelSchema = ckpt.model.schema
     lay = layout(spec)
-    def spec_shape(n) -> list[Any]:
+    def spec_shape(n: NodeLayout) -> list[Any]:
         return [n.name, list(n.columns), n.max_length, n.reduce, [spec_shape(c) for c in n.children]]
 
     want = spec_shape(lay)
@@ -69,7 +70,9 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
             "set model.* to match the checkpoint."
         )
     out = {"model": ckpt.model.state_dict(), "schema": schema,
-           "encoding": Encoding.from_dict(ckpt.extra["encoding"]), "optimizer": None}
+           "encoding": Encoding.from_dict(ckpt.extra["encoding"]), "optimizer": None,
+           # Output calibration (tasks/calibrate.py); checkpoints from before it had none.
+           "temperature": float(ckpt.extra.get("temperature", 1.0))}
     if spec.run.mode == "train+predict":
         out["optimizer"] = _resumable_optimizer(path, ckpt, spec)
     return out
@@ -97,4 +100,5 @@ def _resumable_optimizer(path: Path, ckpt: Any, spec: Spec) -> dict[str, Any]:
             "resume with the saved settings (set those keys to the saved values) or start a "
             "new run without run.checkpoint."
         )
-    return ckpt.optimizer_state
+    state: dict[str, Any] = ckpt.optimizer_state
+    return state

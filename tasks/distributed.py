@@ -80,7 +80,8 @@ def shard(keys: np.ndarray, rank: int, world: int) -> np.ndarray:
     if world == 1:
         return keys
     h = pl.Series(keys).hash(seed=HASH_SEED).to_numpy()
-    return keys[(h % np.uint64(world)) == rank]
+    mine: np.ndarray = keys[(h % np.uint64(world)) == rank]
+    return mine
 
 
 @dataclass
@@ -161,6 +162,7 @@ def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri:
     """The train phase of ``pipe`` (a ``flows.benchmark.Pipeline``) with DDP; fills its engine."""
     spec: Spec = pipe.spec
     d = spec.run.distributed
+    assert d is not None  # the flow calls this only with run.distributed set
     pipe.prepare(0, "train", reuse=True)  # fits the encoding (and builds the engine) as a 1-process run does
     with tempfile.TemporaryDirectory(prefix="relflow-ddp-") as tmp:
         work = Path(tmp)
@@ -181,10 +183,10 @@ def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri:
     engine.train_timings.updates = r0.timings.updates
     engine.paths_seen.update(r0.encoder_paths)
     result = pipe.result
-    for stage in K.PHASE_STAGES["train"]:
+    for stage, timing in result.stages["train"].items():  # (encode too, with text columns)
         # Ranks work in parallel: the stage took the slowest rank's time over every rank's rows.
-        result.stages["train"][stage].add(max(r.stage_seconds.get(stage, 0.0) for r in reports),
-                                 sum(r.stage_rows.get(stage, 0) for r in reports))
+        timing.add(max(r.stage_seconds.get(stage, 0.0) for r in reports),
+                   sum(r.stage_rows.get(stage, 0) for r in reports))
     result.updates_per_epoch = r0.updates_per_epoch
     result.train_epochs += spec.run.epochs
     return metrics(reports, d.threads_per_process, reference)

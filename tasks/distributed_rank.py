@@ -26,10 +26,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from model.arrow import Encoding, model_schema
 from tasks.clock import Clock, wall_clock
+from tasks.data import ensure_tpch
 from tasks.distributed import RankReport, metrics, shard
+from tasks.encode import encode as encode_text
+from tasks.encode import text_columns
 from tasks.keys import PHASE_STAGES
 from tasks.preprocess import preprocess
 from tasks.retrieve import list_root_keys, retrieve
+from tasks.sources import resolve_sources
 from tasks.spec import parse_spec
 from tasks.tensorize import layout, target, tensorize
 
@@ -38,10 +42,12 @@ class _DDP(DistributedDataParallel):
     """DDP that still offers the model's training helpers to ``Engine.train``."""
 
     def loss(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self.module.loss(*args, **kwargs)
+        loss: torch.Tensor = self.module.loss(*args, **kwargs)
+        return loss
 
     def configure_optimizer(self) -> torch.optim.Optimizer:
-        return self.module.configure_optimizer()
+        opt: torch.optim.Optimizer = self.module.configure_optimizer()
+        return opt
 
     @property
     def last_encoder_path(self) -> str:
@@ -55,7 +61,9 @@ class _AllReduceTimer:
         self.group, self.seconds, self.calls = group, 0.0, 0
 
 
-def _timed_allreduce(state: _AllReduceTimer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _timed_allreduce(state: _AllReduceTimer,
+                     bucket: dist.GradBucket,  # type: ignore[name-defined]  # (missing from torch's stubs)
+                     ) -> torch.futures.Future[torch.Tensor]:
     start = wall_clock()
     fut = default_hooks.allreduce_hook(state.group, bucket)
 
@@ -69,7 +77,6 @@ def _timed_allreduce(state: _AllReduceTimer, bucket: dist.GradBucket) -> torch.f
 
 def main(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
-    from flows.benchmark import plan  # the same checks and data as the flow
     from tasks.compute import Engine
 
     threads = int(job["threads"])
@@ -85,16 +92,21 @@ def main(job_path: str) -> None:
         per_rank = spec.run.batch_size // world
         rank_spec = spec.model_copy(update={"run": spec.run.model_copy(
             update={"batch_size": per_rank, "distributed": None})})
-        p = plan(rank_spec, Path(job["spec_dir"]))
+        # The flow already checked the spec and made the data available: resolve the same sources.
+        base = Path(job["spec_dir"])
+        if spec.source.generate is not None:
+            base, _ = ensure_tpch(spec.source.generate.tpch.scale)
+        sources = resolve_sources(spec, base)
         device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
         enc = Encoding.from_dict(job["encoding"])
         schema = model_schema(layout(spec), target(spec), enc)
         clock = Clock(device)
-        keys, _ = list_root_keys(spec, p.sources)
+        keys, _ = list_root_keys(spec, sources)
         mine = shard(keys, rank, world)
         n = spec.run.chunk_rows
         chunks = [mine[i:i + n] for i in range(0, len(mine), n)]
-        seconds = {s: 0.0 for s in PHASE_STAGES["train"]}
+        has_text = bool(text_columns(spec))  # the application's encode step, as in the flow
+        seconds = {s: 0.0 for s in (*PHASE_STAGES["train"], *(["encode"] if has_text else []))}
         rows = {s: 0 for s in seconds}
         engine = Engine(rank_spec, schema, device, None, clock, enc)
         # Heads for outputs a train step does not request get no gradient: let DDP find them.
@@ -102,7 +114,7 @@ def main(job_path: str) -> None:
                    find_unused_parameters=True)
         timer = _AllReduceTimer(dist.group.WORLD)
         ddp.register_comm_hook(timer, _timed_allreduce)
-        engine.model = ddp
+        engine.model = ddp  # type: ignore[assignment]  # the loop needs only forward/loss/optimizer
         cache: dict[int, Any] = {}
         updates_per_epoch = 0
         with ddp.join():
@@ -111,13 +123,18 @@ def main(job_path: str) -> None:
                 for i, chunk in enumerate(chunks):
                     if i not in cache or len(chunks) > 1:  # one chunk stays in memory across epochs
                         with clock.measure() as span:
-                            r = retrieve(spec, p.sources, chunk)
+                            r = retrieve(spec, sources, chunk)
                         seconds["retrieve"] += span.seconds
                         rows["retrieve"] += r.root_rows
                         with clock.measure() as span:
                             pre = preprocess(spec, r)
                         seconds["preprocess"] += span.seconds
                         rows["preprocess"] += pre.root_rows
+                        if has_text:
+                            with clock.measure() as span:
+                                pre = encode_text(spec, pre).pre
+                            seconds["encode"] += span.seconds
+                            rows["encode"] += pre.root_rows
                         with clock.measure() as span:
                             tz = tensorize(rank_spec, pre, enc, schema)
                         seconds["tensorize"] += span.seconds

@@ -29,7 +29,7 @@ def busy_cpu_seconds() -> float:
     idle = t.idle + getattr(t, "iowait", 0.0)
     # guest time is already inside user time on Linux
     total = sum(getattr(t, f) for f in t._fields if f not in ("guest", "guest_nice"))
-    return total - idle
+    return float(total - idle)
 
 
 def own_cpu_seconds() -> float:
@@ -43,7 +43,7 @@ def own_cpu_seconds() -> float:
             own += c.user + c.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    return own
+    return float(own)
 
 
 class OtherCpu:

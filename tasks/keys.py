@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
+STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 PHASES = ("train", "predict")
 # Stages each phase runs: training epochs never write predictions.
 PHASE_STAGES = {"train": STAGES[:4], "predict": STAGES}
@@ -60,6 +60,9 @@ FIRST_CALL_SECONDS = "compute.first_call_seconds"
 TRAIN_UPDATES = "compute.train.updates"
 TRAIN_UPDATES_PER_EPOCH = "compute.train.updates_per_epoch"
 COMPILED_FRAMES = "compute.compiled_frames"
+# compute(phase, ESTIMATED_ROWS_PER_S): logged by the model's throughput callback itself
+# (model.throughput.ThroughputCallback), not by RunResult.metrics().
+ESTIMATED_ROWS_PER_S = "estimated_rows_per_s"
 
 
 # Repeat statistics (tasks/stats.py): the median of per-pass samples and its interval.
@@ -91,6 +94,13 @@ DATA_COORDS_RESERVED = "data.coords_reserved"
 DATA_OCCUPANCY = "data.occupancy"
 DATA_OVERFLOW_DROPPED = "data.overflow_dropped"
 DATA_CHUNKS = "data.chunks"
+DATA_ROWS_READ = "data.rows_read"
+DATA_PADDED_COORDS = "data.padded_coords"
+DATA_BATCH_OCCUPANCY_P50 = "data.batch_occupancy.p50"
+DATA_BATCH_OCCUPANCY_MIN = "data.batch_occupancy.min"
+DATA_BATCH_SHAPES = "data.batch_shapes"
+DATA_TEXT_CELLS = "data.text_cells"
+ENCODE_CELLS_PER_S = "encode.cells_per_s"
 
 
 def overflow_dropped(branch: str) -> str:
@@ -169,8 +179,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (REPEATS_MEASURED, "predict passes that gave a per-pass sample"),
     ("compute.<what>", "predict-phase compute figures (same as compute.predict.<what>)"),
     ("compute.predict.<what>", "predict compute: first_call_seconds, compile_overhead_seconds, "
-     "steady_rows_per_s, estimated_rows_per_s, steady_batches, steady_seconds, "
-     "batch_ms.p50|p95|p99, recompiles, graph_breaks"),
+     "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, recompiles, "
+     "graph_breaks"),
     ("compute.train.<what>", "the same for training, plus updates and updates_per_epoch"),
     ("compute.train.rank<r>.rows_per_s", "run.distributed: steady trained rows/s of rank <r> "
      "(its per-rank batches of run.batch_size / processes)"),
@@ -185,6 +195,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      "same flow just before (run.distributed.reference)"),
     (DDP_SCALING_EFFICIENCY, "run.distributed: total_rows_per_s / (processes x reference_rows_per_s) "
      "(1.0 = linear scaling)"),
+    ("compute.estimated_rows_per_s", "the model's throughput callback (logged by the callback): "
+     "steady batches x run.batch_size / their seconds, so a partial last batch is over-counted "
+     "(the exact figure is compute.steady_rows_per_s); also compute.train.estimated_rows_per_s"),
     (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
     ("compute.model_flops_per_s", "predict model FLOP/s: the meta inspection's forward FLOPs per root row "
      "(reserved coordinates) x compute.steady_rows_per_s"),
@@ -205,6 +218,20 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (DATA_OVERFLOW_DROPPED, "branch rows dropped by max_length, all branches"),
     ("data.overflow_dropped.<branch>", "the same for one branch"),
     (DATA_CHUNKS, "retrieve..write chunks (run.chunk_rows)"),
+    (DATA_ROWS_READ, "source rows read (root and branch tables), summed over reads"),
+    ("latency.<what>", "request scenarios (run.scenario single_stream | server): requests, "
+     "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean, first_request_ms (cold, "
+     "kept apart), first_request.step_ms.<step>, step_ms.<step>.mean, step_share.<step|queue|other>, "
+     "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
+     "steps 0..100 are the percentiles, in ms"),
+    ("calibration.<what>", "temperature scaling: temperature, fit_seconds, fit_rows"),
+    (DATA_PADDED_COORDS, "coordinates the predict batches actually materialised, per pass (with "
+     "run.bucketing each batch is padded to its own longest context, not the schema's reserved shape)"),
+    (DATA_BATCH_OCCUPANCY_P50, "median over predict batches of present / materialised coordinates"),
+    (DATA_BATCH_OCCUPANCY_MIN, "lowest predict-batch occupancy"),
+    (DATA_BATCH_SHAPES, "distinct padded branch-length shapes the model saw in predict"),
+    (DATA_TEXT_CELLS, "text cells encoded per pass (text columns only)"),
+    (ENCODE_CELLS_PER_S, "text cells / second of the application's encode step"),
     (INPUT_WAIT_FRACTION, "share of compute-stage wall time spent waiting for input "
      "(loader worker start-up excluded)"),
     (WORKER_STARTUP_SECONDS, "seconds starting DataLoader workers (run.loader.num_workers > 0)"),

@@ -3,6 +3,8 @@
 Host memory is the resident set of this process **plus its child processes** (DataLoader
 workers with ``run.loader.num_workers > 0``), summed at each sample; pages a forked worker
 shares with its parent count once per process, so with workers the figure is an upper bound.
+Prefect's temporary API server, a child of a run started without ``PREFECT_API_URL``, is
+harness, not workload, and is not counted.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import threading
 
 import psutil
 import torch
+
+PREFECT_SERVER = "prefect.server.api.server"  # in the temporary server's uvicorn command line
 
 
 class PeakMemory:
@@ -23,10 +27,23 @@ class PeakMemory:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._proc = psutil.Process()
+        self._harness: dict[int, bool] = {}  # child pid -> is Prefect's temporary server
+
+    def _counted(self, child: psutil.Process) -> bool:
+        """Not Prefect's temporary API server: a run started without PREFECT_API_URL spawns it as
+        a child, a sweep's configuration (or a run against a real server) does not."""
+        if child.pid not in self._harness:
+            try:
+                self._harness[child.pid] = any(PREFECT_SERVER in a for a in child.cmdline())
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                return False
+        return not self._harness[child.pid]
 
     def _sample(self) -> None:
         rss = self._proc.memory_info().rss
         for child in self._proc.children(recursive=True):
+            if not self._counted(child):
+                continue
             try:
                 rss += child.memory_info().rss
             except (psutil.NoSuchProcess, psutil.AccessDenied):

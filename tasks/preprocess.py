@@ -14,6 +14,7 @@ run and mode.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -79,7 +80,7 @@ def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFram
 
 def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
     root = spec.schema_.root
-    frames = {name: pl.from_arrow(t) for name, t in retrieved.tables.items()}
+    frames = {name: cast(pl.DataFrame, pl.from_arrow(t)) for name, t in retrieved.tables.items()}
     target_node = spec.task.branch or ROOT
     kept: dict[str, pl.DataFrame] = {
         ROOT: frames[ROOT].unique(root.key, keep="first").sort(root.key)}
@@ -95,6 +96,7 @@ def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
             )
             kept[b.name], dropped[b.name] = _apply_overflow(lf, b, spec.run.seed)
             if b.branches:
+                assert b.key is not None  # the spec requires a key on branches with branches
                 down(b.branches, b.name, b.key)
 
     down(spec.schema_.branches, ROOT, root.key)
@@ -106,6 +108,7 @@ def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
         if target_node == b.name and spec.task.target not in payload:
             payload.append(spec.task.target)
         for child in b.branches:
+            assert b.key is not None  # the spec requires a key on branches with branches
             agg = up(child).with_columns(pl.col(child.parent_key).cast(df.schema[b.key]))
             df = df.join(agg, left_on=b.key, right_on=child.parent_key, how="left",
                          maintain_order="left")

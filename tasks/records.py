@@ -8,9 +8,9 @@ carries its unit and is catalogued in ``tasks/keys.py``.
 
 from __future__ import annotations
 
-import json
 import statistics
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,7 +27,7 @@ class StageTiming:
     phase: str = "predict"
     seconds: float = 0.0
     rows: int = 0  # root rows through the stage (summed over chunks and passes)
-    calls: int = 0
+    calls: int = 0  # chunks through the stage (``RunResult.ran`` reads it)
 
     def add(self, seconds: float, rows: int) -> None:
         self.seconds += seconds
@@ -44,9 +44,7 @@ class PhaseTimings:
     """Per-batch times of one compute phase, split into first call, warm-up and steady."""
 
     warmup_batches: int
-    batch_size: int
     first_call_seconds: float | None = None
-    first_call_rows: int = 0
     warmup_seconds: list[float] = field(default_factory=list)
     steady_seconds: list[float] = field(default_factory=list)
     steady_rows: list[int] = field(default_factory=list)
@@ -55,7 +53,7 @@ class PhaseTimings:
 
     def record(self, seconds: float, rows: int) -> None:
         if self.first_call_seconds is None:
-            self.first_call_seconds, self.first_call_rows = seconds, rows
+            self.first_call_seconds = seconds
         elif len(self.warmup_seconds) < self.warmup_batches:
             self.warmup_seconds.append(seconds)
         else:
@@ -68,32 +66,20 @@ class PhaseTimings:
         return self.first_call_seconds is not None and len(self.warmup_seconds) >= self.warmup_batches
 
     @property
-    def batches(self) -> int:
-        return (self.first_call_seconds is not None) + len(self.warmup_seconds) + len(self.steady_seconds)
-
-    @property
     def steady_rows_per_s(self) -> float:
         t = sum(self.steady_seconds)
         return sum(self.steady_rows) / t if t > 0 else 0.0
-
-    @property
-    def estimated_rows_per_s(self) -> float:
-        """The throughput-callback estimate: completed batches x configured batch size (right
-        only for full batches; the exact figure is ``steady_rows_per_s``)."""
-        t = sum(self.steady_seconds)
-        return len(self.steady_seconds) * self.batch_size / t if t > 0 else 0.0
 
     def percentile_ms(self, q: float) -> float:
         if not self.steady_seconds:
             return 0.0
         return float(np.percentile(np.asarray(self.steady_seconds) * 1e3, q))
 
-    def metrics(self, key) -> dict[str, float]:
+    def metrics(self, key: Callable[[str], str]) -> dict[str, float]:
         """Figures under ``key(what)`` (``keys.compute`` or ``keys.compute_phase`` of a phase)."""
         out = {
             key("first_call_seconds"): self.first_call_seconds or 0.0,
             key("steady_rows_per_s"): self.steady_rows_per_s,
-            key("estimated_rows_per_s"): self.estimated_rows_per_s,
             key("steady_batches"): float(len(self.steady_seconds)),
             key("steady_seconds"): float(sum(self.steady_seconds)),
             key("batch_ms.p50"): self.percentile_ms(50),
@@ -180,7 +166,7 @@ class RunResult:
                 continue
             iv = median_interval(samples)
             m[K.median(key)] = iv.median
-            if iv.has_interval:
+            if iv.low is not None and iv.high is not None and iv.level is not None:
                 m[K.median_ci_low(key)] = iv.low
                 m[K.median_ci_high(key)] = iv.high
                 m[K.median_ci_level(key)] = iv.level
@@ -237,8 +223,23 @@ class RunResult:
                      for s in self.stages[phase].values()]
         return rows
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), default=float)
+def batch_coordinate_metrics(batch_coords: list[tuple[int, int]], passes: int,
+                             shapes: int) -> dict[str, float]:
+    """What the predict batches really held (issue 13): ``data.padded_coords`` is the
+    coordinates materialised per predict pass (each batch at the shape it was padded to,
+    not the schema product unless bucketing is off), ``data.batch_occupancy.*`` the present
+    share per batch, ``data.batch_shapes`` the distinct padded branch lengths seen."""
+    if not batch_coords:
+        return {}
+    present = np.array([p for p, _ in batch_coords], dtype=np.float64)
+    padded = np.array([q for _, q in batch_coords], dtype=np.float64)
+    occupancy = present / np.maximum(padded, 1.0)
+    return {
+        K.DATA_PADDED_COORDS: float(padded.sum()) / max(passes, 1),
+        K.DATA_BATCH_OCCUPANCY_P50: float(np.median(occupancy)),
+        K.DATA_BATCH_OCCUPANCY_MIN: float(occupancy.min()),
+        K.DATA_BATCH_SHAPES: float(shapes),
+    }
 
 
 def describe_repeats(m: dict[str, float], key: str, unit: str = "rows/s") -> str | None:

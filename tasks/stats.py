@@ -25,7 +25,7 @@ def order_statistic_coverage(n: int, k: int) -> float:
     """Exact coverage of ``[x_(k), x_(n-k+1)]`` (1-based) for the median of a continuous law."""
     if k < 1 or 2 * k > n + 1:
         return 0.0
-    tail = sum(math.comb(n, i) for i in range(k)) / 2**n
+    tail: float = sum(math.comb(n, i) for i in range(k)) / 2**n
     return 1.0 - 2.0 * tail
 
 

@@ -7,27 +7,48 @@ artifact) or ``KILLED`` (Ctrl-C, SIGTERM).
 
 Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlartifacts``,
 unless ``MLFLOW_TRACKING_URI`` is set.
+
+What the MLflow UI shows a user: every benchmark experiment is tagged
+``mlflow.experimentKind=custom_model_development`` (the UI opens on its runs table, not on
+the GenAI traces overview); a run lists the tables it read as dataset inputs, the trained
+model as an MLflow PyTorch model with a signature, and a markdown description (stage table
+and verdict, tag ``mlflow.note.content``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import os
 import threading
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
+from mlflow.data.dataset_source import DatasetSource  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from tasks.clock import unix_time  # noqa: E402
+from tasks.errors import UserError  # noqa: E402
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import torch
+
+    from tasks.datasets import DatasetInfo, ModelInterface
 
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"  # a model-development experiment: the UI opens on runs
+RUN_NOTE_TAG = "mlflow.note.content"  # the run page's description (markdown)
+MAX_NOTE_CHARS = 8000
 
 
 def tracking_uri() -> str:
@@ -75,8 +96,8 @@ class SystemSampler:
 
         # Only for its collector list (CPU, disk, network, GPU when present); its own thread,
         # which logs to the store, is never started.
-        self.monitors = SystemMetricsMonitor("unused", sampling_interval=interval_s,
-                                             tracking_uri=uri).monitors
+        monitor: Any = SystemMetricsMonitor  # untyped in MLflow
+        self.monitors: list[Any] = monitor("unused", sampling_interval=interval_s, tracking_uri=uri).monitors
         self.interval_s = interval_s
         self.samples: list[tuple[int, dict[str, float]]] = []  # (unix ms, metrics)
         self._stop = threading.Event()
@@ -114,7 +135,8 @@ class Tracker:
         if exp is None:
             try:
                 self.experiment_id = self.client.create_experiment(
-                    experiment, artifact_location=default_artifact_root(self.uri))
+                    experiment, artifact_location=default_artifact_root(self.uri),
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
             except mlflow.exceptions.MlflowException:
                 # Another process created it between our lookup and create: use theirs.
                 exp = self.client.get_experiment_by_name(experiment)
@@ -123,8 +145,17 @@ class Tracker:
                 self.experiment_id = exp.experiment_id
         else:
             self.experiment_id = exp.experiment_id
+        if exp is not None and exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+            # Stores written before the tag existed (or created elsewhere) get it on next use.
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         self.experiment = experiment
         self.run_id: str | None = None
+
+    @property
+    def _id(self) -> str:
+        if self.run_id is None:
+            raise RuntimeError("Tracker.start() first: there is no run to log to")
+        return self.run_id
 
     def start(self, run_name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
         tags = dict(tags)
@@ -147,25 +178,85 @@ class Tracker:
     def log_params(self, params: dict[str, Any]) -> None:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
+            self.client.log_batch(self._id, params=items[i:i + MAX_PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         now = int(unix_time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self._id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """The logger interface of ``model.throughput.ThroughputCallback``."""
+        self.log_metrics(metrics, step)
+
+    def log_metric_steps(self, key: str, values: list[float]) -> None:
+        """One metric as a series over steps 0..n-1 (e.g. a latency CDF), in one batch."""
+        now = int(unix_time() * 1000)
+        items = [Metric(key, float(v), now, step) for step, v in enumerate(values)]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self._id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        self.client.log_batch(self._id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+
+    def set_description(self, markdown: str) -> None:
+        """The run page's description (MLflow renders it as markdown)."""
+        self.client.set_tag(self._id, RUN_NOTE_TAG, markdown[:MAX_NOTE_CHARS])
+
+    def log_datasets(self, datasets: Sequence[DatasetInfo]) -> None:
+        """The tables the run read, as MLflow dataset inputs (the runs table's Dataset column)."""
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        inputs = []
+        for d in datasets:
+            # MLflow's stubs call MetaDataset abstract (profile); it is the documented class.
+            meta = MetaDataset(_dataset_source(d.source), name=d.name, digest=d.digest,  # type: ignore[abstract]
+                               schema=_mlflow_schema(d.schema))
+            inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, d.context)]))
+        self.client.log_inputs(self._id, datasets=inputs)
+
+    def log_model(self, model: torch.nn.Module, interface: ModelInterface) -> str:
+        """``model`` as an MLflow PyTorch model named ``model`` of this run, with a signature
+        (the nested rows it takes, its outputs' dtypes and shapes). The model's package travels
+        with it, so ``mlflow.pytorch.load_model`` needs no checkout. Pickled, not ``pt2``: the
+        model takes a ``Batch`` of nested tensors, which ``torch.export`` cannot trace from the
+        array examples that format requires. Returns the model URI."""
+        import mlflow.pytorch
+        import numpy as np
+        from mlflow.models.signature import ModelSignature
+        from mlflow.types.schema import Schema, TensorSpec
+
+        signature = ModelSignature(inputs=_mlflow_schema(interface.inputs), outputs=Schema(
+            [TensorSpec(np.dtype(dtype), shape, name) for name, (dtype, shape) in interface.outputs.items()]))
+        # Created here so it belongs to this run's experiment (the flavour alone would put it in
+        # the fluent API's current experiment, "Default").
+        logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=self._id)
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.uri)  # the flavour logs through the fluent API's store
+        flavour_log = logging.getLogger("mlflow.pytorch")
+        level = flavour_log.level
+        flavour_log.setLevel(logging.ERROR)  # its pickle-format warning: chosen deliberately, said above
+        try:
+            info = mlflow.pytorch.log_model(model, name="model", signature=signature, run_id=self._id,
+                                            model_id=logged.model_id,
+                                            code_paths=[str(interface.code_dir)], serialization_format="pickle",
+                                            pip_requirements=interface.requirements)
+        finally:
+            flavour_log.setLevel(level)
+            mlflow.set_tracking_uri(previous)
+        return str(info.model_uri)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
+        self.client.log_artifact(self._id, str(path), artifact_path)
 
     def log_text(self, text: str, name: str) -> None:
-        self.client.log_text(self.run_id, text, name)
+        self.client.log_text(self._id, text, name)
 
     def log_dict(self, data: Any, name: str) -> None:
-        self.client.log_dict(self.run_id, data, name)
+        self.client.log_dict(self._id, data, name)
 
     def start_system_metrics(self, interval_s: float) -> None:
         """Sample MLflow's system metrics (CPU, memory, disk, network, GPU) into memory.
@@ -173,7 +264,7 @@ class Tracker:
         Nothing reaches the store while sampling (MLflow's own monitor thread writes and
         reads the store every interval, which would put store traffic inside the timed
         region); ``flush_system_metrics`` logs the samples, with their times, afterwards."""
-        self._monitor = SystemSampler(interval_s, self.uri)
+        self._monitor: SystemSampler | None = SystemSampler(interval_s, self.uri)
         self._monitor.start()
 
     def stop_system_metrics(self) -> None:
@@ -191,10 +282,10 @@ class Tracker:
         items = [Metric(f"system/{k}", float(v), ts, step)
                  for step, (ts, sample) in enumerate(monitor.samples) for k, v in sample.items()]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self._id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
 
     def finish(self) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED")
+        self.client.set_terminated(self._id, "FINISHED")
 
     def fail(self, error: BaseException) -> None:
         """End the run FAILED (KILLED for interrupts), with the error recorded."""
@@ -206,7 +297,7 @@ class Tracker:
             self.set_tags({"relflow.error": f"{type(error).__name__}: {error}"})
             self.log_text("".join(traceback.format_exception(error)), "error.txt")
         finally:
-            self.client.set_terminated(self.run_id, "KILLED" if killed else "FAILED")
+            self.client.set_terminated(self._id, "KILLED" if killed else "FAILED")
 
     def reopen(self, run_id: str) -> str:
         """Continue an existing run of this experiment (a resumed sweep's parent): RUNNING again."""
@@ -215,8 +306,79 @@ class Tracker:
         return run_id
 
 
-def get_run(run_id: str, uri: str | None = None) -> mlflow.entities.Run:
-    return MlflowClient(tracking_uri=uri or tracking_uri()).get_run(run_id)
+def _dataset_source(location: str) -> Any:
+    """A local path as MLflow's local source; a URL (database) as a source of its scheme."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    if "://" not in location:
+        location = Path(location).resolve().as_uri()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "can be interpreted in multiple ways": all local ones agree
+        try:
+            return resolve_dataset_source(location)
+        except mlflow.exceptions.MlflowException:
+            return UrlSource(location)
+
+
+def _mlflow_type(t: pa.DataType) -> Any:
+    import pyarrow as pa
+    from mlflow.types.schema import Array, DataType, Object, Property
+
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return Array(_mlflow_type(t.value_type))
+    if pa.types.is_struct(t):
+        return Object([Property(f.name, _mlflow_type(f.type)) for f in t])
+    if pa.types.is_boolean(t):
+        return DataType.boolean
+    if pa.types.is_integer(t):
+        return DataType.integer if t.bit_width <= 32 and pa.types.is_signed_integer(t) else DataType.long
+    if pa.types.is_float32(t):
+        return DataType.float
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return DataType.double
+    if pa.types.is_temporal(t):
+        return DataType.datetime
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return DataType.binary
+    return DataType.string  # strings, dictionaries of strings, anything else shown as text
+
+
+def _mlflow_schema(schema: pa.Schema) -> Any:
+    from mlflow.types.schema import ColSpec, Schema
+
+    return Schema([ColSpec(_mlflow_type(f.type), f.name) for f in schema])
+
+
+class UrlSource(DatasetSource):
+    """Where a table was read from when that is a database URL (password already removed)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    @staticmethod
+    def _get_source_type() -> str:
+        return "url"
+
+    def load(self, **kwargs: Any) -> Any:
+        raise mlflow.exceptions.MlflowException(
+            f"{self.url} records where the benchmark read its data; read it with the database's client.")
+
+    @staticmethod
+    def _can_resolve(raw_source: Any) -> bool:
+        return False
+
+    @classmethod
+    def _resolve(cls, raw_source: Any) -> UrlSource:
+        return cls(str(raw_source))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+    @classmethod
+    def from_dict(cls, source_dict: dict[Any, Any]) -> UrlSource:
+        return cls(source_dict["url"])
 
 
 # --- reading runs back (compare, history, dashboards) ----------------------------------
@@ -237,6 +399,11 @@ class RunRecord:
     tags: dict[str, str]
 
     @property
+    def started_at(self) -> dt.datetime:
+        """Start time in UTC (what reports put on a time axis)."""
+        return dt.datetime.fromtimestamp(self.start_time_ms / 1000, tz=dt.UTC)
+
+    @property
     def label(self) -> str:
         """A short name for tables and chart axes: run name plus the id's first 8 characters."""
         return f"{self.run_name} {self.run_id[:8]}"
@@ -254,6 +421,21 @@ def _record(run: Any, experiment: str) -> RunRecord:
         params=dict(run.data.params),
         tags={k: v for k, v in run.data.tags.items()},
     )
+
+
+def experiment_ids(uri: str | None = None) -> dict[str, str]:
+    """Active experiments by name -> id, oldest first."""
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    return {e.name: e.experiment_id for e in client.search_experiments(order_by=["creation_time ASC"])}
+
+
+def runs_page(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI's page of one experiment's runs table.
+
+    MLflow 3.17's UI picks its landing page from a browser-side "workflow type" (default GenAI:
+    a traces overview) rather than from the experiment's kind tag, so the link names the
+    model-training view explicitly."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def experiment_names(uri: str | None = None) -> list[str]:
@@ -290,19 +472,13 @@ def search_runs(experiment: str, *, status: str | None = "FINISHED", filter_stri
 
 
 def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
-    """One run by id (any status); raises ``LookupError`` naming the id when it is absent."""
+    """One run by id (any status); raises ``UserError`` naming the id when it is absent."""
     from mlflow.exceptions import MlflowException
 
     client = MlflowClient(tracking_uri=uri or tracking_uri())
     try:
         run = client.get_run(run_id)
     except MlflowException as err:
-        raise LookupError(f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}") from err
+        raise UserError(f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}: copy the id from "
+                        "`relflow-bench run` or the MLflow UI.") from err
     return _record(run, client.get_experiment(run.info.experiment_id).name)
-
-
-def metric_history(run_id: str, key: str, uri: str | None = None) -> list[float]:
-    """All logged values of one metric in step order (e.g. one per repeat)."""
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    return [m.value for m in sorted(client.get_metric_history(run_id, key),
-                                    key=lambda m: (m.step, m.timestamp))]

@@ -248,3 +248,73 @@ def prepare_chunk():
         return spec, enc, schema, tensorize(spec, pre, enc, schema)
 
     return prepare
+
+
+# --- a headless browser (Playwright driving Debian's chromium) --------------------------
+
+CHROMIUM = os.environ.get("RELFLOW_CHROMIUM", "/usr/bin/chromium")
+# Playwright's own browser download is not reachable here: it drives the system chromium.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Path of the system chromium. Absent: a skip naming the set-up step, except in CI
+    (``CI`` set, as ``.ci/run`` does), where it is an error: CI must run the browser tests."""
+    if not Path(CHROMIUM).exists():
+        message = (f"{CHROMIUM} is absent: install Debian's chromium (`apt-get install -y chromium`, "
+                   "what .ci/run does as root) or point RELFLOW_CHROMIUM at a Chromium binary")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def browser(chromium):
+    """One headless Chromium for the session (Playwright's sync API)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page whose console errors and uncaught exceptions are collected in ``page.errors``."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    p = context.new_page()
+    p.errors = []
+    p.on("console", lambda m: p.errors.append(m.text) if m.type in ("error", "assert") else None)
+    p.on("pageerror", lambda e: p.errors.append(str(e)))
+    yield p
+    context.close()
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL on 127.0.0.1 for the session (tests/pg_server.py); PGPASSWORD is set
+    for its user. Skipped with the reason when no server is installed, except under CI."""
+    import pg_server
+
+    bin_dir = pg_server.pg_binaries()
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL binaries are missing under CI: apt-get install -y postgresql")
+        pytest.skip("PostgreSQL server binaries not installed (Debian: apt-get install -y "
+                    "postgresql); the PostgreSQL tests need a real server")
+    server = pg_server.start(bin_dir)
+    old = os.environ.get("PGPASSWORD")
+    os.environ["PGPASSWORD"] = pg_server.PASSWORD
+    try:
+        yield server
+    finally:
+        from tasks.databases import close_all
+
+        close_all()
+        server.stop()
+        if old is None:
+            os.environ.pop("PGPASSWORD", None)
+        else:
+            os.environ["PGPASSWORD"] = old

@@ -9,8 +9,8 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from dashboards.compare import (CI_LABEL, NOT_ENOUGH, Estimate, _mann_whitney_u, compare, estimate, judge,
-                                split_by)
+from dashboards.compare import CI_LABEL, NOT_ENOUGH, Estimate, _mann_whitney_u, compare, estimate, judge, split_by
+from tasks.errors import UserError
 from tasks.tracking import RunRecord, get_run_record, search_runs
 
 THROUGHPUT = ("e2e.predict.rows_per_s", "compute.steady_rows_per_s")
@@ -71,7 +71,7 @@ def test_groups_split_by_tag(bench_runs):
     runs = search_runs("tpch-orders", uri=bench_runs.uri)
     base, cand, value = split_by(runs, "relflow.test_batch", "512")
     assert (len(base), len(cand), value) == (2, 1, "16")
-    with pytest.raises(ValueError, match="--candidate"):
+    with pytest.raises(UserError, match="--candidate"):
         split_by(runs, "params.run.batch_size", "999")
 
 

@@ -4,6 +4,7 @@ bars are labelled by configuration (sweep tags), not by run id."""
 from __future__ import annotations
 
 from dashboards.figures import compile_groups, first_call_vs_steady, stage_breakdown
+from tasks.keys import STAGES
 from tasks.tracking import RunRecord
 
 
@@ -37,4 +38,4 @@ def test_stage_bars_are_labelled_by_sweep_configuration():
                                               "relflow.sweep.run.packing": "off"})]
     fig = stage_breakdown(runs)
     assert list(fig.data[0].x) == ["batch_size=64, packing=auto", "batch_size=256, packing=off"]
-    assert [t.name for t in fig.data] == ["retrieve", "preprocess", "tensorize", "compute", "write"]
+    assert [t.name for t in fig.data] == list(STAGES)

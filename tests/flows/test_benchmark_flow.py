@@ -21,7 +21,7 @@ from tasks.spec import load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
+STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 SMALL = ["model.d_model=16", "model.layers=1", "model.heads=2", "run.epochs=1",
          "run.batch_size=512", "run.chunk_rows=10000", "run.device=cpu",
          "run.packing=off",
@@ -165,7 +165,7 @@ MEASUREMENT_METRICS = [
     "output.bytes_per_row", "harness.startup_seconds", "harness.orchestration_seconds",
     "harness.lock_wait_seconds", "harness.flow_overhead_seconds", "host.load_per_core_start",
     "host.other_cpu_fraction_before", "host.other_cpu_fraction", "compute.compiled_frames",
-    "device.worker_startup_seconds",
+    "device.worker_startup_seconds", "compute.train.estimated_rows_per_s",
 ]
 FINGERPRINT_TAGS = ["relflow.cpu_model", "relflow.cpu_count", "relflow.ram_bytes", "relflow.host_fingerprint",
                     "relflow.git_dirty", "relflow.python_version", "relflow.prefect_version",
@@ -194,6 +194,10 @@ def test_measurement_metrics_are_recorded_and_sane(tpch_run):
     assert m["memory.host_peak_bytes"] > 0 and m["memory.device_peak_bytes"] == 0
     assert m["compute.train.updates"] == m["compute.train.updates_per_epoch"]  # one epoch
     assert m["output.bytes_per_row"] == pytest.approx(m["output.bytes"] / m["data.rows_written"])
+    # the throughput callback's estimate: steady batches x run.batch_size (512) / their seconds
+    for key in ("compute", "compute.train"):
+        assert m[f"{key}.estimated_rows_per_s"] == pytest.approx(
+            m[f"{key}.steady_batches"] * 512 / m[f"{key}.steady_seconds"], rel=1e-6)
     tags = run.data.tags
     assert not [t for t in FINGERPRINT_TAGS if not tags.get(t)]
 

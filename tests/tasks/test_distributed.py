@@ -55,7 +55,7 @@ def test_distributed_settings_are_checked_before_any_work(shop_spec):
 
 
 def test_every_distributed_metric_key_is_catalogued():
-    timings = asdict(PhaseTimings(1, 4, first_call_seconds=1.0, steady_seconds=[1.0], steady_rows=[4]))
+    timings = asdict(PhaseTimings(1, first_call_seconds=1.0, steady_seconds=[1.0], steady_rows=[4]))
     reports = [RankReport(r, timings, {}, {}, 10, 3, allreduce_seconds=0.1) for r in range(2)]
     m = metrics(reports, threads=1, reference_rows_per_s=3.0)
     assert m[K.DDP_SCALING_EFFICIENCY] == pytest.approx(8.0 / 6.0)

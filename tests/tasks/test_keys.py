@@ -28,7 +28,7 @@ def test_every_key_a_full_result_logs_is_catalogued():
     for phase in K.PHASES:
         for st in r.stages[phase].values():
             st.add(1.0, 10)
-    r.train, r.predict = PhaseTimings(1, 4), PhaseTimings(1, 4)
+    r.train, r.predict = PhaseTimings(1), PhaseTimings(1)
     for t in (r.train, r.predict):
         for s in (2.0, 1.0, 1.0, 1.0):
             t.record(s, 4)
