@@ -36,8 +36,8 @@ from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks import calibrate as calibration
 from tasks import compute as compute_stage
+from tasks import distributed, progress
 from tasks import keys as K
-from tasks import progress
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
@@ -150,6 +150,7 @@ class Plan:
     checkpoint: dict[str, Any] | None
     data_seconds: float
     generated: bool
+    spec_dir: Path = Path(".")  # where relative source paths resolve (DDP ranks re-plan from it)
 
 
 def plan(spec: Spec, spec_dir: Path) -> Plan:
@@ -167,11 +168,12 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     check_sources(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
+    distributed.check(spec, device)
     check_text(spec)
     ckpt = None
     if spec.run.checkpoint:  # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
-    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated)
+    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated, spec_dir)
 
 
 class Pipeline:
@@ -373,7 +375,10 @@ def timed_body(run: Run) -> None:
         run.pipe = pipe = Pipeline(run.plan, run.result)
         pipe.list_keys()
         if s.run.mode == "train+predict":
-            pipe.train()
+            if s.run.distributed:  # DDP ranks under torchrun (tasks/distributed.py)
+                distributed.train(pipe, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
+            else:
+                pipe.train()
             pipe.fit_calibration()
         run.latency = None
         if s.run.scenario != "offline":  # single_stream / server (tasks/scenarios)

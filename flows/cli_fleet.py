@@ -47,14 +47,17 @@ def sweep_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"Sweep {summary['sweep_hash']} (parent run {summary['parent_run_id']})",
                   title_justify="left")
     metric = next((r["quality_metric"] for r in summary["rows"] if r["quality_metric"]), "")
+    pooled = any("worker" in r for r in summary["rows"])  # fanned out: show who ran each
     for col in ("#", "config", "status", "steady rows/s", "e2e predict rows/s", f"quality ({metric})", "validity",
-                "run id"):
-        table.add_column(col, justify="left" if col in {"config", "status", "validity", "run id"} else "right")
+                "run id", *(["worker"] if pooled else [])):
+        left = {"config", "status", "validity", "run id", "worker"}
+        table.add_column(col, justify="left" if col in left else "right")
     for r in summary["rows"]:
         status = {"FAILED": "[bold red]FAILED[/]", "SKIPPED": "skipped (done)"}.get(r["status"], r["status"])
         quality = "-" if r["quality"] is None else f"{r['quality']:.4f}"
         table.add_row(str(r["index"] + 1), r["config"], status, _fmt(r["steady_rows_per_s"]),
-                      _fmt(r["e2e_rows_per_s"]), quality, r["validity"] or "-", r["run_id"] or "-")
+                      _fmt(r["e2e_rows_per_s"]), quality, r["validity"] or "-", r["run_id"] or "-",
+                      *([r.get("worker", "-")] if pooled else []))
     return table
 
 
@@ -70,6 +73,13 @@ def sweep_cmd(
         help="TPC-H scale factor (same as --set source.generate.tpch.scale=S).")] = None,
     tag: Annotated[list[str] | None, typer.Option(
         help="Extra MLflow tag key=value on the parent and every child run. Repeatable.")] = None,
+    pool: Annotated[str | None, typer.Option(
+        help="Fan configurations out to this Prefect work pool's workers (one flow run of the benchmark "
+        "deployment each; needs `prefect server start`). Default: the spec's sweep.pool.")] = None,
+    queue: Annotated[str | None, typer.Option(
+        help="Work queue of --pool to pin the configurations to (a queue per host). Default: sweep.queue.")] = None,
+    working_dir: Annotated[Path | None, typer.Option(
+        help="With --pool: working directory of the flow runs on the workers' hosts (default: this folder).")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run a grid of configurations, one at a time: one parent MLflow run, one child per config.
@@ -79,7 +89,7 @@ def sweep_cmd(
     """
     overrides = start_run_command(debug, set_, scale)
     try:
-        summary = _run_sweep(spec, overrides, grid or [], pairs(tag or [], "--tag"))
+        summary = _run_sweep(spec, overrides, grid or [], pairs(tag or [], "--tag"), pool, queue, working_dir)
     except (Exception, KeyboardInterrupt, SystemExit) as err:
         handle_run_error(err, debug, "the running configuration and the parent run were ended KILLED; "
                          "rerun the same command to resume.")
@@ -88,9 +98,12 @@ def sweep_cmd(
         raise typer.Exit(1)
 
 
-def _run_sweep(path: Path, overrides: list[str], grid: list[str], tags: dict[str, str]) -> dict[str, Any]:
+def _run_sweep(path: Path, overrides: list[str], grid: list[str], tags: dict[str, str],
+               pool: str | None = None, queue: str | None = None,
+               working_dir: Path | None = None) -> dict[str, Any]:
     """Validate every configuration and make the data available before Prefect starts, then run
-    the sweep flow, printing one line per configuration; returns the flow's summary."""
+    the sweep flow (or, with a pool, fan it out to the pool's workers), printing one line per
+    configuration; returns the flow's summary."""
     from tasks import progress
     from tasks.sections import load_spec_and_sections
 
@@ -101,6 +114,11 @@ def _run_sweep(path: Path, overrides: list[str], grid: list[str], tags: dict[str
     from flows.sweep import expand, sweep
 
     configs = expand(base, full_grid)  # every configuration validated before Prefect starts
+    from flows.sweep_pool import check_pool_args
+
+    pool = pool or (sections.sweep.pool if sections.sweep else None)
+    queue = queue or (sections.sweep.queue if sections.sweep else None)
+    check_pool_args(pool, queue)
     checked = plan(base, path.resolve().parent)
     if checked.generated:
         console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
@@ -108,6 +126,14 @@ def _run_sweep(path: Path, overrides: list[str], grid: list[str], tags: dict[str
                   f"{', '.join(full_grid)}; starting Prefect")
     unsubscribe = progress.subscribe(_show_sweep_event)
     try:
+        if pool:
+            from flows.sweep_pool import prepare, sweep_pool
+
+            deployment = prepare(path, base.to_dict(), pool, (working_dir or Path.cwd()).resolve())
+            console.print(f"fanning out to work pool '{pool}'" + (f", queue '{queue}'" if queue else "")
+                          + f" as flow runs of {deployment}")
+            return sweep_pool(base_spec=base.to_dict(), grid=full_grid, deployment=deployment, pool=pool,
+                              spec_dir=str(path.resolve().parent), queue=queue, tags=tags)
         return sweep(base_spec=base.to_dict(), grid=full_grid, spec_dir=str(path.resolve().parent), tags=tags)
     finally:
         unsubscribe()

@@ -269,6 +269,9 @@ def ui_cmd(
     from tasks.tracking import default_artifact_root, experiment_ids, runs_page, tracking_uri
 
     uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):  # a shared `mlflow server` is its own UI
+        console.print(f"MLFLOW_TRACKING_URI is a tracking server: open {uri} in a browser (its UI).")
+        raise typer.Exit(0)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host,
            "--port", str(port), "--workers", "1"]
     root = default_artifact_root(uri)

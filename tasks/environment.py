@@ -73,6 +73,9 @@ def fingerprint(device: torch.device) -> dict[str, str]:
         "relflow.torch_threads": str(torch.get_num_threads()),
         "relflow.omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
     }
+    worker = os.environ.get("PREFECT__WORKER_NAME")  # set by a Prefect worker for its flow runs
+    if worker:
+        tags["relflow.worker"] = worker
     for pkg in ("prefect", "mlflow", "polars", "pyarrow"):
         tags[f"relflow.{pkg}_version"] = _version(pkg)
     return tags

@@ -136,6 +136,19 @@ HOST_PEAK_CACHED = "host.peak_cached"
 MFU = "mfu"  # compute(phase, MFU)
 MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
 
+# Distributed training (run.distributed, tasks/distributed.py); rank 0 logs them.
+def ddp_rank_rows_per_s(rank: int) -> str:
+    return f"compute.train.rank{rank}.rows_per_s"
+
+
+DDP_TOTAL_ROWS_PER_S = "compute.train.total_rows_per_s"
+DDP_ALLREDUCE_SECONDS = "compute.train.allreduce_seconds"
+DDP_ALLREDUCE_FRACTION = "compute.train.allreduce_fraction"
+DDP_PROCESSES = "compute.train.processes"
+DDP_THREADS_PER_PROCESS = "compute.train.threads_per_process"
+DDP_REFERENCE_ROWS_PER_S = "compute.train.reference_rows_per_s"
+DDP_SCALING_EFFICIENCY = "compute.train.scaling_efficiency"
+
 HOST_LOAD_PER_CORE_START = "host.load_per_core_start"
 HOST_OTHER_CPU_FRACTION_BEFORE = "host.other_cpu_fraction_before"
 HOST_OTHER_CPU_FRACTION = "host.other_cpu_fraction"
@@ -169,6 +182,19 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
      "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, recompiles, "
      "graph_breaks"),
     ("compute.train.<what>", "the same for training, plus updates and updates_per_epoch"),
+    ("compute.train.rank<r>.rows_per_s", "run.distributed: steady trained rows/s of rank <r> "
+     "(its per-rank batches of run.batch_size / processes)"),
+    (DDP_TOTAL_ROWS_PER_S, "run.distributed: sum of the ranks' steady trained rows/s"),
+    (DDP_ALLREDUCE_SECONDS, "run.distributed: rank 0's seconds from each gradient bucket's all-reduce "
+     "launch to its completion (overlaps backward)"),
+    (DDP_ALLREDUCE_FRACTION, "run.distributed: compute.train.allreduce_seconds / rank 0's train step "
+     "seconds (0..1)"),
+    (DDP_PROCESSES, "run.distributed: training processes (ranks)"),
+    (DDP_THREADS_PER_PROCESS, "run.distributed: torch threads in every rank"),
+    (DDP_REFERENCE_ROWS_PER_S, "run.distributed: steady trained rows/s of a 1-process run timed in the "
+     "same flow just before (run.distributed.reference)"),
+    (DDP_SCALING_EFFICIENCY, "run.distributed: total_rows_per_s / (processes x reference_rows_per_s) "
+     "(1.0 = linear scaling)"),
     ("compute.estimated_rows_per_s", "the model's throughput callback (logged by the callback): "
      "steady batches x run.batch_size / their seconds, so a partial last batch is over-counted "
      "(the exact figure is compute.steady_rows_per_s); also compute.train.estimated_rows_per_s"),

@@ -238,6 +238,15 @@ class Loader(Strict):
     prefetch_factor: int = Field(2, ge=1)
 
 
+class Distributed(Strict):
+    """Data-parallel training with PyTorch DDP, launched by torchrun (``tasks/distributed.py``)."""
+
+    processes: int = Field(2, ge=1, description="training processes (ranks) on this host")
+    backend: Literal["gloo", "nccl"] = Field("gloo", description="gloo (CPU) or nccl (one CUDA device per rank)")
+    threads_per_process: int = Field(1, ge=1, description="torch threads in every rank (held fixed for scaling)")
+    reference: bool = Field(True, description="also time a 1-process run for compute.train.scaling_efficiency")
+
+
 class Threads(Strict):
     intra_op: int | None = Field(
         None, ge=1, description="torch.set_num_threads; unset = leave torch's default (an explicit "
@@ -317,6 +326,7 @@ class Run(Strict):
     checkpoint: str | None = Field(None, description="checkpoint to load: predict uses its weights; "
                                    "train+predict resumes training from it (optimizer state and settings)")
     output_dir: str = "outputs"
+    distributed: Distributed | None = Field(None, description="train with DDP over several processes")
 
     @model_validator(mode="after")
     def _repeats_are_offline(self) -> Run:

@@ -52,7 +52,19 @@ MAX_NOTE_CHARS = 8000
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith(("http://", "https://")) and "@" in uri.split("//", 1)[1].split("/", 1)[0]:
+        # The URI is printed, logged and stored in deployments: credentials never go in it.
+        from tasks.errors import UserError
+
+        raise UserError("MLFLOW_TRACKING_URI carries credentials (user:password@host); remove them and "
+                        "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead.")
+    return uri
+
+
+def is_server(uri: str) -> bool:
+    """A tracking server (``mlflow server``) rather than a store this process opens itself."""
+    return uri.startswith(("http://", "https://"))
 
 
 def default_artifact_root(uri: str) -> str | None:
@@ -149,7 +161,17 @@ class Tracker:
         tags = dict(tags)
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        try:
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        except mlflow.exceptions.MlflowException as err:
+            if err.error_code != "PERMISSION_DENIED":
+                raise
+            from tasks.errors import UserError
+
+            user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(no MLFLOW_TRACKING_USERNAME set)"
+            raise UserError(f"The MLflow server at {self.uri} refused user '{user}' creating a run in "
+                            f"experiment '{self.experiment}' (PERMISSION_DENIED): ask its admin for "
+                            "EDIT permission on that experiment, or run as a user who has it.") from None
         self.run_id = run.info.run_id
         return self.run_id
 
