@@ -39,8 +39,9 @@ def build_model(spec: Spec, schema) -> RelationalTransformer:
     """The model the harness's Engine builds for ``spec`` (same seed, packing, eval mode)."""
     torch.manual_seed(spec.run.seed)
     m = spec.model
-    model = RelationalTransformer(schema, ModelConfig(d_model=m.d_model, layers=m.layers, heads=m.heads,
-                                                      dropout=m.dropout))
+    model = RelationalTransformer(
+        schema, ModelConfig(d_model=m.d_model, layers=m.layers, heads=m.heads, dropout=m.dropout)
+    )
     model.packing = spec.run.packing
     return model.eval()
 

@@ -55,12 +55,17 @@ def synthetic_tables(roots: int, seed: int = 0) -> dict[str, pa.Table]:
     value = rng.normal(size=ctx.size)
     label = np.bincount(ctx, weights=value, minlength=roots) > 0  # learnable from the events
     return {
-        "contexts": pa.table({"ctx_id": np.arange(roots), "region": rng.choice(list("abcd"), roots),
-                              "label": label}),
-        "events": pa.table({"ev_ctx": ctx, "ev_pos": np.concatenate([np.arange(c) for c in counts]),
-                            "value": value, "amount": rng.gamma(2.0, size=ctx.size),
-                            "kind": rng.choice(list("xyz"), ctx.size),
-                            "flag": rng.choice(["p", "q"], ctx.size)}),
+        "contexts": pa.table({"ctx_id": np.arange(roots), "region": rng.choice(list("abcd"), roots), "label": label}),
+        "events": pa.table(
+            {
+                "ev_ctx": ctx,
+                "ev_pos": np.concatenate([np.arange(c) for c in counts]),
+                "value": value,
+                "amount": rng.gamma(2.0, size=ctx.size),
+                "kind": rng.choice(list("xyz"), ctx.size),
+                "flag": rng.choice(["p", "q"], ctx.size),
+            }
+        ),
     }
 
 
@@ -70,10 +75,23 @@ def synthetic_spec() -> dict:
         "source": {"tables": {"contexts": "contexts.parquet", "events": "events.parquet"}},
         "schema": {
             "root": {"table": "contexts", "key": "ctx_id", "columns": {"region": "category"}},
-            "branches": [{"name": "events", "table": "events", "parent_key": "ev_ctx",
-                          "order_by": {"column": "ev_pos"}, "max_length": 80, "reduce": "attention",
-                          "columns": {"value": "numeric", "amount": "numeric", "kind": "category",
-                                      "flag": "category", "ev_pos": "numeric"}}],
+            "branches": [
+                {
+                    "name": "events",
+                    "table": "events",
+                    "parent_key": "ev_ctx",
+                    "order_by": {"column": "ev_pos"},
+                    "max_length": 80,
+                    "reduce": "attention",
+                    "columns": {
+                        "value": "numeric",
+                        "amount": "numeric",
+                        "kind": "category",
+                        "flag": "category",
+                        "ev_pos": "numeric",
+                    },
+                }
+            ],
         },
         "task": {"target": "label", "kind": "binary"},
         "model": {"d_model": 32, "layers": 2, "heads": 4},
@@ -106,11 +124,13 @@ def pass_seconds(engine: Engine, tz: Tensorized) -> float:
 def measure(name: str, spec: Spec, enc, schema, tz: Tensorized, rounds: int, epochs: int) -> list[dict]:
     rows = []
     for packing in ("off", "auto"):
-        engines = {b: Engine(variant(spec, bucketing=b, packing=packing, warmup_batches=0), schema,
-                             DEVICE, None, encoding=enc) for b in ("off", "by_length")}
+        engines = {
+            b: Engine(variant(spec, bucketing=b, packing=packing, warmup_batches=0), schema, DEVICE, None, encoding=enc)
+            for b in ("off", "by_length")
+        }
         times: dict[str, list[float]] = {b: [] for b in engines}
         for r in range(rounds + 1):
-            for b in (("off", "by_length") if r % 2 == 0 else ("by_length", "off")):
+            for b in ("off", "by_length") if r % 2 == 0 else ("by_length", "off"):
                 engines[b].batch_coords.clear()
                 s = pass_seconds(engines[b], tz)
                 if r > 0:  # round 0 warms up both
@@ -118,18 +138,25 @@ def measure(name: str, spec: Spec, enc, schema, tz: Tensorized, rounds: int, epo
         coords = {b: sum(p for _, p in e.batch_coords) for b, e in engines.items()}
         occ = {b: [p / q for p, q in e.batch_coords] for b, e in engines.items()}
         off_s, on_s = statistics.median(times["off"]), statistics.median(times["by_length"])
-        rows.append({"workload": name, "path": "padded" if packing == "off" else "packed",
-                     "off_ms": off_s * 1e3, "on_ms": on_s * 1e3, "speedup": off_s / on_s,
-                     "coords_off": coords["off"], "coords_on": coords["by_length"],
-                     "coords_ratio": coords["off"] / coords["by_length"],
-                     "occupancy_p50_off": float(np.median(occ["off"])),
-                     "occupancy_p50_on": float(np.median(occ["by_length"])),
-                     "shapes_on": len(engines["by_length"].batch_shapes),
-                     "rows": tz.root_rows})
+        rows.append(
+            {
+                "workload": name,
+                "path": "padded" if packing == "off" else "packed",
+                "off_ms": off_s * 1e3,
+                "on_ms": on_s * 1e3,
+                "speedup": off_s / on_s,
+                "coords_off": coords["off"],
+                "coords_on": coords["by_length"],
+                "coords_ratio": coords["off"] / coords["by_length"],
+                "occupancy_p50_off": float(np.median(occ["off"])),
+                "occupancy_p50_on": float(np.median(occ["by_length"])),
+                "shapes_on": len(engines["by_length"].batch_shapes),
+                "rows": tz.root_rows,
+            }
+        )
     quality = {}
     for b in ("off", "by_length"):
-        engine = Engine(variant(spec, bucketing=b, epochs=epochs), schema, DEVICE, None,
-                        encoding=enc)
+        engine = Engine(variant(spec, bucketing=b, epochs=epochs), schema, DEVICE, None, encoding=enc)
         for _ in range(epochs):
             engine.train(tz)
         engine.predict(tz, ("prediction",))
@@ -168,21 +195,34 @@ def main() -> None:
             spec = variant(spec, bucket_count=args.bucket_count, device=args.device)
             spec, enc, schema, tz = chunk(spec, folder)
             rows += measure(name, spec, enc, schema, tz, args.rounds, args.epochs)
-    print(f"predict compute per pass, median of {args.rounds} interleaved rounds; device {DEVICE}; "
-          f"torch {torch.__version__}, threads {torch.get_num_threads()}; bucket_count {args.bucket_count}")
-    head = (f"{'workload':<14} {'path':<7} {'off ms':>9} {'on ms':>9} {'speedup':>8} {'coords off/on':>14} "
-            f"{'goal':>6} {'occ p50 off/on':>15} {'shapes':>6}  quality off -> on")
+    print(
+        f"predict compute per pass, median of {args.rounds} interleaved rounds; device {DEVICE}; "
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}; bucket_count {args.bucket_count}"
+    )
+    head = (
+        f"{'workload':<14} {'path':<7} {'off ms':>9} {'on ms':>9} {'speedup':>8} {'coords off/on':>14} "
+        f"{'goal':>6} {'occ p50 off/on':>15} {'shapes':>6}  quality off -> on"
+    )
     print(head)
     for r in rows:
         goal = 0.7 * r["coords_ratio"]
         q = "accuracy" if "accuracy" in r["quality_off"] else "auc"
-        print(f"{r['workload']:<14} {r['path']:<7} {r['off_ms']:>9.1f} {r['on_ms']:>9.1f} "
-              f"{r['speedup']:>7.2f}x {r['coords_ratio']:>13.2f}x {goal:>5.2f}x "
-              f"{r['occupancy_p50_off']:>7.3f}/{r['occupancy_p50_on']:.3f} {r['shapes_on']:>6}  "
-              f"{q} {r['quality_off'].get(q, float('nan')):.4f} -> {r['quality_on'].get(q, float('nan')):.4f}")
+        print(
+            f"{r['workload']:<14} {r['path']:<7} {r['off_ms']:>9.1f} {r['on_ms']:>9.1f} "
+            f"{r['speedup']:>7.2f}x {r['coords_ratio']:>13.2f}x {goal:>5.2f}x "
+            f"{r['occupancy_p50_off']:>7.3f}/{r['occupancy_p50_on']:.3f} {r['shapes_on']:>6}  "
+            f"{q} {r['quality_off'].get(q, float('nan')):.4f} -> {r['quality_on'].get(q, float('nan')):.4f}"
+        )
     padded = [r for r in rows if r["path"] == "padded"]
-    print(json.dumps({"bench": "bucketing", "rows": rows,
-                      "padded_goal_met": {r["workload"]: r["speedup"] >= 0.7 * r["coords_ratio"] for r in padded}}))
+    print(
+        json.dumps(
+            {
+                "bench": "bucketing",
+                "rows": rows,
+                "padded_goal_met": {r["workload"]: r["speedup"] >= 0.7 * r["coords_ratio"] for r in padded},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

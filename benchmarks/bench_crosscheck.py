@@ -80,24 +80,40 @@ def main() -> None:
         return
     h, o = [], []
     for r in range(args.rounds):
-        for which in (("harness", "outside") if r % 2 == 0 else ("outside", "harness")):
+        for which in ("harness", "outside") if r % 2 == 0 else ("outside", "harness"):
             if which == "harness":
                 with tempfile.TemporaryDirectory(prefix="relflow-xcheck-") as d:
                     h.append(harness(spec, args.threads or None, Path(d)))
             else:
-                proc = subprocess.run([sys.executable, __file__, "--spec", str(spec), "--threads",
-                                       str(args.threads), "--child"], capture_output=True, text=True, check=True)
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--spec", str(spec), "--threads", str(args.threads), "--child"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 o.append(json.loads(proc.stdout.strip().splitlines()[-1])["rows_per_s"])
     hm, om = statistics.median(h), statistics.median(o)
     ratio = om / hm
-    print(f"{spec.name}: predict steady rows/s, {args.rounds} interleaved rounds, fresh processes, threads "
-          f"{args.threads or 'unset'}, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"{spec.name}: predict steady rows/s, {args.rounds} interleaved rounds, fresh processes, threads "
+        f"{args.threads or 'unset'}, load {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'measurement':<28} {'median rows/s':>14}  rounds")
     print(f"{'harness (MLflow metric)':<28} {hm:>14,.0f}  {', '.join(f'{x:,.0f}' for x in h)}")
     print(f"{'plain loop outside':<28} {om:>14,.0f}  {', '.join(f'{x:,.0f}' for x in o)}")
     print(f"outside / harness = {ratio:.3f} (goal within 5%: {'met' if abs(ratio - 1) <= 0.05 else 'missed'})")
-    print(json.dumps({"bench": "crosscheck", "spec": spec.name, "harness": h, "outside": o, "ratio": ratio,
-                      "goal_met": abs(ratio - 1) <= 0.05}))
+    print(
+        json.dumps(
+            {
+                "bench": "crosscheck",
+                "spec": spec.name,
+                "harness": h,
+                "outside": o,
+                "ratio": ratio,
+                "goal_met": abs(ratio - 1) <= 0.05,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

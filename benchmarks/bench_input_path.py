@@ -50,8 +50,11 @@ def _cell(value, kind: str, key: str, enc) -> tuple[float, bool]:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return 0.0, True
     if kind == "timestamp":
-        value = (value - EPOCH).days if isinstance(value, dt.date) and not isinstance(value, dt.datetime) \
+        value = (
+            (value - EPOCH).days
+            if isinstance(value, dt.date) and not isinstance(value, dt.datetime)
             else value.timestamp() / 86_400.0
+        )
     return (float(value) - enc.mean[key]) / enc.std[key], False
 
 
@@ -85,8 +88,9 @@ def rowwise(spec, retrieved, enc, schema) -> dict[str, np.ndarray]:
             out[f"{node_name}.null"][at + (j,)] = null
         for j, c in enumerate(node.categorical):
             v = row[c.name]
-            out[f"{node_name}.cat"][at + (j,)] = NULL_INDEX if v is None else \
-                vocab[f"{node_name}.{c.name}"].get(str(v), UNKNOWN_INDEX)
+            out[f"{node_name}.cat"][at + (j,)] = (
+                NULL_INDEX if v is None else vocab[f"{node_name}.{c.name}"].get(str(v), UNKNOWN_INDEX)
+            )
 
     for i, (_, prow) in enumerate(parents.iterrows()):
         fill(ROOT, (i,), prow)
@@ -165,21 +169,41 @@ def main() -> None:
     speedup = med["rowwise"] / columnar
     bw_share = med["memcpy"] / med["tensorize"]
     rows = batch.size
-    print(f"{spec.name} scale {args.scale:g}: {rows:,} root rows, {nbytes / 2**20:.1f} MiB of tensors, "
-          f"{args.repeats} interleaved repeats, torch threads {torch.get_num_threads()}, "
-          f"load {os.getloadavg()[0]:.2f}")
+    print(
+        f"{spec.name} scale {args.scale:g}: {rows:,} root rows, {nbytes / 2**20:.1f} MiB of tensors, "
+        f"{args.repeats} interleaved repeats, torch threads {torch.get_num_threads()}, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'path':<34} {'ms':>10} {'root rows/s':>12} {'GB/s':>7}")
-    for name, sec in (("preprocess (Polars)", med["preprocess"]), ("tensorize (Arrow -> tensors)", med["tensorize"]),
-                      ("preprocess + tensorize", columnar), ("row-wise pandas baseline", med["rowwise"]),
-                      ("memcpy of the same bytes", med["memcpy"])):
+    for name, sec in (
+        ("preprocess (Polars)", med["preprocess"]),
+        ("tensorize (Arrow -> tensors)", med["tensorize"]),
+        ("preprocess + tensorize", columnar),
+        ("row-wise pandas baseline", med["rowwise"]),
+        ("memcpy of the same bytes", med["memcpy"]),
+    ):
         gbs = f"{nbytes / sec / 1e9:>7.2f}" if "tensorize" in name or "memcpy" in name else f"{'':>7}"
         print(f"{name:<34} {sec * 1e3:>10.1f} {rows / sec:>12,.0f} {gbs}")
-    print(f"columnar vs row-wise: {speedup:.1f}x (goal >= 20x); tensorize at {bw_share:.1%} of memcpy "
-          f"bandwidth (goal >= 25%)")
-    print(json.dumps({"bench": "input_path", "spec": spec.name, "scale": args.scale, "root_rows": rows,
-                      "tensor_bytes": nbytes, "median_seconds": med, "speedup_vs_rowwise": speedup,
-                      "tensorize_memcpy_bandwidth_share": bw_share, "goal_speedup_met": speedup >= 20,
-                      "goal_bandwidth_met": bw_share >= 0.25}))
+    print(
+        f"columnar vs row-wise: {speedup:.1f}x (goal >= 20x); tensorize at {bw_share:.1%} of memcpy "
+        f"bandwidth (goal >= 25%)"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "input_path",
+                "spec": spec.name,
+                "scale": args.scale,
+                "root_rows": rows,
+                "tensor_bytes": nbytes,
+                "median_seconds": med,
+                "speedup_vs_rowwise": speedup,
+                "tensorize_memcpy_bandwidth_share": bw_share,
+                "goal_speedup_met": speedup >= 20,
+                "goal_bandwidth_met": bw_share >= 0.25,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

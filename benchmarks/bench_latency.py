@@ -42,8 +42,12 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--server-source", default="duckdb", help="parquet | duckdb | postgresql")
-    ap.add_argument("--single-stream", nargs="*", default=None,
-                    help="sources for the single_stream runs (default: every source given)")
+    ap.add_argument(
+        "--single-stream",
+        nargs="*",
+        default=None,
+        help="sources for the single_stream runs (default: every source given)",
+    )
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra spec override")
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -61,9 +65,14 @@ def main() -> None:
     sources = {"parquet": [], "duckdb": ["source.database.url=duckdb"]}
     if args.postgresql:
         sources["postgresql"] = [f"source.database.url={args.postgresql}"]
-    base = ["run.mode=predict", f"run.checkpoint={ckpt}", "run.min_steady_batches=0",
-            "run.min_steady_seconds=0", f"run.request.min_requests={args.requests}",
-            f"run.request.min_duration_s={args.min_duration}"]
+    base = [
+        "run.mode=predict",
+        f"run.checkpoint={ckpt}",
+        "run.min_steady_batches=0",
+        "run.min_steady_seconds=0",
+        f"run.request.min_requests={args.requests}",
+        f"run.request.min_duration_s={args.min_duration}",
+    ]
     rows = []
     for name, sets in sources.items():
         if args.single_stream is not None and name not in args.single_stream:
@@ -71,28 +80,48 @@ def main() -> None:
         s = go([*base, *sets, "run.scenario=single_stream"])
         rows.append((f"single_stream {name}", s))
     for qps in args.qps:
-        s = go([*base, *sources[args.server_source], "run.scenario=server",
-                f"run.request.target_qps={qps}", f"run.request.max_batch={args.max_batch}",
+        s = go(
+            [
+                *base,
+                *sources[args.server_source],
+                "run.scenario=server",
+                f"run.request.target_qps={qps}",
+                f"run.request.max_batch={args.max_batch}",
                 f"run.request.max_wait_ms={args.max_wait_ms}",
-                f"run.request.latency_bound_ms={args.bound_ms}"])
+                f"run.request.latency_bound_ms={args.bound_ms}",
+            ]
+        )
         rows.append((f"server {args.server_source} {qps:g} QPS", s))
-    head = (f"{'run':<30} {'reqs':>5} {'p50 ms':>8} {'p99 ms':>8} {'cold ms':>8} {'QPS':>7}  "
-            + " ".join(f"{s[:5]:>5}" for s in STEPS) + "  validity")
+    head = (
+        f"{'run':<30} {'reqs':>5} {'p50 ms':>8} {'p99 ms':>8} {'cold ms':>8} {'QPS':>7}  "
+        + " ".join(f"{s[:5]:>5}" for s in STEPS)
+        + "  validity"
+    )
     print(head)
     out = []
     for label, s in rows:
         m = s["metrics"]
         shares = {st: m.get(f"latency.step_share.{st}", 0.0) for st in STEPS}
-        print(f"{label:<30} {int(m['latency.requests']):>5} {m['latency.request_ms.p50']:>8.2f} "
-              f"{m['latency.request_ms.p99']:>8.2f} {m['latency.first_request_ms']:>8.1f} "
-              f"{m['latency.achieved_qps']:>7.1f}  "
-              + " ".join(f"{v:>5.0%}" for v in shares.values())
-              + f"  {s['validity']} {'; '.join(s['invalid_reasons'])}")
-        out.append({"run": label, "run_id": s["run_id"], "validity": s["validity"],
-                    **{k: v for k, v in m.items() if k.startswith(("latency.", K.DATA_BYTES_READ,
-                                                                    K.HOST_LOAD_PER_CORE_START))}})
-    print(json.dumps({"checkpoint": ckpt, "host_load_per_core_now": host_load_per_core(),
-                      "runs": out}))
+        print(
+            f"{label:<30} {int(m['latency.requests']):>5} {m['latency.request_ms.p50']:>8.2f} "
+            f"{m['latency.request_ms.p99']:>8.2f} {m['latency.first_request_ms']:>8.1f} "
+            f"{m['latency.achieved_qps']:>7.1f}  "
+            + " ".join(f"{v:>5.0%}" for v in shares.values())
+            + f"  {s['validity']} {'; '.join(s['invalid_reasons'])}"
+        )
+        out.append(
+            {
+                "run": label,
+                "run_id": s["run_id"],
+                "validity": s["validity"],
+                **{
+                    k: v
+                    for k, v in m.items()
+                    if k.startswith(("latency.", K.DATA_BYTES_READ, K.HOST_LOAD_PER_CORE_START))
+                },
+            }
+        )
+    print(json.dumps({"checkpoint": ckpt, "host_load_per_core_now": host_load_per_core(), "runs": out}))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,13 @@ def one_run(spec: Path, scale: float, extra: list[str], folder: Path) -> dict[st
     e2e = m[K.E2E_PREDICT_SECONDS]
     orchestration = m[K.HARNESS_ORCHESTRATION_SECONDS]
     calls = 5 * m[K.DATA_CHUNKS]
-    return {"e2e_predict_seconds": e2e, "orchestration_seconds": orchestration, "share": orchestration / e2e,
-            "per_task_call_ms": 1e3 * orchestration / calls, "chunks": m[K.DATA_CHUNKS]}
+    return {
+        "e2e_predict_seconds": e2e,
+        "orchestration_seconds": orchestration,
+        "share": orchestration / e2e,
+        "per_task_call_ms": 1e3 * orchestration / calls,
+        "chunks": m[K.DATA_CHUNKS],
+    }
 
 
 def main() -> None:
@@ -56,17 +61,30 @@ def main() -> None:
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="relflow-orch-") as d:
             runs.append(one_run(args.spec.resolve(), args.scale, args.sets, Path(d)))
-    print(f"{args.spec.name} scale {args.scale:g}, predict, {int(runs[0]['chunks'])} chunks, {args.rounds} fresh "
-          f"processes, load {os.getloadavg()[0]:.2f}; goal: orchestration <= 5% of e2e predict")
+    print(
+        f"{args.spec.name} scale {args.scale:g}, predict, {int(runs[0]['chunks'])} chunks, {args.rounds} fresh "
+        f"processes, load {os.getloadavg()[0]:.2f}; goal: orchestration <= 5% of e2e predict"
+    )
     for i, r in enumerate(runs):
         bar = "#" * min(int(round(r["share"] * 200)), 60)
-        print(f"round {i + 1}  e2e {r['e2e_predict_seconds']:7.2f} s  "
-              f"orchestration {r['orchestration_seconds']:6.3f} s "
-              f"{r['share']:6.1%}  {r['per_task_call_ms']:6.1f} ms/task call  |{bar:<20}| 5%=|{'#' * 10}")
+        print(
+            f"round {i + 1}  e2e {r['e2e_predict_seconds']:7.2f} s  "
+            f"orchestration {r['orchestration_seconds']:6.3f} s "
+            f"{r['share']:6.1%}  {r['per_task_call_ms']:6.1f} ms/task call  |{bar:<20}| 5%=|{'#' * 10}"
+        )
     share = statistics.median(r["share"] for r in runs)
     print(f"median orchestration share {share:.1%} ({'meets' if share <= 0.05 else 'misses'} the 5% goal)")
-    print(json.dumps({"bench": "orchestration", "scale": args.scale, "rounds": runs, "median_share": share,
-                      "goal_met": share <= 0.05}))
+    print(
+        json.dumps(
+            {
+                "bench": "orchestration",
+                "scale": args.scale,
+                "rounds": runs,
+                "median_share": share,
+                "goal_met": share <= 0.05,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -65,12 +65,21 @@ def main() -> None:
         for dim in (64, 256):
             fn = load_encoder("hashed", dim)
             s = median_seconds(lambda fn=fn, cells=cells: fn(cells), args.rounds, clock)
-            encoder_rows.append({"column": column, "dim": dim, "cells": len(cells), "seconds": s,
-                                 "cells_per_s": len(cells) / s, "mb_per_s": nbytes / s / 1e6})
+            encoder_rows.append(
+                {
+                    "column": column,
+                    "dim": dim,
+                    "cells": len(cells),
+                    "seconds": s,
+                    "cells_per_s": len(cells) / s,
+                    "mb_per_s": nbytes / s / 1e6,
+                }
+            )
     stage_rows = []
     for name in ("tpch_orders_text", "tpch_orders_text_short"):
-        spec = load_spec(ROOT / f"{name}.yaml", [f"source.generate.tpch.scale={args.scale}",
-                                                 f"run.device={args.device}"])
+        spec = load_spec(
+            ROOT / f"{name}.yaml", [f"source.generate.tpch.scale={args.scale}", f"run.device={args.device}"]
+        )
         sources = resolve_sources(spec, folder)
         keys, _ = list_root_keys(spec, sources)
         state: dict = {}
@@ -92,8 +101,7 @@ def main() -> None:
                 tz = tensorize(spec, enc_out.pre, state["enc"], state["schema"])
             out["tensorize"] = s.seconds
             if "engine" not in state:
-                state["engine"] = Engine(spec, state["schema"], torch.device(args.device), None,
-                                         encoding=state["enc"])
+                state["engine"] = Engine(spec, state["schema"], torch.device(args.device), None, encoding=state["enc"])
             with clock.measure() as s:
                 state["engine"].predict(tz, ("prediction",))
             out["compute"] = s.seconds
@@ -103,20 +111,32 @@ def main() -> None:
         runs = [stages() for _ in range(args.rounds)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         total = sum(med.values())
-        stage_rows.append({"workload": name, "roots": len(keys), "text_cells": state["cells"], **{
-            f"{k}_s": v for k, v in med.items()}, "encode_share": med["encode"] / total,
-            "compute_share": med["compute"] / total, "encode_over_compute": med["encode"] / med["compute"]})
+        stage_rows.append(
+            {
+                "workload": name,
+                "roots": len(keys),
+                "text_cells": state["cells"],
+                **{f"{k}_s": v for k, v in med.items()},
+                "encode_share": med["encode"] / total,
+                "compute_share": med["compute"] / total,
+                "encode_over_compute": med["encode"] / med["compute"],
+            }
+        )
     print(f"hashed encoder, TPC-H scale {args.scale:g}, median of {args.rounds}")
     print(f"{'column':<10} {'dim':>4} {'cells':>8} {'cells/s':>11} {'MB/s':>7}")
     for r in encoder_rows:
         print(f"{r['column']:<10} {r['dim']:>4} {r['cells']:>8,} {r['cells_per_s']:>11,.0f} {r['mb_per_s']:>7.1f}")
     print(f"\npredict stages in-process (no write), device {args.device}, median of {args.rounds}")
-    print(f"{'workload':<24} {'roots':>6} {'cells':>7} {'retrieve':>9} {'preproc':>8} {'encode':>8} "
-          f"{'tensorize':>9} {'compute':>8} {'encode%':>8} {'compute%':>8} {'enc/comp':>8}")
+    print(
+        f"{'workload':<24} {'roots':>6} {'cells':>7} {'retrieve':>9} {'preproc':>8} {'encode':>8} "
+        f"{'tensorize':>9} {'compute':>8} {'encode%':>8} {'compute%':>8} {'enc/comp':>8}"
+    )
     for r in stage_rows:
-        print(f"{r['workload']:<24} {r['roots']:>6,} {r['text_cells']:>7,} {r['retrieve_s']:>9.3f} "
-              f"{r['preprocess_s']:>8.3f} {r['encode_s']:>8.3f} {r['tensorize_s']:>9.3f} {r['compute_s']:>8.3f} "
-              f"{r['encode_share']:>8.1%} {r['compute_share']:>8.1%} {r['encode_over_compute']:>7.2f}x")
+        print(
+            f"{r['workload']:<24} {r['roots']:>6,} {r['text_cells']:>7,} {r['retrieve_s']:>9.3f} "
+            f"{r['preprocess_s']:>8.3f} {r['encode_s']:>8.3f} {r['tensorize_s']:>9.3f} {r['compute_s']:>8.3f} "
+            f"{r['encode_share']:>8.1%} {r['compute_share']:>8.1%} {r['encode_over_compute']:>7.2f}x"
+        )
     print(json.dumps({"bench": "text", "scale": args.scale, "encoder": encoder_rows, "stages": stage_rows}))
 
 

@@ -98,9 +98,22 @@ def main() -> None:
             env_extra, threads = grid[name]
             env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
             env.update(env_extra)
-            proc = subprocess.run([sys.executable, __file__, "--spec", str(args.spec), "--batches",
-                                   str(args.batches), "--child", str(threads or 0)],
-                                  env=env, capture_output=True, text=True, check=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--spec",
+                    str(args.spec),
+                    "--batches",
+                    str(args.batches),
+                    "--child",
+                    str(threads or 0),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             samples[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     base = statistics.median(x["predict_ms"] for x in samples["default (nothing set)"])
     base_train = statistics.median(x["train_ms"] for x in samples["default (nothing set)"])
@@ -108,19 +121,32 @@ def main() -> None:
     for name, xs in samples.items():
         pm = statistics.median(x["predict_ms"] for x in xs)
         tm = statistics.median(x["train_ms"] for x in xs)
-        rows.append({"variant": name, "threads": int(xs[0]["threads"]), "predict_ms": pm,
-                     "predict_rows_per_s": statistics.median(x["predict_rows_per_s"] for x in xs),
-                     "predict_vs_default": pm / base, "train_ms": tm, "train_vs_default": tm / base_train,
-                     "predict_ms_range": [min(x["predict_ms"] for x in xs), max(x["predict_ms"] for x in xs)]})
+        rows.append(
+            {
+                "variant": name,
+                "threads": int(xs[0]["threads"]),
+                "predict_ms": pm,
+                "predict_rows_per_s": statistics.median(x["predict_rows_per_s"] for x in xs),
+                "predict_vs_default": pm / base,
+                "train_ms": tm,
+                "train_vs_default": tm / base_train,
+                "predict_ms_range": [min(x["predict_ms"] for x in xs), max(x["predict_ms"] for x in xs)],
+            }
+        )
     load = os.getloadavg()[0]
-    print(f"{args.spec.name}: {args.rounds} interleaved rounds, fresh process per variant, "
-          f"{os.cpu_count()} cores, load {load:.2f}")
+    print(
+        f"{args.spec.name}: {args.rounds} interleaved rounds, fresh process per variant, "
+        f"{os.cpu_count()} cores, load {load:.2f}"
+    )
     print(f"{'variant':<44} {'thr':>3} {'predict ms':>10} {'x default':>9} {'train ms':>9} {'x default':>9}")
     for r in rows:
-        print(f"{r['variant']:<44} {r['threads']:>3} {r['predict_ms']:>10.1f} {r['predict_vs_default']:>8.2f}x "
-              f"{r['train_ms']:>9.1f} {r['train_vs_default']:>8.2f}x")
-    print(json.dumps({"bench": "threads", "spec": args.spec.name, "rounds": args.rounds, "load_1m": load,
-                      "rows": rows}))
+        print(
+            f"{r['variant']:<44} {r['threads']:>3} {r['predict_ms']:>10.1f} {r['predict_vs_default']:>8.2f}x "
+            f"{r['train_ms']:>9.1f} {r['train_vs_default']:>8.2f}x"
+        )
+    print(
+        json.dumps({"bench": "threads", "spec": args.spec.name, "rounds": args.rounds, "load_1m": load, "rows": rows})
+    )
 
 
 if __name__ == "__main__":

@@ -36,11 +36,17 @@ sys.path.insert(0, str(ROOT))
 from tasks import keys as K  # noqa: E402 - after the sys.path line above
 
 CONTRACT_METRICS = [
-    *(f(s, phase) for phase in K.PHASES for s in K.PHASE_STAGES[phase]
-      for f in (K.stage_seconds, K.stage_rows_per_s)),
-    K.E2E_PREDICT_SECONDS, K.E2E_PREDICT_ROWS_PER_S, K.E2E_TRAIN_SECONDS, K.E2E_TRAIN_ROWS_PER_S,
-    K.FIRST_CALL_SECONDS, K.STEADY_ROWS_PER_S, K.TRAIN_STEADY_ROWS_PER_S, K.quality("accuracy"),
-    K.HOST_PEAK_BYTES, K.HARNESS_STARTUP_SECONDS,
+    *(f(s, phase) for phase in K.PHASES for s in K.PHASE_STAGES[phase] for f in (K.stage_seconds, K.stage_rows_per_s)),
+    K.E2E_PREDICT_SECONDS,
+    K.E2E_PREDICT_ROWS_PER_S,
+    K.E2E_TRAIN_SECONDS,
+    K.E2E_TRAIN_ROWS_PER_S,
+    K.FIRST_CALL_SECONDS,
+    K.STEADY_ROWS_PER_S,
+    K.TRAIN_STEADY_ROWS_PER_S,
+    K.quality("accuracy"),
+    K.HOST_PEAK_BYTES,
+    K.HARNESS_STARTUP_SECONDS,
 ]
 ARTIFACTS = {"spec.yaml", "stages.json"}
 
@@ -84,8 +90,10 @@ def measure(uri: str, processes: int, runs: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-tracking-"))
     barrier = work / "go"
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_one_process, args=(uri, experiment, runs, str(barrier), f"p{j}",
-                                                    str(work / f"p{j}.json"))) for j in range(processes)]
+    procs = [
+        ctx.Process(target=_one_process, args=(uri, experiment, runs, str(barrier), f"p{j}", str(work / f"p{j}.json")))
+        for j in range(processes)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + 300
@@ -98,8 +106,9 @@ def measure(uri: str, processes: int, runs: int) -> dict:
     for p in procs:
         p.join()
     wall = wall_clock() - t0
-    reports = [json.loads((work / f"p{j}.json").read_text()) for j in range(processes)
-               if (work / f"p{j}.json").exists()]
+    reports = [
+        json.loads((work / f"p{j}.json").read_text()) for j in range(processes) if (work / f"p{j}.json").exists()
+    ]
     started = [r for rep in reports for r in rep["started"]]
     errors = [e for rep in reports for e in rep["errors"]]
     client = MlflowClient(tracking_uri=uri)
@@ -112,12 +121,20 @@ def measure(uri: str, processes: int, runs: int) -> dict:
         if {a.path for a in client.list_artifacts(run_id)} >= ARTIFACTS:
             complete += 1
     expected = processes * runs
-    return {"store": "sqlite" if uri.startswith("sqlite") else "server", "uri": uri,
-            "processes": processes, "runs_expected": expected, "runs_started": len(started),
-            "runs_complete": complete, "lost": expected - complete, "errors": len(errors),
-            "first_error": errors[0] if errors else None,
-            "process_exit_codes": [p.exitcode for p in procs],
-            "wall_seconds": wall, "runs_per_s": complete / wall if wall > 0 else 0.0}
+    return {
+        "store": "sqlite" if uri.startswith("sqlite") else "server",
+        "uri": uri,
+        "processes": processes,
+        "runs_expected": expected,
+        "runs_started": len(started),
+        "runs_complete": complete,
+        "lost": expected - complete,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "process_exit_codes": [p.exitcode for p in procs],
+        "wall_seconds": wall,
+        "runs_per_s": complete / wall if wall > 0 else 0.0,
+    }
 
 
 def main() -> None:
@@ -130,11 +147,15 @@ def main() -> None:
         if uri.startswith("http") and not uri.split("//", 1)[1].startswith(("127.0.0.1", "localhost")):
             sys.exit(f"{uri}: this load test runs on loopback only (127.0.0.1)")
     results = [measure(uri, args.processes, args.runs) for uri in args.uri]
-    print(f"{'store':8} {'procs':>5} {'runs':>5} {'complete':>8} {'lost':>5} {'errors':>6} {'wall s':>7} "
-          f"{'runs/s':>7}  first error")
+    print(
+        f"{'store':8} {'procs':>5} {'runs':>5} {'complete':>8} {'lost':>5} {'errors':>6} {'wall s':>7} "
+        f"{'runs/s':>7}  first error"
+    )
     for r in results:
-        print(f"{r['store']:8} {r['processes']:>5} {r['runs_expected']:>5} {r['runs_complete']:>8} {r['lost']:>5} "
-              f"{r['errors']:>6} {r['wall_seconds']:>7.1f} {r['runs_per_s']:>7.2f}  {r['first_error'] or '-'}")
+        print(
+            f"{r['store']:8} {r['processes']:>5} {r['runs_expected']:>5} {r['runs_complete']:>8} {r['lost']:>5} "
+            f"{r['errors']:>6} {r['wall_seconds']:>7.1f} {r['runs_per_s']:>7.2f}  {r['first_error'] or '-'}"
+        )
     print(f"load per core at the end: {os.getloadavg()[0] / (os.cpu_count() or 1):.2f}")
     print(json.dumps({"bench": "tracking", "results": results}))
 

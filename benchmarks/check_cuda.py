@@ -45,28 +45,45 @@ def check_clock(results: dict) -> None:
     with Clock(dev).measure() as span:
         for _ in range(20):
             a @ a
-    results["clock"] = {"unsynchronised_ms": unsynced * 1e3, "synchronised_ms": span.seconds * 1e3,
-                        "ok": span.seconds > 2 * unsynced}
+    results["clock"] = {
+        "unsynchronised_ms": unsynced * 1e3,
+        "synchronised_ms": span.seconds * 1e3,
+        "ok": span.seconds > 2 * unsynced,
+    }
 
 
 def engine_run(spec, schema, enc, tz, device, precision: str) -> dict:
     from tasks.clock import Clock
     from tasks.compute import Engine
 
-    s = spec.model_copy(update={"run": spec.run.model_copy(update={
-        "precision": precision, "device": str(device),
-        "loader": spec.run.loader.model_copy(update={"pin_memory": device.type == "cuda"})})})
+    s = spec.model_copy(
+        update={
+            "run": spec.run.model_copy(
+                update={
+                    "precision": precision,
+                    "device": str(device),
+                    "loader": spec.run.loader.model_copy(update={"pin_memory": device.type == "cuda"}),
+                }
+            )
+        }
+    )
     eng = Engine(s, schema, device, clock=Clock(device), encoding=enc)
     eng.train(tz)
     out = eng.predict(tz, ("prediction",))
     opt = eng.optimizer
     fused = bool(opt.param_groups[0].get("fused")) if opt is not None else None
     pt, tt = eng.predict_timings, eng.train_timings
-    return {"train_steady_rows_per_s": tt.steady_rows_per_s, "predict_steady_rows_per_s": pt.steady_rows_per_s,
-            "train_first_call_s": tt.first_call_seconds, "predict_first_call_s": pt.first_call_seconds,
-            "fused_adamw": fused, "scaler": getattr(eng, "scaler", None) is not None,
-            "quality": eng.quality.metrics() if hasattr(eng, "quality") else {},
-            "prediction": out.tensors["prediction"], "finite": bool(torch.isfinite(out.tensors["prediction"]).all())}
+    return {
+        "train_steady_rows_per_s": tt.steady_rows_per_s,
+        "predict_steady_rows_per_s": pt.steady_rows_per_s,
+        "train_first_call_s": tt.first_call_seconds,
+        "predict_first_call_s": pt.first_call_seconds,
+        "fused_adamw": fused,
+        "scaler": getattr(eng, "scaler", None) is not None,
+        "quality": eng.quality.metrics() if hasattr(eng, "quality") else {},
+        "prediction": out.tensors["prediction"],
+        "finite": bool(torch.isfinite(out.tensors["prediction"]).all()),
+    }
 
 
 def check_engine(results: dict) -> None:
@@ -82,9 +99,15 @@ def check_engine(results: dict) -> None:
     diff = float((rows["fp32"]["prediction"] - cpu["prediction"]).abs().max())
     for r in (*rows.values(), cpu):
         r.pop("prediction")
-    results["engine"] = {"cuda": rows, "cpu_fp32": cpu, "cuda_vs_cpu_fp32_max_abs_diff": diff,
-                         "ok": diff < 1e-2 and all(r["finite"] for r in rows.values())
-                         and rows["fp16"]["scaler"] and rows["fp32"]["fused_adamw"]}
+    results["engine"] = {
+        "cuda": rows,
+        "cpu_fp32": cpu,
+        "cuda_vs_cpu_fp32_max_abs_diff": diff,
+        "ok": diff < 1e-2
+        and all(r["finite"] for r in rows.values())
+        and rows["fp16"]["scaler"]
+        and rows["fp32"]["fused_adamw"],
+    }
 
 
 def check_packing(results: dict) -> None:
@@ -102,7 +125,7 @@ def check_packing(results: dict) -> None:
     with torch.no_grad():
         for i, p in enumerate(parts):
             outs = {}
-            for mode in (("auto", "off") if i % 2 == 0 else ("off", "auto")):
+            for mode in ("auto", "off") if i % 2 == 0 else ("off", "auto"):
                 model.packing = mode
                 with clock.measure() as span:
                     outs[mode] = model(p, outputs=("prediction",))["prediction"]
@@ -110,8 +133,13 @@ def check_packing(results: dict) -> None:
                     times[mode].append(span.seconds)
             diffs.append(float((outs["auto"] - outs["off"]).abs().max()))
     packed, padded = statistics.median(times["auto"]), statistics.median(times["off"])
-    results["packing"] = {"packed_ms": packed * 1e3, "padded_ms": padded * 1e3, "speedup": padded / packed,
-                          "max_abs_diff": max(diffs), "ok": max(diffs) < 1e-3}
+    results["packing"] = {
+        "packed_ms": packed * 1e3,
+        "padded_ms": padded * 1e3,
+        "speedup": padded / packed,
+        "max_abs_diff": max(diffs),
+        "ok": max(diffs) < 1e-3,
+    }
 
 
 def check_compile(results: dict) -> None:
@@ -131,8 +159,11 @@ def check_compile(results: dict) -> None:
             with clock.measure() as span:
                 model(p.to(dev), outputs=("prediction",))
             ts.append(span.seconds)
-    results["compile"] = {"first_call_s": ts[0], "steady_ms_p50": statistics.median(ts[3:]) * 1e3,
-                          "ok": ts[0] > statistics.median(ts[3:])}
+    results["compile"] = {
+        "first_call_s": ts[0],
+        "steady_ms_p50": statistics.median(ts[3:]) * 1e3,
+        "ok": ts[0] > statistics.median(ts[3:]),
+    }
 
 
 def check_peak(results: dict) -> None:
@@ -151,16 +182,27 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this script checks the CUDA paths on a GPU host")
     results: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    for name, fn in (("clock", check_clock), ("engine", check_engine), ("packing", check_packing),
-                     ("compile", check_compile), ("peak", check_peak)):
+    for name, fn in (
+        ("clock", check_clock),
+        ("engine", check_engine),
+        ("packing", check_packing),
+        ("compile", check_compile),
+        ("peak", check_peak),
+    ):
         try:
             fn(results)
         except Exception as err:  # noqa: BLE001 - report every check, keep going
-            results[name] = {"ok": False, "error": f"{type(err).__name__}: {err}",
-                             "traceback": traceback.format_exc()[-2000:]}
+            results[name] = {
+                "ok": False,
+                "error": f"{type(err).__name__}: {err}",
+                "traceback": traceback.format_exc()[-2000:],
+            }
         r = results[name]
-        print(f"{name:<8} {'PASS' if r.get('ok') else 'FAIL'}  "
-              + json.dumps({k: v for k, v in r.items() if k not in ("traceback",)}, default=str)[:600], flush=True)
+        print(
+            f"{name:<8} {'PASS' if r.get('ok') else 'FAIL'}  "
+            + json.dumps({k: v for k, v in r.items() if k not in ("traceback",)}, default=str)[:600],
+            flush=True,
+        )
     line = json.dumps(results, default=str)
     if args.out:
         args.out.write_text(line)

@@ -49,9 +49,14 @@ def main() -> None:
             if iv.has_interval:
                 order_hits += iv.low <= 1.0 <= iv.high
                 level = iv.level
-        rows.append({"n": n, "bootstrap_coverage": boot_hits / args.draws,
-                     "order_statistic_coverage": order_hits / args.draws if level else None,
-                     "order_statistic_level": level})
+        rows.append(
+            {
+                "n": n,
+                "bootstrap_coverage": boot_hits / args.draws,
+                "order_statistic_coverage": order_hits / args.draws if level else None,
+                "order_statistic_level": level,
+            }
+        )
     print(f"{'n':>3} {'bootstrap (old)':>16} {'order-statistic':>16} {'stated level':>13}")
     for r in rows:
         order = f"{r['order_statistic_coverage']:.1%}" if r["order_statistic_level"] else "no 95% CI"

@@ -61,9 +61,19 @@ KEY_METRICS: tuple[tuple[str, int], ...] = (
     ("latency.achieved_qps", +1),
 )
 # quality.<name> direction by name; unknown quality keys are shown with no direction.
-QUALITY_DIRECTION = {"accuracy": +1, "auc": +1, "f1": +1, "mae": -1, "rmse": -1,
-                     "nll": -1, "ece": -1, "brier": -1,
-                     "majority_rate": 0, "mae_of_mean": 0, "rows": 0}
+QUALITY_DIRECTION = {
+    "accuracy": +1,
+    "auc": +1,
+    "f1": +1,
+    "mae": -1,
+    "rmse": -1,
+    "nll": -1,
+    "ece": -1,
+    "brier": -1,
+    "majority_rate": 0,
+    "mae_of_mean": 0,
+    "rows": 0,
+}
 # Tags that identify a run rather than its environment: never listed as explanations.
 IDENTITY_TAGS = {"relflow.output_path", "relflow.error", "relflow.invalid_reasons"}
 # Params that name outputs rather than change the workload.
@@ -226,15 +236,21 @@ def _ratio(a: float, b: float) -> float:
     return b / a
 
 
-def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold: float,
-          alpha: float) -> MetricRow:
+def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold: float, alpha: float) -> MetricRow:
     ratio = _ratio(base.value, cand.value)
     p = None
     if key in EXACT_METRICS or base.value == cand.value:
         changed = base.value != cand.value
         beyond = changed and abs(ratio - 1.0) > threshold
-        verdict = "same" if not changed else "below threshold" if not beyond else "change" if direction == 0 else (
-            "improvement" if (ratio > 1) == (direction > 0) else "regression")
+        verdict = (
+            "same"
+            if not changed
+            else "below threshold"
+            if not beyond
+            else "change"
+            if direction == 0
+            else ("improvement" if (ratio > 1) == (direction > 0) else "regression")
+        )
         return MetricRow(key, direction, base, cand, ratio, "exact", changed, None, beyond, verdict)
     if base.n_runs >= 2 and cand.n_runs >= 2 and min_rank_p(base.n_runs, cand.n_runs) <= alpha:
         method = "Mann-Whitney U"
@@ -245,8 +261,13 @@ def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold
         method = CI_LABEL
         significant = base.high < cand.low or cand.high < base.low
         # The conservative ratio: the nearer edges of the two intervals.
-        effect = (_ratio(base.high, cand.low) if cand.low > base.high else
-                  _ratio(base.low, cand.high) if cand.high < base.low else 1.0)
+        effect = (
+            _ratio(base.high, cand.low)
+            if cand.low > base.high
+            else _ratio(base.low, cand.high)
+            if cand.high < base.low
+            else 1.0
+        )
     else:
         method, significant, effect = NOT_ENOUGH, False, ratio
     beyond = math.isfinite(effect) and abs(effect - 1.0) > threshold or math.isinf(effect)
@@ -272,8 +293,9 @@ def _common(runs: Sequence[RunRecord], attr: str, key: str) -> str:
     return values.pop() if len(values) == 1 else "(varies: " + ", ".join(sorted(values)) + ")"
 
 
-def differences(base: Sequence[RunRecord], cand: Sequence[RunRecord], attr: str,
-                keep=lambda k: True) -> list[Difference]:
+def differences(
+    base: Sequence[RunRecord], cand: Sequence[RunRecord], attr: str, keep=lambda k: True
+) -> list[Difference]:
     """Keys whose (group-common) value differs between the sides."""
     keys = sorted({k for r in [*base, *cand] for k in getattr(r, attr) if keep(k)})
     out = []
@@ -288,18 +310,24 @@ def environment_tag(key: str) -> bool:
     return key.startswith("relflow.") and key not in IDENTITY_TAGS
 
 
-def compare(base: Sequence[RunRecord], cand: Sequence[RunRecord], *, threshold: float = 0.05,
-            alpha: float = 0.05, baseline_label: str = "baseline",
-            candidate_label: str = "candidate") -> Comparison:
+def compare(
+    base: Sequence[RunRecord],
+    cand: Sequence[RunRecord],
+    *,
+    threshold: float = 0.05,
+    alpha: float = 0.05,
+    baseline_label: str = "baseline",
+    candidate_label: str = "candidate",
+) -> Comparison:
     """Compare two runs or two groups of runs on the key metrics."""
     if not base or not cand:
         raise ValueError("compare needs at least one run on each side")
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
-    c = Comparison(baseline_label, candidate_label, [r.run_id for r in base],
-                   [r.run_id for r in cand], threshold, alpha)
-    quality = sorted({k for r in [*base, *cand] for k in r.metrics
-                      if k.startswith("quality.") and k.count(".") == 1})
+    c = Comparison(
+        baseline_label, candidate_label, [r.run_id for r in base], [r.run_id for r in cand], threshold, alpha
+    )
+    quality = sorted({k for r in [*base, *cand] for k in r.metrics if k.startswith("quality.") and k.count(".") == 1})
     keys = [*KEY_METRICS, *((k, QUALITY_DIRECTION.get(k.split(".", 1)[1], 0)) for k in quality)]
     for key, direction in keys:
         a, b = estimate(base, key), estimate(cand, key)
@@ -316,16 +344,19 @@ def compare(base: Sequence[RunRecord], cand: Sequence[RunRecord], *, threshold: 
             c.notes.append(f"{side} has INVALID runs: {', '.join(bad)}")
         if len(runs) == 1 and runs[0].metrics.get(K.REPEATS_MEASURED, 1) < MIN_CI_SAMPLES:
             n = int(runs[0].metrics.get(K.REPEATS_MEASURED, 1))
-            c.notes.append(f"the {side} run has {n} repeat(s), too few for a 95% interval: rerun "
-                           f"with --set run.repeats={MIN_CI_SAMPLES} (or compare groups of runs) "
-                           "to judge significance")
+            c.notes.append(
+                f"the {side} run has {n} repeat(s), too few for a 95% interval: rerun "
+                f"with --set run.repeats={MIN_CI_SAMPLES} (or compare groups of runs) "
+                "to judge significance"
+            )
     if all(r.method == NOT_ENOUGH for r in c.rows if r.key in K.REPEATED):
         c.notes.append("throughput has no spread on at least one side: nothing can be marked")
     return c
 
 
-def split_by(runs: Sequence[RunRecord], selector: str, baseline: str,
-             candidate: str | None = None) -> tuple[list[RunRecord], list[RunRecord], str]:
+def split_by(
+    runs: Sequence[RunRecord], selector: str, baseline: str, candidate: str | None = None
+) -> tuple[list[RunRecord], list[RunRecord], str]:
     """Baseline / candidate groups by a tag (``KEY`` or ``tags.KEY``) or a param (``params.KEY``).
 
     Baseline: runs whose value equals ``baseline``. Candidate: runs whose value equals
@@ -333,16 +364,21 @@ def split_by(runs: Sequence[RunRecord], selector: str, baseline: str,
     value (otherwise a ``UserError`` lists them). Runs without the key take no part.
     Returns (baseline, candidate, candidate value).
     """
-    attr, key = ("params", selector[len("params."):]) if selector.startswith("params.") else (
-        "tags", selector.removeprefix("tags."))
+    attr, key = (
+        ("params", selector[len("params.") :])
+        if selector.startswith("params.")
+        else ("tags", selector.removeprefix("tags."))
+    )
     with_key = [r for r in runs if key in getattr(r, attr)]
     base = [r for r in with_key if getattr(r, attr)[key] == baseline]
     others = sorted({getattr(r, attr)[key] for r in with_key} - {baseline})
     if candidate is None:
         if len(others) != 1:
             found = ", ".join(others) or "none"
-            raise UserError(f"{selector}: the non-baseline runs have {len(others)} values ({found}); "
-                            "pick one with --candidate VALUE")
+            raise UserError(
+                f"{selector}: the non-baseline runs have {len(others)} values ({found}); "
+                "pick one with --candidate VALUE"
+            )
         candidate = others[0]
     cand = [r for r in with_key if getattr(r, attr)[key] == candidate]
     return base, cand, candidate
@@ -365,18 +401,44 @@ def fmt_value(key: str, v: float) -> str:
 def as_dict(c: Comparison) -> dict:
     """JSON-ready summary (for --json and for MLflow)."""
     return {
-        "baseline": c.baseline_label, "candidate": c.candidate_label,
-        "baseline_runs": c.baseline_runs, "candidate_runs": c.candidate_runs,
-        "threshold": c.threshold, "alpha": c.alpha,
-        "metrics": [{"key": r.key, "baseline": r.baseline.value, "baseline_ci": [r.baseline.low, r.baseline.high],
-                     "candidate": r.candidate.value, "candidate_ci": [r.candidate.low, r.candidate.high],
-                     "ratio": r.ratio, "method": r.method, "p_value": r.p_value,
-                     "marked": r.marked, "verdict": r.verdict} for r in c.rows],
+        "baseline": c.baseline_label,
+        "candidate": c.candidate_label,
+        "baseline_runs": c.baseline_runs,
+        "candidate_runs": c.candidate_runs,
+        "threshold": c.threshold,
+        "alpha": c.alpha,
+        "metrics": [
+            {
+                "key": r.key,
+                "baseline": r.baseline.value,
+                "baseline_ci": [r.baseline.low, r.baseline.high],
+                "candidate": r.candidate.value,
+                "candidate_ci": [r.candidate.low, r.candidate.high],
+                "ratio": r.ratio,
+                "method": r.method,
+                "p_value": r.p_value,
+                "marked": r.marked,
+                "verdict": r.verdict,
+            }
+            for r in c.rows
+        ],
         "param_differences": [d.__dict__ for d in c.param_differences],
         "tag_differences": [d.__dict__ for d in c.tag_differences],
         "notes": c.notes,
     }
 
 
-__all__ = ["Comparison", "Difference", "Estimate", "KEY_METRICS", "MetricRow", "as_dict", "compare",
-           "estimate", "fmt_value", "judge", "mann_whitney_u", "split_by"]
+__all__ = [
+    "Comparison",
+    "Difference",
+    "Estimate",
+    "KEY_METRICS",
+    "MetricRow",
+    "as_dict",
+    "compare",
+    "estimate",
+    "fmt_value",
+    "judge",
+    "mann_whitney_u",
+    "split_by",
+]

@@ -59,15 +59,24 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
 
 def to_html(d: Dashboard, source: str) -> str:
     """One page, plotly.js inline, each figure in its own div."""
-    parts = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
-                         config={"displaylogo": False})
-             for name, fig in d.figures.items()]
-    steps = "".join(f"<li>{html.escape(s.metric)}: {s.kind} x{s.step.ratio:.3f} at run "
-                    f"{html.escape(s.after_run.label)}</li>" for s in d.steps) or "<li>none detected</li>"
+    parts = [
+        fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}", config={"displaylogo": False})
+        for name, fig in d.figures.items()
+    ]
+    steps = (
+        "".join(
+            f"<li>{html.escape(s.metric)}: {s.kind} x{s.step.ratio:.3f} at run {html.escape(s.after_run.label)}</li>"
+            for s in d.steps
+        )
+        or "<li>none detected</li>"
+    )
     first = d.runs[0].start_time_ms if d.runs else 0
     last = d.runs[-1].start_time_ms if d.runs else 0
-    span = (f"{d.runs[0].started_at:%Y-%m-%d %H:%M} to {d.runs[-1].started_at:%Y-%m-%d %H:%M} UTC"
-            if first and last else "no runs")
+    span = (
+        f"{d.runs[0].started_at:%Y-%m-%d %H:%M} to {d.runs[-1].started_at:%Y-%m-%d %H:%M} UTC"
+        if first and last
+        else "no runs"
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>relflow-bench dashboard: {html.escape(d.experiment)}</title>
@@ -85,8 +94,9 @@ spec hash <code>{html.escape(str(d.spec_hash))}</code>. Steps:</p><ul>{steps}</u
 
 
 def chrome_path() -> str | None:
-    return os.environ.get("BROWSER_PATH") or (SYSTEM_CHROMIUM if Path(SYSTEM_CHROMIUM).exists()
-                                              else shutil.which("chromium") or shutil.which("google-chrome"))
+    return os.environ.get("BROWSER_PATH") or (
+        SYSTEM_CHROMIUM if Path(SYSTEM_CHROMIUM).exists() else shutil.which("chromium") or shutil.which("google-chrome")
+    )
 
 
 def write(d: Dashboard, out: Path, source: str, *, png: bool = True) -> list[Path]:

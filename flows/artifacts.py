@@ -38,12 +38,27 @@ def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         part = [r for r in summary["stages"] if r.get("phase") == phase]
         if not part:
             continue
-        rows += [{"phase": phase, "stage": r["stage"], "seconds": round(r["seconds"], 4),
-                  "root rows": r["rows"], "rows/s": round(r["rows_per_s"], 1),
-                  "share of phase": f"{r['share']:.1%}"} for r in part]
-        rows.append({"phase": phase, "stage": "end-to-end", "seconds": round(m[K.e2e(phase, "seconds")], 4),
-                     "root rows": int(m[K.e2e(phase, "rows")]),
-                     "rows/s": round(m[K.e2e(phase, "rows_per_s")], 1), "share of phase": "100%"})
+        rows += [
+            {
+                "phase": phase,
+                "stage": r["stage"],
+                "seconds": round(r["seconds"], 4),
+                "root rows": r["rows"],
+                "rows/s": round(r["rows_per_s"], 1),
+                "share of phase": f"{r['share']:.1%}",
+            }
+            for r in part
+        ]
+        rows.append(
+            {
+                "phase": phase,
+                "stage": "end-to-end",
+                "seconds": round(m[K.e2e(phase, "seconds")], 4),
+                "root rows": int(m[K.e2e(phase, "rows")]),
+                "rows/s": round(m[K.e2e(phase, "rows_per_s")], 1),
+                "share of phase": "100%",
+            }
+        )
     return rows
 
 
@@ -70,8 +85,9 @@ def publish_run_artifact(summary: dict[str, Any]) -> UUID | None:
         key = artifact_key(summary["experiment"])
         table_id = create_table_artifact(table=stage_rows(summary), key=key, description=description)
         if url:
-            create_link_artifact(link=url, link_text=f"MLflow run {summary['run_id']}",
-                                 key=key.removesuffix("-stages") + "-mlflow-run")
+            create_link_artifact(
+                link=url, link_text=f"MLflow run {summary['run_id']}", key=key.removesuffix("-stages") + "-mlflow-run"
+            )
         return table_id
     except Exception as err:  # noqa: BLE001 - never fail a finished, recorded run
         log.warning("could not publish the Prefect stage artifact: %s: %s", type(err).__name__, err)

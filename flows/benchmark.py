@@ -75,8 +75,9 @@ STAGE_TASK = dict(cache_policy=NO_CACHE, persist_result=False, retries=0)
 
 
 @task(name="retrieve", **STAGE_TASK)
-def retrieve_task(spec: Spec, sources: dict[str, SourceTable], keys: np.ndarray,
-                  clock: Clock) -> tuple[Retrieved, float]:
+def retrieve_task(
+    spec: Spec, sources: dict[str, SourceTable], keys: np.ndarray, clock: Clock
+) -> tuple[Retrieved, float]:
     with clock.measure() as span:
         out = retrieve(spec, sources, keys)
     return out, span.seconds
@@ -97,8 +98,9 @@ def encode_task(spec: Spec, pre: Preprocessed, clock: Clock) -> tuple[Preprocess
 
 
 @task(name="tensorize", **STAGE_TASK)
-def tensorize_task(spec: Spec, pre: Preprocessed, enc: Encoding | None, schema: Any,
-                   clock: Clock) -> tuple[Tensorized, Encoding, Any, float]:
+def tensorize_task(
+    spec: Spec, pre: Preprocessed, enc: Encoding | None, schema: Any, clock: Clock
+) -> tuple[Tensorized, Encoding, Any, float]:
     with clock.measure() as span:
         if enc is None:  # no checkpoint: fit on the first chunk's training rows
             enc, schema = fit(spec, pre)
@@ -107,17 +109,22 @@ def tensorize_task(spec: Spec, pre: Preprocessed, enc: Encoding | None, schema: 
 
 
 @task(name="compute", **STAGE_TASK)
-def compute_task(engine: compute_stage.Engine, tz: Tensorized, phase: str,
-                 outputs: tuple[str, ...]) -> tuple[compute_stage.PredictOutputs | None, float]:
+def compute_task(
+    engine: compute_stage.Engine, tz: Tensorized, phase: str, outputs: tuple[str, ...]
+) -> tuple[compute_stage.PredictOutputs | None, float]:
     with engine.clock.measure() as span:
         out = engine.train(tz) if phase == "train" else engine.predict(tz, outputs)
     return out, span.seconds
 
 
 @task(name="calibrate", **STAGE_TASK)
-def calibrate_task(outs: compute_stage.PredictOutputs, temperature: float, kind: str,
-                   quality: calibration.CalibrationQuality, clock: Clock
-                   ) -> tuple[compute_stage.PredictOutputs, float]:
+def calibrate_task(
+    outs: compute_stage.PredictOutputs,
+    temperature: float,
+    kind: str,
+    quality: calibration.CalibrationQuality,
+    clock: Clock,
+) -> tuple[compute_stage.PredictOutputs, float]:
     if outs.label_mask is not None:  # quality bookkeeping, not part of serving: untimed
         quality.add(outs.tensors["prediction"], outs.labels, outs.label_mask)
     with clock.measure() as span:
@@ -132,9 +139,15 @@ def requests_task(pipe: Pipeline, writer: PredictionWriter) -> Any:
 
 
 @task(name="write", **STAGE_TASK)
-def write_task(spec: Spec, engine: compute_stage.Engine, enc: Encoding, tz: Tensorized,
-               outs: compute_stage.PredictOutputs, writer: PredictionWriter,
-               clock: Clock) -> float:
+def write_task(
+    spec: Spec,
+    engine: compute_stage.Engine,
+    enc: Encoding,
+    tz: Tensorized,
+    outs: compute_stage.PredictOutputs,
+    writer: PredictionWriter,
+    clock: Clock,
+) -> float:
     with clock.measure() as span:
         writer.write(to_table(spec, engine.schema, enc, tz.keys, outs))
     return span.seconds
@@ -194,13 +207,18 @@ class Pipeline:
         self.chunks: list[np.ndarray] = []
         self._cache: dict[int, Tensorized] = {}
         self._counted: set[int] = set()
-        self.has_text = any(k == "text" for c in [self.spec.schema_.root.columns] + [
-            b.columns for b, _ in self.spec.schema_.walk()] for k in c.values())
+        self.has_text = any(
+            k == "text"
+            for c in [self.spec.schema_.root.columns] + [b.columns for b, _ in self.spec.schema_.walk()]
+            for k in c.values()
+        )
         if self.has_text:  # the application's text encoder: an extra timed step, before tensorize
             for phase, st in result.stages.items():
-                result.stages[phase] = {k: st[k] for k in ("retrieve", "preprocess")} | {
-                    "encode": StageTiming("encode", phase)} | {k: v for k, v in st.items() if k not in (
-                        "retrieve", "preprocess")}
+                result.stages[phase] = (
+                    {k: st[k] for k in ("retrieve", "preprocess")}
+                    | {"encode": StageTiming("encode", phase)}
+                    | {k: v for k, v in st.items() if k not in ("retrieve", "preprocess")}
+                )
             self.text_cells = self.text_cells_per_pass = 0
 
     def list_keys(self) -> None:
@@ -210,7 +228,7 @@ class Pipeline:
         self.result.bytes_read += nbytes
         self.result.root_rows = len(keys)
         n = self.spec.run.chunk_rows
-        self.chunks = [keys[i:i + n] for i in range(0, len(keys), n)]
+        self.chunks = [keys[i : i + n] for i in range(0, len(keys), n)]
         self.result.chunks = len(self.chunks)
 
     def prepare(self, i: int, phase: str, reuse: bool = False) -> Tensorized:
@@ -226,8 +244,7 @@ class Pipeline:
         r, sec = retrieve_task(quote(spec), quote(self.p.sources), quote(self.chunks[i]), quote(clock))
         st["retrieve"].add(sec, r.root_rows)
         self.result.bytes_read += r.bytes_read
-        self.result.extra[K.DATA_ROWS_READ] = (self.result.extra.get(K.DATA_ROWS_READ, 0.0)
-                                               + sum(r.rows_read.values()))
+        self.result.extra[K.DATA_ROWS_READ] = self.result.extra.get(K.DATA_ROWS_READ, 0.0) + sum(r.rows_read.values())
         progress.emit("stage", name="preprocess", chunk=i)
         pre, sec = preprocess_task(quote(spec), quote(r), quote(clock))
         st["preprocess"].add(sec, pre.root_rows)
@@ -239,8 +256,9 @@ class Pipeline:
             if i not in self._counted:
                 self.text_cells_per_pass += cells
         progress.emit("stage", name="tensorize", chunk=i)
-        tz, self.enc, self.schema, sec = tensorize_task(quote(spec), quote(pre), quote(self.enc),
-                                                        quote(self.schema), quote(clock))
+        tz, self.enc, self.schema, sec = tensorize_task(
+            quote(spec), quote(pre), quote(self.enc), quote(self.schema), quote(clock)
+        )
         st["tensorize"].add(sec, tz.root_rows)
         if i not in self._counted:  # data figures once per chunk, not once per epoch/repeat
             self._counted.add(i)
@@ -251,8 +269,14 @@ class Pipeline:
         if self.engine is None:
             ck = self.p.checkpoint
             self.engine = compute_stage.Engine(
-                spec, self.schema, self.p.device, ck["model"] if ck else None, clock, self.enc,
-                optimizer_state=ck.get("optimizer") if ck else None)
+                spec,
+                self.schema,
+                self.p.device,
+                ck["model"] if ck else None,
+                clock,
+                self.enc,
+                optimizer_state=ck.get("optimizer") if ck else None,
+            )
         if reuse and len(self.chunks) == 1:
             self._cache[i] = tz
         return tz
@@ -277,15 +301,14 @@ class Pipeline:
         self.calibration.temperature = self.temperature
         if self.engine is not None:
             self.engine.temperature = self.temperature  # saved with the checkpoint
-        self.result.extra.update({"calibration.fit_seconds": span.seconds,
-                                  "calibration.fit_rows": float(rows)})
+        self.result.extra.update({"calibration.fit_seconds": span.seconds, "calibration.fit_rows": float(rows)})
 
     def predict(self, writer: PredictionWriter, repeat: int) -> None:
         """One full predict pass (retrieve..write); per-pass figures feed the repeat stats."""
         st = self.result.stages["predict"]
         pass_start = self.result.e2e_seconds("predict")
         pt = self.engine.predict_timings if self.engine else None
-        steady_before = (len(pt.steady_seconds) if pt else 0)
+        steady_before = len(pt.steady_seconds) if pt else 0
         if self.engine is not None:  # (a new engine starts with empty quality)
             self.engine.begin_predict_pass()
         rows = 0
@@ -294,12 +317,21 @@ class Pipeline:
             progress.emit("stage", name="compute", chunk=i, phase="predict", repeat=repeat)
             outs, sec = compute_task(quote(self.engine), quote(tz), "predict", tuple(self.spec.task.outputs))
             st["compute"].add(sec, tz.root_rows)
-            outs, sec = calibrate_task(outs, self.temperature, self.spec.task.kind,
-                                       self.calibration, self.clock)
+            outs, sec = calibrate_task(outs, self.temperature, self.spec.task.kind, self.calibration, self.clock)
             st["calibrate"].add(sec, tz.root_rows)
             progress.emit("stage", name="write", chunk=i)
-            st["write"].add(write_task(quote(self.spec), quote(self.engine), quote(self.enc), quote(tz),
-                                       quote(outs), quote(writer), quote(self.clock)), tz.root_rows)
+            st["write"].add(
+                write_task(
+                    quote(self.spec),
+                    quote(self.engine),
+                    quote(self.enc),
+                    quote(tz),
+                    quote(outs),
+                    quote(writer),
+                    quote(self.clock),
+                ),
+                tz.root_rows,
+            )
             rows += tz.root_rows
         self.result.rows_predicted += rows
         self.result.predict_passes += 1
@@ -336,22 +368,42 @@ class Run:
         return self.spec.run.mode == "train+predict" or self.plan.checkpoint is not None
 
 
-def start_run(s: Spec, p: Plan, flow_start: float, launched_at: float | None,
-              parent_run_id: str | None, tags: dict[str, str] | None,
-              thread_tags: dict[str, str] | None = None) -> Run:
+def start_run(
+    s: Spec,
+    p: Plan,
+    flow_start: float,
+    launched_at: float | None,
+    parent_run_id: str | None,
+    tags: dict[str, str] | None,
+    thread_tags: dict[str, str] | None = None,
+) -> Run:
     """Step 1: the MLflow run (tags, params, spec), the output file and the memory sampler."""
     t0 = wall_clock()
     tracker = Tracker(s.name)
-    run_tags = {"relflow.spec_hash": s.spec_hash, "relflow.spec_name": s.name,
-                "relflow.ci_method": CI_METHOD, **fingerprint(p.device), **(thread_tags or {}),
-                **(tags or {})}
-    run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=run_tags,
-                           parent_run_id=parent_run_id)
+    run_tags = {
+        "relflow.spec_hash": s.spec_hash,
+        "relflow.spec_name": s.name,
+        "relflow.ci_method": CI_METHOD,
+        **fingerprint(p.device),
+        **(thread_tags or {}),
+        **(tags or {}),
+    }
+    run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=run_tags, parent_run_id=parent_run_id)
     mlflow_seconds = wall_clock() - t0
     output = Path(s.run.output_dir).resolve() / f"{s.name}-{run_id}.parquet"
-    return Run(s, p, tracker, run_id, output, PredictionWriter(output), RunResult(),
-               PeakMemory(p.device), flow_start, flow_start - launched_at if launched_at else 0.0,
-               mlflow_seconds)
+    return Run(
+        s,
+        p,
+        tracker,
+        run_id,
+        output,
+        PredictionWriter(output),
+        RunResult(),
+        PeakMemory(p.device),
+        flow_start,
+        flow_start - launched_at if launched_at else 0.0,
+        mlflow_seconds,
+    )
 
 
 def timed_body(run: Run) -> None:
@@ -363,8 +415,7 @@ def timed_body(run: Run) -> None:
     run.tracker.log_params(flatten(s.to_dict()))
     run.tracker.log_text(s.to_yaml(), "spec.yaml")
     run.tracker.log_datasets(describe_sources(s, run.plan.sources))
-    with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")
-                   ) as waited:
+    with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")) as waited:
         load_start = host_load_per_core()
         other_before = other_cpu_fraction_before()
         if s.run.system_metrics_interval_s > 0:
@@ -386,8 +437,11 @@ def timed_body(run: Run) -> None:
             run.latency = requests_task(pipe, run.writer)
         for repeat in range(s.run.repeats if run.latency is None else 0):
             # Every pass really writes; only the last file is kept.
-            w = run.writer if repeat == s.run.repeats - 1 else PredictionWriter(
-                run.output.with_name(f"{run.output.stem}.repeat{repeat}.parquet"))
+            w = (
+                run.writer
+                if repeat == s.run.repeats - 1
+                else PredictionWriter(run.output.with_name(f"{run.output.stem}.repeat{repeat}.parquet"))
+            )
             try:
                 pipe.predict(w, repeat)
             finally:
@@ -397,9 +451,15 @@ def timed_body(run: Run) -> None:
         region_end_unix = unix_time()
         other_during = other.stop()
         run.tracker.stop_system_metrics()
-    run.region = {"waited": waited, "body_seconds": body_seconds, "start_unix": region_start_unix,
-                  "end_unix": region_end_unix, "load_start": load_start,
-                  "other_before": other_before, "other_during": other_during}
+    run.region = {
+        "waited": waited,
+        "body_seconds": body_seconds,
+        "start_unix": region_start_unix,
+        "end_unix": region_end_unix,
+        "load_start": load_start,
+        "other_before": other_before,
+        "other_during": other_during,
+    }
 
 
 def collect(run: Run) -> dict[str, float]:
@@ -433,31 +493,40 @@ def collect(run: Run) -> dict[str, float]:
     result.extra["calibration.temperature"] = run.pipe.temperature
     if run.latency is not None:
         result.extra.update(run.latency.metrics())
-    result.extra.update({
-        K.HARNESS_DATA_SECONDS: p.data_seconds,
-        K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
-        K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
-        K.HARNESS_ORCHESTRATION_SECONDS: max(region["body_seconds"] - result.timed_stage_seconds, 0.0),
-        K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
-        # When this run held the host: lets anyone check that timed regions never overlap.
-        K.HARNESS_REGION_START: region["start_unix"],
-        K.HARNESS_REGION_END: region["end_unix"],
-        # Other work on the host is the biggest source of bad numbers on small machines.
-        K.HOST_LOAD_PER_CORE_START: region["load_start"],
-        K.HOST_OTHER_CPU_FRACTION_BEFORE: region["other_before"],
-        K.HOST_OTHER_CPU_FRACTION: region["other_during"],
-    })
+    result.extra.update(
+        {
+            K.HARNESS_DATA_SECONDS: p.data_seconds,
+            K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
+            K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
+            K.HARNESS_ORCHESTRATION_SECONDS: max(region["body_seconds"] - result.timed_stage_seconds, 0.0),
+            K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
+            # When this run held the host: lets anyone check that timed regions never overlap.
+            K.HARNESS_REGION_START: region["start_unix"],
+            K.HARNESS_REGION_END: region["end_unix"],
+            # Other work on the host is the biggest source of bad numbers on small machines.
+            K.HOST_LOAD_PER_CORE_START: region["load_start"],
+            K.HOST_OTHER_CPU_FRACTION_BEFORE: region["other_before"],
+            K.HOST_OTHER_CPU_FRACTION: region["other_during"],
+        }
+    )
     if s.run.mode == "train+predict":
         run.ckpt_path = run.output.with_suffix(".ckpt")
         save_run_checkpoint(run.ckpt_path, engine, enc, s)
         run.tracker.log_artifact(run.ckpt_path, "checkpoint")
-        run.tracker.log_model(engine.model, model_interface(s, p.sources, engine.schema, engine.model.config,
-                                                            engine.needed_outputs(tuple(s.task.outputs))))
-    shape = inspect_on_meta(engine.schema, engine.model.config,
-                            outputs=engine.needed_outputs(tuple(s.task.outputs)))
-    run.tracker.log_params({"model.parameters": shape["parameters"],
-                            "model.flops_per_root_row": shape["flops_per_root_row"],
-                            "run.resolved_device": str(p.device)})
+        run.tracker.log_model(
+            engine.model,
+            model_interface(
+                s, p.sources, engine.schema, engine.model.config, engine.needed_outputs(tuple(s.task.outputs))
+            ),
+        )
+    shape = inspect_on_meta(engine.schema, engine.model.config, outputs=engine.needed_outputs(tuple(s.task.outputs)))
+    run.tracker.log_params(
+        {
+            "model.parameters": shape["parameters"],
+            "model.flops_per_root_row": shape["flops_per_root_row"],
+            "run.resolved_device": str(p.device),
+        }
+    )
     result.extra.update(_utilisation(s, p, engine, result, shape))
     # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
     # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
@@ -473,8 +542,7 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
     if run.latency is not None:
         reasons += latency_verdict(run.spec.run.scenario, run.spec.run.request, metrics)
     if not run.quality_meaningful and run.spec.task.min_quality is not None:
-        reasons.append("task.min_quality set but weights are untrained (predict without "
-                       "run.checkpoint)")
+        reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
     return reasons
 
 
@@ -487,19 +555,22 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
     if run.latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
         tracker.log_metric_steps("latency.cdf_ms", run.latency.cdf_ms())
     tracker.flush_system_metrics()
-    tracker.set_tags({
-        "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
-        "relflow.quality_meaningful": str(run.quality_meaningful).lower(),
-        "relflow.output_path": str(run.output),
-        "relflow.validity": "INVALID" if reasons else "VALID",
-        "relflow.invalid_reasons": "; ".join(reasons),
-    })
+    tracker.set_tags(
+        {
+            "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
+            "relflow.quality_meaningful": str(run.quality_meaningful).lower(),
+            "relflow.output_path": str(run.output),
+            "relflow.validity": "INVALID" if reasons else "VALID",
+            "relflow.invalid_reasons": "; ".join(reasons),
+        }
+    )
     profile = _log_profile(tracker, engine)
     stage_table = run.result.stage_table()
     tracker.log_dict(stage_table, "stages.json")
     tracker.log_text(_sample_csv(run.output), "predictions_sample.csv")
-    tracker.set_description(run_description(run.spec.name, stage_table, metrics, reasons,
-                                            engine.quality.headline, run.quality_meaningful))
+    tracker.set_description(
+        run_description(run.spec.name, stage_table, metrics, reasons, engine.quality.headline, run.quality_meaningful)
+    )
     tracker.finish()
     return {
         "run_id": run.run_id,
@@ -521,8 +592,13 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
 
 
 @flow(name="benchmark", persist_result=False, validate_parameters=True)
-def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | None = None,
-              parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> dict[str, Any]:
+def benchmark(
+    spec: dict[str, Any],
+    spec_dir: str = ".",
+    launched_at: float | None = None,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run one benchmark spec end to end and record it in MLflow; returns a summary.
 
     check inputs -> start run -> timed body -> collect -> verdict -> log."""
@@ -551,8 +627,9 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     return summary
 
 
-def _utilisation(s: Spec, p: Plan, engine: compute_stage.Engine, result: RunResult,
-                 shape: dict[str, int]) -> dict[str, float]:
+def _utilisation(
+    s: Spec, p: Plan, engine: compute_stage.Engine, result: RunResult, shape: dict[str, int]
+) -> dict[str, float]:
     """MFU per phase against this host's cached peak (measured here, outside the timed
     region, on a cache miss)."""
     peak = peak_flops(fingerprint(p.device)["relflow.host_fingerprint"], p.device, s.run.precision)
@@ -571,8 +648,10 @@ def _log_profile(tracker: Tracker, engine: compute_stage.Engine) -> dict[str, li
     for path in prof.traces.values():
         tracker.log_artifact(path, "profile")
     tracker.log_dict(prof.top_ops, "profile/top_ops.json")
-    tracker.log_text("\n\n".join(f"## {phase}\n\n{profile_markdown(rows)}" for phase, rows in prof.top_ops.items()),
-                     "profile/top_ops.md")
+    tracker.log_text(
+        "\n\n".join(f"## {phase}\n\n{profile_markdown(rows)}" for phase, rows in prof.top_ops.items()),
+        "profile/top_ops.md",
+    )
     tracker.set_tags({"relflow.profiled": "true", "relflow.profiled_batches": str(prof.batches)})
     return {phase: rows[:10] for phase, rows in prof.top_ops.items()}
 
@@ -580,7 +659,6 @@ def _log_profile(tracker: Tracker, engine: compute_stage.Engine) -> dict[str, li
 def _sample_csv(path: Path, rows: int = 100) -> str:
     """First rows of the predictions as CSV (nested values shown as text)."""
     table = pq.ParquetFile(path).read_row_group(0).slice(0, rows)
-    return pd.DataFrame({name: [str(v) for v in col.to_pylist()] for name, col in zip(
-        table.column_names, table.columns, strict=True)}).to_csv(index=False)
-
-
+    return pd.DataFrame(
+        {name: [str(v) for v in col.to_pylist()] for name, col in zip(table.column_names, table.columns, strict=True)}
+    ).to_csv(index=False)

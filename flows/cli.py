@@ -47,33 +47,58 @@ app.add_typer(data_app, name="data")
 
 @app.command()
 def run(
-    spec: Annotated[Path, typer.Argument(
-        help="Benchmark spec YAML (default: the TPC-H orders workload).")] = DEFAULT_SPEC,
-    set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="Override a spec key, e.g. --set run.batch_size=512 or "
-        "--set lineitem.max_length=2 (branches by name). Repeatable; validated like the file.")] = None,
-    scale: Annotated[float | None, typer.Option(
-        help="TPC-H scale factor for generated data (same as --set source.generate.tpch.scale=S).")] = None,
-    strict: Annotated[bool, typer.Option(
-        help="Exit 3 when the run is INVALID (too little steady state, recompiles, quality floor).")] = False,
-    parent_run: Annotated[str | None, typer.Option(
-        help="Record this run as a child of an existing MLflow run id (sweeps, reports).")] = None,
-    tag: Annotated[list[str] | None, typer.Option(
-        help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
-    json_out: Annotated[Path | None, typer.Option(
-        "--json", help="Also write the run summary (metrics, stages, paths) to this JSON file.")] = None,
-    profile: Annotated[bool, typer.Option(
-        help="Record torch.profiler over a few steady batches per phase (same as --set run.profile=true).")] = False,
-    spec_dir: Annotated[Path | None, typer.Option(
-        help="Folder that relative source.tables paths are read from (default: the spec "
-        "file's folder; sweeps pass their base spec's).")] = None,
+    spec: Annotated[
+        Path, typer.Argument(help="Benchmark spec YAML (default: the TPC-H orders workload).")
+    ] = DEFAULT_SPEC,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a spec key, e.g. --set run.batch_size=512 or "
+            "--set lineitem.max_length=2 (branches by name). Repeatable; validated like the file.",
+        ),
+    ] = None,
+    scale: Annotated[
+        float | None,
+        typer.Option(help="TPC-H scale factor for generated data (same as --set source.generate.tpch.scale=S)."),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option(help="Exit 3 when the run is INVALID (too little steady state, recompiles, quality floor).")
+    ] = False,
+    parent_run: Annotated[
+        str | None, typer.Option(help="Record this run as a child of an existing MLflow run id (sweeps, reports).")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write the run summary (metrics, stages, paths) to this JSON file."),
+    ] = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            help="Record torch.profiler over a few steady batches per phase (same as --set run.profile=true)."
+        ),
+    ] = False,
+    spec_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder that relative source.tables paths are read from (default: the spec "
+            "file's folder; sweeps pass their base spec's)."
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
     overrides = start_run_command(debug, set_, scale) + (["run.profile=true"] if profile else [])
     try:
-        summary = _run_benchmark(spec, overrides, pairs(tag or [], "--tag"), parent_run, debug,
-                                 spec_dir.resolve() if spec_dir else spec.resolve().parent)
+        summary = _run_benchmark(
+            spec,
+            overrides,
+            pairs(tag or [], "--tag"),
+            parent_run,
+            debug,
+            spec_dir.resolve() if spec_dir else spec.resolve().parent,
+        )
     except (Exception, KeyboardInterrupt, SystemExit) as err:
         handle_run_error(err, debug, "the MLflow run was ended KILLED and partial outputs were removed.")
     report(summary)
@@ -83,8 +108,9 @@ def run(
         raise typer.Exit(3)
 
 
-def _run_benchmark(path: Path, overrides: list[str], tags: dict[str, str], parent_run: str | None,
-                   debug: bool, tables_dir: Path) -> dict[str, Any]:
+def _run_benchmark(
+    path: Path, overrides: list[str], tags: dict[str, str], parent_run: str | None, debug: bool, tables_dir: Path
+) -> dict[str, Any]:
     """Check every input (and generate data) before Prefect starts, then run the flow with a
     progress line; returns the flow's summary."""
     from tasks.spec import load_spec
@@ -101,8 +127,9 @@ def _run_benchmark(path: Path, overrides: list[str], tags: dict[str, str], paren
         console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
     launched = wall_clock()
     with _progress_line(s.name):
-        return benchmark(spec=s.to_dict(), spec_dir=str(tables_dir), launched_at=launched,
-                         parent_run_id=parent_run, tags=tags)
+        return benchmark(
+            spec=s.to_dict(), spec_dir=str(tables_dir), launched_at=launched, parent_run_id=parent_run, tags=tags
+        )
 
 
 @contextmanager
@@ -110,8 +137,9 @@ def _progress_line(name: str) -> Iterator[None]:
     """A transient spinner on stderr naming the current phase, chunk, epoch and stage."""
     from tasks import progress
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+    ) as bar:
         job = bar.add_task(f"{name}: starting Prefect", total=None)
 
         def show(event: str, info: dict[str, Any]) -> None:
@@ -132,14 +160,19 @@ def _progress_line(name: str) -> Iterator[None]:
 def _latency_line(m: dict[str, float]) -> str:
     steps = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write", "queue")
     shares = ", ".join(f"{s} {m.get(f'latency.step_share.{s}', 0.0):.0%}" for s in steps)
-    qps = (f", {m['latency.achieved_qps']:.1f} QPS achieved of {m['latency.target_qps']:g}"
-           if "latency.target_qps" in m else "")
-    return (f"latency              {int(m['latency.requests']):,} requests in "
-            f"{m['latency.duration_seconds']:.1f} s{qps}: p50 {m.get('latency.request_ms.p50', 0):.2f} "
-            f"ms, p90 {m.get('latency.request_ms.p90', 0):.2f}, p99 "
-            f"{m.get('latency.request_ms.p99', 0):.2f}, max {m.get('latency.request_ms.max', 0):.2f}; "
-            f"cold first {m.get('latency.first_request_ms', 0):.1f} ms\n"
-            f"                     shares: {shares}")
+    qps = (
+        f", {m['latency.achieved_qps']:.1f} QPS achieved of {m['latency.target_qps']:g}"
+        if "latency.target_qps" in m
+        else ""
+    )
+    return (
+        f"latency              {int(m['latency.requests']):,} requests in "
+        f"{m['latency.duration_seconds']:.1f} s{qps}: p50 {m.get('latency.request_ms.p50', 0):.2f} "
+        f"ms, p90 {m.get('latency.request_ms.p90', 0):.2f}, p99 "
+        f"{m.get('latency.request_ms.p99', 0):.2f}, max {m.get('latency.request_ms.max', 0):.2f}; "
+        f"cold first {m.get('latency.first_request_ms', 0):.1f} ms\n"
+        f"                     shares: {shares}"
+    )
 
 
 def report(summary: dict[str, Any]) -> None:
@@ -147,8 +180,7 @@ def report(summary: dict[str, Any]) -> None:
     from tasks.records import describe_repeats
 
     m = summary["metrics"]
-    table = Table(title="Stages (training epochs and predict passes are separate phases)",
-                  title_justify="left")
+    table = Table(title="Stages (training epochs and predict passes are separate phases)", title_justify="left")
     for col in ("phase", "stage", "seconds", "root rows", "rows/s", "share of phase"):
         table.add_column(col, justify="left" if col in ("phase", "stage") else "right")
     for phase in K.PHASES:
@@ -156,13 +188,24 @@ def report(summary: dict[str, Any]) -> None:
         if not rows:
             continue
         for row in rows:
-            table.add_row(phase, row["stage"], f"{row['seconds']:.3f}", f"{row['rows']:,}",
-                          f"{row['rows_per_s']:,.0f}", f"{row['share']:.1%}")
-        label = ("end-to-end predict (headline)" if phase == "predict"
-                 else "end-to-end train (trained rows)")
-        table.add_row(f"[bold]{phase}", f"[bold]{label}", f"[bold]{m[K.e2e(phase, 'seconds')]:.3f}",
-                      f"{int(m[K.e2e(phase, 'rows')]):,}",
-                      f"[bold]{m[K.e2e(phase, 'rows_per_s')]:,.0f}", "100%", end_section=True)
+            table.add_row(
+                phase,
+                row["stage"],
+                f"{row['seconds']:.3f}",
+                f"{row['rows']:,}",
+                f"{row['rows_per_s']:,.0f}",
+                f"{row['share']:.1%}",
+            )
+        label = "end-to-end predict (headline)" if phase == "predict" else "end-to-end train (trained rows)"
+        table.add_row(
+            f"[bold]{phase}",
+            f"[bold]{label}",
+            f"[bold]{m[K.e2e(phase, 'seconds')]:.3f}",
+            f"{int(m[K.e2e(phase, 'rows')]):,}",
+            f"[bold]{m[K.e2e(phase, 'rows_per_s')]:,.0f}",
+            "100%",
+            end_section=True,
+        )
     out.print(table)
     for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
         text = describe_repeats(m, key)
@@ -173,27 +216,29 @@ def report(summary: dict[str, Any]) -> None:
         f"compute first call   {m[K.FIRST_CALL_SECONDS] * 1e3:,.1f} ms "
         f"(steady batch p50 {m[K.compute('predict', 'batch_ms.p50')]:.1f} ms)",
         f"recompiles           {int(m.get(K.compute('predict', 'recompiles'), 0))} in predict's steady window"
-        + (f", {int(m[K.compute('train', 'recompiles')])} in train's"
-           if K.compute("train", "recompiles") in m else ""),
+        + (f", {int(m[K.compute('train', 'recompiles')])} in train's" if K.compute("train", "recompiles") in m else ""),
         f"compute steady       {m[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
-        + (f", {m[K.TRAIN_STEADY_ROWS_PER_S]:,.0f} rows/s (train)"
-           if K.TRAIN_STEADY_ROWS_PER_S in m else ""),
+        + (f", {m[K.TRAIN_STEADY_ROWS_PER_S]:,.0f} rows/s (train)" if K.TRAIN_STEADY_ROWS_PER_S in m else ""),
     ]
     if K.compute("predict", K.MFU) in m:
-        train = (f", {m[K.compute('train', K.MFU)]:.2%} train" if K.compute("train", K.MFU) in m else "")
-        lines.append(f"compute MFU          {m[K.compute('predict', K.MFU)]:.2%} predict{train} of a "
-                     f"{m[K.HOST_PEAK_FLOPS_PER_S] / 1e9:,.1f} GFLOP/s matmul peak")
+        train = f", {m[K.compute('train', K.MFU)]:.2%} train" if K.compute("train", K.MFU) in m else ""
+        lines.append(
+            f"compute MFU          {m[K.compute('predict', K.MFU)]:.2%} predict{train} of a "
+            f"{m[K.HOST_PEAK_FLOPS_PER_S] / 1e9:,.1f} GFLOP/s matmul peak"
+        )
     lines += [
         f"data                 occupancy {m[K.DATA_OCCUPANCY]:.1%} "
         f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates), "
         f"{int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow",
     ]
     if K.DATA_PADDED_COORDS in m:
-        lines.append(f"batches              {int(m[K.DATA_PADDED_COORDS]):,} coordinates materialised per "
-                     f"pass, batch occupancy p50 {m[K.DATA_BATCH_OCCUPANCY_P50]:.1%} "
-                     f"min {m[K.DATA_BATCH_OCCUPANCY_MIN]:.1%}")
+        lines.append(
+            f"batches              {int(m[K.DATA_PADDED_COORDS]):,} coordinates materialised per "
+            f"pass, batch occupancy p50 {m[K.DATA_BATCH_OCCUPANCY_P50]:.1%} "
+            f"min {m[K.DATA_BATCH_OCCUPANCY_MIN]:.1%}"
+        )
     if K.quality(q) in m:
-        base = m.get(K.quality('majority_rate'))
+        base = m.get(K.quality("majority_rate"))
         note = f" (majority class {base:.3f})" if base is not None else ""
         if not summary["quality_meaningful"]:
             note += " [untrained weights: not meaningful, speed run]"
@@ -206,17 +251,22 @@ def report(summary: dict[str, Any]) -> None:
     ]
     if "latency.requests" in m:  # single_stream / server (tasks/scenarios)
         lines.append(_latency_line(m))
-    if K.quality('nll') in m:
-        lines.append(f"calibration          T {m.get('calibration.temperature', 1.0):.3f}: nll "
-                     f"{m[K.quality('uncalibrated.nll')]:.4f} -> {m[K.quality('nll')]:.4f}, ece "
-                     f"{m[K.quality('uncalibrated.ece')]:.4f} -> {m[K.quality('ece')]:.4f}, brier "
-                     f"{m[K.quality('uncalibrated.brier')]:.4f} -> {m[K.quality('brier')]:.4f}")
+    if K.quality("nll") in m:
+        lines.append(
+            f"calibration          T {m.get('calibration.temperature', 1.0):.3f}: nll "
+            f"{m[K.quality('uncalibrated.nll')]:.4f} -> {m[K.quality('nll')]:.4f}, ece "
+            f"{m[K.quality('uncalibrated.ece')]:.4f} -> {m[K.quality('ece')]:.4f}, brier "
+            f"{m[K.quality('uncalibrated.brier')]:.4f} -> {m[K.quality('brier')]:.4f}"
+        )
     if summary.get("checkpoint_path"):
         lines.append(f"checkpoint           {summary['checkpoint_path']}")
     lines += [
         f"harness start-up     {m[K.HARNESS_STARTUP_SECONDS]:.1f} s (not in e2e)",
-        ("validity             VALID" if summary["validity"] == "VALID" else
-         "validity             [bold red]INVALID[/]: " + "; ".join(summary["invalid_reasons"])),
+        (
+            "validity             VALID"
+            if summary["validity"] == "VALID"
+            else "validity             [bold red]INVALID[/]: " + "; ".join(summary["invalid_reasons"])
+        ),
         f"MLflow               experiment '{summary['experiment']}', run {summary['run_id']}",
         f"                     {summary['tracking_uri']}",
     ]
@@ -226,16 +276,21 @@ def report(summary: dict[str, Any]) -> None:
         for col in ("op", "calls", "self CPU ms", "self CUDA ms", "share"):
             top.add_column(col, justify="left" if col == "op" else "right")
         for r in ops:
-            top.add_row(r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}",
-                        f"{r['share']:.1%}")
+            top.add_row(
+                r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}", f"{r['share']:.1%}"
+            )
         out.print(top)
 
 
 @app.command("compile-report")
 def compile_report(
     spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
-    repeats: Annotated[int, typer.Option(help="Interleaved rounds (each runs every variant); 6 is the "
-                                         "fewest with a 95% interval of each median.")] = 6,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            help="Interleaved rounds (each runs every variant); 6 is the fewest with a 95% interval of each median."
+        ),
+    ] = 6,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
@@ -249,13 +304,21 @@ def compile_report(
     try:
         s = load_spec(spec, list(set_ or []))
         tracker = Tracker(s.name)
-        parent = tracker.start(f"{s.name}-compile-report", {"relflow.spec_hash": s.spec_hash,
-                                                             "relflow.report": "compile"})
+        parent = tracker.start(
+            f"{s.name}-compile-report", {"relflow.spec_hash": s.spec_hash, "relflow.report": "compile"}
+        )
         console.print(f"parent MLflow run {parent} in experiment '{s.name}'")
-        samples = collect(spec.resolve(), list(set_ or []), repeats, parent, on_sample=lambda x: console.print(
-            f"  round {x.round + 1} {x.variant:<15} {x.cache:<5} steady "
-            f"{x.metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s, first call "
-            f"{x.metrics[K.FIRST_CALL_SECONDS]:.2f} s (run {x.run_id})"))
+        samples = collect(
+            spec.resolve(),
+            list(set_ or []),
+            repeats,
+            parent,
+            on_sample=lambda x: console.print(
+                f"  round {x.round + 1} {x.variant:<15} {x.cache:<5} steady "
+                f"{x.metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s, first call "
+                f"{x.metrics[K.FIRST_CALL_SECONDS]:.2f} s (run {x.run_id})"
+            ),
+        )
         rows = summarize(samples)
         md = to_markdown(rows)
         tracker.log_dict(rows, "compile_report.json")
@@ -283,22 +346,29 @@ def peak_cmd(
 
     if precision not in DTYPES:
         fail(UserError(f"--precision '{precision}' is not one of {sorted(DTYPES)}."), False)
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
     fp = fingerprint(dev)["relflow.host_fingerprint"]
     pk = peak_flops(fp, dev, precision, remeasure=remeasure)
     how = "cached" if pk.cached else "measured now"
-    out.print(f"peak {pk.flops_per_s / 1e9:,.1f} GFLOP/s ({precision}, {pk.device}, {pk.threads} threads, "
-              f"{pk.size}^3 matmul, {how}; host {fp}; cache {cache_file()})")
+    out.print(
+        f"peak {pk.flops_per_s / 1e9:,.1f} GFLOP/s ({precision}, {pk.device}, {pk.threads} threads, "
+        f"{pk.size}^3 matmul, {how}; host {fp}; cache {cache_file()})"
+    )
 
 
 @data_app.command("tpch")
 def data_tpch(
     scale: Annotated[float, typer.Option(help="TPC-H scale factor (1 = about 1 GB of CSV-equivalent).")] = 0.01,
-    into: Annotated[str | None, typer.Option(
-        help="Also load the tables into a database, key columns indexed: 'duckdb' (a file next "
-        "to the Parquet), 'duckdb:<path>' or 'postgresql://user@host:port/db' (password from "
-        "PGPASSWORD).")] = None,
+    into: Annotated[
+        str | None,
+        typer.Option(
+            help="Also load the tables into a database, key columns indexed: 'duckdb' (a file next "
+            "to the Parquet), 'duckdb:<path>' or 'postgresql://user@host:port/db' (password from "
+            "PGPASSWORD)."
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once."""
@@ -313,8 +383,7 @@ def data_tpch(
             from tasks.databases import load_tpch
 
             shown, rows, seconds = load_tpch(scale, into)
-            out.print(f"loaded into {shown} in {seconds:.1f} s: "
-                      + ", ".join(f"{t} {n:,}" for t, n in rows.items()))
+            out.print(f"loaded into {shown} in {seconds:.1f} s: " + ", ".join(f"{t} {n:,}" for t, n in rows.items()))
     except Exception as err:  # noqa: BLE001
         fail(err, debug)
 

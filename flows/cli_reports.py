@@ -41,10 +41,20 @@ def _cell(est, key: str) -> str:
 
 
 def print_comparison(c) -> None:
-    table = Table(title=f"{c.baseline_label}  vs  {c.candidate_label}   (marked: beyond {c.threshold:.0%} "
-                  f"and significant at {c.alpha:g})", title_justify="left", show_lines=False)
-    for col, just in (("metric", "left"), ("baseline", "right"), ("candidate", "right"), ("ratio", "right"),
-                      ("test", "left"), ("verdict", "left")):
+    table = Table(
+        title=f"{c.baseline_label}  vs  {c.candidate_label}   (marked: beyond {c.threshold:.0%} "
+        f"and significant at {c.alpha:g})",
+        title_justify="left",
+        show_lines=False,
+    )
+    for col, just in (
+        ("metric", "left"),
+        ("baseline", "right"),
+        ("candidate", "right"),
+        ("ratio", "right"),
+        ("test", "left"),
+        ("verdict", "left"),
+    ):
         table.add_column(col, justify=just)
     for r in c.rows:
         ratio = "inf" if math.isinf(r.ratio) else f"{r.ratio:.3f}x"
@@ -54,8 +64,10 @@ def print_comparison(c) -> None:
         verdict = f"[{style}]{mark}{r.verdict}[/]" if r.marked and style else f"[dim]{r.verdict}[/]"
         table.add_row(r.key, _cell(r.baseline, r.key), _cell(r.candidate, r.key), ratio, test, verdict)
     out.print(table)
-    for title, diffs in (("spec params that differ", c.param_differences),
-                         ("environment tags that differ", c.tag_differences)):
+    for title, diffs in (
+        ("spec params that differ", c.param_differences),
+        ("environment tags that differ", c.tag_differences),
+    ):
         if diffs:
             t = Table(title=title, title_justify="left")
             for col in ("key", "baseline", "candidate"):
@@ -72,19 +84,27 @@ def print_comparison(c) -> None:
 
 
 def compare_cmd(
-    runs: Annotated[list[str] | None, typer.Argument(
-        help="RUN_A RUN_B: baseline and candidate MLflow run ids.")] = None,
+    runs: Annotated[
+        list[str] | None, typer.Argument(help="RUN_A RUN_B: baseline and candidate MLflow run ids.")
+    ] = None,
     experiment: Annotated[str | None, typer.Option(help="Experiment (spec name) for --baseline.")] = None,
-    baseline: Annotated[str | None, typer.Option(
-        help="KEY=VALUE picking the baseline runs of --experiment by a tag (KEY or tags.KEY) or a param "
-        "(params.KEY), e.g. relflow.git_sha=abc123 or params.run.batch_size=512.")] = None,
-    candidate: Annotated[str | None, typer.Option(
-        help="VALUE of the same key for the candidate runs (default: the one other value present).")] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="KEY=VALUE picking the baseline runs of --experiment by a tag (KEY or tags.KEY) or a param "
+            "(params.KEY), e.g. relflow.git_sha=abc123 or params.run.batch_size=512."
+        ),
+    ] = None,
+    candidate: Annotated[
+        str | None,
+        typer.Option(help="VALUE of the same key for the candidate runs (default: the one other value present)."),
+    ] = None,
     threshold: Annotated[float, typer.Option(help="Smallest relative change worth marking (0.05 = 5%).")] = 0.05,
     alpha: Annotated[float, typer.Option(help="Significance level of the rank test.")] = 0.05,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the comparison as JSON.")] = None,
-    include_profiled: Annotated[bool, typer.Option(
-        help="Keep runs tagged relflow.profiled (slowed by the profiler) in --baseline groups.")] = False,
+    include_profiled: Annotated[
+        bool, typer.Option(help="Keep runs tagged relflow.profiled (slowed by the profiler) in --baseline groups.")
+    ] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Baseline vs candidate: key metrics side by side with ratios, marked when real.
@@ -109,27 +129,45 @@ def compare_cmd(
             if "=" not in baseline:
                 raise UserError(f"--baseline '{baseline}' must look like KEY=VALUE, e.g. relflow.git_sha=abc123.")
             key, value = baseline.split("=", 1)
-            pool = [r for r in search_runs(experiment) if E2E_PREDICT_ROWS_PER_S in r.metrics
-                    and (include_profiled or not profiled(r))]
+            pool = [
+                r
+                for r in search_runs(experiment)
+                if E2E_PREDICT_ROWS_PER_S in r.metrics and (include_profiled or not profiled(r))
+            ]
             if not pool:
                 raise UserError(f"experiment '{experiment}' has no FINISHED benchmark runs.")
             base, cand, cand_value = split_by(pool, key, value, candidate)
             if not base or not cand:
-                raise UserError(f"{key}: {len(base)} baseline run(s) with '{value}' and {len(cand)} candidate "
-                                f"run(s) with '{cand_value}' in '{experiment}': need at least one each.")
-            c = compare(base, cand, threshold=threshold, alpha=alpha,
-                        baseline_label=f"{key}={value} ({len(base)} runs)",
-                        candidate_label=f"{key}={cand_value} ({len(cand)} runs)")
+                raise UserError(
+                    f"{key}: {len(base)} baseline run(s) with '{value}' and {len(cand)} candidate "
+                    f"run(s) with '{cand_value}' in '{experiment}': need at least one each."
+                )
+            c = compare(
+                base,
+                cand,
+                threshold=threshold,
+                alpha=alpha,
+                baseline_label=f"{key}={value} ({len(base)} runs)",
+                candidate_label=f"{key}={cand_value} ({len(cand)} runs)",
+            )
         else:
             if not runs or len(runs) != 2:
                 raise UserError("give two run ids (RUN_A RUN_B) or --experiment E --baseline KEY=VALUE.")
             a, b = (get_run_record(r) for r in runs)
             for r in (a, b):
                 if profiled(r):
-                    console.print(f"[yellow]warning:[/] run {r.run_id} was profiled (relflow.profiled=true); "
-                                  "its times include the profiler's overhead.")
-            c = compare([a], [b], threshold=threshold, alpha=alpha, baseline_label=f"A {a.label}",
-                        candidate_label=f"B {b.label}")
+                    console.print(
+                        f"[yellow]warning:[/] run {r.run_id} was profiled (relflow.profiled=true); "
+                        "its times include the profiler's overhead."
+                    )
+            c = compare(
+                [a],
+                [b],
+                threshold=threshold,
+                alpha=alpha,
+                baseline_label=f"A {a.label}",
+                candidate_label=f"B {b.label}",
+            )
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
         fail(err, debug)
     print_comparison(c)
@@ -142,16 +180,20 @@ def compare_cmd(
 
 def history_cmd(
     spec_name: Annotated[str, typer.Argument(help="Spec name = MLflow experiment (e.g. tpch-orders).")],
-    host_fingerprint: Annotated[str | None, typer.Option(
-        help="Tag relflow.host_fingerprint to follow (default: the latest run's).")] = None,
-    spec_hash: Annotated[str | None, typer.Option(
-        help="Tag relflow.spec_hash to follow (default: the latest run's; 'any' for all).")] = None,
+    host_fingerprint: Annotated[
+        str | None, typer.Option(help="Tag relflow.host_fingerprint to follow (default: the latest run's).")
+    ] = None,
+    spec_hash: Annotated[
+        str | None, typer.Option(help="Tag relflow.spec_hash to follow (default: the latest run's; 'any' for all).")
+    ] = None,
     min_segment: Annotated[int, typer.Option(help="Runs a new level must last to count as a step.")] = 3,
     threshold: Annotated[float, typer.Option(help="Smallest relative shift reported (0.05 = 5%).")] = 0.05,
-    fail_on_regression: Annotated[bool, typer.Option(
-        help=f"Exit {REGRESSION_EXIT} when a regression step is found.")] = False,
-    include_profiled: Annotated[bool, typer.Option(
-        help="Keep runs tagged relflow.profiled (slowed by the profiler).")] = False,
+    fail_on_regression: Annotated[
+        bool, typer.Option(help=f"Exit {REGRESSION_EXIT} when a regression step is found.")
+    ] = False,
+    include_profiled: Annotated[
+        bool, typer.Option(help="Keep runs tagged relflow.profiled (slowed by the profiler).")
+    ] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Report persistent steps (regressions, improvements) in one spec's throughput over time.
@@ -166,34 +208,48 @@ def history_cmd(
     try:
         if min_segment < 2:
             raise UserError("--min-segment must be at least 2 (one run is an outlier, not a step).")
-        runs, host, spec = select_history_runs(search_runs(spec_name), host_fingerprint=host_fingerprint,
-                                               spec_hash=spec_hash, include_profiled=include_profiled)
+        runs, host, spec = select_history_runs(
+            search_runs(spec_name),
+            host_fingerprint=host_fingerprint,
+            spec_hash=spec_hash,
+            include_profiled=include_profiled,
+        )
         if not runs:
-            raise UserError(f"no FINISHED benchmark runs of '{spec_name}' on host fingerprint {host} "
-                            f"with spec hash {spec}.")
-        steps = [s for key in HISTORY_METRICS for s in history(runs, key, min_segment=min_segment,
-                                                               threshold=threshold)]
+            raise UserError(
+                f"no FINISHED benchmark runs of '{spec_name}' on host fingerprint {host} with spec hash {spec}."
+            )
+        steps = [s for key in HISTORY_METRICS for s in history(runs, key, min_segment=min_segment, threshold=threshold)]
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
         fail(err, debug)
-    out.print(f"{spec_name}: {len(runs)} FINISHED runs on host fingerprint {host}, spec hash {spec}, "
-              f"{runs[0].started_at:%Y-%m-%d %H:%M} .. {runs[-1].started_at:%Y-%m-%d %H:%M} UTC")
+    out.print(
+        f"{spec_name}: {len(runs)} FINISHED runs on host fingerprint {host}, spec hash {spec}, "
+        f"{runs[0].started_at:%Y-%m-%d %H:%M} .. {runs[-1].started_at:%Y-%m-%d %H:%M} UTC"
+    )
     if len(runs) < 2 * min_segment:
-        out.print(f"[yellow]note:[/] a step needs {min_segment} runs on each side: "
-                  f"{2 * min_segment} runs at least")
+        out.print(f"[yellow]note:[/] a step needs {min_segment} runs on each side: {2 * min_segment} runs at least")
     table = Table(title="steps (persistent shifts of the median)", title_justify="left")
     for col in ("metric", "kind", "from run", "median before", "median after", "ratio", "z"):
         table.add_column(col)
     for s in steps:
         style = "bold red" if s.kind == "regression" else "bold green"
-        table.add_row(s.metric, f"[{style}]{s.kind}[/]", s.after_run.label, f"{s.step.before:,.0f}",
-                      f"{s.step.after:,.0f}", f"{s.step.ratio:.3f}x", f"{s.step.z:.1f}")
+        table.add_row(
+            s.metric,
+            f"[{style}]{s.kind}[/]",
+            s.after_run.label,
+            f"{s.step.before:,.0f}",
+            f"{s.step.after:,.0f}",
+            f"{s.step.ratio:.3f}x",
+            f"{s.step.z:.1f}",
+        )
     out.print(table if steps else "no steps detected")
     for s in steps:
         diffs = differences([s.before_run], [s.after_run], "tags", environment_tag)
         diffs += differences([s.before_run], [s.after_run], "params")
         if diffs:
-            out.print(f"at {s.after_run.label} ({s.metric}): " + "; ".join(
-                f"{d.key}: {d.baseline} -> {d.candidate}" for d in diffs))
+            out.print(
+                f"at {s.after_run.label} ({s.metric}): "
+                + "; ".join(f"{d.key}: {d.baseline} -> {d.candidate}" for d in diffs)
+            )
     if fail_on_regression and any(s.kind == "regression" for s in steps):
         raise typer.Exit(REGRESSION_EXIT)
 
@@ -203,10 +259,13 @@ def history_cmd(
 
 def dashboard_cmd(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for index.html and the PNGs.")],
-    experiment: Annotated[str | None, typer.Option(help="Experiment (spec name); default: tpch-orders "
-                                                   "when present, else the most recently created.")] = None,
-    host_fingerprint: Annotated[str | None, typer.Option(
-        help="Host for the history chart (default: latest run's).")] = None,
+    experiment: Annotated[
+        str | None,
+        typer.Option(help="Experiment (spec name); default: tpch-orders when present, else the most recently created."),
+    ] = None,
+    host_fingerprint: Annotated[
+        str | None, typer.Option(help="Host for the history chart (default: latest run's).")
+    ] = None,
     png: Annotated[bool, typer.Option(help="Also write PNGs (needs Chromium for Kaleido).")] = True,
     log: Annotated[bool, typer.Option(help="Log the files to MLflow as a 'dashboard' run.")] = True,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
@@ -236,9 +295,14 @@ def dashboard_cmd(
         run_id = None
         if log:
             tracker = Tracker(experiment)
-            run_id = tracker.start(f"{experiment}-dashboard", {
-                "relflow.report": "dashboard", "relflow.dashboard_runs": str(len(d.runs)),
-                "relflow.host_fingerprint": str(d.host_fingerprint)})
+            run_id = tracker.start(
+                f"{experiment}-dashboard",
+                {
+                    "relflow.report": "dashboard",
+                    "relflow.dashboard_runs": str(len(d.runs)),
+                    "relflow.host_fingerprint": str(d.host_fingerprint),
+                },
+            )
             try:
                 for f in files:
                     tracker.log_artifact(f, "dashboard")
@@ -272,8 +336,20 @@ def ui_cmd(
     if uri.startswith(("http://", "https://")):  # a shared `mlflow server` is its own UI
         console.print(f"MLFLOW_TRACKING_URI is a tracking server: open {uri} in a browser (its UI).")
         raise typer.Exit(0)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host,
-           "--port", str(port), "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     root = default_artifact_root(uri)
     if root:
         cmd += ["--artifacts-destination", root]

@@ -63,26 +63,45 @@ def child_env(tracking_uri: str, api_url: str | None) -> dict[str, str]:
     return env
 
 
-def run_command(spec_file: Path, spec_dir: str, parent_run_id: str, tags: dict[str, str],
-                json_out: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "flows.cli", "run", str(spec_file), "--spec-dir", spec_dir,
-           "--parent-run", parent_run_id, "--json", str(json_out)]
+def run_command(spec_file: Path, spec_dir: str, parent_run_id: str, tags: dict[str, str], json_out: Path) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "run",
+        str(spec_file),
+        "--spec-dir",
+        spec_dir,
+        "--parent-run",
+        parent_run_id,
+        "--json",
+        str(json_out),
+    ]
     for k, v in tags.items():
         cmd += ["--tag", f"{k}={v}"]
     return cmd
 
 
-def launch_local(spec: dict[str, Any], *, name: str, spec_dir: str, parent_run_id: str,
-                 tags: dict[str, str], workdir: Path, tracking_uri: str,
-                 api_url: str | None) -> Launched:
+def launch_local(
+    spec: dict[str, Any],
+    *,
+    name: str,
+    spec_dir: str,
+    parent_run_id: str,
+    tags: dict[str, str],
+    workdir: Path,
+    tracking_uri: str,
+    api_url: str | None,
+) -> Launched:
     """Run ``spec`` as ``python -m flows.cli run`` in a fresh process and wait for it."""
     spec_file = workdir / f"{name}.yaml"
     spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     json_out, log_file = workdir / f"{name}.json", workdir / f"{name}.log"
     cmd = run_command(spec_file, spec_dir, parent_run_id, tags, json_out)
     with open(log_file, "w") as log:
-        proc = subprocess.Popen(cmd, env=child_env(tracking_uri, api_url), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd, env=child_env(tracking_uri, api_url), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         try:
             rc = proc.wait()
         except BaseException as err:
@@ -119,6 +138,6 @@ def child_error(text: str, rc: int) -> str:
     mark, cut = max(marks.items(), key=lambda kv: kv[1])
     if cut < 0:
         return f"exit code {rc}: " + " ".join(text[-2000:].split())
-    body = " ".join(text[cut + len(mark):].replace("(rerun with --debug for the traceback)", "").split())
+    body = " ".join(text[cut + len(mark) :].replace("(rerun with --debug for the traceback)", "").split())
     prefix = {"error:": "UserError: ", "failed:": "", "interrupted:": "interrupted: "}[mark]
     return prefix + body

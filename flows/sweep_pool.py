@@ -77,14 +77,24 @@ def _worker_gone(client: Any, pool: str, worker: str | None) -> bool:
 
 
 def _child_run(experiment: str, attempt: str, index: int) -> Any | None:
-    found = search_runs(experiment, status=None, filter_string=(
-        f"tags.\"relflow.sweep.attempt\" = '{attempt}' and tags.\"relflow.sweep.index\" = '{index}'"))
+    found = search_runs(
+        experiment,
+        status=None,
+        filter_string=(f"tags.\"relflow.sweep.attempt\" = '{attempt}' and tags.\"relflow.sweep.index\" = '{index}'"),
+    )
     return found[-1] if found else None
 
 
 @flow(name="sweep-pool", persist_result=False, validate_parameters=True)
-def sweep_pool(base_spec: dict[str, Any], grid: dict[str, list[Any]], deployment: str, pool: str,
-               spec_dir: str = ".", queue: str | None = None, tags: dict[str, str] | None = None) -> dict[str, Any]:
+def sweep_pool(
+    base_spec: dict[str, Any],
+    grid: dict[str, list[Any]],
+    deployment: str,
+    pool: str,
+    spec_dir: str = ".",
+    queue: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Fan every grid configuration out as a flow run of ``deployment``; wait and record them."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
@@ -103,19 +113,40 @@ def sweep_pool(base_spec: dict[str, Any], grid: dict[str, list[Any]], deployment
     if reused:
         tracker.reopen(parent)
     else:
-        parent = tracker.start(f"{base.name}-sweep", {
-            "relflow.sweep_hash": shash, "relflow.sweep.role": "parent", "relflow.spec_hash": base.spec_hash,
-            "relflow.spec_name": base.name, **(tags or {})})
-        tracker.log_params({"sweep.keys": ",".join(grid), "sweep.configurations": len(configs),
-                            **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()}})
-    tracker.set_tags({"relflow.sweep.pool": pool, "relflow.sweep.deployment": deployment,
-                      **({"relflow.sweep.queue": queue} if queue else {})})
+        parent = tracker.start(
+            f"{base.name}-sweep",
+            {
+                "relflow.sweep_hash": shash,
+                "relflow.sweep.role": "parent",
+                "relflow.spec_hash": base.spec_hash,
+                "relflow.spec_name": base.name,
+                **(tags or {}),
+            },
+        )
+        tracker.log_params(
+            {
+                "sweep.keys": ",".join(grid),
+                "sweep.configurations": len(configs),
+                **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()},
+            }
+        )
+    tracker.set_tags(
+        {
+            "relflow.sweep.pool": pool,
+            "relflow.sweep.deployment": deployment,
+            **({"relflow.sweep.queue": queue} if queue else {}),
+        }
+    )
     rows: dict[int, Row] = {}
     workers: dict[int, str] = {}  # config index -> worker that ran it
     try:
         progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash, total=len(configs))
-        done = {r.tags.get("relflow.spec_hash"): r for r in search_runs(
-            base.name, status="FINISHED", filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'")}
+        done = {
+            r.tags.get("relflow.spec_hash"): r
+            for r in search_runs(
+                base.name, status="FINISHED", filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'"
+            )
+        }
         pending: dict[int, Any] = {}  # config index -> flow run id
         for c in configs:
             if c.spec_hash in done:
@@ -123,15 +154,26 @@ def sweep_pool(base_spec: dict[str, Any], grid: dict[str, list[Any]], deployment
                 workers[c.index] = done[c.spec_hash].tags.get("relflow.worker", "-")
                 progress.emit("sweep", kind="skipped", row=rows[c.index], total=len(configs))
                 continue
-            child_tags = {"relflow.sweep_hash": shash, "relflow.sweep.role": "child", "relflow.sweep.attempt": attempt,
-                          "relflow.sweep.index": str(c.index), "relflow.pool": pool,
-                          **{f"relflow.sweep.{k}": v for k, v in c.values.items()}, **(tags or {})}
-            fr = run_deployment(deployment, timeout=0, work_queue_name=queue, tags=["relflow", "relflow-sweep"],
-                                parameters={"spec": c.spec, "spec_dir": spec_dir, "parent_run_id": parent,
-                                            "tags": child_tags})
+            child_tags = {
+                "relflow.sweep_hash": shash,
+                "relflow.sweep.role": "child",
+                "relflow.sweep.attempt": attempt,
+                "relflow.sweep.index": str(c.index),
+                "relflow.pool": pool,
+                **{f"relflow.sweep.{k}": v for k, v in c.values.items()},
+                **(tags or {}),
+            }
+            fr = run_deployment(
+                deployment,
+                timeout=0,
+                work_queue_name=queue,
+                tags=["relflow", "relflow-sweep"],
+                parameters={"spec": c.spec, "spec_dir": spec_dir, "parent_run_id": parent, "tags": child_tags},
+            )
             pending[c.index] = fr.id
-            progress.emit("sweep", kind="start", index=c.index, config=f"{c.label} -> flow run {fr.name}",
-                          total=len(configs))
+            progress.emit(
+                "sweep", kind="start", index=c.index, config=f"{c.label} -> flow run {fr.name}", total=len(configs)
+            )
         by_index = {c.index: c for c in configs}
         with get_client(sync_client=True) as client:
             while pending:
@@ -142,17 +184,39 @@ def sweep_pool(base_spec: dict[str, Any], grid: dict[str, list[Any]], deployment
                     state = fr.state.type.value if fr.state else "PENDING"
                     worker = (fr.labels or {}).get("prefect.worker.name")
                     if state in ("RUNNING", "PENDING") and worker and _worker_gone(client, pool, worker):
-                        client.set_flow_run_state(fr_id, Crashed(message=f"worker '{worker}' stopped sending "
-                                                                 "heartbeats (killed or host lost)"), force=True)
+                        client.set_flow_run_state(
+                            fr_id,
+                            Crashed(message=f"worker '{worker}' stopped sending heartbeats (killed or host lost)"),
+                            force=True,
+                        )
                         state = "CRASHED"
                     if state == "COMPLETED":
                         rec = _child_run(base.name, attempt, index)
-                        row = (_row_from_record(c, rec, "FINISHED", base.task.kind) if rec else
-                               Row(c.index, c.label, c.values, "FAILED", None, quality_metric=HEADLINE[base.task.kind],
-                                   error="flow run COMPLETED but no MLflow child run was found"))
+                        row = (
+                            _row_from_record(c, rec, "FINISHED", base.task.kind)
+                            if rec
+                            else Row(
+                                c.index,
+                                c.label,
+                                c.values,
+                                "FAILED",
+                                None,
+                                quality_metric=HEADLINE[base.task.kind],
+                                error="flow run COMPLETED but no MLflow child run was found",
+                            )
+                        )
                     elif state in TERMINAL_FAILED:
-                        row = _failed(tracker, c, attempt, parent, base.task.kind, state, fr.name, worker,
-                                      fr.state.message if fr.state else "")
+                        row = _failed(
+                            tracker,
+                            c,
+                            attempt,
+                            parent,
+                            base.task.kind,
+                            state,
+                            fr.name,
+                            worker,
+                            fr.state.message if fr.state else "",
+                        )
                     else:
                         continue
                     row.stages = []
@@ -165,33 +229,66 @@ def sweep_pool(base_spec: dict[str, Any], grid: dict[str, list[Any]], deployment
                     time.sleep(max(0.0, POLL_SECONDS - (wall_clock() - t0)))
         ordered = [rows[c.index] for c in configs]
         failed = [r for r in ordered if r.status == "FAILED"]
-        tracker.set_tags({"relflow.sweep.failed": str(len(failed)),
-                          "relflow.sweep.skipped": str(sum(r.status == "SKIPPED" for r in ordered)),
-                          "relflow.sweep.ran": str(sum(r.status == "FINISHED" for r in ordered))})
-        tracker.log_dict([asdict(r) | {"stages": None, "worker": workers.get(r.index)} for r in ordered],
-                         f"sweep_summary_{attempt}.json")
+        tracker.set_tags(
+            {
+                "relflow.sweep.failed": str(len(failed)),
+                "relflow.sweep.skipped": str(sum(r.status == "SKIPPED" for r in ordered)),
+                "relflow.sweep.ran": str(sum(r.status == "FINISHED" for r in ordered)),
+            }
+        )
+        tracker.log_dict(
+            [asdict(r) | {"stages": None, "worker": workers.get(r.index)} for r in ordered],
+            f"sweep_summary_{attempt}.json",
+        )
         tracker.finish()
     except BaseException as err:
         tracker.fail(err)
         raise
-    return {"parent_run_id": parent, "experiment": base.name, "sweep_hash": shash, "reused_parent": reused,
-            "tracking_uri": tracker.uri, "pool": pool, "deployment": deployment,
-            "rows": [asdict(r) | {"worker": workers.get(r.index, "-")} for r in ordered]}
+    return {
+        "parent_run_id": parent,
+        "experiment": base.name,
+        "sweep_hash": shash,
+        "reused_parent": reused,
+        "tracking_uri": tracker.uri,
+        "pool": pool,
+        "deployment": deployment,
+        "rows": [asdict(r) | {"worker": workers.get(r.index, "-")} for r in ordered],
+    }
 
 
-def _failed(tracker: Tracker, c: Any, attempt: str, parent: str, kind: str, state: str, flow_run: str,
-            worker: str | None, message: str) -> Any:
+def _failed(
+    tracker: Tracker,
+    c: Any,
+    attempt: str,
+    parent: str,
+    kind: str,
+    state: str,
+    flow_run: str,
+    worker: str | None,
+    message: str,
+) -> Any:
     """A FAILED row; the MLflow child ends FAILED (created FAILED if the flow never started one)."""
     from flows.sweep import HEADLINE, Row
 
-    error = f"flow run {flow_run} ended {state}" + (f" on worker '{worker}'" if worker else "") + (
-        f": {message}" if message else "")
+    error = (
+        f"flow run {flow_run} ended {state}"
+        + (f" on worker '{worker}'" if worker else "")
+        + (f": {message}" if message else "")
+    )
     rec = _child_run(tracker.experiment, attempt, c.index)
     child = Tracker(tracker.experiment, tracker.uri)
     if rec is None:
-        child.start(f"{tracker.experiment}-sweep-{c.index}", {
-            "relflow.spec_hash": c.spec_hash, "relflow.sweep.attempt": attempt, "relflow.sweep.index": str(c.index),
-            "relflow.sweep.role": "child", **({"relflow.worker": worker} if worker else {})}, parent_run_id=parent)
+        child.start(
+            f"{tracker.experiment}-sweep-{c.index}",
+            {
+                "relflow.spec_hash": c.spec_hash,
+                "relflow.sweep.attempt": attempt,
+                "relflow.sweep.index": str(c.index),
+                "relflow.sweep.role": "child",
+                **({"relflow.worker": worker} if worker else {}),
+            },
+            parent_run_id=parent,
+        )
         child.fail(RuntimeError(error))
         run_id = child.run_id
     else:
@@ -199,8 +296,7 @@ def _failed(tracker: Tracker, c: Any, attempt: str, parent: str, kind: str, stat
         if rec.status == "RUNNING":  # the flow-run process died before it could end its run
             child.run_id = run_id
             child.fail(RuntimeError(error))
-    return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind],
-               validity=None, error=error)
+    return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind], validity=None, error=error)
 
 
 def check_pool_args(pool: str | None, queue: str | None) -> None:

@@ -188,14 +188,18 @@ def model_schema(root: NodeLayout, target: TargetDef, enc: Encoding) -> ModelSch
             if node.name == target.node and col == target.column:
                 cols.append(ColumnDef(col, "numeric"))  # a learned-mask coordinate
             elif kind == "category":
-                cols.append(ColumnDef(col, "category",
-                                      len(enc.vocab[f"{node.name}.{col}"]) + RESERVED_CATEGORY_SLOTS))
+                cols.append(ColumnDef(col, "category", len(enc.vocab[f"{node.name}.{col}"]) + RESERVED_CATEGORY_SLOTS))
             elif kind == "text":
                 cols.append(ColumnDef(col, "text", width=enc.text_width))
             else:
                 cols.append(ColumnDef(col, kind))  # type: ignore[arg-type]
-        return NodeDef(node.name, tuple(cols), node.max_length, node.reduce,  # type: ignore[arg-type]
-                       tuple(build(c) for c in node.children))
+        return NodeDef(
+            node.name,
+            tuple(cols),
+            node.max_length,
+            node.reduce,  # type: ignore[arg-type]
+            tuple(build(c) for c in node.children),
+        )
 
     num_classes = len(enc.classes) if target.kind == "category" else 1
     return ModelSchema(build(root), TargetDef(target.node, target.column, target.kind, num_classes))
@@ -221,8 +225,10 @@ def _text_matrix(arr: pa.Array, where: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _own_lengths(rows: dict[str, NodeRows], schema: ModelSchema) -> dict[str, int]:
     """Each branch's longest instance in these rows (at least 1)."""
-    return {n.name: max(int(rows[n.name].index[-1].max()) + 1 if rows[n.name].index[-1].size else 1, 1)
-            for n in schema.root.walk()[1:]}
+    return {
+        n.name: max(int(rows[n.name].index[-1].max()) + 1 if rows[n.name].index[-1].size else 1, 1)
+        for n in schema.root.walk()[1:]
+    }
 
 
 def encode_trimmed(table: pa.Table, schema: ModelSchema, layout: NodeLayout, enc: Encoding) -> Batch:
@@ -230,8 +236,9 @@ def encode_trimmed(table: pa.Table, schema: ModelSchema, layout: NodeLayout, enc
     return encode(table, schema, layout, enc, lengths=_own_lengths(flatten(table, layout), schema))
 
 
-def encode(table: pa.Table, schema: ModelSchema, layout: NodeLayout, enc: Encoding,
-           lengths: dict[str, int] | None = None) -> Batch:
+def encode(
+    table: pa.Table, schema: ModelSchema, layout: NodeLayout, enc: Encoding, lengths: dict[str, int] | None = None
+) -> Batch:
     """Arrow rows -> padded tensors with presence, null and category encodings.
 
     ``lengths``: padded length per branch (default: each branch's reserved ``max_length``);
@@ -302,8 +309,7 @@ def encode(table: pa.Table, schema: ModelSchema, layout: NodeLayout, enc: Encodi
             label_present = np.zeros(shape, dtype=bool)
             label_present[r.index] = ok
     assert labels is not None and label_present is not None
-    return Batch(nodes=nodes, labels=torch.from_numpy(labels),
-                 label_present=torch.from_numpy(label_present))
+    return Batch(nodes=nodes, labels=torch.from_numpy(labels), label_present=torch.from_numpy(label_present))
 
 
 def coordinate_counts(batch: Batch, schema: ModelSchema) -> tuple[int, int]:

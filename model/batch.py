@@ -41,8 +41,9 @@ class NodeTensors:
     text_null: torch.Tensor | None = None  # bool [R, X]
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> NodeTensors:
-        changes: dict[str, Any] = {f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
-                                   for f in fields(self)}
+        changes: dict[str, Any] = {
+            f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name)) for f in fields(self)
+        }
         return replace(self, **changes)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> NodeTensors:

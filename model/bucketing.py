@@ -88,8 +88,14 @@ def _lengths(shapes: RootShapes, rows: np.ndarray) -> dict[str, int]:
     return {name: max(int(v[rows].max()) if rows.size else 1, 1) for name, v in shapes.lengths.items()}
 
 
-def plan(shapes: RootShapes, rows: torch.Tensor, batch_size: int, bucket_count: int,
-         generator: torch.Generator | None = None, pad_to: PadTo = "batch") -> list[PlannedBatch]:
+def plan(
+    shapes: RootShapes,
+    rows: torch.Tensor,
+    batch_size: int,
+    bucket_count: int,
+    generator: torch.Generator | None = None,
+    pad_to: PadTo = "batch",
+) -> list[PlannedBatch]:
     """Batches over root ``rows`` grouped by context size; shuffled when ``generator`` is given."""
     rows_np = rows.numpy()
     order = rows_np[np.argsort(shapes.cells[rows_np], kind="stable")]
@@ -97,14 +103,15 @@ def plan(shapes: RootShapes, rows: torch.Tensor, batch_size: int, bucket_count: 
     per_bucket = math.ceil(math.ceil(n / batch_size) / bucket_count) * batch_size if n else 1
     out: list[PlannedBatch] = []
     for b, start in enumerate(range(0, n, per_bucket)):
-        members = order[start:start + per_bucket]
+        members = order[start : start + per_bucket]
         if generator is not None:
             members = members[torch.randperm(members.size, generator=generator).numpy()]
         bucket_lengths = _lengths(shapes, members) if pad_to == "bucket" else None
         for i in range(0, members.size, batch_size):
-            part = members[i:i + batch_size]
-            out.append(PlannedBatch(torch.from_numpy(np.ascontiguousarray(part)),
-                                    bucket_lengths or _lengths(shapes, part), b))
+            part = members[i : i + batch_size]
+            out.append(
+                PlannedBatch(torch.from_numpy(np.ascontiguousarray(part)), bucket_lengths or _lengths(shapes, part), b)
+            )
     if generator is not None:
         full = [p for p in out if p.rows.numel() == batch_size]
         rest = [p for p in out if p.rows.numel() != batch_size]
@@ -154,10 +161,10 @@ def pad_back(x: torch.Tensor, schema: ModelSchema, node: str | None) -> torch.Te
     if node is None:
         return x
     reserved = schema.reserved_shape(node)
-    have = tuple(x.shape[1:1 + len(reserved)])
+    have = tuple(x.shape[1 : 1 + len(reserved)])
     if have == reserved:
         return x
-    out = x.new_zeros((x.shape[0], *reserved, *x.shape[1 + len(reserved):]))
+    out = x.new_zeros((x.shape[0], *reserved, *x.shape[1 + len(reserved) :]))
     out[(slice(None), *(slice(0, d) for d in have))] = x
     return out
 
@@ -169,7 +176,8 @@ def pad_batch_back(batch: Batch, schema: ModelSchema) -> Batch:
         t = batch.nodes[node.name]
         padded: dict[str, Any] = {
             f.name: None if getattr(t, f.name) is None else pad_back(getattr(t, f.name), schema, node.name)
-            for f in fields(NodeTensors)}
+            for f in fields(NodeTensors)
+        }
         nodes[node.name] = replace(t, **padded)
     target = schema.target.node
     return Batch(nodes, pad_back(batch.labels, schema, target), pad_back(batch.label_present, schema, target))

@@ -274,8 +274,7 @@ class RelationalTransformer(nn.Module):
         L = own[-1] if len(own) == len(reserved) + 1 and 1 <= own[-1] <= reserved[-1] else reserved[-1]
         return (*lead, L)
 
-    def _node_rows(self, node: NodeDef, tensors: NodeTensors, children: list[torch.Tensor],
-                   batch: Batch) -> NodeRows:
+    def _node_rows(self, node: NodeDef, tensors: NodeTensors, children: list[torch.Tensor], batch: Batch) -> NodeRows:
         shape = self._row_shape(node, batch)
         expected = self._expected_shape(node, batch)
         C, K = len(node.continuous), len(node.categorical)

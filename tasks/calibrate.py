@@ -70,12 +70,10 @@ def brier(probs_NC: torch.Tensor, labels_N: torch.Tensor) -> float:
 def scores(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str, temperature: float) -> dict[str, float]:
     probs = probabilities(logits_N.double() / temperature, kind)
     y = _labels(labels_N, kind)
-    return {"nll": nll(logits_N, labels_N, kind, temperature), "ece": ece(probs, y),
-            "brier": brier(probs, y)}
+    return {"nll": nll(logits_N, labels_N, kind, temperature), "ece": ece(probs, y), "brier": brier(probs, y)}
 
 
-def fit_temperature(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str,
-                    max_iter: int = 100) -> float:
+def fit_temperature(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str, max_iter: int = 100) -> float:
     """The ``T`` that minimises NLL on these rows (1.0 when there is nothing to fit)."""
     if kind not in CALIBRATED_KINDS or logits_N.shape[0] == 0:
         return 1.0

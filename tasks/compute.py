@@ -66,8 +66,7 @@ def resolve_device(spec: Spec) -> torch.device:
 def check_precision(spec: Spec, device: torch.device) -> None:
     if spec.run.precision == "fp16" and device.type == "cpu":
         raise UserError(
-            "run.precision fp16 is not supported on CPU; use bf16 (supported on CPU) or fp32, "
-            "or run on a CUDA device."
+            "run.precision fp16 is not supported on CPU; use bf16 (supported on CPU) or fp32, or run on a CUDA device."
         )
 
 
@@ -88,30 +87,43 @@ class PredictOutputs:
 
 
 class Engine:
-    def __init__(self, spec: Spec, schema: ModelSchema, device: torch.device,
-                 state_dict: dict[str, Any] | None = None, clock: Clock | None = None,
-                 encoding: Encoding | None = None, optimizer_state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        schema: ModelSchema,
+        device: torch.device,
+        state_dict: dict[str, Any] | None = None,
+        clock: Clock | None = None,
+        encoding: Encoding | None = None,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
         self.spec, self.schema, self.device = spec, schema, device
         self.encoding = encoding  # loader workers encode with it
         torch.manual_seed(spec.run.seed)
-        cfg = ModelConfig(d_model=spec.model.d_model, layers=spec.model.layers,
-                          heads=spec.model.heads, dropout=spec.model.dropout)
+        cfg = ModelConfig(
+            d_model=spec.model.d_model, layers=spec.model.layers, heads=spec.model.heads, dropout=spec.model.dropout
+        )
         self.model = RelationalTransformer(schema, cfg).to(device)
         if state_dict is not None:
             self.model.load_state_dict(state_dict)
         self.model.packing = spec.run.packing
         c = spec.run.compile
         if c.encoders or c.pools:
-            self.model.compile(encoders=c.encoders, pools=c.pools, backend=c.backend,
-                               dynamic=c.dynamic, options=dict(c.options) or None, mode=c.mode)
+            self.model.compile(
+                encoders=c.encoders,
+                pools=c.pools,
+                backend=c.backend,
+                dynamic=c.dynamic,
+                options=dict(c.options) or None,
+                mode=c.mode,
+            )
         # The model package's AdamW factory: fused by default (torch 2.13 has a CPU fused kernel).
         self.model.optimizer = optimizer_settings(spec)
         # Resuming (train+predict with run.checkpoint): the saved optimizer state, whose
         # settings tasks/checkpoint.py already checked against the spec.
         self._optimizer_state = optimizer_state
         # fp16 gradients underflow without loss scaling; bf16 and fp32 need none.
-        self.scaler = (torch.amp.GradScaler("cuda")
-                       if spec.run.precision == "fp16" and device.type == "cuda" else None)
+        self.scaler = torch.amp.GradScaler("cuda") if spec.run.precision == "fp16" and device.type == "cuda" else None
         self.model.batch_size = spec.run.batch_size
         self.optimizer_settings = self.model.optimizer
         self.optimizer: torch.optim.Optimizer | None = None
@@ -120,8 +132,9 @@ class Engine:
         self.train_timings = PhaseTimings(wu)
         self.predict_timings = PhaseTimings(wu)
         # The product's throughput callback: its batches x batch size estimate, steady batches only.
-        self.throughput = {phase: ThroughputCallback(bs, K.compute(phase, K.ESTIMATED_ROWS_PER_S))
-                           for phase in K.PHASES}
+        self.throughput = {
+            phase: ThroughputCallback(bs, K.compute(phase, K.ESTIMATED_ROWS_PER_S)) for phase in K.PHASES
+        }
         self.wall_seconds = 0.0
         self.paths_seen: set[str] = set()
         self.quality = self._new_quality()
@@ -143,8 +156,9 @@ class Engine:
     def _new_quality(self) -> Quality:
         """Quality in the target's own units: regression errors are scaled back."""
         enc = self.encoding
-        return Quality(self.spec.task.kind, target_mean=enc.target_mean if enc else 0.0,
-                       target_std=enc.target_std if enc else 1.0)
+        return Quality(
+            self.spec.task.kind, target_mean=enc.target_mean if enc else 0.0, target_std=enc.target_std if enc else 1.0
+        )
 
     def begin_predict_pass(self) -> None:
         """Quality is scored on one pass (the latest), not accumulated over repeats."""
@@ -196,11 +210,13 @@ class Engine:
                 tz.shapes = bucketing.root_shapes(tz.batch, self.schema)
             else:
                 assert tz.table is not None  # loader mode: the Arrow rows
-                tz.shapes = bucketing.arrow_root_shapes(flatten(tz.table, layout(self.spec)), self.schema,
-                                                        tz.table.num_rows)
+                tz.shapes = bucketing.arrow_root_shapes(
+                    flatten(tz.table, layout(self.spec)), self.schema, tz.table.num_rows
+                )
         pad_to: bucketing.PadTo = "bucket" if (run.compile.encoders or run.compile.pools) else "batch"
-        planned = bucketing.plan(tz.shapes, rows, run.batch_size, run.bucket_count,
-                                 self._generator if shuffle else None, pad_to)
+        planned = bucketing.plan(
+            tz.shapes, rows, run.batch_size, run.bucket_count, self._generator if shuffle else None, pad_to
+        )
         if tz.batch is not None:
             for p in planned:
                 self._ran_rows.append(p.rows)
@@ -216,14 +232,19 @@ class Engine:
         self._ran_rows.append(order)
         table = tz.table.take(pa.array(order.numpy()))
         ld = self.spec.run.loader
-        trimmed = functools.partial(encode_trimmed, schema=self.schema, layout=layout(self.spec),
-                                    enc=self.encoding)
+        trimmed = functools.partial(encode_trimmed, schema=self.schema, layout=layout(self.spec), enc=self.encoding)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pin_memory off CUDA is a no-op, said in the README
-            dm = ArrowDataModule(self.model, validate=table, batch_size=run.batch_size,
-                                 num_workers=ld.num_workers, persistent_workers=ld.persistent_workers,
-                                 pin_memory=ld.pin_memory, prefetch_factor=ld.prefetch_factor,
-                                 encode=trimmed)
+            dm = ArrowDataModule(
+                self.model,
+                validate=table,
+                batch_size=run.batch_size,
+                num_workers=ld.num_workers,
+                persistent_workers=ld.persistent_workers,
+                pin_memory=ld.pin_memory,
+                prefetch_factor=ld.prefetch_factor,
+                encode=trimmed,
+            )
         for part in dm.val_dataloader():
             yield part, part.size
 
@@ -258,14 +279,18 @@ class Engine:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # pin_memory off CUDA is a no-op, said in the README
                 self._data_module = ArrowDataModule(
-                    self.model, batch_size=self.spec.run.batch_size, num_workers=ld.num_workers,
-                    persistent_workers=ld.persistent_workers, pin_memory=ld.pin_memory,
-                    prefetch_factor=ld.prefetch_factor, encoding=self.encoding,
-                    layout=layout(self.spec))
+                    self.model,
+                    batch_size=self.spec.run.batch_size,
+                    num_workers=ld.num_workers,
+                    persistent_workers=ld.persistent_workers,
+                    pin_memory=ld.pin_memory,
+                    prefetch_factor=ld.prefetch_factor,
+                    encoding=self.encoding,
+                    layout=layout(self.spec),
+                )
         return self._data_module
 
-    def _timed(self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]]
-               ) -> Iterator[tuple[Batch, int]]:
+    def _timed(self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]]) -> Iterator[tuple[Batch, int]]:
         """Yield batches, charging the wait for each one to ``t.input_seconds``."""
         while True:
             steady = t.in_steady_state
@@ -342,8 +367,9 @@ class Engine:
                 self._record("predict", t, step.seconds, n)
                 self._count_batch(part)
                 for k, v in outs.items():
-                    parts[k].append(bucketing.pad_back(v, self.schema, bucketing.output_node(k, self.schema))
-                                    if bucketed else v)
+                    parts[k].append(
+                        bucketing.pad_back(v, self.schema, bucketing.output_node(k, self.schema)) if bucketed else v
+                    )
                 if tz.batch is None:
                     part = part.to("cpu")
                     inputs.append(bucketing.pad_batch_back(part, self.schema) if bucketed else part)

@@ -21,16 +21,24 @@ from tasks.errors import UserError
 from tasks.spec import CsvOptions
 
 # Polars: "could not parse `VALUE` as dtype `DTYPE` at column 'NAME' (column number N)"
-_PARSE = re.compile(r"could not parse `(?P<value>.*?)` as dtype `(?P<dtype>[^`]*)` at column "
-                    r"'(?P<column>.*?)'", re.DOTALL)
+_PARSE = re.compile(
+    r"could not parse `(?P<value>.*?)` as dtype `(?P<dtype>[^`]*)` at column "
+    r"'(?P<column>.*?)'",
+    re.DOTALL,
+)
 _NUMBER_WITH_COMMA = re.compile(r"^\s*[-+]?\d{1,3}(\.\d{3})*,\d+\s*$|^\s*[-+]?\d+,\d+\s*$")
 
 
 def scan(path: Path, opts: CsvOptions, schema: pl.Schema | None = None) -> pl.LazyFrame:
     """One CSV file as a lazy frame; ``schema`` pins the column types (no inference)."""
-    kw: dict[str, Any] = dict(separator=opts.separator, quote_char=opts.quote_char, has_header=opts.has_header,
-              null_values=list(opts.null_values) or None, try_parse_dates=True,
-              decimal_comma=opts.decimal_comma)
+    kw: dict[str, Any] = dict(
+        separator=opts.separator,
+        quote_char=opts.quote_char,
+        has_header=opts.has_header,
+        null_values=list(opts.null_values) or None,
+        try_parse_dates=True,
+        decimal_comma=opts.decimal_comma,
+    )
     if schema is None:
         kw["infer_schema_length"] = opts.infer_schema_rows
     else:
@@ -117,8 +125,9 @@ def explain(err: BaseException, table: str, path: Path, opts: CsvOptions) -> Use
     )
 
 
-def first_misfit(files: tuple[Path, ...], opts: CsvOptions, schema: pl.Schema, column: str,
-                 kind: str) -> tuple[int, str] | None:
+def first_misfit(
+    files: tuple[Path, ...], opts: CsvOptions, schema: pl.Schema, column: str, kind: str
+) -> tuple[int, str] | None:
     """The first (1-based data row, text) of a text column that is not a ``kind`` value."""
     frames = [scan(p, opts, schema).select(pl.col(column)) for p in files]
     text = pl.col(column).cast(pl.String)
@@ -127,40 +136,53 @@ def first_misfit(files: tuple[Path, ...], opts: CsvOptions, schema: pl.Schema, c
     else:
         parsed = text.str.to_datetime(strict=False)
     try:
-        bad = (pl.concat(frames).with_row_index("row", offset=1)
-               .filter(pl.col(column).is_not_null() & parsed.is_null()).head(1).collect())
+        bad = (
+            pl.concat(frames)
+            .with_row_index("row", offset=1)
+            .filter(pl.col(column).is_not_null() & parsed.is_null())
+            .head(1)
+            .collect()
+        )
     except pl.exceptions.PolarsError:  # no datetime format could be inferred at all
-        bad = (pl.concat(frames).with_row_index("row", offset=1)
-               .filter(pl.col(column).is_not_null()).head(1).collect())
+        bad = pl.concat(frames).with_row_index("row", offset=1).filter(pl.col(column).is_not_null()).head(1).collect()
     if bad.height == 0:
         return None
     return int(bad["row"][0]), str(bad[column][0])
 
 
-def misfit_hint(table: str, files: tuple[Path, ...], opts: CsvOptions, schema: pl.Schema,
-                column: str, kind: str, where: str) -> str:
+def misfit_hint(
+    table: str, files: tuple[Path, ...], opts: CsvOptions, schema: pl.Schema, column: str, kind: str, where: str
+) -> str:
     """Why a CSV column read as text is not ``kind``, and which ``source.csv`` key helps."""
     found = first_misfit(files, opts, schema, column, kind)
     if found is None:
         return ""
     row, value = found
     if kind == "numeric":
-        fix = (f"If it marks a missing value, {_add_null(value)}"
-               + ("; the file writes decimal commas: set source.csv.decimal_comma: true"
-                  if _NUMBER_WITH_COMMA.match(value) and not opts.decimal_comma else "")
-               + f"; otherwise declare the column as category ({where}.columns.{column}).")
+        fix = (
+            f"If it marks a missing value, {_add_null(value)}"
+            + (
+                "; the file writes decimal commas: set source.csv.decimal_comma: true"
+                if _NUMBER_WITH_COMMA.match(value) and not opts.decimal_comma
+                else ""
+            )
+            + f"; otherwise declare the column as category ({where}.columns.{column})."
+        )
         what = "is not a number"
     else:
-        fix = (f"If it marks a missing value, {_add_null(value)}; otherwise write "
-               "the column in one ISO 8601 format throughout (YYYY-MM-DD or YYYY-MM-DD HH:MM:SS).")
+        fix = (
+            f"If it marks a missing value, {_add_null(value)}; otherwise write "
+            "the column in one ISO 8601 format throughout (YYYY-MM-DD or YYYY-MM-DD HH:MM:SS)."
+        )
         what = "is not a date/datetime (in the format of the column's other values)"
-    return (f" The column is read as text because of the value {value!r} (data row {row}), which "
-            f"{what}. {fix}")
+    return f" The column is read as text because of the value {value!r} (data row {row}), which {what}. {fix}"
 
 
 def _add_null(value: str) -> str:
-    return (f"add it to source.csv.null_values (a list you give replaces the default, pandas' NA "
-            f"markers: keep the ones the file uses, e.g. null_values: ['', 'NA', {value!r}])")
+    return (
+        f"add it to source.csv.null_values (a list you give replaces the default, pandas' NA "
+        f"markers: keep the ones the file uses, e.g. null_values: ['', 'NA', {value!r}])"
+    )
 
 
 def _first_line(path: Path, opts: CsvOptions) -> str:
@@ -175,6 +197,7 @@ def separator_hint(names: list[str], opts: CsvOptions) -> str:
         return ""
     for sep in (";", "\t", "|", ","):
         if sep != opts.separator and sep in names[0]:
-            return (f" The file reads as a single column: it looks separated by {sep!r}; set "
-                    f"source.csv.separator: {sep!r}.")
+            return (
+                f" The file reads as a single column: it looks separated by {sep!r}; set source.csv.separator: {sep!r}."
+            )
     return ""

@@ -60,10 +60,13 @@ def quote(name: str) -> str:
 
 def _expand(url: str) -> str:
     """``${VAR}`` from the environment; a missing variable is a user error, not ''."""
+
     def sub(m: re.Match[str]) -> str:
         if m[1] not in os.environ:
-            raise UserError(f"source.database.url {mask_secrets(url)} uses ${{{m[1]}}}, which "
-                            f"is not set in the environment; export {m[1]} first.")
+            raise UserError(
+                f"source.database.url {mask_secrets(url)} uses ${{{m[1]}}}, which "
+                f"is not set in the environment; export {m[1]} first."
+            )
         return os.environ[m[1]]
 
     return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", sub, url)
@@ -77,7 +80,8 @@ def kind_of(url: str) -> str:
     raise UserError(
         f"source.database.url {mask_secrets(url)!r} is not a supported database; use 'duckdb' "
         "(built from the generated TPC-H), 'duckdb:<path to .duckdb file>' or "
-        "'postgresql://user@host:port/dbname'.")
+        "'postgresql://user@host:port/dbname'."
+    )
 
 
 def duckdb_path(url: str, base: Path, generated_dir: Path | None) -> Path:
@@ -89,7 +93,8 @@ def duckdb_path(url: str, base: Path, generated_dir: Path | None) -> Path:
             raise UserError(
                 "source.database.url 'duckdb' means the file built from the generated TPC-H "
                 "data, but the spec has no source.generate; add source.generate.tpch.scale or "
-                "name a file: 'duckdb:<path>'.")
+                "name a file: 'duckdb:<path>'."
+            )
         return generated_dir / DUCKDB_FILE
     path = Path(_expand(rest))
     return path if path.is_absolute() else base / path
@@ -111,12 +116,15 @@ class Connection:
             if not duckdb_file.is_file():
                 raise UserError(
                     f"DuckDB file '{duckdb_file}' does not exist; build it with 'relflow-bench "
-                    "data tpch --scale S --into duckdb' (or 'duckdb:<path>' for your own file).")
+                    "data tpch --scale S --into duckdb' (or 'duckdb:<path>' for your own file)."
+                )
             try:
                 self._con = duckdb.connect(str(duckdb_file), read_only=True)
             except duckdb.Error as err:
-                raise UserError(f"Cannot open DuckDB file '{duckdb_file}': {err}. Rebuild it with "
-                                "'relflow-bench data tpch --scale S --into duckdb'.") from None
+                raise UserError(
+                    f"Cannot open DuckDB file '{duckdb_file}': {err}. Rebuild it with "
+                    "'relflow-bench data tpch --scale S --into duckdb'."
+                ) from None
         else:
             import adbc_driver_postgresql.dbapi as pg
 
@@ -144,13 +152,13 @@ class Connection:
             return self.query(f"{sql_head} WHERE {quote(key)} = ANY($1)", [keys.to_pylist()])
         if self.kind == "postgresql":
             lst = pa.ListArray.from_arrays(pa.array([0, len(keys)], pa.int32()), keys)
-            return self.query(f"{sql_head} WHERE {quote(key)} = ANY($1)",
-                              pa.record_batch([lst], names=["keys"]))
+            return self.query(f"{sql_head} WHERE {quote(key)} = ANY($1)", pa.record_batch([lst], names=["keys"]))
         with self._lock:
             self._con.register("__relflow_keys", pa.table({"k": keys}))
             try:
-                return self._con.sql(f"{sql_head} WHERE {quote(key)} IN "
-                                     "(SELECT k FROM __relflow_keys)").to_arrow_table()
+                return self._con.sql(
+                    f"{sql_head} WHERE {quote(key)} IN (SELECT k FROM __relflow_keys)"
+                ).to_arrow_table()
             finally:
                 self._con.unregister("__relflow_keys")
 
@@ -158,8 +166,10 @@ class Connection:
         if self.kind == "duckdb":
             sql = "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = $1"
         else:
-            sql = ("SELECT count(*) AS n FROM information_schema.tables WHERE table_name = $1 "
-                   "AND table_schema = ANY(current_schemas(false))")
+            sql = (
+                "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = $1 "
+                "AND table_schema = ANY(current_schemas(false))"
+            )
         return bool(self.query(sql, [table])["n"][0].as_py() > 0)
 
     def schema(self, table: str) -> pa.Schema:
@@ -170,7 +180,8 @@ class Connection:
         info = self.query(
             "SELECT column_name, numeric_precision AS p, numeric_scale AS s FROM "
             "information_schema.columns WHERE table_name = $1 AND data_type = 'numeric'",
-            [table]).to_pylist()
+            [table],
+        ).to_pylist()
         numeric = {r["column_name"]: r for r in info}
         fields = []
         for f in schema:
@@ -263,16 +274,21 @@ def resolve_database(spec: Any, base: Path, generated_dir: Path | None) -> dict[
     out = {}
     for name in dict.fromkeys(used):
         if not db.has_table(name):
-            hint = ("'relflow-bench data tpch --scale S --into duckdb'" if kind == "duckdb"
-                    else f"'relflow-bench data tpch --scale S --into {db.shown}'")
+            hint = (
+                "'relflow-bench data tpch --scale S --into duckdb'"
+                if kind == "duckdb"
+                else f"'relflow-bench data tpch --scale S --into {db.shown}'"
+            )
             raise UserError(
                 f"Table '{name}' is not in database {db.shown}. Load the data with {hint}, or "
-                "fix the schema's table names (with source.database they are database tables).")
+                "fix the schema's table names (with source.database they are database tables)."
+            )
         out[name] = DatabaseTable(name, db)
     return out
 
 
 # ---- loaders: generated Parquet -> database, key columns indexed ---------------------------
+
 
 def _tables(folder: Path) -> dict[str, Path]:
     return {p.stem: p for p in sorted(folder.glob("*.parquet"))}
@@ -290,8 +306,9 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
     if target.is_file():
         con = duckdb.connect(str(target), read_only=True)
         try:
-            return {t: _count(con, t)
-                    for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+            return {
+                t: _count(con, t) for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+            }
         finally:
             con.close()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -319,14 +336,17 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
 
 
 _PG_TYPES: list[tuple[Callable[[pa.DataType], Any], Callable[[pa.DataType], str]]] = [
-    (pa.types.is_int64, lambda t: "bigint"), (pa.types.is_int32, lambda t: "integer"),
-    (pa.types.is_int16, lambda t: "smallint"), (pa.types.is_int8, lambda t: "smallint"),
-    (pa.types.is_float64, lambda t: "double precision"), (pa.types.is_float32, lambda t: "real"),
+    (pa.types.is_int64, lambda t: "bigint"),
+    (pa.types.is_int32, lambda t: "integer"),
+    (pa.types.is_int16, lambda t: "smallint"),
+    (pa.types.is_int8, lambda t: "smallint"),
+    (pa.types.is_float64, lambda t: "double precision"),
+    (pa.types.is_float32, lambda t: "real"),
     (pa.types.is_decimal, lambda t: f"numeric({t.precision},{t.scale})"),
-    (pa.types.is_boolean, lambda t: "boolean"), (pa.types.is_date, lambda t: "date"),
+    (pa.types.is_boolean, lambda t: "boolean"),
+    (pa.types.is_date, lambda t: "date"),
     (pa.types.is_timestamp, lambda t: "timestamptz" if t.tz else "timestamp"),
-    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
-     lambda t: "text"),
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t), lambda t: "text"),
 ]
 
 
@@ -334,13 +354,15 @@ def _pg_type(t: pa.DataType) -> str:
     for test, name in _PG_TYPES:
         if test(t):
             return name(t)
-    raise UserError(f"Arrow type {t} has no PostgreSQL column type in the loader; load that "
-                    "table yourself or drop the column.")
+    raise UserError(
+        f"Arrow type {t} has no PostgreSQL column type in the loader; load that table yourself or drop the column."
+    )
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([pa.field(f.name, pa.string() if pa.types.is_string_view(f.type) else f.type,
-                               f.nullable) for f in schema])
+    return pa.schema(
+        [pa.field(f.name, pa.string() if pa.types.is_string_view(f.type) else f.type, f.nullable) for f in schema]
+    )
 
 
 def load_postgresql(url: str, folder: Path, keys: dict[str, tuple[str, ...]] = TPCH_KEYS) -> dict[str, int]:
@@ -352,22 +374,24 @@ def load_postgresql(url: str, folder: Path, keys: dict[str, tuple[str, ...]] = T
     try:
         con = pg.connect(_expand(url))
     except pg.Error as err:
-        raise UserError(f"Cannot connect to database {shown}: "
-                        f"{mask_secrets(str(err)).strip().splitlines()[0]}. Check the server and "
-                        "the URL; the password comes from PGPASSWORD or ~/.pgpass.") from None
+        raise UserError(
+            f"Cannot connect to database {shown}: "
+            f"{mask_secrets(str(err)).strip().splitlines()[0]}. Check the server and "
+            "the URL; the password comes from PGPASSWORD or ~/.pgpass."
+        ) from None
     rows: dict[str, int] = {}
     try:
         cur = con.cursor()
         for name, path in _tables(folder).items():
             pf = pq.ParquetFile(path)
             schema = _plain_schema(pf.schema_arrow)
-            cols = ", ".join(f"{quote(f.name)} {_pg_type(f.type)}" + ("" if f.nullable else " NOT NULL")
-                             for f in schema)
+            cols = ", ".join(
+                f"{quote(f.name)} {_pg_type(f.type)}" + ("" if f.nullable else " NOT NULL") for f in schema
+            )
             cur.execute(f"DROP TABLE IF EXISTS {quote(name)}")
             cur.execute(f"CREATE TABLE {quote(name)} ({cols})")
             batches = (b.cast(schema) for b in pf.iter_batches(batch_size=65_536))
-            rows[name] = cur.adbc_ingest(name, pa.RecordBatchReader.from_batches(schema, batches),
-                                         mode="append")
+            rows[name] = cur.adbc_ingest(name, pa.RecordBatchReader.from_batches(schema, batches), mode="append")
             for col in keys.get(name, ()):
                 cur.execute(f"CREATE INDEX {quote(f'{name}_{col}')} ON {quote(name)} ({quote(col)})")
             con.commit()

@@ -71,8 +71,10 @@ def _digest(src: SourceTable) -> str:
 
 def describe_sources(spec: Spec, sources: dict[str, SourceTable]) -> list[DatasetInfo]:
     """One ``DatasetInfo`` per source table, in the spec's order."""
-    return [DatasetInfo(name, _source_location(src), _digest(src), src.schema, spec.run.mode)
-            for name, src in sources.items()]
+    return [
+        DatasetInfo(name, _source_location(src), _digest(src), src.schema, spec.run.mode)
+        for name, src in sources.items()
+    ]
 
 
 def _fields(columns: dict[str, ColumnKind], table: pa.Schema, skip: str | None) -> list[pa.Field]:
@@ -105,13 +107,17 @@ class ModelInterface:
     requirements: list[str]
 
 
-def model_interface(spec: Spec, sources: dict[str, SourceTable], schema: ModelSchema, config: ModelConfig,
-                    outputs: Iterable[str]) -> ModelInterface:
+def model_interface(
+    spec: Spec, sources: dict[str, SourceTable], schema: ModelSchema, config: ModelConfig, outputs: Iterable[str]
+) -> ModelInterface:
     torch_version = torch.__version__.split("+")[0]  # a local tag (+cpu, +cu128) is not on PyPI
     return ModelInterface(
         inputs=model_input_schema(spec, sources),
         outputs=output_shapes_on_meta(schema, config, outputs),
         code_dir=Path(model_package.__file__).resolve().parent,
-        requirements=[f"torch=={torch_version}", f"numpy=={__import__('numpy').__version__}",
-                      f"pyarrow=={pa.__version__}"],
+        requirements=[
+            f"torch=={torch_version}",
+            f"numpy=={__import__('numpy').__version__}",
+            f"pyarrow=={pa.__version__}",
+        ],
     )

@@ -54,25 +54,33 @@ def check(spec: Spec, device: torch.device) -> None:
     if d is None:
         return
     if spec.run.mode != "train+predict":
-        raise UserError("run.distributed trains the model; it needs run.mode: train+predict "
-                        "(remove run.distributed for a predict run).")
+        raise UserError(
+            "run.distributed trains the model; it needs run.mode: train+predict "
+            "(remove run.distributed for a predict run)."
+        )
     if spec.run.batch_size % d.processes:
-        raise UserError(f"run.batch_size ({spec.run.batch_size}) must be divisible by "
-                        f"run.distributed.processes ({d.processes}): the global batch is split evenly "
-                        "across ranks.")
+        raise UserError(
+            f"run.batch_size ({spec.run.batch_size}) must be divisible by "
+            f"run.distributed.processes ({d.processes}): the global batch is split evenly "
+            "across ranks."
+        )
     if d.backend == "nccl":
         if device.type != "cuda":
             raise UserError("run.distributed.backend nccl needs CUDA devices; use backend: gloo on CPU.")
         if torch.cuda.device_count() < d.processes:
-            raise UserError(f"run.distributed.processes is {d.processes} but only "
-                            f"{torch.cuda.device_count()} CUDA devices are visible (nccl: one per rank).")
+            raise UserError(
+                f"run.distributed.processes is {d.processes} but only "
+                f"{torch.cuda.device_count()} CUDA devices are visible (nccl: one per rank)."
+            )
     elif device.type == "cuda":
         raise UserError("run.distributed.backend gloo trains on CPU; set run.device: cpu, or use backend: nccl.")
     if spec.run.loader.num_workers > 0:
         raise UserError("run.distributed does not use loader workers yet; set run.loader.num_workers: 0.")
     if spec.run.checkpoint:
-        raise UserError("run.distributed does not resume from run.checkpoint yet (ranks start from fresh "
-                        "weights); remove run.checkpoint or run.distributed.")
+        raise UserError(
+            "run.distributed does not resume from run.checkpoint yet (ranks start from fresh "
+            "weights); remove run.checkpoint or run.distributed."
+        )
 
 
 def shard(keys: np.ndarray, rank: int, world: int) -> np.ndarray:
@@ -115,15 +123,18 @@ def metrics(reports: list[RankReport], threads: int, reference_rows_per_s: float
     out = {K.ddp_rank_rows_per_s(r.rank): r.steady_rows_per_s for r in reports}
     total = sum(r.steady_rows_per_s for r in reports)
     r0 = reports[0]
-    step_seconds = sum(r0.timings.steady_seconds) + sum(r0.timings.warmup_seconds) + (
-        r0.timings.first_call_seconds or 0.0)
-    out.update({
-        K.DDP_TOTAL_ROWS_PER_S: total,
-        K.DDP_ALLREDUCE_SECONDS: r0.allreduce_seconds,
-        K.DDP_ALLREDUCE_FRACTION: r0.allreduce_seconds / step_seconds if step_seconds > 0 else 0.0,
-        K.DDP_PROCESSES: float(n),
-        K.DDP_THREADS_PER_PROCESS: float(threads),
-    })
+    step_seconds = (
+        sum(r0.timings.steady_seconds) + sum(r0.timings.warmup_seconds) + (r0.timings.first_call_seconds or 0.0)
+    )
+    out.update(
+        {
+            K.DDP_TOTAL_ROWS_PER_S: total,
+            K.DDP_ALLREDUCE_SECONDS: r0.allreduce_seconds,
+            K.DDP_ALLREDUCE_FRACTION: r0.allreduce_seconds / step_seconds if step_seconds > 0 else 0.0,
+            K.DDP_PROCESSES: float(n),
+            K.DDP_THREADS_PER_PROCESS: float(threads),
+        }
+    )
     if reference_rows_per_s:
         out[K.DDP_REFERENCE_ROWS_PER_S] = reference_rows_per_s
         out[K.DDP_SCALING_EFFICIENCY] = total / (n * reference_rows_per_s)
@@ -135,8 +146,16 @@ def launch(job: dict[str, Any], processes: int, threads: int, workdir: Path) -> 
     job_file = workdir / f"job-{processes}.json"
     out = workdir / f"reports-{processes}.json"
     job_file.write_text(json.dumps({**job, "out": str(out)}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-           "-m", "tasks.distributed_rank", str(job_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "-m",
+        "tasks.distributed_rank",
+        str(job_file),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     log = workdir / f"torchrun-{processes}.log"
     with open(log, "w") as fh:
@@ -153,8 +172,7 @@ def launch(job: dict[str, Any], processes: int, threads: int, workdir: Path) -> 
     if code != 0 or not out.exists():
         text = log.read_text()
         first = text.find("Traceback")  # the failing rank's own traceback, before torchrun's summary
-        raise RuntimeError(f"torchrun with {processes} processes failed (exit {code}):\n"
-                           f"{text[max(first, 0):][:6000]}")
+        raise RuntimeError(f"torchrun with {processes} processes failed (exit {code}):\n{text[max(first, 0) :][:6000]}")
     return [RankReport(**r) for r in json.loads(out.read_text())]
 
 
@@ -166,15 +184,24 @@ def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri:
     pipe.prepare(0, "train", reuse=True)  # fits the encoding (and builds the engine) as a 1-process run does
     with tempfile.TemporaryDirectory(prefix="relflow-ddp-") as tmp:
         work = Path(tmp)
-        job = {"spec": spec.to_dict(), "spec_dir": str(spec_dir), "encoding": pipe.enc.to_dict(),
-               "backend": d.backend, "threads": d.threads_per_process, "run_id": run_id,
-               "experiment": experiment, "tracking_uri": tracking_uri, "weights": str(work / "weights.pt")}
+        job = {
+            "spec": spec.to_dict(),
+            "spec_dir": str(spec_dir),
+            "encoding": pipe.enc.to_dict(),
+            "backend": d.backend,
+            "threads": d.threads_per_process,
+            "run_id": run_id,
+            "experiment": experiment,
+            "tracking_uri": tracking_uri,
+            "weights": str(work / "weights.pt"),
+        }
         reference = None
         if d.reference and d.processes > 1:
             ref = launch({**job, "role": "reference", "weights": None}, 1, d.threads_per_process, work)
             reference = ref[0].steady_rows_per_s
-        reports = launch({**job, "role": "train", "reference_rows_per_s": reference}, d.processes,
-                         d.threads_per_process, work)
+        reports = launch(
+            {**job, "role": "train", "reference_rows_per_s": reference}, d.processes, d.threads_per_process, work
+        )
         state = torch.load(work / "weights.pt", map_location=pipe.p.device, weights_only=True)
     engine = pipe.engine
     engine.model.load_state_dict(state)
@@ -185,8 +212,9 @@ def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri:
     result = pipe.result
     for stage, timing in result.stages["train"].items():  # (encode too, with text columns)
         # Ranks work in parallel: the stage took the slowest rank's time over every rank's rows.
-        timing.add(max(r.stage_seconds.get(stage, 0.0) for r in reports),
-                   sum(r.stage_rows.get(stage, 0) for r in reports))
+        timing.add(
+            max(r.stage_seconds.get(stage, 0.0) for r in reports), sum(r.stage_rows.get(stage, 0) for r in reports)
+        )
     result.updates_per_epoch = r0.updates_per_epoch
     result.train_epochs += spec.run.epochs
     return metrics(reports, d.threads_per_process, reference)

@@ -61,9 +61,10 @@ class _AllReduceTimer:
         self.group, self.seconds, self.calls = group, 0.0, 0
 
 
-def _timed_allreduce(state: _AllReduceTimer,
-                     bucket: dist.GradBucket,  # type: ignore[name-defined]  # (missing from torch's stubs)
-                     ) -> torch.futures.Future[torch.Tensor]:
+def _timed_allreduce(
+    state: _AllReduceTimer,
+    bucket: dist.GradBucket,  # type: ignore[name-defined]  # (missing from torch's stubs)
+) -> torch.futures.Future[torch.Tensor]:
     start = wall_clock()
     fut = default_hooks.allreduce_hook(state.group, bucket)
 
@@ -90,8 +91,9 @@ def main(job_path: str) -> None:
     try:
         spec = parse_spec(job["spec"], "(distributed job spec)")
         per_rank = spec.run.batch_size // world
-        rank_spec = spec.model_copy(update={"run": spec.run.model_copy(
-            update={"batch_size": per_rank, "distributed": None})})
+        rank_spec = spec.model_copy(
+            update={"run": spec.run.model_copy(update={"batch_size": per_rank, "distributed": None})}
+        )
         # The flow already checked the spec and made the data available: resolve the same sources.
         base = Path(job["spec_dir"])
         if spec.source.generate is not None:
@@ -104,14 +106,13 @@ def main(job_path: str) -> None:
         keys, _ = list_root_keys(spec, sources)
         mine = shard(keys, rank, world)
         n = spec.run.chunk_rows
-        chunks = [mine[i:i + n] for i in range(0, len(mine), n)]
+        chunks = [mine[i : i + n] for i in range(0, len(mine), n)]
         has_text = bool(text_columns(spec))  # the application's encode step, as in the flow
         seconds = {s: 0.0 for s in (*PHASE_STAGES["train"], *(["encode"] if has_text else []))}
         rows = {s: 0 for s in seconds}
         engine = Engine(rank_spec, schema, device, None, clock, enc)
         # Heads for outputs a train step does not request get no gradient: let DDP find them.
-        ddp = _DDP(engine.model, device_ids=[local] if backend == "nccl" else None,
-                   find_unused_parameters=True)
+        ddp = _DDP(engine.model, device_ids=[local] if backend == "nccl" else None, find_unused_parameters=True)
         timer = _AllReduceTimer(dist.group.WORLD)
         ddp.register_comm_hook(timer, _timed_allreduce)
         engine.model = ddp  # type: ignore[assignment]  # the loop needs only forward/loss/optimizer
@@ -147,8 +148,17 @@ def main(job_path: str) -> None:
                     rows["compute"] += int(tz.is_train.sum())
                 if epoch == 0:
                     updates_per_epoch = engine.train_timings.updates - before
-        report = RankReport(rank, asdict(engine.train_timings), seconds, rows, len(mine), updates_per_epoch,
-                            timer.seconds, timer.calls, sorted(engine.paths_seen))
+        report = RankReport(
+            rank,
+            asdict(engine.train_timings),
+            seconds,
+            rows,
+            len(mine),
+            updates_per_epoch,
+            timer.seconds,
+            timer.calls,
+            sorted(engine.paths_seen),
+        )
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, asdict(report))
         if rank == 0:
@@ -164,9 +174,13 @@ def main(job_path: str) -> None:
                 tracker.run_id = job["run_id"]
                 reports = [RankReport(**g) for g in gathered]
                 tracker.log_metrics(metrics(reports, threads, job.get("reference_rows_per_s")))
-                tracker.set_tags({"relflow.distributed.backend": backend,
-                                  "relflow.distributed.processes": str(world),
-                                  "relflow.distributed.rank_root_keys": ",".join(str(r.root_keys) for r in reports)})
+                tracker.set_tags(
+                    {
+                        "relflow.distributed.backend": backend,
+                        "relflow.distributed.processes": str(world),
+                        "relflow.distributed.rank_root_keys": ",".join(str(r.root_keys) for r in reports),
+                    }
+                )
     finally:
         dist.destroy_process_group()
 

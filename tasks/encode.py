@@ -80,10 +80,10 @@ def _segment_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> n
 def _buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(int64 offsets [n+1] rebased to 0, uint8 bytes) of a non-null string array."""
     arr = strings.cast(pa.large_string())
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
     buf = arr.buffers()[2]
     data = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
-    data = data[offsets[0]:offsets[-1]]
+    data = data[offsets[0] : offsets[-1]]
     return offsets - offsets[0], data
 
 
@@ -101,7 +101,7 @@ def hashed(strings: pa.Array, dim: int, ngram: int = 3) -> np.ndarray:
     with np.errstate(over="ignore"):  # the same polynomial hash, fixed length: no prefix sums
         gram_hash = np.zeros(data.size, np.uint64)
         for k in range(ngram):  # over the n-gram's byte positions, not over rows
-            gram_hash = gram_hash * _P + padded[k:k + data.size]
+            gram_hash = gram_hash * _P + padded[k : k + data.size]
         gram_hash = gram_hash[ok] + np.uint64(ngram) * _P
     gram_row = row_of_byte[ok]
     # whitespace-separated words: their byte ranges come from the split's own buffers
@@ -133,25 +133,35 @@ def load_encoder(name: str, dim: int) -> TextEncoder:
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except ImportError as err:
-        raise UserError(f"{where}: cannot import module '{module_name}' ({err}). Give an importable "
-                        "module (on PYTHONPATH) and a function, 'package.module:function', or "
-                        "use 'hashed'.") from None
+        raise UserError(
+            f"{where}: cannot import module '{module_name}' ({err}). Give an importable "
+            "module (on PYTHONPATH) and a function, 'package.module:function', or "
+            "use 'hashed'."
+        ) from None
     except AttributeError:
-        raise UserError(f"{where}: module '{module_name}' has no attribute '{attr}'. Name a "
-                        "function of that module, or use 'hashed'.") from None
+        raise UserError(
+            f"{where}: module '{module_name}' has no attribute '{attr}'. Name a "
+            "function of that module, or use 'hashed'."
+        ) from None
     if not callable(fn):
-        raise UserError(f"{where}: '{attr}' is not callable; it must be a function taking an Arrow "
-                        "string array and returning a float32 matrix.")
+        raise UserError(
+            f"{where}: '{attr}' is not callable; it must be a function taking an Arrow "
+            "string array and returning a float32 matrix."
+        )
     probe = pa.array(["", "probe text"], pa.string())
     try:
         out = np.asarray(fn(probe))
     except Exception as err:  # the user's code: report what it raised, as bad input
-        raise UserError(f"{where} failed on a probe of 2 strings: {type(err).__name__}: {err}. It must "
-                        "take an Arrow string array and return a float32 matrix [n, dim].") from None
+        raise UserError(
+            f"{where} failed on a probe of 2 strings: {type(err).__name__}: {err}. It must "
+            "take an Arrow string array and return a float32 matrix [n, dim]."
+        ) from None
     if out.shape != (2, dim) or out.dtype != np.float32:
-        raise UserError(f"{where} returned {out.dtype} {tuple(out.shape)} for 2 strings; it must "
-                        f"return float32 [n, run.text.dim] = [2, {dim}]. Fix the encoder or set "
-                        "run.text.dim to its width.")
+        raise UserError(
+            f"{where} returned {out.dtype} {tuple(out.shape)} for 2 strings; it must "
+            f"return float32 [n, run.text.dim] = [2, {dim}]. Fix the encoder or set "
+            "run.text.dim to its width."
+        )
     encoder: TextEncoder = fn
     return encoder
 
@@ -177,8 +187,10 @@ def encode_column(arr: pa.Array, encoder: TextEncoder, dim: int) -> pa.FixedSize
     if len(values):
         got = np.asarray(encoder(values), dtype=np.float32)
         if got.shape != (len(values), dim):
-            raise UserError(f"the text encoder returned shape {got.shape} for {len(values)} cells; "
-                            f"it must return [n, {dim}] (run.text.dim).")
+            raise UserError(
+                f"the text encoder returned shape {got.shape} for {len(values)} cells; "
+                f"it must return [n, {dim}] (run.text.dim)."
+            )
         matrix[valid.to_numpy(zero_copy_only=False)] = got
     mask = arr.is_null() if arr.null_count else None
     return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), dim, mask=mask)
@@ -193,13 +205,16 @@ class Encoded:
 Children = dict[str, tuple[Mapping[str, str], "Children"]]  # branch name -> (its columns, its children)
 
 
-def _rebuild(values: pa.Table | pa.StructArray, columns: Mapping[str, str], children: Children,
-             fn: Callable[[pa.Array], pa.Array]) -> tuple[pa.Table | pa.StructArray, int]:
+def _rebuild(
+    values: pa.Table | pa.StructArray,
+    columns: Mapping[str, str],
+    children: Children,
+    fn: Callable[[pa.Array], pa.Array],
+) -> tuple[pa.Table | pa.StructArray, int]:
     """Replace text columns of one node, then recurse into its list<struct> children."""
     is_table = isinstance(values, pa.Table)
     names = values.column_names if is_table else [f.name for f in values.type]
-    arrays = ([values.column(i).combine_chunks() for i in range(len(names))] if is_table
-              else values.flatten())
+    arrays = [values.column(i).combine_chunks() for i in range(len(names))] if is_table else values.flatten()
     cells = 0
     for i, name in enumerate(names):
         if columns.get(name) == "text":
@@ -208,8 +223,9 @@ def _rebuild(values: pa.Table | pa.StructArray, columns: Mapping[str, str], chil
         elif name in children:
             lists = arrays[i]
             inner, n = _rebuild(lists.values, *children[name], fn)
-            arrays[i] = type(lists).from_arrays(lists.offsets, inner,
-                                                mask=lists.is_null() if lists.null_count else None)
+            arrays[i] = type(lists).from_arrays(
+                lists.offsets, inner, mask=lists.is_null() if lists.null_count else None
+            )
             cells += n
     if is_table:
         return pa.table(dict(zip(names, arrays, strict=True))), cells
@@ -227,8 +243,9 @@ def encode(spec: Spec, pre: Preprocessed) -> Encoded:
     def tree(branches: list[Branch]) -> Children:
         return {b.name: (b.columns, tree(b.branches)) for b in branches if _has_text(b)}
 
-    table, cells = _rebuild(pre.table, spec.schema_.root.columns, tree(spec.schema_.branches),
-                            lambda arr: encode_column(arr, encoder, dim))
+    table, cells = _rebuild(
+        pre.table, spec.schema_.root.columns, tree(spec.schema_.branches), lambda arr: encode_column(arr, encoder, dim)
+    )
     return Encoded(replace(pre, table=table), cells)
 
 

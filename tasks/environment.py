@@ -30,8 +30,14 @@ def _cpu_model() -> str:
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent.parent, timeout=5).stdout.strip()
+        return subprocess.run(
+            ["git", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -48,8 +54,16 @@ def fingerprint(device: torch.device) -> dict[str, str]:
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
         try:
-            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+            driver = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
+                .stdout.strip()
+                .splitlines()[0]
+            )
         except (OSError, subprocess.SubprocessError, IndexError):
             driver = "unknown"
     hardware = {

@@ -136,6 +136,7 @@ HOST_PEAK_CACHED = "host.peak_cached"
 MFU = "mfu"  # compute(phase, MFU)
 MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
 
+
 # Distributed training (run.distributed, tasks/distributed.py); rank 0 logs them.
 def ddp_rank_rows_per_s(rank: int) -> str:
     return f"compute.train.rank{rank}.rows_per_s"
@@ -156,13 +157,18 @@ HOST_OTHER_CPU_FRACTION = "host.other_cpu_fraction"
 # (key or family, meaning with unit). ``<stage>``, ``<phase>``, ``<what>``, ``<key>``,
 # ``<branch>``, ``<name>`` and ``<q>`` are placeholders; README lists exactly these.
 CATALOGUE: tuple[tuple[str, str], ...] = (
-    ("stage.<stage>.<phase>.seconds", "seconds in one stage, summed over chunks and over the phase's "
-     "epochs (train) or passes (predict); train has no write stage"),
-    ("stage.<stage>.<phase>.rows", "root rows through the stage in that phase (train: training rows "
-     "for compute, all chunk rows for the data stages)"),
+    (
+        "stage.<stage>.<phase>.seconds",
+        "seconds in one stage, summed over chunks and over the phase's "
+        "epochs (train) or passes (predict); train has no write stage",
+    ),
+    (
+        "stage.<stage>.<phase>.rows",
+        "root rows through the stage in that phase (train: training rows "
+        "for compute, all chunk rows for the data stages)",
+    ),
     ("stage.<stage>.<phase>.rows_per_s", "rows / seconds of that stage in that phase"),
-    (E2E_PREDICT_SECONDS, "headline: seconds of the predict passes, retrieve..write (root-key "
-     "listing included, once)"),
+    (E2E_PREDICT_SECONDS, "headline: seconds of the predict passes, retrieve..write (root-key listing included, once)"),
     (E2E_PREDICT_ROWS, "root rows predicted, summed over passes"),
     (E2E_PREDICT_ROWS_PER_S, "headline: e2e.predict.rows / e2e.predict.seconds"),
     (E2E_PREDICT_PASSES, "predict passes measured (run.repeats)"),
@@ -170,44 +176,68 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (E2E_TRAIN_ROWS, "training rows through the compute stage, summed over epochs"),
     (E2E_TRAIN_ROWS_PER_S, "e2e.train.rows / e2e.train.seconds (trained rows per second)"),
     (E2E_TRAIN_EPOCHS, "training epochs run"),
-    ("<key>.median", "median over predict passes of e2e.predict.rows_per_s or "
-     "compute.steady_rows_per_s (run.repeats >= 2)"),
-    ("<key>.median_ci_low", "low end of the order-statistic interval for that median (only with "
-     "run.repeats >= 6; tag relflow.ci_method)"),
+    (
+        "<key>.median",
+        "median over predict passes of e2e.predict.rows_per_s or compute.steady_rows_per_s (run.repeats >= 2)",
+    ),
+    (
+        "<key>.median_ci_low",
+        "low end of the order-statistic interval for that median (only with run.repeats >= 6; tag relflow.ci_method)",
+    ),
     ("<key>.median_ci_high", "high end of the same interval"),
     ("<key>.median_ci_level", "exact coverage of that interval (>= 0.95)"),
     (REPEATS_MEASURED, "predict passes that gave a per-pass sample"),
     ("compute.<what>", "predict-phase compute figures (same as compute.predict.<what>)"),
-    ("compute.predict.<what>", "predict compute: first_call_seconds, compile_overhead_seconds, "
-     "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, recompiles, "
-     "graph_breaks"),
+    (
+        "compute.predict.<what>",
+        "predict compute: first_call_seconds, compile_overhead_seconds, "
+        "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, recompiles, "
+        "graph_breaks",
+    ),
     ("compute.train.<what>", "the same for training, plus updates and updates_per_epoch"),
-    ("compute.train.rank<r>.rows_per_s", "run.distributed: steady trained rows/s of rank <r> "
-     "(its per-rank batches of run.batch_size / processes)"),
+    (
+        "compute.train.rank<r>.rows_per_s",
+        "run.distributed: steady trained rows/s of rank <r> (its per-rank batches of run.batch_size / processes)",
+    ),
     (DDP_TOTAL_ROWS_PER_S, "run.distributed: sum of the ranks' steady trained rows/s"),
-    (DDP_ALLREDUCE_SECONDS, "run.distributed: rank 0's seconds from each gradient bucket's all-reduce "
-     "launch to its completion (overlaps backward)"),
-    (DDP_ALLREDUCE_FRACTION, "run.distributed: compute.train.allreduce_seconds / rank 0's train step "
-     "seconds (0..1)"),
+    (
+        DDP_ALLREDUCE_SECONDS,
+        "run.distributed: rank 0's seconds from each gradient bucket's all-reduce "
+        "launch to its completion (overlaps backward)",
+    ),
+    (DDP_ALLREDUCE_FRACTION, "run.distributed: compute.train.allreduce_seconds / rank 0's train step seconds (0..1)"),
     (DDP_PROCESSES, "run.distributed: training processes (ranks)"),
     (DDP_THREADS_PER_PROCESS, "run.distributed: torch threads in every rank"),
-    (DDP_REFERENCE_ROWS_PER_S, "run.distributed: steady trained rows/s of a 1-process run timed in the "
-     "same flow just before (run.distributed.reference)"),
-    (DDP_SCALING_EFFICIENCY, "run.distributed: total_rows_per_s / (processes x reference_rows_per_s) "
-     "(1.0 = linear scaling)"),
-    ("compute.estimated_rows_per_s", "the model's throughput callback (logged by the callback): "
-     "steady batches x run.batch_size / their seconds, so a partial last batch is over-counted "
-     "(the exact figure is compute.steady_rows_per_s); also compute.train.estimated_rows_per_s"),
+    (
+        DDP_REFERENCE_ROWS_PER_S,
+        "run.distributed: steady trained rows/s of a 1-process run timed in the "
+        "same flow just before (run.distributed.reference)",
+    ),
+    (
+        DDP_SCALING_EFFICIENCY,
+        "run.distributed: total_rows_per_s / (processes x reference_rows_per_s) (1.0 = linear scaling)",
+    ),
+    (
+        "compute.estimated_rows_per_s",
+        "the model's throughput callback (logged by the callback): "
+        "steady batches x run.batch_size / their seconds, so a partial last batch is over-counted "
+        "(the exact figure is compute.steady_rows_per_s); also compute.train.estimated_rows_per_s",
+    ),
     (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
-    ("compute.model_flops_per_s", "predict model FLOP/s: the meta inspection's forward FLOPs per root row "
-     "(reserved coordinates) x compute.steady_rows_per_s"),
+    (
+        "compute.model_flops_per_s",
+        "predict model FLOP/s: the meta inspection's forward FLOPs per root row "
+        "(reserved coordinates) x compute.steady_rows_per_s",
+    ),
     ("compute.mfu", "model FLOPs utilisation: compute.model_flops_per_s / host.peak_flops_per_s"),
     ("compute.train.model_flops_per_s", "the same for training, counted as 3x forward FLOPs per row"),
     ("compute.train.mfu", "compute.train.model_flops_per_s / host.peak_flops_per_s"),
-    (HOST_PEAK_FLOPS_PER_S, "the host's peak: best rate of a dense n x n x n matmul on the run's device, "
-     "precision and thread count, cached per host fingerprint (relflow-bench peak)"),
-    (HOST_PEAK_CACHED, "1 when the peak came from the cache, 0 when measured in this run (after the "
-     "timed region)"),
+    (
+        HOST_PEAK_FLOPS_PER_S,
+        "the host's peak: best rate of a dense n x n x n matmul on the run's device, "
+        "precision and thread count, cached per host fingerprint (relflow-bench peak)",
+    ),
+    (HOST_PEAK_CACHED, "1 when the peak came from the cache, 0 when measured in this run (after the timed region)"),
     (DATA_ROOT_ROWS, "distinct root rows of the workload"),
     (DATA_ROWS_PREDICTED, "root rows predicted, summed over passes"),
     (DATA_ROWS_WRITTEN, "rows in the kept prediction file"),
@@ -219,30 +249,41 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ("data.overflow_dropped.<branch>", "the same for one branch"),
     (DATA_CHUNKS, "retrieve..write chunks (run.chunk_rows)"),
     (DATA_ROWS_READ, "source rows read (root and branch tables), summed over reads"),
-    ("latency.<what>", "request scenarios (run.scenario single_stream | server): requests, "
-     "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean, first_request_ms (cold, "
-     "kept apart), first_request.step_ms.<step>, step_ms.<step>.mean, step_share.<step|queue|other>, "
-     "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
-     "steps 0..100 are the percentiles, in ms"),
+    (
+        "latency.<what>",
+        "request scenarios (run.scenario single_stream | server): requests, "
+        "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean, first_request_ms (cold, "
+        "kept apart), first_request.step_ms.<step>, step_ms.<step>.mean, step_share.<step|queue|other>, "
+        "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
+        "steps 0..100 are the percentiles, in ms",
+    ),
     ("calibration.<what>", "temperature scaling: temperature, fit_seconds, fit_rows"),
-    (DATA_PADDED_COORDS, "coordinates the predict batches actually materialised, per pass (with "
-     "run.bucketing each batch is padded to its own longest context, not the schema's reserved shape)"),
+    (
+        DATA_PADDED_COORDS,
+        "coordinates the predict batches actually materialised, per pass (with "
+        "run.bucketing each batch is padded to its own longest context, not the schema's reserved shape)",
+    ),
     (DATA_BATCH_OCCUPANCY_P50, "median over predict batches of present / materialised coordinates"),
     (DATA_BATCH_OCCUPANCY_MIN, "lowest predict-batch occupancy"),
     (DATA_BATCH_SHAPES, "distinct padded branch-length shapes the model saw in predict"),
     (DATA_TEXT_CELLS, "text cells encoded per pass (text columns only)"),
     (ENCODE_CELLS_PER_S, "text cells / second of the application's encode step"),
-    (INPUT_WAIT_FRACTION, "share of compute-stage wall time spent waiting for input "
-     "(loader worker start-up excluded)"),
+    (INPUT_WAIT_FRACTION, "share of compute-stage wall time spent waiting for input (loader worker start-up excluded)"),
     (WORKER_STARTUP_SECONDS, "seconds starting DataLoader workers (run.loader.num_workers > 0)"),
-    (HOST_PEAK_BYTES, "peak resident memory of the benchmark process plus its child processes "
-     "(DataLoader workers), sampled every 20 ms; shared pages count once per process"),
+    (
+        HOST_PEAK_BYTES,
+        "peak resident memory of the benchmark process plus its child processes "
+        "(DataLoader workers), sampled every 20 ms; shared pages count once per process",
+    ),
     (DEVICE_PEAK_BYTES, "peak CUDA allocator memory (0 on CPU)"),
     (OUTPUT_BYTES, "bytes of the kept prediction file"),
     (OUTPUT_BYTES_PER_ROW, "output.bytes / data.rows_written"),
     (QUALITY_ROWS, "held-out rows scored (one predict pass, not multiplied by repeats)"),
-    ("quality.<name>", "accuracy, majority_rate (category, binary), auc (binary); mae, rmse, "
-     "mae_of_mean (regression, in the target's own units)"),
+    (
+        "quality.<name>",
+        "accuracy, majority_rate (category, binary), auc (binary); mae, rmse, "
+        "mae_of_mean (regression, in the target's own units)",
+    ),
     (HARNESS_DATA_SECONDS, "seconds to check inputs and generate data before the run"),
     (HARNESS_STARTUP_SECONDS, "Prefect + MLflow start-up (never inside e2e)"),
     (HARNESS_MLFLOW_STARTUP_SECONDS, "MLflow run start"),
@@ -253,12 +294,19 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (HARNESS_FLOW_SECONDS, "flow seconds up to final logging"),
     (HARNESS_FLOW_OVERHEAD_SECONDS, "flow seconds outside e2e.train + e2e.predict"),
     (HOST_LOAD_PER_CORE_START, "1-minute load average per core before the region (context only)"),
-    (HOST_OTHER_CPU_FRACTION_BEFORE, "share of all cores busy with other processes over a 0.5 s "
-     "window just before the timed region"),
-    (HOST_OTHER_CPU_FRACTION, "share of all cores' time used by other processes during the timed "
-     "region (from the OS CPU counters minus this process tree)"),
-    ("system/<name>", "MLflow system metrics (run.system_metrics_interval_s), sampled in memory "
-     "and logged after the timed region"),
+    (
+        HOST_OTHER_CPU_FRACTION_BEFORE,
+        "share of all cores busy with other processes over a 0.5 s window just before the timed region",
+    ),
+    (
+        HOST_OTHER_CPU_FRACTION,
+        "share of all cores' time used by other processes during the timed "
+        "region (from the OS CPU counters minus this process tree)",
+    ),
+    (
+        "system/<name>",
+        "MLflow system metrics (run.system_metrics_interval_s), sampled in memory and logged after the timed region",
+    ),
 )
 
 _PLACEHOLDER = re.compile(r"<[a-z]+>")

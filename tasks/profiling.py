@@ -70,14 +70,22 @@ def top_ops(prof: Any, cuda: bool, limit: int = 30) -> list[dict[str, Any]]:
 
     total = sum(self_us(e) for e in events) or 1.0
     rows = sorted(events, key=self_us, reverse=True)[:limit]
-    return [{"op": e.key, "calls": int(e.count), "self_cpu_ms": e.self_cpu_time_total / 1e3,
-             "self_cuda_ms": float(getattr(e, "self_device_time_total", 0.0)) / 1e3,
-             "share": self_us(e) / total} for e in rows]
+    return [
+        {
+            "op": e.key,
+            "calls": int(e.count),
+            "self_cpu_ms": e.self_cpu_time_total / 1e3,
+            "self_cuda_ms": float(getattr(e, "self_device_time_total", 0.0)) / 1e3,
+            "share": self_us(e) / total,
+        }
+        for e in rows
+    ]
 
 
 def to_markdown(table: list[dict[str, Any]], limit: int = 10) -> str:
     lines = ["| op | calls | self CPU ms | self CUDA ms | share |", "|---|---|---|---|---|"]
     for r in table[:limit]:
-        lines.append(f"| {r['op']} | {r['calls']} | {r['self_cpu_ms']:.2f} | {r['self_cuda_ms']:.2f} | "
-                     f"{r['share']:.1%} |")
+        lines.append(
+            f"| {r['op']} | {r['calls']} | {r['self_cpu_ms']:.2f} | {r['self_cuda_ms']:.2f} | {r['share']:.1%} |"
+        )
     return "\n".join(lines)

@@ -87,8 +87,7 @@ class PhaseTimings:
             key("batch_ms.p99"): self.percentile_ms(99),
         }
         if self.steady_seconds and self.first_call_seconds is not None:
-            out[key("compile_overhead_seconds")] = (
-                self.first_call_seconds - statistics.median(self.steady_seconds))
+            out[key("compile_overhead_seconds")] = self.first_call_seconds - statistics.median(self.steady_seconds)
         return out
 
 
@@ -160,8 +159,10 @@ class RunResult:
             m[K.E2E_TRAIN_EPOCHS] = float(self.train_epochs)
 
     def _repeat_metrics(self, m: dict[str, float]) -> None:
-        for key, samples in ((K.E2E_PREDICT_ROWS_PER_S, self.repeat_predict_rows_per_s),
-                             (K.STEADY_ROWS_PER_S, self.repeat_steady_rows_per_s)):
+        for key, samples in (
+            (K.E2E_PREDICT_ROWS_PER_S, self.repeat_predict_rows_per_s),
+            (K.STEADY_ROWS_PER_S, self.repeat_steady_rows_per_s),
+        ):
             if len(samples) < 2:
                 continue
             iv = median_interval(samples)
@@ -218,13 +219,21 @@ class RunResult:
             if not self.ran(phase):
                 continue
             total = self.e2e_seconds(phase) or 1.0
-            rows += [{"phase": phase, "stage": s.name, "seconds": s.seconds, "rows": s.rows,
-                      "rows_per_s": s.rows_per_s, "share": s.seconds / total}
-                     for s in self.stages[phase].values()]
+            rows += [
+                {
+                    "phase": phase,
+                    "stage": s.name,
+                    "seconds": s.seconds,
+                    "rows": s.rows,
+                    "rows_per_s": s.rows_per_s,
+                    "share": s.seconds / total,
+                }
+                for s in self.stages[phase].values()
+            ]
         return rows
 
-def batch_coordinate_metrics(batch_coords: list[tuple[int, int]], passes: int,
-                             shapes: int) -> dict[str, float]:
+
+def batch_coordinate_metrics(batch_coords: list[tuple[int, int]], passes: int, shapes: int) -> dict[str, float]:
     """What the predict batches really held (issue 13): ``data.padded_coords`` is the
     coordinates materialised per predict pass (each batch at the shape it was padded to,
     not the schema product unless bucketing is off), ``data.batch_occupancy.*`` the present
@@ -250,6 +259,8 @@ def describe_repeats(m: dict[str, float], key: str, unit: str = "rows/s") -> str
     text = f"median {m[K.median(key)]:,.0f} {unit} over {n} passes"
     if K.median_ci_low(key) in m:
         level = m[K.median_ci_level(key)]
-        return (text + f", 95% CI [{m[K.median_ci_low(key)]:,.0f}, {m[K.median_ci_high(key)]:,.0f}]"
-                f" (order statistics, exact level {level:.1%})")
+        return (
+            text + f", 95% CI [{m[K.median_ci_low(key)]:,.0f}, {m[K.median_ci_high(key)]:,.0f}]"
+            f" (order statistics, exact level {level:.1%})"
+        )
     return text + f" (no 95% CI: needs run.repeats >= {MIN_CI_SAMPLES})"

@@ -66,8 +66,11 @@ def _overlaps(stats: Any, lo: Any, hi: Any) -> bool:
 def _plain(table: pa.Table) -> pa.Table:
     """View types (string_view, binary_view) -> plain ones, which every kernel accepts."""
     fields = [
-        f.with_type(pa.string()) if pa.types.is_string_view(f.type)
-        else f.with_type(pa.binary()) if pa.types.is_binary_view(f.type) else f
+        f.with_type(pa.string())
+        if pa.types.is_string_view(f.type)
+        else f.with_type(pa.binary())
+        if pa.types.is_binary_view(f.type)
+        else f
         for f in table.schema
     ]
     schema = pa.schema(fields)
@@ -110,8 +113,7 @@ def _read_csv(src: SourceTable, columns: list[str], key: str, keys: pa.Array) ->
     wanted = cast(pl.Series, pl.from_arrow(keys))
     # The settings and pinned column types of the up-front check (source.csv), so every
     # chunk reads the same types the check verified.
-    frames = [src.scan_csv(p).select(columns).filter(pl.col(key).is_in(wanted.implode()))
-              for p in src.files]
+    frames = [src.scan_csv(p).select(columns).filter(pl.col(key).is_in(wanted.implode())) for p in src.files]
     nbytes = sum(p.stat().st_size for p in src.files)
     return _plain(pl.concat(frames).collect().to_arrow()), nbytes
 
@@ -154,8 +156,7 @@ def list_root_keys(spec: Spec, sources: dict[str, SourceTable]) -> tuple[np.ndar
             for p in src.files:
                 meta = pq.ParquetFile(p).metadata
                 idx = meta.schema.to_arrow_schema().names.index(root.key)
-                nbytes += sum(meta.row_group(i).column(idx).total_compressed_size
-                              for i in range(meta.num_row_groups))
+                nbytes += sum(meta.row_group(i).column(idx).total_compressed_size for i in range(meta.num_row_groups))
         else:
             table = pa.concat_tables(
                 ipc.open_file(pa.memory_map(str(p))).read_all().select([root.key]) for p in src.files
@@ -178,16 +179,24 @@ def retrieve(spec: Spec, sources: dict[str, SourceTable], root_keys: np.ndarray)
     def visit(branches: list[Branch], parent_keys: pa.Array) -> None:
         nonlocal total
         for b in branches:
-            table, n = read_rows(sources[b.table], cols[b.name], b.parent_key,
-                                 parent_keys.cast(_key_type(sources[b.table], b.parent_key)))
+            table, n = read_rows(
+                sources[b.table],
+                cols[b.name],
+                b.parent_key,
+                parent_keys.cast(_key_type(sources[b.table], b.parent_key)),
+            )
             tables[b.name] = table
             total += n
             if b.branches:
                 visit(b.branches, pc.unique(table[b.key]))
 
     visit(spec.schema_.branches, keys)
-    return Retrieved(tables=tables, bytes_read=total, root_rows=tables[ROOT].num_rows,
-                     rows_read={k: v.num_rows for k, v in tables.items()})
+    return Retrieved(
+        tables=tables,
+        bytes_read=total,
+        root_rows=tables[ROOT].num_rows,
+        rows_read={k: v.num_rows for k, v in tables.items()},
+    )
 
 
 def _key_type(src: SourceTable, column: str) -> pa.DataType:

@@ -16,23 +16,36 @@ from tasks import keys as K
 _E2E_LABEL = {"predict": "end-to-end predict (headline)", "train": "end-to-end train (trained rows)"}
 
 
-def run_description(name: str, stage_table: Sequence[Mapping[str, Any]], metrics: Mapping[str, float],
-                    reasons: Sequence[str], quality_metric: str | None, quality_meaningful: bool) -> str:
+def run_description(
+    name: str,
+    stage_table: Sequence[Mapping[str, Any]],
+    metrics: Mapping[str, float],
+    reasons: Sequence[str],
+    quality_metric: str | None,
+    quality_meaningful: bool,
+) -> str:
     verdict = "**VALID**" if not reasons else "**INVALID**: " + "; ".join(reasons)
-    lines = [f"### {name}: {verdict}", "",
-             "| phase | stage | seconds | root rows | rows/s | share of phase |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"### {name}: {verdict}",
+        "",
+        "| phase | stage | seconds | root rows | rows/s | share of phase |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for phase in K.PHASES:
         rows = [r for r in stage_table if r.get("phase", "predict") == phase]
         if not rows:
             continue
         for row in rows:
-            lines.append(f"| {phase} | {row['stage']} | {row['seconds']:.3f} | {int(row['rows']):,} | "
-                         f"{row['rows_per_s']:,.0f} | {row['share']:.1%} |")
+            lines.append(
+                f"| {phase} | {row['stage']} | {row['seconds']:.3f} | {int(row['rows']):,} | "
+                f"{row['rows_per_s']:,.0f} | {row['share']:.1%} |"
+            )
         seconds, count, rate = (K.e2e(phase, w) for w in ("seconds", "rows", "rows_per_s"))
         if seconds in metrics:
-            lines.append(f"| **{phase}** | **{_E2E_LABEL[phase]}** | **{metrics[seconds]:.3f}** | "
-                         f"{int(metrics.get(count, 0)):,} | **{metrics.get(rate, 0.0):,.0f}** | 100% |")
+            lines.append(
+                f"| **{phase}** | **{_E2E_LABEL[phase]}** | **{metrics[seconds]:.3f}** | "
+                f"{int(metrics.get(count, 0)):,} | **{metrics.get(rate, 0.0):,.0f}** | 100% |"
+            )
     lines.append("")
     if K.STEADY_ROWS_PER_S in metrics:  # request scenarios report latency instead
         steady = f"- compute steady state: {metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"

@@ -23,8 +23,14 @@ from tasks import csv_source
 from tasks.errors import UserError
 from tasks.spec import CsvOptions, Spec
 
-SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".arrow": "ipc", ".ipc": "ipc",
-                 ".feather": "ipc", ".csv": "csv"}
+SUFFIX_FORMAT = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".arrow": "ipc",
+    ".ipc": "ipc",
+    ".feather": "ipc",
+    ".csv": "csv",
+}
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,7 @@ def _kind_fits(kind: str, dtype: pa.DataType) -> bool:
 
 
 def _is_text(dtype: pa.DataType) -> bool:
-    return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
-                or pa.types.is_string_view(dtype))
+    return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype))
 
 
 def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
@@ -142,8 +147,7 @@ def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
                 src = sources[table]
                 hint = ""
                 if src.format == "csv" and kind != "category" and _is_text(dtype):
-                    hint = csv_source.misfit_hint(table, src.files, src.csv_options, src.csv_schema,
-                                                  col, kind, where)
+                    hint = csv_source.misfit_hint(table, src.files, src.csv_options, src.csv_schema, col, kind, where)
                 raise UserError(
                     f"Column '{col}' of table '{table}' ({src.files[0]}) has type "
                     f"{'string' if _is_text(dtype) else dtype}, which "
@@ -165,8 +169,7 @@ def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
             need(branch.table, branch.order_by.column, f"{where} order_by.column")
         columns(branch.table, branch.columns, where)
     task = spec.task
-    target_table = root.table if task.branch is None else {
-        b.name: b for b, _ in spec.schema_.walk()}[task.branch].table
+    target_table = root.table if task.branch is None else {b.name: b for b, _ in spec.schema_.walk()}[task.branch].table
     dtype = need(target_table, task.target, "task.target")
     if task.kind == "regression" and not _kind_fits("numeric", dtype):
         raise UserError(

@@ -94,16 +94,36 @@ class Generate(Strict):
 
 
 class Database(Strict):
-    url: str = Field(description="'duckdb' (the file built from the generated TPC-H), "
-                     "'duckdb:<path>', or 'postgresql://user@host:port/db'; ${VAR} is read from "
-                     "the environment, the password best from PGPASSWORD")
+    url: str = Field(
+        description="'duckdb' (the file built from the generated TPC-H), "
+        "'duckdb:<path>', or 'postgresql://user@host:port/db'; ${VAR} is read from "
+        "the environment, the password best from PGPASSWORD"
+    )
 
 
 # What pandas.read_csv reads as missing by default (its ``na_values`` defaults), so a CSV
 # that opens cleanly in pandas or R opens the same way here.
-PANDAS_NULL_VALUES = ("", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan",
-                      "1.#IND", "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a",
-                      "nan", "null")
+PANDAS_NULL_VALUES = (
+    "",
+    "#N/A",
+    "#N/A N/A",
+    "#NA",
+    "-1.#IND",
+    "-1.#QNAN",
+    "-NaN",
+    "-nan",
+    "1.#IND",
+    "1.#QNAN",
+    "<NA>",
+    "N/A",
+    "NA",
+    "NULL",
+    "NaN",
+    "None",
+    "n/a",
+    "nan",
+    "null",
+)
 
 
 class CsvOptions(Strict):
@@ -111,15 +131,17 @@ class CsvOptions(Strict):
 
     null_values: list[str] = Field(
         default_factory=lambda: list(PANDAS_NULL_VALUES),
-        description="cells read as null in every column (replaces the default list: pandas' "
-        "default NA markers)")
+        description="cells read as null in every column (replaces the default list: pandas' default NA markers)",
+    )
     separator: str = Field(",", description="one single-byte character, e.g. ';' or '\\t'")
     quote_char: str | None = Field('"', description="null: quotes are ordinary characters")
-    encoding: str = Field("utf8", description="utf8, utf8-lossy, or any Python codec "
-                          "(e.g. latin-1, cp1252: decoded in memory)")
+    encoding: str = Field(
+        "utf8", description="utf8, utf8-lossy, or any Python codec (e.g. latin-1, cp1252: decoded in memory)"
+    )
     has_header: bool = Field(True, description="false: columns are named column_1, column_2, ...")
     infer_schema_rows: int | None = Field(
-        None, gt=0, description="rows read to infer column types; null = the whole file")
+        None, gt=0, description="rows read to infer column types; null = the whole file"
+    )
     decimal_comma: bool = Field(False, description="numbers written 1,5 (needs separator != ',')")
 
     @field_validator("separator")
@@ -145,8 +167,9 @@ class CsvOptions(Strict):
             try:
                 codecs.lookup(v)
             except LookupError:
-                raise ValueError("unknown encoding; use utf8, utf8-lossy or a Python codec "
-                                 "name such as latin-1 or cp1252") from None
+                raise ValueError(
+                    "unknown encoding; use utf8, utf8-lossy or a Python codec name such as latin-1 or cp1252"
+                ) from None
         return v
 
     @model_validator(mode="after")
@@ -157,8 +180,7 @@ class CsvOptions(Strict):
 
 
 class Source(Strict):
-    database: Database | None = Field(
-        None, description="read the schema's tables from this database instead of files")
+    database: Database | None = Field(None, description="read the schema's tables from this database instead of files")
     tables: dict[str, str] = Field(
         default_factory=dict,
         description="table name -> path (Parquet/IPC/CSV); relative paths resolve against "
@@ -176,7 +198,8 @@ class Source(Strict):
         if self.database is not None and literal_password(self.database.url):
             raise ValueError(
                 f"source.database.url {mask_secrets(self.database.url)} carries a password; "
-                "remove it and export PGPASSWORD (or write ${VAR} in the URL and export VAR)")
+                "remove it and export PGPASSWORD (or write ${VAR} in the URL and export VAR)"
+            )
         return self
 
 
@@ -187,8 +210,8 @@ class Task(Strict):
     outputs: list[str] = Field(default_factory=lambda: ["prediction"])
     validation_fraction: float = Field(0.2, gt=0, lt=1)
     min_quality: float | None = Field(
-        None, description="validity floor for the headline metric (accuracy/auc; for "
-        "regression a ceiling on mae)")
+        None, description="validity floor for the headline metric (accuracy/auc; for regression a ceiling on mae)"
+    )
 
     @field_validator("outputs")
     @classmethod
@@ -222,8 +245,10 @@ class CompileSettings(Strict):
     backend: str = "inductor"
     dynamic: bool | None = None
     mode: str | None = Field(None, description="torch.compile mode, e.g. max-autotune-no-cudagraphs")
-    options: dict[str, Any] = Field(default_factory=dict, description="torch.compile options "
-                                    "(Inductor config keys), applied over the harness defaults")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="torch.compile options (Inductor config keys), applied over the harness defaults",
+    )
 
 
 class AdamWSettings(Strict):
@@ -249,8 +274,11 @@ class Distributed(Strict):
 
 class Threads(Strict):
     intra_op: int | None = Field(
-        None, ge=1, description="torch.set_num_threads; unset = leave torch's default (an explicit "
-        "setting equal to the default can still run slower: see the README)")
+        None,
+        ge=1,
+        description="torch.set_num_threads; unset = leave torch's default (an explicit "
+        "setting equal to the default can still run slower: see the README)",
+    )
     inter_op: int | None = Field(None, ge=1, description="torch.set_num_interop_threads; unset = default")
 
 
@@ -258,8 +286,10 @@ class TextEncoder(Strict):
     """The application's text encoder: runs outside the model, timed as the ``encode`` step."""
 
     encoder: str = Field(
-        "hashed", description="'hashed' (deterministic character/word n-gram hashing, no "
-        "weights) or a plug-in 'module:function' (Arrow string array -> float32 [n, dim])")
+        "hashed",
+        description="'hashed' (deterministic character/word n-gram hashing, no "
+        "weights) or a plug-in 'module:function' (Arrow string array -> float32 [n, dim])",
+    )
     dim: int = Field(64, gt=0, le=65_536, description="width of each text cell's vector")
 
     @field_validator("encoder")
@@ -276,8 +306,9 @@ class Request(Strict):
     roots: int = Field(1, gt=0, description="root keys per request, drawn from validation keys")
     target_qps: float = Field(10.0, gt=0, description="server: Poisson arrival rate")
     max_batch: int = Field(1, ge=1, description="server: requests served together at most")
-    max_wait_ms: float = Field(0.0, ge=0, description="server: how long the oldest queued "
-                               "request may wait for a batch to fill")
+    max_wait_ms: float = Field(
+        0.0, ge=0, description="server: how long the oldest queued request may wait for a batch to fill"
+    )
     latency_bound_ms: float = Field(100.0, gt=0, description="server: p99 above it is INVALID")
     min_duration_s: float = Field(60.0, ge=0, description="shorter runs are INVALID")
     min_requests: int = Field(1024, ge=1, description="fewer requests are INVALID")
@@ -285,8 +316,9 @@ class Request(Strict):
 
 class Run(Strict):
     scenario: Literal["offline", "single_stream", "server"] = Field(
-        "offline", description="offline: every root row in chunks; single_stream / server: "
-        "timed requests (see run.request)")
+        "offline",
+        description="offline: every root row in chunks; single_stream / server: timed requests (see run.request)",
+    )
     request: Request = Field(default_factory=Request)
     mode: Literal["train+predict", "predict"] = "train+predict"
     batch_size: int = Field(256, gt=0)
@@ -296,12 +328,17 @@ class Run(Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     packing: Literal["auto", "off"] = "auto"
     bucketing: Literal["off", "by_length"] = Field(
-        "off", description="by_length: batches of roots with similar present cells, each padded "
-        "only to its own longest context (off: every batch padded to the schema's reserved shape)")
+        "off",
+        description="by_length: batches of roots with similar present cells, each padded "
+        "only to its own longest context (off: every batch padded to the schema's reserved shape)",
+    )
     bucket_count: int = Field(
-        8, ge=1, description="by_length: equal-count groups of roots sorted by present cells; "
+        8,
+        ge=1,
+        description="by_length: equal-count groups of roots sorted by present cells; "
         "training shuffles within each and the batch order; compiled regions pad to the "
-        "bucket's longest context, so at most this many shapes")
+        "bucket's longest context, so at most this many shapes",
+    )
     text: TextEncoder = Field(default_factory=TextEncoder)
     compile: CompileSettings = Field(default_factory=CompileSettings)
     loader: Loader = Field(default_factory=Loader)
@@ -311,20 +348,32 @@ class Run(Strict):
     min_steady_seconds: float = Field(1.0, ge=0, description="validity: less makes the run INVALID")
     max_recompiles: int = Field(0, ge=0, description="validity: recompiles after warm-up allowed")
     max_host_load: float | None = Field(
-        None, gt=0, description="validity: share of all cores other processes may use just before "
-        "(0.5 s window) and during the timed region (other work slows torch 10x+)")
+        None,
+        gt=0,
+        description="validity: share of all cores other processes may use just before "
+        "(0.5 s window) and during the timed region (other work slows torch 10x+)",
+    )
     chunk_rows: int = Field(50_000, gt=0, description="root rows per retrieve..write chunk")
     seed: int = 0
     system_metrics_interval_s: float = Field(
-        5.0, ge=0, description="MLflow system metrics sampling (0 = off); sampled in memory during "
-        "the timed region and logged after it")
+        5.0,
+        ge=0,
+        description="MLflow system metrics sampling (0 = off); sampled in memory during "
+        "the timed region and logged after it",
+    )
     device: str = "auto"
     threads: Threads = Field(default_factory=Threads)
-    profile: bool = Field(False, description="torch.profiler over run.profile_batches steady batches per "
-                          "phase; the run is tagged relflow.profiled and left out of history/compare")
+    profile: bool = Field(
+        False,
+        description="torch.profiler over run.profile_batches steady batches per "
+        "phase; the run is tagged relflow.profiled and left out of history/compare",
+    )
     profile_batches: int = Field(5, ge=1)
-    checkpoint: str | None = Field(None, description="checkpoint to load: predict uses its weights; "
-                                   "train+predict resumes training from it (optimizer state and settings)")
+    checkpoint: str | None = Field(
+        None,
+        description="checkpoint to load: predict uses its weights; "
+        "train+predict resumes training from it (optimizer state and settings)",
+    )
     output_dir: str = "outputs"
     distributed: Distributed | None = Field(None, description="train with DDP over several processes")
 
@@ -333,7 +382,8 @@ class Run(Strict):
         if self.scenario != "offline" and self.repeats > 1:
             raise ValueError(
                 f"run.repeats ({self.repeats}) repeats offline predict passes; a {self.scenario} "
-                "run measures many requests instead: set run.repeats: 1 or run.scenario: offline")
+                "run measures many requests instead: set run.repeats: 1 or run.scenario: offline"
+            )
         return self
 
     @field_validator("packing", mode="before")
@@ -376,9 +426,7 @@ class Spec(Strict):
         for out in self.task.outputs:
             head, _, arg = out.partition(":")
             if head in {"branch_embedding", "leaf"} and arg not in branches:
-                raise ValueError(
-                    f"task.outputs '{out}' names no branch; use one of {sorted(branches)}"
-                )
+                raise ValueError(f"task.outputs '{out}' names no branch; use one of {sorted(branches)}")
             if head == "topk" and (not arg.isdigit() or int(arg) < 1):
                 raise ValueError(f"task.outputs '{out}': k must be a positive integer")
             if head == "topk" and self.task.kind != "category":

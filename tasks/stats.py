@@ -73,5 +73,6 @@ def median_interval(samples: list[float] | np.ndarray, level: float = CI_LEVEL) 
     k = order_statistic_k(int(x.size), level)
     if k is None:
         return MedianInterval(med, int(x.size))
-    return MedianInterval(med, int(x.size), float(x[k - 1]), float(x[x.size - k]),
-                          order_statistic_coverage(int(x.size), k))
+    return MedianInterval(
+        med, int(x.size), float(x[k - 1]), float(x[x.size - k]), order_statistic_coverage(int(x.size), k)
+    )

@@ -57,12 +57,12 @@ def layout(spec: Spec) -> NodeLayout:
         return out
 
     def branch(b: Branch) -> NodeLayout:
-        return NodeLayout(b.name, columns(b.name, b.columns), b.max_length, b.reduce,
-                          tuple(branch(c) for c in b.branches))
+        return NodeLayout(
+            b.name, columns(b.name, b.columns), b.max_length, b.reduce, tuple(branch(c) for c in b.branches)
+        )
 
     root = spec.schema_.root
-    return NodeLayout(ROOT, columns(ROOT, root.columns), 1, "mean",
-                      tuple(branch(b) for b in spec.schema_.branches))
+    return NodeLayout(ROOT, columns(ROOT, root.columns), 1, "mean", tuple(branch(b) for b in spec.schema_.branches))
 
 
 def target(spec: Spec) -> TargetDef:
@@ -88,9 +88,18 @@ def tensorize(spec: Spec, pre: Preprocessed, enc: Encoding, schema: ModelSchema)
     is_train = torch.from_numpy(np.asarray(pre.table[TRAIN].to_numpy(zero_copy_only=False), dtype=bool))
     shapes = None
     if spec.run.bucketing == "by_length":  # per-root sizes the compute stage groups batches by
-        shapes = (root_shapes(batch, schema) if batch is not None else
-                  arrow_root_shapes(flatten(pre.table, layout(spec)), schema, pre.table.num_rows))
-    return Tensorized(batch=batch, keys=pre.table[spec.schema_.root.key].combine_chunks(),
-                      is_train=is_train, coords_present=present, coords_reserved=reserved,
-                      root_rows=pre.root_rows, table=pre.table if batch is None else None,
-                      shapes=shapes)
+        shapes = (
+            root_shapes(batch, schema)
+            if batch is not None
+            else arrow_root_shapes(flatten(pre.table, layout(spec)), schema, pre.table.num_rows)
+        )
+    return Tensorized(
+        batch=batch,
+        keys=pre.table[spec.schema_.root.key].combine_chunks(),
+        is_train=is_train,
+        coords_present=present,
+        coords_reserved=reserved,
+        root_rows=pre.root_rows,
+        table=pre.table if batch is None else None,
+        shapes=shapes,
+    )

@@ -15,8 +15,16 @@ import torch
 from tasks.errors import UserError
 
 # Environment that changes how torch's OpenMP / MKL / oneDNN pools run.
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
-              "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME", "KMP_AFFINITY")
+THREAD_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "OMP_PROC_BIND",
+    "OMP_PLACES",
+    "KMP_BLOCKTIME",
+    "KMP_AFFINITY",
+)
 
 
 def apply_threads(intra_op: int | None, inter_op: int | None) -> dict[str, str]:

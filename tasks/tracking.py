@@ -57,8 +57,10 @@ def tracking_uri() -> str:
         # The URI is printed, logged and stored in deployments: credentials never go in it.
         from tasks.errors import UserError
 
-        raise UserError("MLFLOW_TRACKING_URI carries credentials (user:password@host); remove them and "
-                        "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead.")
+        raise UserError(
+            "MLFLOW_TRACKING_URI carries credentials (user:password@host); remove them and "
+            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead."
+        )
     return uri
 
 
@@ -135,8 +137,10 @@ class Tracker:
         if exp is None:
             try:
                 self.experiment_id = self.client.create_experiment(
-                    experiment, artifact_location=default_artifact_root(self.uri),
-                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                    experiment,
+                    artifact_location=default_artifact_root(self.uri),
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+                )
             except mlflow.exceptions.MlflowException:
                 # Another process created it between our lookup and create: use theirs.
                 exp = self.client.get_experiment_by_name(experiment)
@@ -169,22 +173,24 @@ class Tracker:
             from tasks.errors import UserError
 
             user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(no MLFLOW_TRACKING_USERNAME set)"
-            raise UserError(f"The MLflow server at {self.uri} refused user '{user}' creating a run in "
-                            f"experiment '{self.experiment}' (PERMISSION_DENIED): ask its admin for "
-                            "EDIT permission on that experiment, or run as a user who has it.") from None
+            raise UserError(
+                f"The MLflow server at {self.uri} refused user '{user}' creating a run in "
+                f"experiment '{self.experiment}' (PERMISSION_DENIED): ask its admin for "
+                "EDIT permission on that experiment, or run as a user who has it."
+            ) from None
         self.run_id = run.info.run_id
         return self.run_id
 
     def log_params(self, params: dict[str, Any]) -> None:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(self._id, params=items[i:i + MAX_PARAMS_PER_BATCH])
+            self.client.log_batch(self._id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         now = int(unix_time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self._id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """The logger interface of ``model.throughput.ThroughputCallback``."""
@@ -195,7 +201,7 @@ class Tracker:
         now = int(unix_time() * 1000)
         items = [Metric(key, float(v), now, step) for step, v in enumerate(values)]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self._id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self._id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
@@ -213,8 +219,12 @@ class Tracker:
         inputs = []
         for d in datasets:
             # MLflow's stubs call MetaDataset abstract (profile); it is the documented class.
-            meta = MetaDataset(_dataset_source(d.source), name=d.name, digest=d.digest,  # type: ignore[abstract]
-                               schema=_mlflow_schema(d.schema))
+            meta = MetaDataset(
+                _dataset_source(d.source),
+                name=d.name,
+                digest=d.digest,  # type: ignore[abstract]
+                schema=_mlflow_schema(d.schema),
+            )
             inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, d.context)]))
         self.client.log_inputs(self._id, datasets=inputs)
 
@@ -229,8 +239,12 @@ class Tracker:
         from mlflow.models.signature import ModelSignature
         from mlflow.types.schema import Schema, TensorSpec
 
-        signature = ModelSignature(inputs=_mlflow_schema(interface.inputs), outputs=Schema(
-            [TensorSpec(np.dtype(dtype), shape, name) for name, (dtype, shape) in interface.outputs.items()]))
+        signature = ModelSignature(
+            inputs=_mlflow_schema(interface.inputs),
+            outputs=Schema(
+                [TensorSpec(np.dtype(dtype), shape, name) for name, (dtype, shape) in interface.outputs.items()]
+            ),
+        )
         # Created here so it belongs to this run's experiment (the flavour alone would put it in
         # the fluent API's current experiment, "Default").
         logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=self._id)
@@ -240,10 +254,16 @@ class Tracker:
         level = flavour_log.level
         flavour_log.setLevel(logging.ERROR)  # its pickle-format warning: chosen deliberately, said above
         try:
-            info = mlflow.pytorch.log_model(model, name="model", signature=signature, run_id=self._id,
-                                            model_id=logged.model_id,
-                                            code_paths=[str(interface.code_dir)], serialization_format="pickle",
-                                            pip_requirements=interface.requirements)
+            info = mlflow.pytorch.log_model(
+                model,
+                name="model",
+                signature=signature,
+                run_id=self._id,
+                model_id=logged.model_id,
+                code_paths=[str(interface.code_dir)],
+                serialization_format="pickle",
+                pip_requirements=interface.requirements,
+            )
         finally:
             flavour_log.setLevel(level)
             mlflow.set_tracking_uri(previous)
@@ -279,10 +299,13 @@ class Tracker:
             return
         monitor.stop()
         self._monitor = None
-        items = [Metric(f"system/{k}", float(v), ts, step)
-                 for step, (ts, sample) in enumerate(monitor.samples) for k, v in sample.items()]
+        items = [
+            Metric(f"system/{k}", float(v), ts, step)
+            for step, (ts, sample) in enumerate(monitor.samples)
+            for k, v in sample.items()
+        ]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self._id, metrics=items[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
 
     def finish(self) -> None:
         self.client.set_terminated(self._id, "FINISHED")
@@ -363,7 +386,8 @@ class UrlSource(DatasetSource):
 
     def load(self, **kwargs: Any) -> Any:
         raise mlflow.exceptions.MlflowException(
-            f"{self.url} records where the benchmark read its data; read it with the database's client.")
+            f"{self.url} records where the benchmark read its data; read it with the database's client."
+        )
 
     @staticmethod
     def _can_resolve(raw_source: Any) -> bool:
@@ -445,8 +469,14 @@ def experiment_names(uri: str | None = None) -> list[str]:
     return [e.name for e in exps]
 
 
-def search_runs(experiment: str, *, status: str | None = "FINISHED", filter_string: str = "",
-                uri: str | None = None, max_results: int = 5000) -> list[RunRecord]:
+def search_runs(
+    experiment: str,
+    *,
+    status: str | None = "FINISHED",
+    filter_string: str = "",
+    uri: str | None = None,
+    max_results: int = 5000,
+) -> list[RunRecord]:
     """Runs of one experiment (by name) as ``RunRecord``s, oldest start time first.
 
     ``status`` keeps only runs in that state (``None``: all). ``filter_string`` is MLflow's
@@ -461,9 +491,13 @@ def search_runs(experiment: str, *, status: str | None = "FINISHED", filter_stri
     records: list[RunRecord] = []
     token = None
     while len(records) < max_results:
-        page = client.search_runs([exp.experiment_id], filter_string=" and ".join(clauses),
-                                  max_results=min(1000, max_results - len(records)),
-                                  order_by=["attributes.start_time ASC"], page_token=token)
+        page = client.search_runs(
+            [exp.experiment_id],
+            filter_string=" and ".join(clauses),
+            max_results=min(1000, max_results - len(records)),
+            order_by=["attributes.start_time ASC"],
+            page_token=token,
+        )
         records += [_record(r, experiment) for r in page]
         token = page.token
         if not token:
@@ -479,6 +513,8 @@ def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
     try:
         run = client.get_run(run_id)
     except MlflowException as err:
-        raise UserError(f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}: copy the id from "
-                        "`relflow-bench run` or the MLflow UI.") from err
+        raise UserError(
+            f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}: copy the id from "
+            "`relflow-bench run` or the MLflow UI."
+        ) from err
     return _record(run, client.get_experiment(run.info.experiment_id).name)

@@ -34,8 +34,10 @@ def _quality_rule(spec: Spec, metrics: dict[str, float], headline: str) -> list[
     if value is None:
         return [f"{key} missing, task.min_quality {floor} cannot be checked"]
     if math.isnan(value):
-        return [f"{key} is NaN (nothing to score, e.g. one class only in the held-out rows), "
-                f"so task.min_quality {floor} is not met"]
+        return [
+            f"{key} is NaN (nothing to score, e.g. one class only in the held-out rows), "
+            f"so task.min_quality {floor} is not met"
+        ]
     if headline == "mae" and value > floor:  # an error ceiling, in the target's units
         return [f"{key} {value:.4f} > task.min_quality {floor}"]
     if headline != "mae" and value < floor:
@@ -58,7 +60,8 @@ def verdict(spec: Spec, metrics: dict[str, float], headline: str) -> list[str]:
         for key in (K.HOST_OTHER_CPU_FRACTION_BEFORE, K.HOST_OTHER_CPU_FRACTION):
             share = metrics.get(key)
             if share is not None and share > r.max_host_load:
-                reasons.append(f"{key} {share:.2f} > run.max_host_load {r.max_host_load} "
-                               "(other processes used the cores)")
+                reasons.append(
+                    f"{key} {share:.2f} > run.max_host_load {r.max_host_load} (other processes used the cores)"
+                )
     reasons += _quality_rule(spec, metrics, headline)
     return reasons

@@ -69,22 +69,51 @@ def start(bin_dir: Path) -> PgServer:
     if as_user:
         shutil.chown(pwfile, "postgres")
     data = folder / "data"
-    subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-U", USER,
-                    "--auth=scram-sha-256", f"--pwfile={pwfile}", "--no-sync"],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            *as_user,
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            USER,
+            "--auth=scram-sha-256",
+            f"--pwfile={pwfile}",
+            "--no-sync",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     port = _free_port()
     proc = subprocess.Popen(
-        [*as_user, str(bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port),
-         "-k", str(folder), "-c", "fsync=off", "-c", "synchronous_commit=off",
-         "-c", "full_page_writes=off"],
-        stdout=subprocess.DEVNULL, stderr=open(folder / "log", "w"))  # noqa: SIM115
+        [
+            *as_user,
+            str(bin_dir / "postgres"),
+            "-D",
+            str(data),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-k",
+            str(folder),
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(folder / "log", "w"),  # noqa: SIM115
+    )
     server = PgServer(port, folder, proc)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"postgres exited: {(folder / 'log').read_text()[-2000:]}")
-        ok = subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                            capture_output=True)
+        ok = subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True)
         if ok.returncode == 0:
             return server
         time.sleep(0.2)

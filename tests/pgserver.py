@@ -56,8 +56,10 @@ def free_port() -> int:
 
 def postgres_bin() -> Path | None:
     """The newest Debian PostgreSQL ``bin`` folder, or None when PostgreSQL is not installed."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"),
-                   key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/postgres"),
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+    )
     if found:
         return Path(found[-1]).parent
     on_path = shutil.which("postgres")
@@ -109,23 +111,45 @@ def running_postgres(folder: Path) -> Iterator[PgServer]:
             if str(parent) in ("/", "/tmp"):
                 break
             os.chmod(parent, os.stat(parent).st_mode | 0o711)
-    subprocess.run(_as_db_user([str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust",
-                                "--no-sync", "-E", "UTF8"]),
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        _as_db_user([str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust", "--no-sync", "-E", "UTF8"]),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     port = free_port()
     log = folder / "postgres.log"
     with open(log, "w") as fh:
         if os.geteuid() == 0:
             shutil.chown(log, "postgres", "postgres")
         proc = subprocess.Popen(
-            _as_db_user([str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
-                         "-k", str(data), "-c", "fsync=off", "-c", "max_connections=200"]),
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            _as_db_user(
+                [
+                    str(bin_dir / "postgres"),
+                    "-D",
+                    str(data),
+                    "-p",
+                    str(port),
+                    "-h",
+                    "127.0.0.1",
+                    "-k",
+                    str(data),
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "max_connections=200",
+                ]
+            ),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         while True:
-            ready = subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                                   capture_output=True)
+            ready = subprocess.run(
+                [str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True
+            )
             if ready.returncode == 0:
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -154,23 +178,39 @@ def healthy(url: str) -> bool:
 
 
 @contextmanager
-def running_mlflow_server(backend_uri: str, folder: Path, *, app_name: str | None = None,
-                          env: dict[str, str] | None = None, workers: int = 2) -> Iterator[str]:
+def running_mlflow_server(
+    backend_uri: str, folder: Path, *, app_name: str | None = None, env: dict[str, str] | None = None, workers: int = 2
+) -> Iterator[str]:
     """``mlflow server`` on 127.0.0.1:<free port> with proxied artifacts in ``folder``; yields its URL."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-            "--backend-store-uri", backend_uri, "--serve-artifacts",
-            "--artifacts-destination", (folder / "artifacts").as_uri(), "--workers", str(workers)]
+    args = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        backend_uri,
+        "--serve-artifacts",
+        "--artifacts-destination",
+        (folder / "artifacts").as_uri(),
+        "--workers",
+        str(workers),
+    ]
     if app_name:
         args += ["--app-name", app_name]
     server_env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **(env or {}))
     server_env.pop("MLFLOW_TRACKING_URI", None)
     log = folder / f"mlflow-server-{port}.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen(args, env=server_env, cwd=folder, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, env=server_env, cwd=folder, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 240
         while not healthy(url):
@@ -188,14 +228,20 @@ def running_prefect_server(folder: Path, env: dict[str, str] | None = None) -> I
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    server_env = dict(os.environ, PREFECT_HOME=str(folder / "prefect-home"),
-                      PREFECT_SERVER_ANALYTICS_ENABLED="false", **(env or {}))
+    server_env = dict(
+        os.environ, PREFECT_HOME=str(folder / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", **(env or {})
+    )
     server_env.pop("PREFECT_API_URL", None)
     log = folder / f"prefect-server-{port}.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
-                                env=server_env, cwd=folder, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+            env=server_env,
+            cwd=folder,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 600  # minutes on a busy shared host
         while not healthy(api):

@@ -54,9 +54,11 @@ class LatencyRecord:
 
     def metrics(self) -> dict[str, float]:
         lat = np.asarray(self.latency_s)
-        m: dict[str, float] = {"latency.requests": float(self.requests),
-                               "latency.roots_per_request": float(self.roots),
-                               "latency.duration_seconds": self.duration_s}
+        m: dict[str, float] = {
+            "latency.requests": float(self.requests),
+            "latency.roots_per_request": float(self.roots),
+            "latency.duration_seconds": self.duration_s,
+        }
         if self.first_latency_s is not None:
             m["latency.first_request_ms"] = self.first_latency_s * 1e3
             for s, v in self.first_steps_s.items():
@@ -100,6 +102,5 @@ def verdict(scenario: str, r: Request, metrics: dict[str, float]) -> list[str]:
     if scenario == "server":
         p99 = metrics.get("latency.request_ms.p99", float("inf"))
         if p99 > r.latency_bound_ms:
-            reasons.append(f"latency.request_ms.p99 {p99:.1f} > run.request.latency_bound_ms "
-                           f"{r.latency_bound_ms}")
+            reasons.append(f"latency.request_ms.p99 {p99:.1f} > run.request.latency_bound_ms {r.latency_bound_ms}")
     return reasons

@@ -21,9 +21,17 @@ from tasks.scenarios.latency import LatencyRecord
 Serve = Callable[[np.ndarray], dict[str, float]]
 
 
-def run(serve: Serve, arrivals: np.ndarray, keys: np.ndarray, clock: Clock, *, max_batch: int,
-        max_wait_s: float, cold_keys: np.ndarray | None = None,
-        target_qps: float | None = None) -> LatencyRecord:
+def run(
+    serve: Serve,
+    arrivals: np.ndarray,
+    keys: np.ndarray,
+    clock: Clock,
+    *,
+    max_batch: int,
+    max_wait_s: float,
+    cold_keys: np.ndarray | None = None,
+    target_qps: float | None = None,
+) -> LatencyRecord:
     """``arrivals[i]`` (s from start) asks for ``keys[i]`` (a row of root keys)."""
     n = len(arrivals)
     rec = LatencyRecord("server", target_qps=target_qps, roots=keys.shape[1])

@@ -17,8 +17,16 @@ from tasks.scenarios.latency import LatencyRecord
 Serve = Callable[[np.ndarray], dict[str, float]]
 
 
-def run(serve: Serve, keys: Iterator[np.ndarray], clock: Clock, *, min_requests: int,
-        min_duration_s: float, roots: int = 1, max_requests: int | None = None) -> LatencyRecord:
+def run(
+    serve: Serve,
+    keys: Iterator[np.ndarray],
+    clock: Clock,
+    *,
+    min_requests: int,
+    min_duration_s: float,
+    roots: int = 1,
+    max_requests: int | None = None,
+) -> LatencyRecord:
     rec = LatencyRecord("single_stream", roots=roots)
     with clock.measure() as cold:
         rec.first_steps_s = serve(next(keys))

@@ -50,15 +50,17 @@ def test_cli_compare_by_ids_and_by_param_groups(bench_runs):
     from flows.cli import app
 
     env = {"MLFLOW_TRACKING_URI": bench_runs.uri, "COLUMNS": "200"}
-    res = CliRunner().invoke(app, ["compare", bench_runs.a_512, bench_runs.c_16, "--json",
-                                   str(bench_runs.folder / "cmp.json")], env=env)
+    res = CliRunner().invoke(
+        app, ["compare", bench_runs.a_512, bench_runs.c_16, "--json", str(bench_runs.folder / "cmp.json")], env=env
+    )
     assert res.exit_code == 0, res.output
     assert "compute.steady_rows_per_s" in res.output and "run.batch_size" in res.output
     data = json.loads((bench_runs.folder / "cmp.json").read_text())
     assert any(m["marked"] and m["key"] == "compute.steady_rows_per_s" for m in data["metrics"])
 
-    res = CliRunner().invoke(app, ["compare", "--experiment", "tpch-orders", "--baseline",
-                                   "params.run.batch_size=512"], env=env)
+    res = CliRunner().invoke(
+        app, ["compare", "--experiment", "tpch-orders", "--baseline", "params.run.batch_size=512"], env=env
+    )
     assert res.exit_code == 0, res.output
     assert "(2 runs)" in res.output and "(1 runs)" in res.output
 
@@ -81,8 +83,7 @@ def test_groups_split_by_tag(bench_runs):
 def est(value, low=None, high=None, samples=None):
     samples = tuple(samples or (value,))
     interval = low is not None or len(samples) > 1
-    return Estimate(value, low if low is not None else value, high if high is not None else value,
-                    samples, interval)
+    return Estimate(value, low if low is not None else value, high if high is not None else value, samples, interval)
 
 
 def test_disjoint_intervals_beyond_threshold_are_marked():
@@ -112,8 +113,9 @@ def test_groups_use_the_rank_test():
     row = judge("compute.steady_rows_per_s", +1, a, b, threshold=0.05, alpha=0.05)
     assert row.method == "Mann-Whitney U" and row.p_value < 0.05
     assert (row.marked, row.verdict) == (True, "improvement")
-    same = judge("compute.steady_rows_per_s", +1, a, est(100, samples=[100, 99, 101, 102, 98]),
-                 threshold=0.05, alpha=0.05)
+    same = judge(
+        "compute.steady_rows_per_s", +1, a, est(100, samples=[100, 99, 101, 102, 98]), threshold=0.05, alpha=0.05
+    )
     assert not same.marked
 
 
@@ -123,10 +125,12 @@ def _record(run_id: str, metrics: dict) -> RunRecord:
 
 def test_three_repeats_give_a_median_but_no_interval_so_nothing_is_claimed():
     # a run with 3 passes logs the median only: 3 samples support no 95% interval
-    a = _record("a", {"e2e.predict.rows_per_s": 100.0, "e2e.predict.rows_per_s.median": 100.0,
-                      "run.repeats_measured": 3.0})
-    b = _record("b", {"e2e.predict.rows_per_s": 50.0, "e2e.predict.rows_per_s.median": 50.0,
-                      "run.repeats_measured": 3.0})
+    a = _record(
+        "a", {"e2e.predict.rows_per_s": 100.0, "e2e.predict.rows_per_s.median": 100.0, "run.repeats_measured": 3.0}
+    )
+    b = _record(
+        "b", {"e2e.predict.rows_per_s": 50.0, "e2e.predict.rows_per_s.median": 50.0, "run.repeats_measured": 3.0}
+    )
     c = compare([a], [b])
     row = _rows(c)["e2e.predict.rows_per_s"]
     assert (row.method, row.marked) == (NOT_ENOUGH, False)
@@ -141,8 +145,9 @@ def test_group_intervals_need_six_runs():
     assert e.has_interval and (e.low, e.high) == (0.0, 5.0)
 
 
-@pytest.mark.parametrize("x,y", [([1, 2, 3, 4], [5, 6, 7, 8]), ([1, 3, 5, 7, 9], [2, 4, 6, 8, 10, 12]),
-                                 ([1, 2, 2, 3], [2, 3, 4, 4, 5])])
+@pytest.mark.parametrize(
+    "x,y", [([1, 2, 3, 4], [5, 6, 7, 8]), ([1, 3, 5, 7, 9], [2, 4, 6, 8, 10, 12]), ([1, 2, 2, 3], [2, 3, 4, 4, 5])]
+)
 def test_own_mann_whitney_matches_scipy(x, y):
     scipy_stats = pytest.importorskip("scipy.stats")
     expected = scipy_stats.mannwhitneyu(x, y, alternative="two-sided").pvalue

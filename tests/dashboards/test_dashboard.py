@@ -45,8 +45,11 @@ def dashboard_dir(bench_runs, chromium, tmp_path_factory):
     from flows.cli import app
 
     out = tmp_path_factory.mktemp("dashboard")
-    res = CliRunner().invoke(app, ["dashboard", "--experiment", "tpch-orders", "--out", str(out)],
-                             env={"MLFLOW_TRACKING_URI": bench_runs.uri, "BROWSER_PATH": chromium})
+    res = CliRunner().invoke(
+        app,
+        ["dashboard", "--experiment", "tpch-orders", "--out", str(out)],
+        env={"MLFLOW_TRACKING_URI": bench_runs.uri, "BROWSER_PATH": chromium},
+    )
     assert res.exit_code == 0, res.output
     return out
 
@@ -56,8 +59,14 @@ def test_dashboard_files_and_mlflow_run(dashboard_dir, bench_runs):
     from tasks.tracking import search_runs
 
     names = sorted(p.name for p in dashboard_dir.iterdir())
-    assert names == ["first_call_vs_steady.png", "history.png", "index.html", "occupancy_vs_packing.png",
-                     "quality_vs_throughput.png", "stage_breakdown.png"]
+    assert names == [
+        "first_call_vs_steady.png",
+        "history.png",
+        "index.html",
+        "occupancy_vs_packing.png",
+        "quality_vs_throughput.png",
+        "stage_breakdown.png",
+    ]
     for png in dashboard_dir.glob("*.png"):  # a chart without data still draws its note
         assert non_blank_fraction(png.read_bytes()) > 0.002, png.name
     for name in DATA_CHARTS:

@@ -12,13 +12,26 @@ from tasks.tracking import RunRecord
 
 
 def _run(i: int, p50: float, p99: float, scenario: str = "single_stream") -> RunRecord:
-    m = {"e2e.predict.rows_per_s": 100.0, "latency.requests": 50.0, "latency.request_ms.p50": p50,
-         "latency.request_ms.p90": p50 * 1.5, "latency.request_ms.p99": p99,
-         "latency.request_ms.max": p99 * 1.2, "latency.first_request_ms": 90.0}
-    return RunRecord(f"run{i:02d}", "r", "e", "FINISHED", 1_000 * i, 1_000 * i + 1, m,
-                     {"run.scenario": scenario, "run.request.latency_bound_ms": "20"},
-                     {"relflow.host_fingerprint": "h", "relflow.spec_hash": "s",
-                      "relflow.validity": "VALID"})
+    m = {
+        "e2e.predict.rows_per_s": 100.0,
+        "latency.requests": 50.0,
+        "latency.request_ms.p50": p50,
+        "latency.request_ms.p90": p50 * 1.5,
+        "latency.request_ms.p99": p99,
+        "latency.request_ms.max": p99 * 1.2,
+        "latency.first_request_ms": 90.0,
+    }
+    return RunRecord(
+        f"run{i:02d}",
+        "r",
+        "e",
+        "FINISHED",
+        1_000 * i,
+        1_000 * i + 1,
+        m,
+        {"run.scenario": scenario, "run.request.latency_bound_ms": "20"},
+        {"relflow.host_fingerprint": "h", "relflow.spec_hash": "s", "relflow.validity": "VALID"},
+    )
 
 
 def test_compare_shows_latency_lower_is_better():

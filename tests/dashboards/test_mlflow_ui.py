@@ -32,8 +32,13 @@ def mlflow_ui(bench_runs, tmp_path_factory):
     log = tmp_path_factory.mktemp("ui") / "ui.out"
     env = {**os.environ, "MLFLOW_TRACKING_URI": bench_runs.uri}
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=bench_runs.folder,
-                                env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "ui", "--port", str(port)],
+            cwd=bench_runs.folder,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300  # a busy 2-core machine takes a minute to start it

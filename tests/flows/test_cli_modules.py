@@ -29,7 +29,10 @@ def test_no_cli_module_imports_the_app_and_common_imports_no_command():
 def test_no_private_names_cross_module_boundaries():
     for path in FLOWS.glob("cli*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
-                    "flows", "tasks", "dashboards", "model"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.split(".")[0] in ("flows", "tasks", "dashboards", "model")
+            ):
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 assert not private, f"{path.name} imports {private} from {node.module}"

@@ -16,10 +16,18 @@ from tasks.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-SMALL = ["model.d_model=16", "model.layers=1", "model.heads=2", "run.epochs=1",
-         "run.batch_size=512", "run.device=cpu", "run.min_steady_batches=0",
-         "run.min_steady_seconds=0", "run.system_metrics_interval_s=0",
-         "task.outputs=[prediction, 'topk:2']"]
+SMALL = [
+    "model.d_model=16",
+    "model.layers=1",
+    "model.heads=2",
+    "run.epochs=1",
+    "run.batch_size=512",
+    "run.device=cpu",
+    "run.min_steady_batches=0",
+    "run.min_steady_seconds=0",
+    "run.system_metrics_interval_s=0",
+    "task.outputs=[prediction, 'topk:2']",
+]
 REQUESTS = ["run.request.min_requests=12", "run.request.min_duration_s=0", "run.request.roots=2"]
 
 
@@ -47,14 +55,22 @@ def runs(prefect_harness, postgres_server, tpch_small, tmp_path_factory):
 
         trained = go("parquet", [])
         ckpt = trained["checkpoint_path"]
-        predict = ["run.mode=predict", f"run.checkpoint={ckpt}",
-                   f"source.database.url={postgres_server.url}"]
+        predict = ["run.mode=predict", f"run.checkpoint={ckpt}", f"source.database.url={postgres_server.url}"]
         go("pg_offline", predict)
         go("pg_single", predict + ["run.scenario=single_stream", *REQUESTS])
-        go("server", ["run.mode=predict", f"run.checkpoint={ckpt}", "run.scenario=server",
-                      "run.request.target_qps=200", "run.request.max_batch=4",
-                      "run.request.max_wait_ms=5", "run.request.latency_bound_ms=0.001",
-                      *REQUESTS])
+        go(
+            "server",
+            [
+                "run.mode=predict",
+                f"run.checkpoint={ckpt}",
+                "run.scenario=server",
+                "run.request.target_qps=200",
+                "run.request.max_batch=4",
+                "run.request.max_wait_ms=5",
+                "run.request.latency_bound_ms=0.001",
+                *REQUESTS,
+            ],
+        )
     return out, uri
 
 

@@ -13,9 +13,18 @@ from tasks.spec import load_spec
 from tasks.tracking import search_runs
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["model.d_model=16", "model.layers=1", "model.heads=2", "run.epochs=1", "run.batch_size=512",
-         "run.device=cpu", "run.profile=true", "run.profile_batches=2", "run.warmup_batches=1",
-         "run.system_metrics_interval_s=0"]
+SMALL = [
+    "model.d_model=16",
+    "model.layers=1",
+    "model.heads=2",
+    "run.epochs=1",
+    "run.batch_size=512",
+    "run.device=cpu",
+    "run.profile=true",
+    "run.profile_batches=2",
+    "run.warmup_batches=1",
+    "run.system_metrics_interval_s=0",
+]
 
 
 @pytest.mark.slow
@@ -39,11 +48,14 @@ def test_profiled_run_logs_mfu_profile_and_thread_tags(prefect_harness, tpch_sma
     assert tags["relflow.threads.set_by_harness"] == "false"
     assert int(tags["relflow.threads.intra_op"]) >= 1 and "relflow.env.OMP_NUM_THREADS" in tags
     names = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
-    assert {"profile/trace_train.json", "profile/trace_predict.json", "profile/top_ops.json",
-            "profile/top_ops.md"} <= names
+    assert {
+        "profile/trace_train.json",
+        "profile/trace_predict.json",
+        "profile/top_ops.json",
+        "profile/top_ops.md",
+    } <= names
     assert set(summary["profile"]) == {"train", "predict"} and summary["profile"]["predict"]
     records = search_runs(spec.name, uri=uri)
     assert [r.run_id for r in records] == [summary["run_id"]]
     assert select_history_runs(records, host_fingerprint=None, spec_hash=None)[0] == []
-    assert select_history_runs(records, host_fingerprint=None, spec_hash=None,
-                               include_profiled=True)[0] == records
+    assert select_history_runs(records, host_fingerprint=None, spec_hash=None, include_profiled=True)[0] == records

@@ -16,16 +16,22 @@ SPEC = Path(__file__).resolve().parents[2] / "benchmarks" / "tpch_orders.yaml"
 def test_a_configuration_written_as_yaml_keeps_its_spec_hash():
     """Resuming finds a configuration's child by spec hash: the child must log the same one."""
     base = load_spec(SPEC, ["run.learning_rate=0.0003", "lineitem.max_length=4"])
-    configs = expand(base, {"run.batch_size": [64, 256], "run.packing": ["auto", "off"],
-                            "run.compile.encoders": [False, True]})
+    configs = expand(
+        base, {"run.batch_size": [64, 256], "run.packing": ["auto", "off"], "run.compile.encoders": [False, True]}
+    )
     for c in configs:
         again = parse_spec(yaml.safe_load(yaml.safe_dump(c.spec, sort_keys=False)))
         assert again.spec_hash == c.spec_hash
 
 
 def test_command_is_a_standalone_run_with_parent_and_tags(tmp_path):
-    cmd = run_command(tmp_path / "c.yaml", "/data/specs", "abc123", {"relflow.sweep.run.packing": "off",
-                                                                    "k": "a=b"}, tmp_path / "c.json")
+    cmd = run_command(
+        tmp_path / "c.yaml",
+        "/data/specs",
+        "abc123",
+        {"relflow.sweep.run.packing": "off", "k": "a=b"},
+        tmp_path / "c.json",
+    )
     assert cmd[1:4] == ["-m", "flows.cli", "run"]
     assert cmd[cmd.index("--spec-dir") + 1] == "/data/specs"
     assert cmd[cmd.index("--parent-run") + 1] == "abc123"

@@ -30,17 +30,30 @@ from pgserver import private_dir, running_postgres, running_prefect_server
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 # predict mode (untrained weights): this test is about where runs go, not about quality
-SMALL = ["model.d_model=8", "model.heads=2", "model.layers=1", "run.batch_size=2048", "lineitem.max_length=2",
-         "run.mode=predict",
-         "run.min_steady_batches=0", "run.min_steady_seconds=0", "run.system_metrics_interval_s=0"]
+SMALL = [
+    "model.d_model=8",
+    "model.heads=2",
+    "model.layers=1",
+    "run.batch_size=2048",
+    "lineitem.max_length=2",
+    "run.mode=predict",
+    "run.min_steady_batches=0",
+    "run.min_steady_seconds=0",
+    "run.system_metrics_interval_s=0",
+]
 POOL = "relflow-hosts"
 
 
 def _worker(name: str, env: dict[str, str], tmp: Path) -> subprocess.Popen:
     with open(tmp / f"worker-{name}.log", "w") as log:  # the child keeps its own descriptor
-        return subprocess.Popen(["prefect", "worker", "start", "--pool", POOL, "--name", name, "--limit", "1",
-                                 "--type", "process"], env=dict(env, RELFLOW_LOCK_FILE=str(tmp / f"{name}.lock")),
-                                cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            ["prefect", "worker", "start", "--pool", POOL, "--name", name, "--limit", "1", "--type", "process"],
+            env=dict(env, RELFLOW_LOCK_FILE=str(tmp / f"{name}.lock")),
+            cwd=tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -56,10 +69,12 @@ def _stop(proc: subprocess.Popen) -> None:
 def _children(client: MlflowClient, seeds: set[str]) -> list:
     exp = client.get_experiment_by_name("tpch-orders")
     runs = client.search_runs([exp.experiment_id]) if exp else []
-    return [r for r in runs if r.data.tags.get("relflow.sweep.role") == "child"
-            and r.data.params.get("run.seed") in seeds]
+    return [
+        r for r in runs if r.data.tags.get("relflow.sweep.role") == "child" and r.data.params.get("run.seed") in seeds
+    ]
 
 
+@pytest.mark.unverified
 @pytest.mark.slow
 def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
     with ExitStack() as stack:
@@ -72,13 +87,29 @@ def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
         from pgserver import create_database
 
         create_database(pg, "prefect")
-        api = stack.enter_context(running_prefect_server(tmp_path / "prefect", env={
-            "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", driver="postgresql+asyncpg")}))
-        env = dict(os.environ, PREFECT_API_URL=api, PREFECT_HOME=str(tmp_path / "client-home"),
-                   MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(REPO), PREFECT_WORKER_QUERY_SECONDS="2",
-                   PREFECT_WORKER_HEARTBEAT_SECONDS="10", PREFECT_LOGGING_LEVEL="INFO")
-        made = subprocess.run(["prefect", "work-pool", "create", POOL, "--type", "process"], env=env,
-                              capture_output=True, text=True, timeout=120)
+        api = stack.enter_context(
+            running_prefect_server(
+                tmp_path / "prefect",
+                env={"PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", driver="postgresql+asyncpg")},
+            )
+        )
+        env = dict(
+            os.environ,
+            PREFECT_API_URL=api,
+            PREFECT_HOME=str(tmp_path / "client-home"),
+            MLFLOW_TRACKING_URI=uri,
+            PYTHONPATH=str(REPO),
+            PREFECT_WORKER_QUERY_SECONDS="2",
+            PREFECT_WORKER_HEARTBEAT_SECONDS="10",
+            PREFECT_LOGGING_LEVEL="INFO",
+        )
+        made = subprocess.run(
+            ["prefect", "work-pool", "create", POOL, "--type", "process"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert made.returncode == 0, made.stdout + made.stderr
         workers = {n: _worker(n, env, tmp_path) for n in ("host-a", "host-b")}
         for w in workers.values():
@@ -86,9 +117,26 @@ def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
         sets = [a for o in SMALL for a in ("--set", o)]
 
         def sweep(seeds: str, **kw) -> subprocess.Popen:
-            return subprocess.Popen([sys.executable, "-m", "flows.cli", "sweep", str(SPEC), "--grid",
-                                     f"run.seed={seeds}", "--pool", POOL, *sets], env=env, cwd=tmp_path,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "flows.cli",
+                    "sweep",
+                    str(SPEC),
+                    "--grid",
+                    f"run.seed={seeds}",
+                    "--pool",
+                    POOL,
+                    *sets,
+                ],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                **kw,
+            )
 
         # 1. four configurations over two hosts
         first = sweep("0,1,2,3")
@@ -105,8 +153,11 @@ def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
         second = sweep("10,11,12,13")
         deadline = time.monotonic() + 900
         while True:
-            busy = [k for k in _children(client, {"10", "11", "12", "13"})
-                    if k.info.status == "RUNNING" and k.data.tags.get("relflow.worker") == "host-b"]
+            busy = [
+                k
+                for k in _children(client, {"10", "11", "12", "13"})
+                if k.info.status == "RUNNING" and k.data.tags.get("relflow.worker") == "host-b"
+            ]
             if busy:
                 break
             assert second.poll() is None and time.monotonic() < deadline, "host-b never ran a configuration"

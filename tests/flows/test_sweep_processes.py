@@ -28,8 +28,14 @@ from mlflow.tracking import MlflowClient
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-GRID = ["--grid", "run.batch_size=64,256", "--grid", "run.packing=auto,off",
-        "--grid", "run.compile.encoders=false,true"]
+GRID = [
+    "--grid",
+    "run.batch_size=64,256",
+    "--grid",
+    "run.packing=auto,off",
+    "--grid",
+    "run.compile.encoders=false,true",
+]
 SHRINK = ["run.epochs=1", "run.system_metrics_interval_s=0", "source.generate.tpch.scale=0.002"]
 # (batch_size, packing, compile.encoders) compared with standalone runs: the padded + compiled
 # configuration that used to fail, and an eager one.
@@ -38,12 +44,16 @@ FIRST_CALL_NOISE = 3.0
 
 
 def _env(folder: Path, cache: str) -> dict[str, str]:
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'mlflow.db'}",
-               PREFECT_HOME=str(folder / "prefect-home"), COLUMNS="200",
-               TORCHINDUCTOR_CACHE_DIR=str(folder / cache),
-               # a busy shared host can take minutes to start Prefect's temporary server
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'mlflow.db'}",
+        PREFECT_HOME=str(folder / "prefect-home"),
+        COLUMNS="200",
+        TORCHINDUCTOR_CACHE_DIR=str(folder / cache),
+        # a busy shared host can take minutes to start Prefect's temporary server
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     env.pop("PREFECT_API_URL", None)  # as a user runs it: Prefect's temporary server
     return env
 
@@ -55,9 +65,14 @@ def _sets(items: list[str]) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.unverified
 def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(tmp_path):
-    sweep = subprocess.run([sys.executable, "-m", "flows.cli", "sweep", str(SPEC), *GRID, *_sets(SHRINK)],
-                           cwd=tmp_path, env=_env(tmp_path, "inductor-sweep"), capture_output=True,
-                           text=True, timeout=3600)
+    sweep = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "sweep", str(SPEC), *GRID, *_sets(SHRINK)],
+        cwd=tmp_path,
+        env=_env(tmp_path, "inductor-sweep"),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     print(sweep.stdout)
     assert sweep.returncode == 0, sweep.stderr[-4000:] + sweep.stdout[-4000:]
     assert "8 ran, 0 skipped (FINISHED before), 0 failed" in " ".join(sweep.stdout.split())
@@ -69,25 +84,44 @@ def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(t
     assert len({c.data.metrics["harness.timed_region_start_unix_s"] for c in children}) == 8
 
     def child(batch: int, packing: str, enc: bool):
-        return next(c for c in children if c.data.params["run.batch_size"] == str(batch)
-                    and c.data.params["run.packing"] == packing
-                    and c.data.params["run.compile.encoders"] == str(enc))
+        return next(
+            c
+            for c in children
+            if c.data.params["run.batch_size"] == str(batch)
+            and c.data.params["run.packing"] == packing
+            and c.data.params["run.compile.encoders"] == str(enc)
+        )
 
     rows = []
     for i, (batch, packing, enc) in enumerate(COMPARED):
-        sets = [*SHRINK, f"run.batch_size={batch}", f"run.packing={packing}",
-                f"run.compile.encoders={str(enc).lower()}"]
+        sets = [
+            *SHRINK,
+            f"run.batch_size={batch}",
+            f"run.packing={packing}",
+            f"run.compile.encoders={str(enc).lower()}",
+        ]
         out = tmp_path / f"standalone-{i}.json"
-        alone = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(SPEC), "--json", str(out),
-                                *_sets(sets)], cwd=tmp_path, env=_env(tmp_path, f"inductor-alone-{i}"),
-                               capture_output=True, text=True, timeout=1800)
+        alone = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "run", str(SPEC), "--json", str(out), *_sets(sets)],
+            cwd=tmp_path,
+            env=_env(tmp_path, f"inductor-alone-{i}"),
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         assert alone.returncode == 0, alone.stderr[-4000:]
         s = json.loads(out.read_text())["metrics"]
         c = child(batch, packing, enc).data.metrics
         assert c.get("compute.recompiles", 0) == s.get("compute.recompiles", 0) == 0
         rows.append((f"batch_size={batch} packing={packing} encoders={enc}", c, s))
-    keys = ["memory.host_peak_bytes", "compute.first_call_seconds", "compute.train.first_call_seconds",
-            "compute.steady_rows_per_s", "compute.recompiles", "compute.train.recompiles"]
+    keys = [
+        "memory.host_peak_bytes",
+        "compute.first_call_seconds",
+        "compute.train.first_call_seconds",
+        "compute.steady_rows_per_s",
+        "compute.recompiles",
+        "compute.train.recompiles",
+    ]
     print(f"{'configuration':<45} {'metric':<34} {'sweep child':>14} {'standalone':>14} {'ratio':>7}")
     for label, c, s in rows:
         for k in keys:

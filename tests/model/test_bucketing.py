@@ -101,8 +101,7 @@ def test_trimmed_batches_match_the_padded_batch_at_present_rows(schema, chunk, p
     for k in outputs:
         got = restore_order(torch.cat(parts[k]), ran)
         node = output_node(k, schema)
-        mask = torch.ones(40, dtype=torch.bool) if node is None or node == "customer" else \
-            chunk.nodes[node].present
+        mask = torch.ones(40, dtype=torch.bool) if node is None or node == "customer" else chunk.nodes[node].present
         assert got.shape == full[k].shape
         torch.testing.assert_close(got[mask], full[k][mask], atol=1e-5, rtol=1e-4)
 

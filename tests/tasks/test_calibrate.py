@@ -15,8 +15,9 @@ def test_ece_and_brier_by_hand():
     labels = torch.tensor([0, 1])
     # bin of 0.9: right, gap 0.1; bin of 0.6: wrong, gap 0.6 -> (0.1 + 0.6) / 2
     assert calibrate.ece(probs, labels) == pytest.approx(0.35)
-    assert calibrate.brier(torch.tensor([[0.2, 0.7, 0.1]], dtype=torch.float64),
-                           torch.tensor([1])) == pytest.approx(0.04 + 0.09 + 0.01)
+    assert calibrate.brier(torch.tensor([[0.2, 0.7, 0.1]], dtype=torch.float64), torch.tensor([1])) == pytest.approx(
+        0.04 + 0.09 + 0.01
+    )
     # binary: the usual (p - y)^2 of the positive class
     assert calibrate.brier(probs, labels) == pytest.approx((0.1**2 + 0.6**2) / 2)
 

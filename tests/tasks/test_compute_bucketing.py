@@ -30,22 +30,28 @@ def varied_tables(n: int = 48, seed: int = 0) -> dict[str, pa.Table]:
     o_id = np.arange(1, cust.size + 1)
     n_lines = rng.integers(1, 4, size=o_id.size)
     return {
-        "customers": pa.table({
-            "c_id": pa.array(np.arange(1, n + 1), pa.int64()),
-            "c_balance": rng.normal(size=n),
-            "churn": pa.array(rng.choice(["yes", "no"], size=n)),
-        }),
-        "orders": pa.table({
-            "o_id": pa.array(o_id, pa.int64()),
-            "o_cust": pa.array(cust, pa.int64()),
-            "o_total": rng.normal(size=o_id.size),
-            "o_status": pa.array(rng.choice(["open", "done", None], size=o_id.size)),
-        }),
-        "lines": pa.table({
-            "l_order": pa.array(np.repeat(o_id, n_lines), pa.int64()),
-            "l_no": pa.array(np.concatenate([np.arange(k) for k in n_lines]), pa.int64()),
-            "l_qty": rng.normal(size=int(n_lines.sum())),
-        }),
+        "customers": pa.table(
+            {
+                "c_id": pa.array(np.arange(1, n + 1), pa.int64()),
+                "c_balance": rng.normal(size=n),
+                "churn": pa.array(rng.choice(["yes", "no"], size=n)),
+            }
+        ),
+        "orders": pa.table(
+            {
+                "o_id": pa.array(o_id, pa.int64()),
+                "o_cust": pa.array(cust, pa.int64()),
+                "o_total": rng.normal(size=o_id.size),
+                "o_status": pa.array(rng.choice(["open", "done", None], size=o_id.size)),
+            }
+        ),
+        "lines": pa.table(
+            {
+                "l_order": pa.array(np.repeat(o_id, n_lines), pa.int64()),
+                "l_no": pa.array(np.concatenate([np.arange(k) for k in n_lines]), pa.int64()),
+                "l_qty": rng.normal(size=int(n_lines.sum())),
+            }
+        ),
     }
 
 
@@ -55,20 +61,43 @@ def varied_spec() -> dict:
         "source": {"tables": {t: f"{t}.parquet" for t in ("customers", "orders", "lines")}},
         "schema": {
             "root": {"table": "customers", "key": "c_id", "columns": {"c_balance": "numeric"}},
-            "branches": [{
-                "name": "orders", "table": "orders", "parent_key": "o_cust", "key": "o_id",
-                "order_by": {"column": "o_id"}, "max_length": 6, "reduce": "attention",
-                "columns": {"o_total": "numeric", "o_status": "category"},
-                "branches": [{"name": "lines", "table": "lines", "parent_key": "l_order",
-                              "order_by": {"column": "l_no"}, "max_length": 4,
-                              "columns": {"l_qty": "numeric"}}],
-            }],
+            "branches": [
+                {
+                    "name": "orders",
+                    "table": "orders",
+                    "parent_key": "o_cust",
+                    "key": "o_id",
+                    "order_by": {"column": "o_id"},
+                    "max_length": 6,
+                    "reduce": "attention",
+                    "columns": {"o_total": "numeric", "o_status": "category"},
+                    "branches": [
+                        {
+                            "name": "lines",
+                            "table": "lines",
+                            "parent_key": "l_order",
+                            "order_by": {"column": "l_no"},
+                            "max_length": 4,
+                            "columns": {"l_qty": "numeric"},
+                        }
+                    ],
+                }
+            ],
         },
-        "task": {"target": "churn", "kind": "category",
-                 "outputs": ["prediction", "root_embedding", "branch_embedding:lines", "leaf:lines"]},
+        "task": {
+            "target": "churn",
+            "kind": "category",
+            "outputs": ["prediction", "root_embedding", "branch_embedding:lines", "leaf:lines"],
+        },
         "model": {"d_model": 8, "layers": 1, "heads": 2},
-        "run": {"batch_size": 8, "epochs": 1, "warmup_batches": 0, "device": "cpu", "packing": "off",
-                "bucket_count": 3},
+        "run": {
+            "batch_size": 8,
+            "epochs": 1,
+            "warmup_batches": 0,
+            "device": "cpu",
+            "packing": "off",
+            "bucket_count": 3,
+        },
     }
 
 
@@ -100,10 +129,10 @@ def present_mask(out, name: str, engine: Engine) -> torch.Tensor:
 @pytest.mark.parametrize("packing", ["off", "auto"])
 @pytest.mark.parametrize("workers", [0, 1])
 def test_bucketing_keeps_predictions_and_key_order(varied, packing, workers):
-    off_engine, off_tz, off = run_predict(varied_spec(), varied, packing=packing,
-                                          loader={"num_workers": workers})
-    on_engine, on_tz, on = run_predict(varied_spec(), varied, packing=packing, bucketing="by_length",
-                                       loader={"num_workers": workers})
+    off_engine, off_tz, off = run_predict(varied_spec(), varied, packing=packing, loader={"num_workers": workers})
+    on_engine, on_tz, on = run_predict(
+        varied_spec(), varied, packing=packing, bucketing="by_length", loader={"num_workers": workers}
+    )
     assert on_tz.keys.equals(off_tz.keys)  # outputs align with the same keys, in key order
     for name in off.tensors:
         assert on.tensors[name].shape == off.tensors[name].shape
@@ -151,8 +180,9 @@ def test_compiled_bucketing_bounds_shapes_and_recompiles(varied):
     """Compiled regions pad to the bucket's longest context: at most bucket_count shapes, and
     a second predict pass over the same chunk compiles nothing new."""
     torch._dynamo.reset()
-    engine, tz, _ = run_predict(varied_spec(), varied, bucketing="by_length", bucket_count=2,
-                                compile={"encoders": True, "pools": True})
+    engine, tz, _ = run_predict(
+        varied_spec(), varied, bucketing="by_length", bucket_count=2, compile={"encoders": True, "pools": True}
+    )
     assert 1 <= len(engine.batch_shapes) <= 2
     after_first = compiled_frames()
     engine.predict(tz, ("prediction",))

@@ -24,9 +24,9 @@ from tasks.spec import PANDAS_NULL_VALUES, parse_spec
 
 PEOPLE = (
     "id;balance;segment;since;churn\n"
-    "1;10.5;\"north\nside\";2020-01-01;yes\n"
+    '1;10.5;"north\nside";2020-01-01;yes\n'
     "2;NA;south;NA;no\n"
-    "3;N/A;\"a;b\";2021-06-01;no\n"
+    '3;N/A;"a;b";2021-06-01;no\n'
     "4;-2;NULL;;yes\n"
     "5;;south;2022-12-31;no\n"
 )
@@ -46,11 +46,21 @@ def _spec(csv: dict | None = None, **columns) -> dict:
         "name": "people",
         "source": {"tables": {"people": "people.csv", "visits": "visits.csv"}},
         "schema": {
-            "root": {"table": "people", "key": "id",
-                     "columns": {"balance": "numeric", "segment": "category", "since": "timestamp"}},
-            "branches": [{"name": "visits", "table": "visits", "parent_key": "person",
-                          "max_length": 64, "overflow": "keep_last",
-                          "columns": {"at": "timestamp", "amount": "numeric", **columns}}],
+            "root": {
+                "table": "people",
+                "key": "id",
+                "columns": {"balance": "numeric", "segment": "category", "since": "timestamp"},
+            },
+            "branches": [
+                {
+                    "name": "visits",
+                    "table": "visits",
+                    "parent_key": "person",
+                    "max_length": 64,
+                    "overflow": "keep_last",
+                    "columns": {"at": "timestamp", "amount": "numeric", **columns},
+                }
+            ],
         },
         "task": {"target": "churn", "kind": "category"},  # keys 1-5 all train at 0.2
         "model": {"d_model": 8, "layers": 1, "heads": 2},
@@ -97,8 +107,7 @@ def test_na_markers_separator_and_quoted_newline_arrive_in_the_tensors(messy, pr
     assert root.continuous_null[:, bal].tolist() == [False, True, True, False, True]
     assert raw(root, bal, "root.balance")[[0, 3]].tolist() == pytest.approx([10.5, -2.0], abs=1e-5)
     assert root.continuous_null[:, since].tolist() == [False, True, False, True, False]
-    days = [(dt.date.fromisoformat(d) - dt.date(1970, 1, 1)).days
-            for d in ("2020-01-01", "2021-06-01", "2022-12-31")]
+    days = [(dt.date.fromisoformat(d) - dt.date(1970, 1, 1)).days for d in ("2020-01-01", "2021-06-01", "2022-12-31")]
     assert raw(root, since, "root.since")[[0, 2, 4]].tolist() == pytest.approx(days, abs=1e-3)
     assert (root.continuous[root.continuous_null] == 0).all()
 
@@ -144,8 +153,15 @@ def test_a_marker_outside_null_values_is_named_with_its_key(messy):
     with pytest.raises(UserError) as err:
         check_sources(spec, resolve_sources(spec, messy))
     msg = str(err.value)
-    for part in ("'balance'", "table 'people'", "people.csv", "'?'", "data row 2",
-                 "source.csv.null_values", "schema.root.columns.balance"):
+    for part in (
+        "'balance'",
+        "table 'people'",
+        "people.csv",
+        "'?'",
+        "data row 2",
+        "source.csv.null_values",
+        "schema.root.columns.balance",
+    ):
         assert part in msg, (part, msg)
     spec = parse_spec(_spec({"separator": ";", "null_values": [*PANDAS_NULL_VALUES, "?"]}))
     check_sources(spec, resolve_sources(spec, messy))  # the fix the message names works
@@ -153,13 +169,20 @@ def test_a_marker_outside_null_values_is_named_with_its_key(messy):
 
 def test_a_late_misfit_with_a_short_inference_window_fails_up_front(messy):
     spec = parse_spec(_spec({"separator": ";", "infer_schema_rows": 3}))
-    (messy / "visits.csv").write_text(VISITS_HEAD + "1;2024-01-01;1\n2;2024-01-02;2\n1;2024-01-03;3\n"
-                                      "1;2024-01-04;oops\n")
+    (messy / "visits.csv").write_text(
+        VISITS_HEAD + "1;2024-01-01;1\n2;2024-01-02;2\n1;2024-01-03;3\n1;2024-01-04;oops\n"
+    )
     with pytest.raises(UserError) as err:
         check_sources(spec, resolve_sources(spec, messy))
     msg = str(err.value)
-    for part in ("Table 'visits'", "visits.csv", "column 'amount'", "'oops'", "source.csv.null_values",
-                 "source.csv.infer_schema_rows"):
+    for part in (
+        "Table 'visits'",
+        "visits.csv",
+        "column 'amount'",
+        "'oops'",
+        "source.csv.null_values",
+        "source.csv.infer_schema_rows",
+    ):
         assert part in msg, (part, msg)
 
 
@@ -185,7 +208,7 @@ def test_encoding_is_named_and_a_codec_reads_the_file(tmp_path):
 
 
 def test_unclosed_quote_names_quote_char(tmp_path):
-    (tmp_path / "people.csv").write_text(PEOPLE.replace("\"a;b\"", "\"a;b"))
+    (tmp_path / "people.csv").write_text(PEOPLE.replace('"a;b"', '"a;b'))
     (tmp_path / "visits.csv").write_text(_visits())
     spec = parse_spec(_spec({"separator": ";"}))
     with pytest.raises(UserError, match=r"Table 'people'.*source\.csv\.quote_char"):
@@ -196,8 +219,11 @@ def test_no_header_names_columns_by_position(tmp_path):
     (tmp_path / "people.csv").write_text(PEOPLE.split("\n", 1)[1])
     (tmp_path / "visits.csv").write_text(_visits().split("\n", 1)[1])
     raw = _spec({"separator": ";", "has_header": False})
-    raw["schema"]["root"] = {"table": "people", "key": "column_1",
-                             "columns": {"column_2": "numeric", "column_4": "timestamp"}}
+    raw["schema"]["root"] = {
+        "table": "people",
+        "key": "column_1",
+        "columns": {"column_2": "numeric", "column_4": "timestamp"},
+    }
     raw["schema"]["branches"][0].update(parent_key="column_1", columns={"column_3": "numeric"})
     raw["task"]["target"] = "column_5"
     spec = parse_spec(raw)
@@ -219,14 +245,17 @@ def test_decimal_comma(tmp_path):
     assert got.tables[ROOT]["balance"].to_pylist() == [10.5]
 
 
-@pytest.mark.parametrize(("csv", "key"), [
-    ({"separator": ";;"}, "source.csv.separator"),
-    ({"quote_char": "''"}, "source.csv.quote_char"),
-    ({"encoding": "klingon"}, "source.csv.encoding"),
-    ({"infer_schema_rows": 0}, "source.csv.infer_schema_rows"),
-    ({"decimal_comma": True}, "decimal_comma"),
-    ({"nul_values": []}, "source.csv.nul_values"),
-])
+@pytest.mark.parametrize(
+    ("csv", "key"),
+    [
+        ({"separator": ";;"}, "source.csv.separator"),
+        ({"quote_char": "''"}, "source.csv.quote_char"),
+        ({"encoding": "klingon"}, "source.csv.encoding"),
+        ({"infer_schema_rows": 0}, "source.csv.infer_schema_rows"),
+        ({"decimal_comma": True}, "decimal_comma"),
+        ({"nul_values": []}, "source.csv.nul_values"),
+    ],
+)
 def test_bad_csv_settings_name_the_key(csv, key):
     with pytest.raises(UserError, match=key.replace(".", r"\.")):
         parse_spec(_spec(csv))

@@ -21,7 +21,8 @@ from tasks.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RUN_NOTE_TAG, T
 
 def test_redact_url_drops_only_the_password():
     assert redact_url("postgresql://bench:s3cret@db.local:5433/tpch?sslmode=require") == (
-        "postgresql://bench@db.local:5433/tpch?sslmode=require")
+        "postgresql://bench@db.local:5433/tpch?sslmode=require"
+    )
     assert redact_url("duckdb:///data/x.duckdb") == "duckdb:///data/x.duckdb"
     assert "s3cret" not in redact_url("postgresql://:s3cret@h/db")
 
@@ -34,7 +35,8 @@ def test_every_experiment_is_a_model_development_experiment(mlflow_uri):
     Tracker("made-elsewhere")
     assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
     assert runs_page("http://127.0.0.1:5000/", old) == (
-        f"http://127.0.0.1:5000/#/experiments/{old}/runs?workflowType=machine_learning")
+        f"http://127.0.0.1:5000/#/experiments/{old}/runs?workflowType=machine_learning"
+    )
 
 
 def test_dataset_inputs_name_source_digest_and_schema(mlflow_uri, shop_spec, shop_files):
@@ -43,8 +45,14 @@ def test_dataset_inputs_name_source_digest_and_schema(mlflow_uri, shop_spec, sho
     infos = describe_sources(spec, sources)
     tracker = Tracker("shop")
     run_id = tracker.start("r", {})
-    tracker.log_datasets([*infos, infos[0].__class__("remote", redact_url("postgresql://u:pw@h/db"),
-                                                     "d1", pa.schema([("x", pa.int64())]), "predict")])
+    tracker.log_datasets(
+        [
+            *infos,
+            infos[0].__class__(
+                "remote", redact_url("postgresql://u:pw@h/db"), "d1", pa.schema([("x", pa.int64())]), "predict"
+            ),
+        ]
+    )
     tracker.finish()
     inputs = {d.dataset.name: d for d in MlflowClient(mlflow_uri).get_run(run_id).inputs.dataset_inputs}
     assert set(inputs) == {"customers", "orders", "lines", "remote"}
@@ -106,13 +114,19 @@ def engine_exp(uri: str) -> str:
 
 
 def test_run_description_holds_the_stage_table_and_verdict(mlflow_uri):
-    table = [{"phase": "predict", "stage": s, "seconds": 0.5, "rows": 100, "rows_per_s": 200.0, "share": 0.2}
-             for s in STAGES]
-    metrics = {"e2e.predict.seconds": 2.5, "e2e.predict.rows": 100, "e2e.predict.rows_per_s": 40.0,
-               "compute.steady_rows_per_s": 900.0, "compute.first_call_seconds": 0.25,
-               "quality.accuracy": 0.75, "memory.host_peak_bytes": 2**30}
-    md = run_description("shop", table, metrics, ["run.min_steady_batches 10 > 3 steady batches"],
-                         "accuracy", True)
+    table = [
+        {"phase": "predict", "stage": s, "seconds": 0.5, "rows": 100, "rows_per_s": 200.0, "share": 0.2} for s in STAGES
+    ]
+    metrics = {
+        "e2e.predict.seconds": 2.5,
+        "e2e.predict.rows": 100,
+        "e2e.predict.rows_per_s": 40.0,
+        "compute.steady_rows_per_s": 900.0,
+        "compute.first_call_seconds": 0.25,
+        "quality.accuracy": 0.75,
+        "memory.host_peak_bytes": 2**30,
+    }
+    md = run_description("shop", table, metrics, ["run.min_steady_batches 10 > 3 steady batches"], "accuracy", True)
     assert "**INVALID**: run.min_steady_batches 10 > 3" in md
     assert all(f"| predict | {s} | 0.500 |" in md for s in STAGES)
     assert "| **predict** | **end-to-end predict (headline)** | **2.500** | 100 |" in md
@@ -127,10 +141,16 @@ def test_run_description_holds_the_stage_table_and_verdict(mlflow_uri):
 
 @pytest.mark.parametrize("reasons", [[]])
 def test_a_valid_run_says_so(reasons):
-    table = [{"phase": "predict", "stage": s, "seconds": 1.0, "rows": 1, "rows_per_s": 1.0, "share": 0.2}
-             for s in STAGES]
-    metrics = {"e2e.predict.seconds": 5.0, "e2e.predict.rows": 1, "e2e.predict.rows_per_s": 0.2,
-               "compute.steady_rows_per_s": 1.0, "compute.first_call_seconds": 1.0,
-               "memory.host_peak_bytes": 0}
+    table = [
+        {"phase": "predict", "stage": s, "seconds": 1.0, "rows": 1, "rows_per_s": 1.0, "share": 0.2} for s in STAGES
+    ]
+    metrics = {
+        "e2e.predict.seconds": 5.0,
+        "e2e.predict.rows": 1,
+        "e2e.predict.rows_per_s": 0.2,
+        "compute.steady_rows_per_s": 1.0,
+        "compute.first_call_seconds": 1.0,
+        "memory.host_peak_bytes": 0,
+    }
     md = run_description("x", table, metrics, reasons, None, False)
     assert md.startswith("### x: **VALID**") and "quality" not in md

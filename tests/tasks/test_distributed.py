@@ -21,8 +21,17 @@ from tasks.records import PhaseTimings
 from tasks.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["model.d_model=8", "model.heads=2", "model.layers=1", "run.batch_size=256", "lineitem.max_length=2",
-         "run.min_steady_batches=0", "run.min_steady_seconds=0", "run.system_metrics_interval_s=0", "run.epochs=2"]
+SMALL = [
+    "model.d_model=8",
+    "model.heads=2",
+    "model.layers=1",
+    "run.batch_size=256",
+    "lineitem.max_length=2",
+    "run.min_steady_batches=0",
+    "run.min_steady_seconds=0",
+    "run.system_metrics_interval_s=0",
+    "run.epochs=2",
+]
 
 
 def test_shards_are_disjoint_cover_every_key_and_are_stable():
@@ -65,15 +74,33 @@ def test_every_distributed_metric_key_is_catalogued():
 def _run(tmp: Path, name: str, *sets: str) -> dict:
     work = tmp / name
     work.mkdir()
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}", PYTHONPATH=str(REPO),
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600")  # a busy shared host starts it slowly
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", *(a for o in [*SMALL, *sets]
-                           for a in ("--set", o)), "--json", str(work / "s.json")],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=1500)
+    env = dict(
+        os.environ,
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}",
+        PYTHONPATH=str(REPO),
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",
+    )  # a busy shared host starts it slowly
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "run",
+            *(a for o in [*SMALL, *sets] for a in ("--set", o)),
+            "--json",
+            str(work / "s.json"),
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((work / "s.json").read_text())
 
 
+@pytest.mark.unverified
 @pytest.mark.slow
 def test_two_gloo_processes_train_like_one(tpch_small, tmp_path):
     from mlflow.tracking import MlflowClient
@@ -86,14 +113,21 @@ def test_two_gloo_processes_train_like_one(tpch_small, tmp_path):
     assert m2["compute.train.updates_per_epoch"] == pytest.approx(m1["compute.train.updates_per_epoch"], abs=2)
     assert abs(m2["quality.accuracy"] - m1["quality.accuracy"]) < 0.05, (m1["quality.accuracy"], m2["quality.accuracy"])
     assert m2["compute.train.processes"] == 2 and m2["compute.train.threads_per_process"] == 1
-    for key in ("compute.train.rank0.rows_per_s", "compute.train.rank1.rows_per_s", "compute.train.total_rows_per_s",
-                "compute.train.reference_rows_per_s", "compute.train.scaling_efficiency",
-                "compute.train.allreduce_seconds"):
+    for key in (
+        "compute.train.rank0.rows_per_s",
+        "compute.train.rank1.rows_per_s",
+        "compute.train.total_rows_per_s",
+        "compute.train.reference_rows_per_s",
+        "compute.train.scaling_efficiency",
+        "compute.train.allreduce_seconds",
+    ):
         assert m2[key] > 0, key
     assert m2["compute.train.total_rows_per_s"] == pytest.approx(
-        m2["compute.train.rank0.rows_per_s"] + m2["compute.train.rank1.rows_per_s"])
+        m2["compute.train.rank0.rows_per_s"] + m2["compute.train.rank1.rows_per_s"]
+    )
     assert m2["compute.train.scaling_efficiency"] == pytest.approx(
-        m2["compute.train.total_rows_per_s"] / (2 * m2["compute.train.reference_rows_per_s"]))
+        m2["compute.train.total_rows_per_s"] / (2 * m2["compute.train.reference_rows_per_s"])
+    )
     tags = client.get_run(two["run_id"]).data.tags
     rank_keys = [int(k) for k in tags["relflow.distributed.rank_root_keys"].split(",")]
     assert sum(rank_keys) == m2["data.rows_predicted"]  # every root key trained on exactly one rank

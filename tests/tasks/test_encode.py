@@ -41,8 +41,7 @@ def test_hashed_is_deterministic_normalised_and_similarity_aware():
 
 
 def test_nulls_stay_null_entries_and_empty_strings_are_values():
-    col = encode_column(pa.array([None, "", "a b", None], pa.string()),
-                        load_encoder("hashed", 8), 8)
+    col = encode_column(pa.array([None, "", "a b", None], pa.string()), load_encoder("hashed", 8), 8)
     assert pa.types.is_fixed_size_list(col.type) and col.type.list_size == 8
     assert col.is_null().to_pylist() == [True, False, False, True]
     empty, ab = (np.array(col[i].as_py()) for i in (1, 2))
@@ -60,11 +59,10 @@ def shop_text_spec(shop_spec: dict, **text) -> dict:
 @pytest.fixture
 def text_files(shop_tables, write_tables) -> Path:
     t = dict(shop_tables)
-    t["customers"] = t["customers"].append_column(
-        "c_note", pa.array(["loyal customer", "", None, "new", "late payer"]))
+    t["customers"] = t["customers"].append_column("c_note", pa.array(["loyal customer", "", None, "new", "late payer"]))
     lines = t["lines"]
     notes = ["fragile", None, "", "ok", "quick", "slow deposits", "x", "", "fine", None, "orphan"]
-    t["lines"] = lines.append_column("l_note", pa.array(notes[:lines.num_rows]))
+    t["lines"] = lines.append_column("l_note", pa.array(notes[: lines.num_rows]))
     return write_tables(t)
 
 
@@ -88,8 +86,9 @@ def test_text_cells_reach_the_model_with_nulls_and_empties_present(shop_spec, te
     lines = tz.batch.nodes["lines"]
     assert lines.text.shape == (5, 2, 3, 1, 8)
     # every present text cell was encoded (nulls included: they are present null cells)
-    assert int(lines.present.sum()) == int((lines.present.unsqueeze(-1) & (
-        lines.text_null | (lines.text.abs().sum(-1) > 0))).sum())
+    assert int(lines.present.sum()) == int(
+        (lines.present.unsqueeze(-1) & (lines.text_null | (lines.text.abs().sum(-1) > 0))).sum()
+    )
     assert encoded.cells >= 5 + int(lines.present.sum())
     engine = Engine(spec, schema, torch.device("cpu"), None, encoding=enc)
     engine.train(tz)
@@ -120,11 +119,14 @@ def test_plugin_encoder_is_loaded_by_import_path(shop_spec, text_files, tmp_path
     assert root.text_null[:, 0].tolist() == [False, False, True, False, False]
 
 
-@pytest.mark.parametrize("name, says", [
-    ("no_such_module_i13:encode", "cannot import module 'no_such_module_i13'"),
-    ("i13_plugin_encoder:missing", "has no attribute 'missing'"),
-    ("i13_plugin_encoder:wrong_width", "[2, 4]"),
-])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("no_such_module_i13:encode", "cannot import module 'no_such_module_i13'"),
+        ("i13_plugin_encoder:missing", "has no attribute 'missing'"),
+        ("i13_plugin_encoder:wrong_width", "[2, 4]"),
+    ],
+)
 def test_bad_encoder_paths_are_user_errors(name, says, tmp_path, monkeypatch):
     write_plugin(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -157,8 +159,14 @@ def test_cli_exits_2_for_a_bad_encoder_path_and_a_non_text_column(shop_spec, tex
             spec["run"]["text"]["encoder"] = value
         path = text_files / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(path)], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "run", str(path)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         text = proc.stdout + proc.stderr
         assert proc.returncode == 2, text
         assert ("nowhere_i13" if value else "c_balance") in text

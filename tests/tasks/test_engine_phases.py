@@ -33,33 +33,42 @@ def spec_raw(**run) -> dict:
         "name": "gen",
         "source": {"tables": {"customers": "c.parquet", "orders": "o.parquet"}},
         "schema": {
-            "root": {"table": "customers", "key": "c_id",
-                     "columns": {"c_balance": "numeric", "c_segment": "category"}},
-            "branches": [{"name": "orders", "table": "orders", "parent_key": "o_cust",
-                          "order_by": {"column": "o_date"}, "max_length": 2,
-                          "columns": {"o_total": "numeric"}}],
+            "root": {"table": "customers", "key": "c_id", "columns": {"c_balance": "numeric", "c_segment": "category"}},
+            "branches": [
+                {
+                    "name": "orders",
+                    "table": "orders",
+                    "parent_key": "o_cust",
+                    "order_by": {"column": "o_date"},
+                    "max_length": 2,
+                    "columns": {"o_total": "numeric"},
+                }
+            ],
         },
         "task": {"target": "churn", "kind": "category"},
         "model": {"d_model": 8, "layers": 1, "heads": 2},
-        "run": {"batch_size": 4, "epochs": 1, "warmup_batches": 1, "device": "cpu",
-                "packing": "off", **run},
+        "run": {"batch_size": 4, "epochs": 1, "warmup_batches": 1, "device": "cpu", "packing": "off", **run},
     }
 
 
 def tables(n: int, target_scale: float = 1.0) -> dict[str, pa.Table]:
     ids = list(range(1, n + 1))
-    customers = pa.table({
-        "c_id": pa.array(ids, pa.int64()),
-        "c_balance": pa.array([float(i % 7) for i in ids]),
-        "c_segment": pa.array(["abc"[i % 3] for i in ids]),
-        "churn": pa.array(["yes" if i % 2 else "no" for i in ids]),
-        "spend": pa.array([target_scale * (1000 + 37 * (i % 11)) for i in ids]),
-    })
-    orders = pa.table({
-        "o_cust": pa.array([i for i in ids for _ in range(2)], pa.int64()),
-        "o_date": pa.array([dt.datetime(2024, 1, 1 + k) for _ in ids for k in range(2)]),
-        "o_total": pa.array([float(i + k) for i in ids for k in range(2)]),
-    })
+    customers = pa.table(
+        {
+            "c_id": pa.array(ids, pa.int64()),
+            "c_balance": pa.array([float(i % 7) for i in ids]),
+            "c_segment": pa.array(["abc"[i % 3] for i in ids]),
+            "churn": pa.array(["yes" if i % 2 else "no" for i in ids]),
+            "spend": pa.array([target_scale * (1000 + 37 * (i % 11)) for i in ids]),
+        }
+    )
+    orders = pa.table(
+        {
+            "o_cust": pa.array([i for i in ids for _ in range(2)], pa.int64()),
+            "o_date": pa.array([dt.datetime(2024, 1, 1 + k) for _ in ids for k in range(2)]),
+            "o_total": pa.array([float(i + k) for i in ids for k in range(2)]),
+        }
+    )
     return {"customers": customers, "orders": orders}
 
 
@@ -146,9 +155,12 @@ def test_quality_rows_are_one_pass_not_multiplied_by_repeats():
 
 
 def test_compile_mode_options_and_adamw_keys_reach_the_model():
-    spec = parse_spec(spec_raw(compile={"encoders": True, "mode": "max-autotune-no-cudagraphs",
-                                        "options": {"epilogue_fusion": False}},
-                               adamw={"fused": False, "weight_decay": 0.2}))
+    spec = parse_spec(
+        spec_raw(
+            compile={"encoders": True, "mode": "max-autotune-no-cudagraphs", "options": {"epilogue_fusion": False}},
+            adamw={"fused": False, "weight_decay": 0.2},
+        )
+    )
     tz, enc, schema = chunk(spec, 12, train_rows=8)
     eng = engine_for(spec, tz, enc, schema)
     cs = eng.model.compile_settings
@@ -172,8 +184,9 @@ def test_train_predict_with_a_checkpoint_resumes_the_optimizer(tmp_path):
     resumed_spec = parse_spec({**spec_raw(checkpoint=str(path))})
     ck = load_run_checkpoint(path, resumed_spec)
     assert ck["optimizer"] is not None
-    second = engine_for(resumed_spec, tz, ck["encoding"], ck["schema"], state=ck["model"],
-                        optimizer_state=ck["optimizer"])
+    second = engine_for(
+        resumed_spec, tz, ck["encoding"], ck["schema"], state=ck["model"], optimizer_state=ck["optimizer"]
+    )
     second.train(tz)
     state = next(iter(second.optimizer.state.values()))
     assert int(state["step"]) == steps + second.train_timings.updates

@@ -14,13 +14,14 @@ REPO = Path(__file__).resolve().parents[2]
 def readme_block() -> list[str]:
     text = (REPO / "README.md").read_text()
     start, end = text.index(K.README_BEGIN), text.index(K.README_END)
-    return [line for line in text[start + len(K.README_BEGIN):end].strip().splitlines() if line]
+    return [line for line in text[start + len(K.README_BEGIN) : end].strip().splitlines() if line]
 
 
 def test_readme_metric_list_is_the_catalogue():
     assert readme_block() == K.readme_lines(), (
         "README's metric list differs from tasks/keys.py CATALOGUE; regenerate it with "
-        "python -c 'from tasks.keys import readme_lines; print(*readme_lines(), sep=chr(10))'")
+        "python -c 'from tasks.keys import readme_lines; print(*readme_lines(), sep=chr(10))'"
+    )
 
 
 def test_every_key_a_full_result_logs_is_catalogued():
@@ -40,8 +41,10 @@ def test_every_key_a_full_result_logs_is_catalogued():
     assert not missing, f"keys not in tasks/keys.py CATALOGUE: {missing}"
 
 
-KEY_LITERAL = re.compile(r"""["'](?:stage|e2e|compute|data|device|memory|output|quality|harness|host)"""
-                         r"""\.[a-z_]+(?:\.[a-z_0-9]+)*["']""")
+KEY_LITERAL = re.compile(
+    r"""["'](?:stage|e2e|compute|data|device|memory|output|quality|harness|host)"""
+    r"""\.[a-z_]+(?:\.[a-z_0-9]+)*["']"""
+)
 
 
 def test_no_other_module_spells_a_metric_key():

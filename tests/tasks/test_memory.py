@@ -15,8 +15,7 @@ HOLD = "import sys\nb = bytearray(300 * 2**20)\nprint('ready', flush=True)\nsys.
 def test_children_count_in_host_peak_bytes():
     mem = PeakMemory(interval=0.01).start()
     own = mem.host_peak_bytes
-    child = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         mem._sample()  # one sample while the child holds its memory
@@ -39,8 +38,9 @@ def test_prefects_temporary_server_is_not_counted():
     server = subprocess.Popen([sys.executable, "-c", code, f"{PREFECT_SERVER}:create_app"])
     worker = subprocess.Popen([sys.executable, "-c", code])
     try:
-        import psutil
         import time
+
+        import psutil
 
         for p in (server, worker):  # wait until each holds its 300 MiB
             while psutil.Process(p.pid).memory_info().rss < 300 * 2**20:

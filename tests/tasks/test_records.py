@@ -60,7 +60,9 @@ def test_e2e_predict_is_its_own_stages_and_never_mixes_in_training():
 def test_stage_table_shows_both_phases_with_shares_of_their_own_phase():
     table = _two_phase_result().stage_table()
     assert [(r["phase"], r["stage"]) for r in table] == [
-        *(("train", s) for s in K.STAGES[:4]), *(("predict", s) for s in K.STAGES)]
+        *(("train", s) for s in K.STAGES[:4]),
+        *(("predict", s) for s in K.STAGES),
+    ]
     for phase in K.PHASES:
         assert sum(r["share"] for r in table if r["phase"] == phase) == pytest.approx(1.0)
 
@@ -97,23 +99,35 @@ def test_fake_clock_measures_exactly():
 
 
 def _spec(**run):
-    return parse_spec({
-        "name": "t", "source": {"tables": {"a": "a.parquet"}},
-        "schema": {"root": {"table": "a", "key": "k", "columns": {"x": "numeric"}}},
-        "task": {"target": "y", "kind": "category", "min_quality": 0.9},
-        "run": run,
-    })
+    return parse_spec(
+        {
+            "name": "t",
+            "source": {"tables": {"a": "a.parquet"}},
+            "schema": {"root": {"table": "a", "key": "k", "columns": {"x": "numeric"}}},
+            "task": {"target": "y", "kind": "category", "min_quality": 0.9},
+            "run": run,
+        }
+    )
 
 
-STEADY = {"compute.steady_batches": 200000, "compute.steady_seconds": 5.0,
-          "compute.train.steady_batches": 200000, "compute.train.steady_seconds": 5.0}
+STEADY = {
+    "compute.steady_batches": 200000,
+    "compute.steady_seconds": 5.0,
+    "compute.train.steady_batches": 200000,
+    "compute.train.steady_seconds": 5.0,
+}
 
 
 def test_validity_rules_name_each_failed_rule():
     spec = _spec(min_steady_batches=100000, max_recompiles=0)
-    metrics = {"compute.steady_batches": 50, "compute.steady_seconds": 5.0,
-               "compute.train.steady_batches": 200000, "compute.train.steady_seconds": 5.0,
-               "compute.recompiles": 2, "quality.accuracy": 0.5}
+    metrics = {
+        "compute.steady_batches": 50,
+        "compute.steady_seconds": 5.0,
+        "compute.train.steady_batches": 200000,
+        "compute.train.steady_seconds": 5.0,
+        "compute.recompiles": 2,
+        "quality.accuracy": 0.5,
+    }
     reasons = verdict(spec, metrics, "accuracy")
     assert any("compute.steady_batches 50 < run.min_steady_batches 100000" in r for r in reasons)
     assert any("compute.recompiles 2" in r for r in reasons)
@@ -123,9 +137,13 @@ def test_validity_rules_name_each_failed_rule():
 
 
 def test_a_train_phase_without_steady_batches_is_invalid():
-    metrics = {"compute.steady_batches": 200000, "compute.steady_seconds": 5.0,
-               "compute.train.steady_batches": 0, "compute.train.steady_seconds": 0.0,
-               "quality.accuracy": 0.95}
+    metrics = {
+        "compute.steady_batches": 200000,
+        "compute.steady_seconds": 5.0,
+        "compute.train.steady_batches": 0,
+        "compute.train.steady_seconds": 0.0,
+        "quality.accuracy": 0.95,
+    }
     reasons = verdict(_spec(), metrics, "accuracy")
     assert "compute.train.steady_batches 0 < run.min_steady_batches 10" in reasons
     assert any(r.startswith("compute.train.steady_seconds 0.000") for r in reasons)
@@ -145,10 +163,14 @@ def test_nan_quality_fails_the_floor_with_a_reason():
 
 
 def test_host_load_rule_is_opt_in_and_reads_other_processes_cpu():
-    metrics = {**STEADY, "quality.accuracy": 0.95,
-               # the 1-minute load average is mostly the benchmark itself: not a rule
-               "host.load_per_core_start": 4.2,
-               "host.other_cpu_fraction_before": 0.1, "host.other_cpu_fraction": 0.7}
+    metrics = {
+        **STEADY,
+        "quality.accuracy": 0.95,
+        # the 1-minute load average is mostly the benchmark itself: not a rule
+        "host.load_per_core_start": 4.2,
+        "host.other_cpu_fraction_before": 0.1,
+        "host.other_cpu_fraction": 0.7,
+    }
     assert verdict(_spec(), metrics, "accuracy") == []
     reasons = verdict(_spec(max_host_load=0.5), metrics, "accuracy")
     assert reasons == ["host.other_cpu_fraction 0.70 > run.max_host_load 0.5 (other processes used the cores)"]

@@ -15,13 +15,16 @@ def test_defaults_are_offline_with_loadgen_minimums(shop_spec):
     assert (run.request.roots, run.request.max_batch, run.request.min_requests) == (1, 1, 1024)
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    ("scenario", "stream", "run.scenario"),
-    ("request", {"max_batch": 0}, "run.request.max_batch"),
-    ("request", {"target_qps": 0}, "run.request.target_qps"),
-    ("request", {"roots": 0}, "run.request.roots"),
-    ("request", {"latency_bound": 5}, "unknown key 'run.request.latency_bound'"),
-])
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("scenario", "stream", "run.scenario"),
+        ("request", {"max_batch": 0}, "run.request.max_batch"),
+        ("request", {"target_qps": 0}, "run.request.target_qps"),
+        ("request", {"roots": 0}, "run.request.roots"),
+        ("request", {"latency_bound": 5}, "unknown key 'run.request.latency_bound'"),
+    ],
+)
 def test_bad_request_settings_name_the_key(shop_spec, key, value, needle):
     shop_spec["run"][key] = value
     with pytest.raises(UserError, match=needle.replace(".", r"\.")):

@@ -48,16 +48,21 @@ def test_a_failed_run_ends_with_the_error_recorded(mlflow_uri):
     client = MlflowClient(tracking_uri=mlflow_uri)
     Tracker("unit").fail(RuntimeError("never started"))  # before start: a no-op
     assert client.search_runs([client.get_experiment_by_name("unit").experiment_id]) == []
-    for error, status in [(UserError("bad key 7"), "FAILED"), (KeyboardInterrupt(), "KILLED"),
-                          (SystemExit(143), "KILLED")]:
+    for error, status in [
+        (UserError("bad key 7"), "FAILED"),
+        (KeyboardInterrupt(), "KILLED"),
+        (SystemExit(143), "KILLED"),
+    ]:
         tracker = Tracker("unit")
         run_id = tracker.start("r", tags={})
         tracker.fail(error)
         run = client.get_run(run_id)
         assert run.info.status == status
         assert run.data.tags["relflow.error"].startswith(type(error).__name__)
-    assert "bad key 7" in client.search_runs(
-        [tracker.experiment_id], "attributes.status = 'FAILED'")[0].data.tags["relflow.error"]
+    assert (
+        "bad key 7"
+        in client.search_runs([tracker.experiment_id], "attributes.status = 'FAILED'")[0].data.tags["relflow.error"]
+    )
 
 
 def test_system_metrics_touch_no_store_until_flushed(mlflow_uri, monkeypatch):

@@ -38,8 +38,9 @@ def test_mfu_is_a_fraction_of_a_measured_peak(tmp_path, monkeypatch):
     assert not peak_flops("fp-test", cpu, "fp32", remeasure=True).cached
     # A real workload-sized matmul cannot beat the best rate of the same kernel at its size.
     small = measure(cpu, "fp32", size=256, reps=3)
-    m = mfu_metrics(peak.flops_per_s, {"predict": (2.0 * 256**3, 1.0 / 0.5),
-                                       "train": (small.flops_per_s / 3.0 / 10.0, 1.0)})
+    m = mfu_metrics(
+        peak.flops_per_s, {"predict": (2.0 * 256**3, 1.0 / 0.5), "train": (small.flops_per_s / 3.0 / 10.0, 1.0)}
+    )
     assert 0 < m["compute.mfu"] <= 1
     assert m["compute.train.model_flops_per_s"] == pytest.approx(small.flops_per_s / 10.0)
     assert 0 < m["compute.train.mfu"] <= 1

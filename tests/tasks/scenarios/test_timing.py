@@ -79,8 +79,7 @@ def test_queueing_counts_in_latency_open_loop():
 
 def test_arrivals_do_not_wait_for_a_busy_server():
     ft = FakeTime()
-    rec = server.run(ft.server(1.0), np.array([0.0, 0.5]), keys_for(2), ft.clock,
-                     max_batch=1, max_wait_s=0.0)
+    rec = server.run(ft.server(1.0), np.array([0.0, 0.5]), keys_for(2), ft.clock, max_batch=1, max_wait_s=0.0)
     # the second request arrived at 0.5 while the first was served: it waited 0.5 s
     assert rec.latency_s == pytest.approx([1.0, 1.5])
     assert rec.queue_s == pytest.approx([0.0, 0.5])
@@ -88,8 +87,9 @@ def test_arrivals_do_not_wait_for_a_busy_server():
 
 def test_requests_that_wait_together_run_together():
     ft = FakeTime()
-    rec = server.run(ft.server(1.0), np.array([0.0, 0.01, 0.02, 3.0]), keys_for(4), ft.clock,
-                     max_batch=3, max_wait_s=0.05)
+    rec = server.run(
+        ft.server(1.0), np.array([0.0, 0.01, 0.02, 3.0]), keys_for(4), ft.clock, max_batch=3, max_wait_s=0.05
+    )
     assert [keys for _, keys in ft.served] == [[0, 1, 2], [3]]
     assert ft.served[0][0] == pytest.approx(0.02)  # full before the 50 ms wait ran out
     # the last arrival is served at once: no later request could join its batch
@@ -99,16 +99,22 @@ def test_requests_that_wait_together_run_together():
 
 def test_batch_wait_is_bounded_by_max_wait():
     ft = FakeTime()
-    rec = server.run(ft.server(1.0), np.array([0.0, 1.0]), keys_for(2), ft.clock,
-                     max_batch=2, max_wait_s=0.1)
+    rec = server.run(ft.server(1.0), np.array([0.0, 1.0]), keys_for(2), ft.clock, max_batch=2, max_wait_s=0.1)
     assert ft.served[0] == (pytest.approx(0.1), [0])
     assert rec.latency_s == pytest.approx([1.1, 1.1])  # 2nd: queued 1.0 -> 1.1, then served
 
 
 def test_cold_request_is_separate_and_before_the_schedule():
     ft = FakeTime()
-    rec = server.run(ft.server([9.0, 1.0, 1.0]), np.array([0.0, 2.0]), keys_for(2), ft.clock,
-                     max_batch=1, max_wait_s=0.0, cold_keys=np.array([7]))
+    rec = server.run(
+        ft.server([9.0, 1.0, 1.0]),
+        np.array([0.0, 2.0]),
+        keys_for(2),
+        ft.clock,
+        max_batch=1,
+        max_wait_s=0.0,
+        cold_keys=np.array([7]),
+    )
     assert rec.first_latency_s == pytest.approx(9.0)
     assert rec.latency_s == pytest.approx([1.0, 1.0])  # the schedule starts after the cold one
     m = rec.metrics()
@@ -119,8 +125,7 @@ def test_cold_request_is_separate_and_before_the_schedule():
 def test_single_stream_cold_first_then_until_count_and_duration():
     ft = FakeTime()
     keys = iter(keys_for(100))
-    rec = single_stream.run(ft.server([2.0] + [0.25] * 99), keys, ft.clock, min_requests=3,
-                            min_duration_s=1.0)
+    rec = single_stream.run(ft.server([2.0] + [0.25] * 99), keys, ft.clock, min_requests=3, min_duration_s=1.0)
     assert rec.first_latency_s == pytest.approx(2.0)
     assert rec.requests == 4  # 3 requests are only 0.75 s: the duration rule asks for a 4th
     assert rec.latency_s == pytest.approx([0.25] * 4)
@@ -134,8 +139,7 @@ def test_single_stream_cold_first_then_until_count_and_duration():
 
 def test_validity_rules():
     req = Request(min_requests=10, min_duration_s=1.0, latency_bound_ms=50)
-    rec = LatencyRecord("server", latency_s=[0.01] * 9 + [0.2], queue_s=[0.0] * 10,
-                        duration_s=0.5)
+    rec = LatencyRecord("server", latency_s=[0.01] * 9 + [0.2], queue_s=[0.0] * 10, duration_s=0.5)
     reasons = verdict("server", req, rec.metrics())
     assert any("min_duration_s" in r for r in reasons)
     assert any("latency_bound_ms" in r for r in reasons)
