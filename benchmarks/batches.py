@@ -22,15 +22,8 @@ from tasks.tensorize import fit, tensorize
 
 def load(spec_path: Path, overrides: list[str] | None = None):
     """(spec, schema, batches) with every root row, in the compute stage's order."""
-    spec: Spec = load_spec(spec_path, overrides or [])
-    base = spec_path.resolve().parent
-    if spec.source.generate is not None:
-        base, _ = ensure_tpch(spec.source.generate.tpch.scale)
-    sources = resolve_sources(spec, base)
-    keys, _ = list_root_keys(spec, sources)
-    pre = preprocess(spec, retrieve(spec, sources, keys))
-    enc, schema = fit(spec, pre)
-    batch = tensorize(spec, pre, enc, schema).batch
+    spec, schema, _, tz = load_chunk(spec_path, overrides)
+    batch = tz.batch
     parts = [batch.select(idx) for idx in torch.arange(batch.size).split(spec.run.batch_size)]
     return spec, schema, parts
 
