@@ -22,7 +22,8 @@ import logging
 import os
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,27 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # a model-development experiment: the UI opens on runs
 RUN_NOTE_TAG = "mlflow.note.content"  # the run page's description (markdown)
 MAX_NOTE_CHARS = 8000
+
+
+@contextmanager
+def _fluent_uri(uri: str) -> Iterator[None]:
+    """Points MLflow's fluent API at ``uri`` and afterwards restores both its global and
+    MLFLOW_TRACKING_URI exactly. ``set_tracking_uri(previous)`` would pin the process to the
+    URI in effect at the first call, and MLflow's own scoped setter deletes the variable."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    previous = utils._tracking_uri
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)  # type: ignore[arg-type]  # None means "unset", as in MLflow's own scoped setter
+        if env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = env
 
 
 def tracking_uri() -> str:
@@ -248,25 +270,23 @@ class Tracker:
         # Created here so it belongs to this run's experiment (the flavour alone would put it in
         # the fluent API's current experiment, "Default").
         logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=self._id)
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(self.uri)  # the flavour logs through the fluent API's store
         flavour_log = logging.getLogger("mlflow.pytorch")
         level = flavour_log.level
         flavour_log.setLevel(logging.ERROR)  # its pickle-format warning: chosen deliberately, said above
         try:
-            info = mlflow.pytorch.log_model(
-                model,
-                name="model",
-                signature=signature,
-                run_id=self._id,
-                model_id=logged.model_id,
-                code_paths=[str(interface.code_dir)],
-                serialization_format="pickle",
-                pip_requirements=interface.requirements,
-            )
+            with _fluent_uri(self.uri):  # the flavour logs through the fluent API's store
+                info = mlflow.pytorch.log_model(
+                    model,
+                    name="model",
+                    signature=signature,
+                    run_id=self._id,
+                    model_id=logged.model_id,
+                    code_paths=[str(interface.code_dir)],
+                    serialization_format="pickle",
+                    pip_requirements=interface.requirements,
+                )
         finally:
             flavour_log.setLevel(level)
-            mlflow.set_tracking_uri(previous)
         return str(info.model_uri)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:

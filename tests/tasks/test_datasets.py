@@ -90,6 +90,8 @@ def test_logged_model_has_a_signature_and_loads_back(mlflow_uri, shop_spec, shop
     run_id = tracker.start("r", {})
     uri = tracker.log_model(engine.model, interface)
     tracker.finish()
+    # Logging a model leaves the fluent API's URI unset: later runs follow MLFLOW_TRACKING_URI.
+    assert mlflow.get_tracking_uri() == mlflow_uri
     info = mlflow.models.get_model_info(uri)
     sig = info.signature.to_dict()
     assert '"c_balance"' in sig["inputs"] and '"orders"' in sig["inputs"] and '"churn"' not in sig["inputs"]

@@ -26,31 +26,33 @@ def test_children_count_in_host_peak_bytes():
     assert mem.host_peak_bytes - own >= 280 * MIB
 
 
+# Run in a fresh interpreter: pytest's own process tree holds session services (MLflow servers,
+# browsers) whose memory would swamp the 300 MiB this test tells apart.
+SERVER_VS_WORKER = """
+import subprocess, sys, time
+import psutil
+from tasks.memory import PREFECT_SERVER, PeakMemory
+code = "import time; b = bytearray(300 * 2**20); time.sleep(60)"
+server = subprocess.Popen([sys.executable, "-c", code, PREFECT_SERVER + ":create_app"])
+worker = subprocess.Popen([sys.executable, "-c", code])
+try:
+    for p in (server, worker):  # wait until each holds its 300 MiB
+        while psutil.Process(p.pid).memory_info().rss < 300 * 2**20:
+            time.sleep(0.05)
+    mem = PeakMemory()
+    own = psutil.Process().memory_info().rss
+    mem.start()
+    mem.stop()
+    print(mem.host_peak_bytes - own)
+finally:
+    server.kill()
+    worker.kill()
+"""
+
+
 def test_prefects_temporary_server_is_not_counted():
     """A standalone run's child uvicorn (Prefect's temporary server) is harness, not workload:
     a sweep child that uses the sweep's server must measure the same."""
-    import subprocess
-    import sys
-
-    from tasks.memory import PREFECT_SERVER, PeakMemory
-
-    code = "import time; b = bytearray(300 * 2**20); time.sleep(60)"
-    server = subprocess.Popen([sys.executable, "-c", code, f"{PREFECT_SERVER}:create_app"])
-    worker = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        import time
-
-        import psutil
-
-        for p in (server, worker):  # wait until each holds its 300 MiB
-            while psutil.Process(p.pid).memory_info().rss < 300 * 2**20:
-                time.sleep(0.05)
-        mem = PeakMemory()
-        own = psutil.Process().memory_info().rss
-        mem.start()
-        mem.stop()
-        counted = mem.host_peak_bytes - own
-        assert 300 * 2**20 <= counted < 500 * 2**20  # the worker, not the server
-    finally:
-        server.kill()
-        worker.kill()
+    out = subprocess.run([sys.executable, "-c", SERVER_VS_WORKER], capture_output=True, text=True, check=True)
+    counted = int(out.stdout.split()[-1])
+    assert 300 * MIB <= counted < 500 * MIB  # the worker, not the server
