@@ -3,8 +3,9 @@
 The environment is fixed here, at import time, because Prefect reads its settings when it is
 first imported: a throwaway ``PREFECT_HOME``, no analytics, a generous start-up timeout for
 the temporary server on a busy 2-core machine, quiet logs, no MLflow telemetry, and a
-private ``RELFLOW_DATA_DIR`` so no test reads or writes ``./data``, and a private host lock
-file so tests neither wait for nor block a real benchmark on this machine.
+private ``RELFLOW_DATA_DIR`` so no test reads or writes ``./data``, a private host lock
+file so tests neither wait for nor block a real benchmark on this machine, and this checkout
+first on ``PYTHONPATH`` for every subprocess a test starts.
 
 Fixtures:
 - ``prefect_harness``: one ``prefect_test_harness()`` per session (~13 s), requested only by
@@ -41,6 +42,10 @@ os.environ["RELFLOW_DATA_DIR"] = str(_SESSION_DIR / "data")
 os.environ["RELFLOW_LOCK_FILE"] = str(_SESSION_DIR / "host.lock")
 # The peak-FLOPs cache (MFU) is per host; tests keep theirs private.
 os.environ["RELFLOW_CACHE_DIR"] = str(_SESSION_DIR / "cache")
+# Subprocesses the tests start (`python -m flows.cli`, workers, torchrun) import this checkout,
+# whatever checkout the editable install happens to point at.
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
 # A tracking URI inherited from the shell must never receive test runs.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
