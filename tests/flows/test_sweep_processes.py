@@ -63,7 +63,6 @@ def _sets(items: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.unverified
 def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(tmp_path):
     sweep = subprocess.run(
         [sys.executable, "-m", "flows.cli", "sweep", str(SPEC), *GRID, *_sets(SHRINK)],
