@@ -15,7 +15,7 @@ each times its own work with the shared clock, never with Prefect's records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +30,16 @@ from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks import compute as compute_stage
-from tasks import progress
+from tasks import interrupts, progress
+from tasks.baseline import no_better_than_baseline
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
+from tasks.checks import check_data_before_work
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
 from tasks.environment import fingerprint, host_load_per_core
-from tasks.hostlock import host_lock
+from tasks.hostlock import host_lock, lock_path
 from tasks.memory import PeakMemory
+from tasks.preflight import check_before_work
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.records import RunResult
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
@@ -102,23 +105,29 @@ class Plan:
     checkpoint: dict[str, Any] | None
     data_seconds: float
     generated: bool
+    data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/checks.py counts
+    warnings: list[str] = field(default_factory=list)
 
 
 def plan(spec: Spec, spec_dir: Path) -> Plan:
     """Validate inputs and make the data available; raises ``UserError`` before any work."""
     t0 = wall_clock()
+    notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs
     generated = False
     base = spec_dir
     if spec.source.generate is not None:
         base, generated = ensure_tpch(spec.source.generate.tpch.scale)
     sources = resolve_sources(spec, base)
     check_sources(spec, sources)
+    # keys, duplicates, non-finite values, target, memory; the run uses the reserved lengths
+    spec, data_metrics, data_notes = check_data_before_work(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
     ckpt = None
     if spec.run.mode == "predict" and spec.run.checkpoint:
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
-    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated)
+    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated, data_metrics,
+                notes + data_notes)
 
 
 class Pipeline:
@@ -216,6 +225,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
               parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one benchmark spec end to end and record it in MLflow; returns a summary."""
     flow_start = wall_clock()
+    interrupts.reinstall()  # Prefect's engine took SIGTERM; the CLI's handler ends runs KILLED
     s = parse_spec(spec, "(flow parameter 'spec')")
     progress.emit("phase", name="checking inputs")
     p = plan(s, Path(spec_dir).resolve())
@@ -229,15 +239,17 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     mlflow_seconds = wall_clock() - t0
     output = Path(s.run.output_dir).resolve() / f"{s.name}-{run_id}.parquet"
     writer = PredictionWriter(output)
+    forget_outputs = interrupts.on_interrupt(lambda: _remove_outputs(output))
     result = RunResult()
+    result.extra.update(p.data_metrics)
     memory = PeakMemory(p.device).start()
     try:
         if s.run.system_metrics_interval_s > 0:
             tracker.start_system_metrics(s.run.system_metrics_interval_s)
         tracker.log_params(flatten(s.to_dict()))
         tracker.log_text(s.to_yaml(), "spec.yaml")
-        with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")
-                       ) as waited:
+        with host_lock(on_wait=lambda: progress.emit(
+                "phase", name=f"waiting for the host lock {lock_path()}")) as waited:
             body_start = wall_clock()
             region_start_unix = unix_time()
             load_start = host_load_per_core()
@@ -307,6 +319,8 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         if not quality_meaningful and s.task.min_quality is not None:
             reasons.append("task.min_quality set but weights are untrained (predict without "
                            "run.checkpoint)")
+        if quality_meaningful:
+            reasons += no_better_than_baseline(metrics)
         tracker.log_metrics(metrics)
         tracker.set_tags({
             "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
@@ -322,8 +336,11 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     except BaseException as err:
         memory.stop()
         writer.abort()
+        _remove_outputs(output)
         tracker.fail(err)
         raise
+    finally:
+        forget_outputs()
     summary = {
         "run_id": run_id,
         "experiment": s.name,
@@ -342,6 +359,15 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
     }
     publish_run_artifact(summary)
     return summary
+
+
+def _remove_outputs(output: Path) -> None:
+    """A run that did not finish leaves none of its files: predictions, checkpoint, temps."""
+    for path in (output, output.with_suffix(".ckpt")):
+        path.unlink(missing_ok=True)
+    if output.parent.is_dir():
+        for tmp in output.parent.glob(f".{output.stem}*.tmp-*"):
+            tmp.unlink(missing_ok=True)
 
 
 def _sample_csv(path: Path, rows: int = 100) -> str:

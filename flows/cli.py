@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,11 +38,6 @@ console = Console(stderr=True)
 out = Console()
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    # Unwind like Ctrl-C so the MLflow run ends KILLED and partial files are removed.
-    raise SystemExit(128 + signum)
-
-
 def _fail(err: BaseException, debug: bool) -> None:
     if debug:
         raise err
@@ -67,7 +61,10 @@ class _HideUserErrors(logging.Filter):
 def _start_run_command(debug: bool, set_: list[str] | None, scale: float | None) -> list[str]:
     """Shared start of the run-like commands: quiet logs, SIGTERM unwinds, the overrides."""
     _quiet_prefect(debug)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    from tasks import interrupts
+
+    # SIGTERM/SIGINT, to the process or its group: exit 130 within seconds, runs KILLED
+    interrupts.install()
     overrides = list(set_ or [])
     if scale is not None:
         overrides.append(f"source.generate.tpch.scale={scale}")
@@ -136,6 +133,8 @@ def run(
         # Every input check (and data generation) before Prefect starts: bad input fails in
         # a second, not after the server's start-up. The flow repeats the cheap checks.
         checked = plan(s, spec.resolve().parent)
+        for note in checked.warnings:
+            console.print(f"[yellow]warning:[/] {note}")
         if checked.generated:
             console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
         launched = wall_clock()

@@ -177,6 +177,9 @@ class Run(Strict):
     device: str = "auto"
     checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
     output_dir: str = "outputs"
+    max_memory_bytes: int | None = Field(
+        None, gt=0, description="refuse a run whose estimated chunk memory exceeds this "
+        "(default: half of the memory available at start; tasks/memory_budget.py)")
 
     @field_validator("packing", mode="before")
     @classmethod
@@ -330,7 +333,12 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"Spec file '{path}' does not exist; pass the path of a benchmark YAML.")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"Spec file '{path}' is not UTF-8 text (byte {err.object[err.start]:#x} at offset "
+            f"{err.start}); save it as UTF-8."
+        ) from None
     except yaml.YAMLError as err:
         raise UserError(f"Spec file '{path}' is not valid YAML: {err}") from None
     if not isinstance(raw, dict):

@@ -23,6 +23,7 @@ import mlflow  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from tasks import interrupts, liveness  # noqa: E402
 from tasks.clock import unix_time  # noqa: E402
 
 MAX_PARAMS_PER_BATCH = 100
@@ -75,11 +76,12 @@ class Tracker:
         self.run_id: str | None = None
 
     def start(self, run_name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
-        tags = dict(tags)
+        tags = {**tags, **liveness.process_tags()}  # lets a later run find this one stale
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
+        interrupts.track_run(self.run_id, self)
         return self.run_id
 
     def log_params(self, params: dict[str, Any]) -> None:
@@ -121,14 +123,18 @@ class Tracker:
 
     def finish(self) -> None:
         self.client.set_terminated(self.run_id, "FINISHED")
+        interrupts.untrack_run(self.run_id)
 
     def fail(self, error: BaseException) -> None:
         """End the run FAILED (KILLED for interrupts), with the error recorded."""
         if self.run_id is None:
             return
-        killed = isinstance(error, KeyboardInterrupt | SystemExit)
-        self.stop_system_metrics()
+        # Prefect turns SIGTERM inside a flow into its TerminationSignal (an ExternalSignal).
+        killed = isinstance(error, KeyboardInterrupt | SystemExit) or any(
+            c.__name__ == "ExternalSignal" for c in type(error).__mro__)
+        interrupts.untrack_run(self.run_id)
         try:
+            self.stop_system_metrics()
             self.set_tags({"relflow.error": f"{type(error).__name__}: {error}"})
             self.log_text("".join(traceback.format_exception(error)), "error.txt")
         finally:
@@ -138,7 +144,34 @@ class Tracker:
         """Continue an existing run of this experiment (a resumed sweep's parent): RUNNING again."""
         self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
+        self.set_tags(liveness.process_tags())  # this process holds it now
+        interrupts.track_run(run_id, self)
         return run_id
+
+
+def end_stale_runs(uri: str | None = None) -> list[str]:
+    """End KILLED every RUNNING run recorded by a process of this host that no longer exists
+    (SIGKILL, out-of-memory kill), tagged ``relflow.found_stale``; returns their ids."""
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    exp_ids = [e.experiment_id for e in client.search_experiments()]
+    if not exp_ids:
+        return []
+    host = liveness.process_host()
+    found = []
+    for run in client.search_runs(exp_ids, filter_string=(
+            f"attributes.status = 'RUNNING' and tags.\"relflow.process_host\" = '{host}'"),
+            max_results=1000):
+        tags = run.data.tags
+        if liveness.is_alive(tags):
+            continue
+        client.log_batch(run.info.run_id, tags=[
+            RunTag("relflow.found_stale", "true"),
+            RunTag("relflow.error", f"process {tags.get('relflow.pid')} ended without ending "
+                   f"this run (SIGKILL or out-of-memory); found stale by process {os.getpid()}"),
+        ])
+        client.set_terminated(run.info.run_id, "KILLED")
+        found.append(run.info.run_id)
+    return found
 
 
 def get_run(run_id: str, uri: str | None = None) -> mlflow.entities.Run:
