@@ -135,6 +135,14 @@ def _family(t: pa.DataType) -> str:
     return str(t)
 
 
+def _pl_family(t: pl.DataType) -> str:
+    if t.is_integer():
+        return "integer"
+    if t in (pl.String, pl.Categorical) or isinstance(t, pl.Categorical | pl.Enum):
+        return "string"
+    return str(t)
+
+
 def _used_columns(spec: Spec) -> dict[str, set[str]]:
     root = spec.schema_.root
     out: dict[str, set[str]] = {root.table: {root.key, *root.columns}}
@@ -190,11 +198,11 @@ def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
     for b, parent in spec.schema_.walk():
         p_table, p_col, p_keys = parents[parent]
         child = _keys(sources[b.table], b.parent_key)
-        if _family(child.dtype.to_arrow()) != _family(p_keys.dtype.to_arrow()):
+        if _pl_family(child.dtype) != _pl_family(p_keys.dtype):
             raise UserError(
                 f"Branch '{b.name}' cannot join its parent: its parent_key '{b.parent_key}' "
-                f"(table '{b.table}') has type {child.dtype.to_arrow()} but the key it points at, "
-                f"'{p_col}' (table '{p_table}'), has type {p_keys.dtype.to_arrow()}. Store both "
+                f"(table '{b.table}') has type {child.dtype} but the key it points at, "
+                f"'{p_col}' (table '{p_table}'), has type {p_keys.dtype}. Store both "
                 "as the same type (both integers or both strings) in the data."
             )
         child = child.cast(p_keys.dtype)

@@ -113,9 +113,12 @@ def check(spec: Spec, est: Estimate) -> None:
               else f"{DEFAULT_SHARE:.0%} of the available memory; set run.max_memory_bytes")
     lengths = ", ".join(f"{b}.max_length (reserving {n})" for b, n in est.reserved_rows.items())
     raise UserError(
-        f"One chunk would need about {est.chunk_bytes / 2**30:,.2f} GiB "
-        f"({est.chunk_bytes:,} bytes) but the memory budget is {est.budget_bytes / 2**30:,.2f} "
-        f"GiB ({source}). Lower run.chunk_rows (now {spec.run.chunk_rows}), run.batch_size "
+        f"One chunk would need about {_human(est.chunk_bytes)} but the memory budget is "
+        f"{_human(est.budget_bytes)} ({source}). Lower run.chunk_rows (now {spec.run.chunk_rows}), run.batch_size "
         f"(now {spec.run.batch_size}) or a branch's max_length ({lengths}), or raise "
         "run.max_memory_bytes."
     )
+
+
+def _human(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB ({n:,} bytes)" if n >= 2**30 else f"{n:,} bytes"
