@@ -31,12 +31,14 @@ def mask_uri(uri: str) -> str:
         parts = urlsplit(uri)
     except ValueError:
         return "***"
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = urlencode([(k, "***" if any(s in k.lower() for s in SECRET_QUERY_KEYS) else v)
-                       for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    out = uri
+    if "@" in parts.netloc:
+        out = out.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1], 1)
+    if parts.query:
+        query = urlencode([(k, "***" if any(s in k.lower() for s in SECRET_QUERY_KEYS) else v)
+                           for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
+        out = out.replace(parts.query, query, 1)
+    return out
 
 
 def _fix(masked: str) -> str:
