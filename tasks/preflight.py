@@ -133,9 +133,9 @@ def check_before_work(spec: Spec) -> list[str]:
 
     uri = tracking_uri()
     check_tracking_store(uri)
+    stale = end_stale_runs(uri)  # first: any invocation that reaches the store sweeps
     check_output_dir(spec.run.output_dir)
     check_device_name(spec)
-    stale = end_stale_runs(uri)
     if not stale:
         return []
     return [f"marked {len(stale)} RUNNING run(s) of dead processes on this host KILLED "

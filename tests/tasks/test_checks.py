@@ -11,8 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.checks import check_data, check_data_before_work, check_device_name, check_files, \
-    check_table_folders
+from tasks.checks import check_data, check_data_before_work, check_device_name, check_files, check_table_folders
 from tasks.errors import UserError
 from tasks.sources import check_sources, resolve_sources
 from tasks.spec import parse_spec
