@@ -185,3 +185,12 @@ def test_device_name_is_checked(shop_spec):
     shop_spec["run"]["device"] = "banana"
     with pytest.raises(UserError, match=r"run.device 'banana' is not a device"):
         check_device_name(parse_spec(shop_spec))
+
+
+def test_spec_file_that_is_not_utf8_is_named(tmp_path):
+    from tasks.spec import load_spec
+
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(UserError, match=r"is not UTF-8 text \(byte 0xe9 at offset 9\)"):
+        load_spec(path)
