@@ -9,15 +9,21 @@ with that reason. Applied only where quality is meaningful (trained weights).
 
 from __future__ import annotations
 
+from tasks import keys as K
+
 
 def no_better_than_baseline(metrics: dict[str, float]) -> list[str]:
     """The reason the model did not beat the trivial predictor, or nothing."""
-    acc, rate = metrics.get("quality.accuracy"), metrics.get("quality.majority_rate")
+    acc, rate = metrics.get(K.quality("accuracy")), metrics.get(K.quality("majority_rate"))
     if acc is not None and rate is not None and acc <= rate:
-        return [f"quality.accuracy {acc:.4f} is no better than the majority-class rate "
-                f"{rate:.4f} (quality.majority_rate): the model learned nothing usable"]
-    mae, mean_mae = metrics.get("quality.mae"), metrics.get("quality.mae_of_mean")
+        return [
+            f"quality.accuracy {acc:.4f} is no better than the majority-class rate "
+            f"{rate:.4f} (quality.majority_rate): the model learned nothing usable"
+        ]
+    mae, mean_mae = metrics.get(K.quality("mae")), metrics.get(K.quality("mae_of_mean"))
     if mae is not None and mean_mae is not None and mae >= mean_mae:
-        return [f"quality.mae {mae:.4f} is no better than predicting the mean "
-                f"({mean_mae:.4f}, quality.mae_of_mean): the model learned nothing usable"]
+        return [
+            f"quality.mae {mae:.4f} is no better than predicting the mean "
+            f"({mean_mae:.4f}, quality.mae_of_mean): the model learned nothing usable"
+        ]
     return []

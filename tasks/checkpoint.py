@@ -1,7 +1,10 @@
 """Run checkpoints: the model package's checkpoint plus the harness's fitted encoding.
 
 ``train+predict`` saves one next to the predictions (and logs it to MLflow); ``predict``
-with ``run.checkpoint`` loads it. A checkpoint whose schema or model size does not match
+with ``run.checkpoint`` loads its weights; ``train+predict`` with ``run.checkpoint``
+resumes training from it: weights, fitted encoding and optimizer state, with the optimizer
+settings required to equal the saved run's (a difference is refused, naming the keys).
+A checkpoint whose schema or model size does not match
 the spec is refused up front with the difference named.
 """
 
@@ -12,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from model.arrow import Encoding
+from model.arrow import Encoding, NodeLayout
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.schema import ModelSchema, NodeDef
 from tasks.errors import UserError
@@ -21,16 +24,23 @@ from tasks.tensorize import layout
 
 
 def _shape(node: NodeDef) -> list[Any]:
-    return [node.name, [c.name for c in node.columns], node.max_length, node.reduce,
-            [_shape(c) for c in node.children]]
+    return [node.name, [c.name for c in node.columns], node.max_length, node.reduce, [_shape(c) for c in node.children]]
 
 
 def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        save_checkpoint(tmp, engine.model, optimizer=engine.optimizer,
-                        optimizer_settings=engine.optimizer_settings,
-                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash})
+        save_checkpoint(
+            tmp,
+            engine.model,
+            optimizer=engine.optimizer,
+            optimizer_settings=engine.optimizer_settings,
+            extra={
+                "encoding": enc.to_dict(),
+                "spec_hash": spec.spec_hash,
+                "temperature": float(getattr(engine, "temperature", 1.0)),
+            },
+        )
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -48,7 +58,8 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
         raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
     schema: ModelSchema = ckpt.model.schema
     lay = layout(spec)
-    def spec_shape(n) -> list[Any]:
+
+    def spec_shape(n: NodeLayout) -> list[Any]:
         return [n.name, list(n.columns), n.max_length, n.reduce, [spec_shape(c) for c in n.children]]
 
     want = spec_shape(lay)
@@ -66,5 +77,42 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
             f"run.checkpoint '{path}' has model size {saved} but the spec asks for {size}; "
             "set model.* to match the checkpoint."
         )
-    return {"model": ckpt.model.state_dict(), "schema": schema,
-            "encoding": Encoding.from_dict(ckpt.extra["encoding"])}
+    out = {
+        "model": ckpt.model.state_dict(),
+        "schema": schema,
+        "encoding": Encoding.from_dict(ckpt.extra["encoding"]),
+        "optimizer": None,
+        # Output calibration (tasks/calibrate.py); checkpoints from before it had none.
+        "temperature": float(ckpt.extra.get("temperature", 1.0)),
+    }
+    if spec.run.mode == "train+predict":
+        out["optimizer"] = _resumable_optimizer(path, ckpt, spec)
+    return out
+
+
+def _resumable_optimizer(path: Path, ckpt: Any, spec: Spec) -> dict[str, Any]:
+    """The saved optimizer state, after checking the spec keeps the saved settings."""
+    from tasks.compute import optimizer_settings  # compute imports this module's neighbours
+
+    if ckpt.optimizer_state is None or ckpt.optimizer_settings is None:
+        raise UserError(
+            f"run.checkpoint '{path}' has no optimizer state, so training cannot resume from it; "
+            "use --set run.mode=predict to only predict with it, or drop run.checkpoint."
+        )
+    want = optimizer_settings(spec).settings()
+    saved = ckpt.optimizer_settings
+    diff = {k: (saved.get(k), want.get(k)) for k in sorted(set(want) | set(saved)) if saved.get(k) != want.get(k)}
+    if diff:
+        names = {
+            "learning_rate": "run.learning_rate",
+            "weight_decay": "run.adamw.weight_decay",
+            "fused": "run.adamw.fused",
+        }
+        detail = ", ".join(f"{names.get(k, k)}: saved {a!r}, spec {b!r}" for k, (a, b) in diff.items())
+        raise UserError(
+            f"run.checkpoint '{path}' was trained with other optimizer settings ({detail}); "
+            "resume with the saved settings (set those keys to the saved values) or start a "
+            "new run without run.checkpoint."
+        )
+    state: dict[str, Any] = ckpt.optimizer_state
+    return state

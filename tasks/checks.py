@@ -25,12 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from tasks import keys as K
 from tasks.errors import UserError
 from tasks.sources import SUFFIX_FORMAT, SourceTable
 from tasks.spec import Spec
@@ -56,8 +58,7 @@ def check_device_name(spec: Spec) -> None:
         torch.device(name)
     except (RuntimeError, ValueError):
         raise UserError(
-            f"run.device '{name}' is not a device; use auto (CUDA when present, else CPU), "
-            "cpu, cuda or cuda:<index>."
+            f"run.device '{name}' is not a device; use auto (CUDA when present, else CPU), cpu, cuda or cuda:<index>."
         ) from None
 
 
@@ -79,11 +80,9 @@ def _file_schema(src: SourceTable, path: Path) -> pa.Schema:
     try:
         if src.format == "parquet":
             return pq.read_schema(path)
-        if src.format == "ipc":
-            with pa.memory_map(str(path)) as f:
-                return ipc.open_file(f).schema
-        return pl.scan_csv(path, try_parse_dates=True).collect_schema().to_arrow()
-    except (pa.ArrowException, OSError, pl.exceptions.PolarsError) as err:
+        with pa.memory_map(str(path)) as f:
+            return ipc.open_file(f).schema
+    except (pa.ArrowException, OSError) as err:
         raise UserError(
             f"Table '{src.name}': file '{path}' cannot be read as {src.format} ({err}). It is "
             "corrupt or not that format: regenerate or replace it, or fix source.tables."
@@ -94,8 +93,8 @@ def check_files(spec: Spec, sources: dict[str, SourceTable]) -> None:
     """Every file readable; the files of one table agree on the types of the used columns."""
     used = _used_columns(spec)
     for name, src in sources.items():
-        if src.format == "csv" and len(src.files) == 1:
-            continue  # the CSV reader infers per file; nothing to compare
+        if src.format not in ("parquet", "ipc"):
+            continue  # CSV: one set of types is inferred over all files (tasks/csv_source.py)
         first = None
         for path in src.files:
             schema = _file_schema(src, path)
@@ -103,8 +102,9 @@ def check_files(spec: Spec, sources: dict[str, SourceTable]) -> None:
                 try:
                     pq.ParquetFile(path).metadata  # noqa: B018 - footer readable
                 except (pa.ArrowException, OSError) as err:
-                    raise UserError(f"Table '{name}': file '{path}' is corrupt ({err}); "
-                                    "regenerate or replace it.") from None
+                    raise UserError(
+                        f"Table '{name}': file '{path}' is corrupt ({err}); regenerate or replace it."
+                    ) from None
             if first is None:
                 first = (path, schema)
                 continue
@@ -147,8 +147,7 @@ def _used_columns(spec: Spec) -> dict[str, set[str]]:
     root = spec.schema_.root
     out: dict[str, set[str]] = {root.table: {root.key, *root.columns}}
     for b, _ in spec.schema_.walk():
-        cols = {b.parent_key, *b.columns, *([b.key] if b.key else []),
-                *([b.order_by.column] if b.order_by else [])}
+        cols = {b.parent_key, *b.columns, *([b.key] if b.key else []), *([b.order_by.column] if b.order_by else [])}
         out.setdefault(b.table, set()).update(cols)
     target_table = _target_table(spec)
     out.setdefault(target_table, set()).add(spec.task.target)
@@ -161,13 +160,23 @@ def _target_table(spec: Spec) -> str:
     return {b.name: b for b, _ in spec.schema_.walk()}[spec.task.branch].table
 
 
-def _scan(src: SourceTable) -> pl.LazyFrame:
+def _scan(src: SourceTable, columns: list[str]) -> pl.LazyFrame:
+    """Only ``columns`` of the table, read as retrieve reads them (CSV with the pinned types
+    of ``tasks/csv_source.py``; a database table by one query)."""
+    if src.format not in ("parquet", "ipc", "csv"):  # a tasks.databases.DatabaseTable
+        from tasks.databases import quote
+
+        table: Any = src  # a DatabaseTable, duck-typed as SourceTable
+        sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(src.name)}"
+        return pl.DataFrame(table.conform(table.db.query(sql))).lazy()
     files = [str(f) for f in src.files]
     if src.format == "parquet":
-        return pl.scan_parquet(files)
-    if src.format == "ipc":
-        return pl.scan_ipc(files)
-    return pl.concat([pl.scan_csv(f, try_parse_dates=True, infer_schema_length=None) for f in files])
+        lf = pl.scan_parquet(files)
+    elif src.format == "ipc":
+        lf = pl.scan_ipc(files)
+    else:
+        lf = pl.concat([src.scan_csv(Path(f)) for f in files])
+    return lf.select(columns)
 
 
 def _collect(src: SourceTable, lf: pl.LazyFrame) -> pl.DataFrame:
@@ -182,7 +191,7 @@ def _collect(src: SourceTable, lf: pl.LazyFrame) -> pl.DataFrame:
 
 
 def _keys(src: SourceTable, column: str) -> pl.Series:
-    return _collect(src, _scan(src).select(pl.col(column))).to_series()
+    return _collect(src, _scan(src, [column])).to_series()
 
 
 def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
@@ -193,8 +202,7 @@ def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
     root_keys = _keys(root_src, root.key)
     _check_duplicates(root.table, root.key, root_keys, facts)
     _check_non_finite(spec, sources, facts)
-    parents: dict[str | None, tuple[str, str, pl.Series]] = {
-        None: (root.table, root.key, root_keys.unique())}
+    parents: dict[str | None, tuple[str, str, pl.Series]] = {None: (root.table, root.key, root_keys.unique())}
     for b, parent in spec.schema_.walk():
         p_table, p_col, p_keys = parents[parent]
         child = _keys(sources[b.table], b.parent_key)
@@ -209,9 +217,8 @@ def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
         joined = child.is_in(p_keys.implode())
         orphans = int((~joined).sum())
         matched = child.filter(joined)
-        facts.metrics[f"data.orphan_rows.{b.name}"] = float(orphans)
-        facts.metrics[f"data.roots_without_rows.{b.name}"] = float(
-            len(p_keys) - matched.n_unique())
+        facts.metrics[K.orphan_rows(b.name)] = float(orphans)
+        facts.metrics[K.roots_without_rows(b.name)] = float(len(p_keys) - matched.n_unique())
         if len(child) and matched.is_empty():
             raise UserError(
                 f"Branch '{b.name}': none of its {len(child):,} rows joins a parent. Its "
@@ -221,11 +228,14 @@ def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
                 "prefixes), or the branch's parent_key."
             )
         if orphans:
-            facts.warnings.append(f"branch '{b.name}': {orphans:,} of {len(child):,} rows have "
-                                  "no parent row and are ignored (data.orphan_rows)")
-        facts.observed_max_rows[b.name] = int(matched.value_counts()["count"].max() or 0)
-        facts.metrics[f"data.observed_max_rows.{b.name}"] = float(facts.observed_max_rows[b.name])
-        if b.branches:
+            facts.warnings.append(
+                f"branch '{b.name}': {orphans:,} of {len(child):,} rows have "
+                "no parent row and are ignored (data.orphan_rows)"
+            )
+        most = matched.value_counts()["count"].max()
+        facts.observed_max_rows[b.name] = int(most) if isinstance(most, int | float) else 0
+        facts.metrics[K.observed_max_rows(b.name)] = float(facts.observed_max_rows[b.name])
+        if b.branches and b.key:  # the spec requires a key on a branch with branches
             parents[b.name] = (b.table, b.key, _keys(sources[b.table], b.key).unique())
     if spec.run.mode == "train+predict":
         _check_target(spec, sources, root_keys, facts)
@@ -234,7 +244,7 @@ def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
 
 def _check_duplicates(table: str, key: str, keys: pl.Series, facts: DataFacts) -> None:
     dupes = len(keys) - keys.n_unique()
-    facts.metrics["data.duplicate_root_keys"] = float(dupes)
+    facts.metrics[K.DATA_DUPLICATE_ROOT_KEYS] = float(dupes)
     if dupes:
         example = keys.filter(keys.is_duplicated()).head(1).to_list()
         raise UserError(
@@ -254,16 +264,19 @@ def _check_non_finite(spec: Spec, sources: dict[str, SourceTable], facts: DataFa
         numeric.setdefault(_target_table(spec), set()).add(spec.task.target)
     for table, cols in sorted(numeric.items()):
         src = sources[table]
-        floats = [c for c in sorted(cols) if c in src.schema.names
-                  and pa.types.is_floating(src.schema.field(c).type)]
+        floats = [c for c in sorted(cols) if c in src.schema.names and pa.types.is_floating(src.schema.field(c).type)]
         if not floats:
             continue  # integers and decimals are always finite
-        counts = _collect(src, _scan(src).select(
-            *[pl.col(c).is_nan().sum().alias(f"nan|{c}") for c in floats],
-            *[pl.col(c).is_infinite().sum().alias(f"inf|{c}") for c in floats])).row(0, named=True)
+        counts = _collect(
+            src,
+            _scan(src, floats).select(
+                *[pl.col(c).is_nan().sum().alias(f"nan|{c}") for c in floats],
+                *[pl.col(c).is_infinite().sum().alias(f"inf|{c}") for c in floats],
+            ),
+        ).row(0, named=True)
         for c in floats:
             nan, inf = int(counts[f"nan|{c}"] or 0), int(counts[f"inf|{c}"] or 0)
-            facts.metrics[f"data.non_finite.{table}.{c}"] = float(nan + inf)
+            facts.metrics[K.non_finite(table, c)] = float(nan + inf)
             if inf:
                 raise UserError(
                     f"Column '{c}' of table '{table}' holds {inf:,} infinite values (and {nan:,} "
@@ -272,12 +285,10 @@ def _check_non_finite(spec: Spec, sources: dict[str, SourceTable], facts: DataFa
                     "from the schema."
                 )
             if nan:
-                facts.warnings.append(f"column '{table}.{c}': {nan:,} NaN values are read as "
-                                      "nulls (data.non_finite)")
+                facts.warnings.append(f"column '{table}.{c}': {nan:,} NaN values are read as nulls (data.non_finite)")
 
 
-def _check_target(spec: Spec, sources: dict[str, SourceTable], root_keys: pl.Series,
-                  facts: DataFacts) -> None:
+def _check_target(spec: Spec, sources: dict[str, SourceTable], root_keys: pl.Series, facts: DataFacts) -> None:
     from tasks.preprocess import split_is_train
 
     task, root = spec.task, spec.schema_.root
@@ -288,53 +299,55 @@ def _check_target(spec: Spec, sources: dict[str, SourceTable], root_keys: pl.Ser
     if pa.types.is_floating(src.schema.field(task.target).type):
         labelled = labelled & target.is_not_nan()
     if task.branch is None:
-        df = _collect(src, _scan(src).filter(labelled).select(pl.col(root.key),
-                                                              target.alias("__t")))
+        df = _collect(
+            src, _scan(src, [root.key, task.target]).filter(labelled).select(pl.col(root.key), target.alias("__t"))
+        )
         is_train = split_is_train(df[root.key], task.validation_fraction)
         train, val = df.filter(is_train), df.filter(~is_train)
     else:
-        df = _collect(src, _scan(src).filter(labelled).select(target.alias("__t")))
+        df = _collect(src, _scan(src, [task.target]).filter(labelled).select(target.alias("__t")))
         train = val = df
-    total = len(root_keys) if task.branch is None else int(
-        _collect(src, _scan(src).select(pl.len())).item())
+    total = len(root_keys) if task.branch is None else src.num_rows
     distinct = train["__t"].n_unique()
-    facts.metrics["data.labelled_rows"] = float(len(df))
+    facts.metrics[K.DATA_LABELLED_ROWS] = float(len(df))
     where = f"task.target '{task.target}' (table '{table}')"
     if df.is_empty():
-        raise UserError(f"{where} has no labelled rows: all {total:,} are null. Choose a target "
-                        "column with values, or label the rows.")
+        raise UserError(
+            f"{where} has no labelled rows: all {total:,} are null. Choose a target "
+            "column with values, or label the rows."
+        )
     if len(train) == 0 or len(val) == 0:
         raise UserError(
             f"{where} has {len(df):,} labelled rows of {total:,}: {len(train):,} fall in the "
             f"training split and {len(val):,} in the validation split "
             f"(task.validation_fraction {task.validation_fraction}); a run needs at least one "
-            "on each side. Label more rows, or change task.validation_fraction.")
+            "on each side. Label more rows, or change task.validation_fraction."
+        )
     if distinct < 2:
         what = "class" if task.kind != "regression" else "value"
         raise UserError(
             f"{where} has a single {what} ({train['__t'][0]!r}) in its {len(train):,} labelled "
             "training rows: there is nothing to learn. Choose another target, or data where it "
-            "varies.")
+            "varies."
+        )
 
 
-def check_data_before_work(spec: Spec, sources: dict[str, SourceTable]
-                           ) -> tuple[Spec, dict[str, float], list[str]]:
-    """Every data check, then the memory estimate against the budget.
+def check_data_before_work(spec: Spec, sources: dict[str, SourceTable]) -> tuple[Spec, dict[str, float], list[str]]:
+    """Every data check, then the memory estimate against the budget (``check_files`` ran
+    before the metadata checks).
 
     Returns the spec the run uses (each branch reserving at most the data's observed
     maximum rows per parent), the ``data.*``/``memory.*`` counts to log, and warnings."""
     from tasks import memory_budget
 
-    check_files(spec, sources)
     facts = check_data(spec, sources)
-    lengths = memory_budget.reserved_lengths(spec, facts.observed_max_rows,
-                                             _checkpoint_lengths(spec))
+    lengths = memory_budget.reserved_lengths(spec, facts.observed_max_rows, _checkpoint_lengths(spec))
     est = memory_budget.estimate(spec, sources[spec.schema_.root.table].num_rows, lengths)
     memory_budget.check(spec, est)
     metrics = dict(facts.metrics)
-    metrics.update({f"data.reserved_rows.{b}": float(n) for b, n in lengths.items()})
-    metrics["memory.estimated_chunk_bytes"] = float(est.chunk_bytes)
-    metrics["memory.budget_bytes"] = float(est.budget_bytes)
+    metrics.update({K.reserved_rows(b): float(n) for b, n in lengths.items()})
+    metrics[K.MEMORY_ESTIMATED_CHUNK_BYTES] = float(est.chunk_bytes)
+    metrics[K.MEMORY_BUDGET_BYTES] = float(est.budget_bytes)
     return memory_budget.with_lengths(spec, lengths), metrics, facts.warnings
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -55,7 +55,7 @@ def _open_shared(path: Path) -> int:
 
 
 @contextmanager
-def host_lock(on_wait=None) -> Iterator[float]:
+def host_lock(on_wait: Callable[[], None] | None = None) -> Iterator[float]:
     """Hold the host lock; yields the seconds spent waiting for it.
 
     ``on_wait`` is called once if another process holds it (``lock_path()`` says where)."""

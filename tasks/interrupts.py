@@ -50,7 +50,11 @@ def on_interrupt(cleanup: Callable[[], None]) -> Callable[[], None]:
     """Run ``cleanup`` if a signal ends the process; returns a function that unregisters it."""
     key = id(cleanup)
     _cleanups[key] = cleanup
-    return lambda: _cleanups.pop(key, None)
+
+    def forget() -> None:
+        _cleanups.pop(key, None)
+
+    return forget
 
 
 def install(message: str | None = None) -> None:
@@ -92,8 +96,11 @@ def _handle(signum: int, frame: Any) -> None:
         try:
             tracker.fail(Interrupted(f"{name}: the process was interrupted"))
         except Exception as err:  # noqa: BLE001
-            print(f"could not end MLflow run {getattr(tracker, 'run_id', '?')} KILLED ({err}); "
-                  "the next run on this host marks it KILLED (found stale).", file=sys.stderr)
+            print(
+                f"could not end MLflow run {getattr(tracker, 'run_id', '?')} KILLED ({err}); "
+                "the next run on this host marks it KILLED (found stale).",
+                file=sys.stderr,
+            )
     print(f"interrupted by {name}: {_message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(EXIT_CODE)

@@ -57,7 +57,7 @@ def is_alive(tags: dict[str, str]) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return abs(proc.create_time() - start) <= START_TOLERANCE_S
+        return bool(abs(proc.create_time() - start) <= START_TOLERANCE_S)
     except psutil.AccessDenied:
         return True  # cannot be inspected (another user's process): never end a live run
     except (KeyError, ValueError, psutil.NoSuchProcess):

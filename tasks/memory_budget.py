@@ -25,7 +25,9 @@ The estimate (``memory.estimated_chunk_bytes``) is deliberately simple and errs 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -44,8 +46,9 @@ class Estimate:
     reserved_rows: dict[str, int]  # branch -> rows reserved per parent row
 
 
-def reserved_lengths(spec: Spec, observed: dict[str, int],
-                     checkpoint_lengths: dict[str, int] | None = None) -> dict[str, int]:
+def reserved_lengths(
+    spec: Spec, observed: dict[str, int], checkpoint_lengths: dict[str, int] | None = None
+) -> dict[str, int]:
     """Rows each branch reserves per parent: the data's maximum, capped by max_length."""
     out = {}
     for b, _ in spec.schema_.walk():
@@ -60,7 +63,7 @@ def with_lengths(spec: Spec, lengths: dict[str, int]) -> Spec:
     """The spec with each branch's max_length replaced (the params keep the configured one)."""
     raw = spec.to_dict()
 
-    def visit(branches: list[dict]) -> None:
+    def visit(branches: list[dict[str, Any]]) -> None:
         for b in branches:
             b["max_length"] = lengths.get(b["name"], b["max_length"])
             visit(b.get("branches", []))
@@ -69,16 +72,18 @@ def with_lengths(spec: Spec, lengths: dict[str, int]) -> Spec:
     return Spec.model_validate(raw)
 
 
-def _row_bytes(cols: dict[str, str], has_target: bool) -> tuple[int, int]:
-    """(bytes per encoded row, cells per row) of one node."""
-    cont = sum(1 for k in cols.values() if k != "category") + (1 if has_target else 0)
+def _row_bytes(cols: Mapping[str, str], has_target: bool, text_dim: int) -> tuple[int, int]:
+    """(bytes per encoded row, cells per row) of one node; a text cell is its encoder's
+    ``text_dim`` float32 vector."""
+    text = sum(1 for k in cols.values() if k == "text")
+    cont = sum(1 for k in cols.values() if k not in ("category", "text")) + (1 if has_target else 0)
     cat = sum(1 for k in cols.values() if k == "category")
-    return 1 + cont * 5 + cat * 8 + (9 if has_target else 0), cont + cat
+    return 1 + cont * 5 + cat * 8 + text * (text_dim * 4 + 1) + (9 if has_target else 0), cont + cat + text
 
 
 def estimate(spec: Spec, root_rows: int, lengths: dict[str, int]) -> Estimate:
     target_node = spec.task.branch
-    row_b, cells = _row_bytes(spec.schema_.root.columns, target_node is None)
+    row_b, cells = _row_bytes(spec.schema_.root.columns, target_node is None, spec.run.text.dim)
     enc_bytes, cells_per_root, attention = row_b, cells, 0
     batch = spec.run.batch_size
 
@@ -87,7 +92,7 @@ def estimate(spec: Spec, root_rows: int, lengths: dict[str, int]) -> Estimate:
         for b in branches:
             n = lengths[b.name]
             rows = rows_above * n
-            rb, c = _row_bytes(b.columns, target_node == b.name)
+            rb, c = _row_bytes(b.columns, target_node == b.name, spec.run.text.dim)
             enc_bytes += rows * rb
             cells_per_root += rows * c
             attention += batch * rows_above * spec.model.heads * n * n * 4
@@ -95,9 +100,11 @@ def estimate(spec: Spec, root_rows: int, lengths: dict[str, int]) -> Estimate:
 
     visit(spec.schema_.branches, 1)
     chunk = min(spec.run.chunk_rows, max(root_rows, 1))
-    total = (chunk * enc_bytes * ENCODE_TEMPORARIES
-             + batch * cells_per_root * spec.model.d_model * 4 * spec.model.layers * ACTIVATION_FACTOR
-             + attention * spec.model.layers)
+    total = (
+        chunk * enc_bytes * ENCODE_TEMPORARIES
+        + batch * cells_per_root * spec.model.d_model * 4 * spec.model.layers * ACTIVATION_FACTOR
+        + attention * spec.model.layers
+    )
     return Estimate(int(total), budget(spec), lengths)
 
 
@@ -109,8 +116,11 @@ def budget(spec: Spec) -> int:
 def check(spec: Spec, est: Estimate) -> None:
     if est.chunk_bytes <= est.budget_bytes:
         return
-    source = ("run.max_memory_bytes" if getattr(spec.run, "max_memory_bytes", None)
-              else f"{DEFAULT_SHARE:.0%} of the available memory; set run.max_memory_bytes")
+    source = (
+        "run.max_memory_bytes"
+        if getattr(spec.run, "max_memory_bytes", None)
+        else f"{DEFAULT_SHARE:.0%} of the available memory; set run.max_memory_bytes"
+    )
     lengths = ", ".join(f"{b}.max_length (reserving {n})" for b, n in est.reserved_rows.items())
     raise UserError(
         f"One chunk would need about {_human(est.chunk_bytes)} but the memory budget is "

@@ -35,15 +35,22 @@ def mask_uri(uri: str) -> str:
     if "@" in parts.netloc:
         out = out.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1], 1)
     if parts.query:
-        query = urlencode([(k, "***" if any(s in k.lower() for s in SECRET_QUERY_KEYS) else v)
-                           for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
+        query = urlencode(
+            [
+                (k, "***" if any(s in k.lower() for s in SECRET_QUERY_KEYS) else v)
+                for k, v in parse_qsl(parts.query, keep_blank_values=True)
+            ],
+            safe="*",
+        )
         out = out.replace(parts.query, query, 1)
     return out
 
 
 def _fix(masked: str) -> str:
-    return (f"Start the tracking server or fix MLFLOW_TRACKING_URI (now '{masked}'); unset it "
-            "to use ./mlflow.db in the current folder.")
+    return (
+        f"Start the tracking server or fix MLFLOW_TRACKING_URI (now '{masked}'); unset it "
+        "to use ./mlflow.db in the current folder."
+    )
 
 
 def _writable_dir(folder: Path) -> str | None:
@@ -68,8 +75,10 @@ def _check_http(uri: str, masked: str) -> None:
         return  # the server answered
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
-        raise UserError(f"The MLflow tracking server {masked} cannot be reached ({reason}), so "
-                        f"the run could not be recorded. {_fix(masked)}") from None
+        raise UserError(
+            f"The MLflow tracking server {masked} cannot be reached ({reason}), so "
+            f"the run could not be recorded. {_fix(masked)}"
+        ) from None
 
 
 def _check_sqlite(uri: str, masked: str) -> None:
@@ -83,8 +92,10 @@ def _check_sqlite(uri: str, masked: str) -> None:
         raise UserError(f"The MLflow tracking store {masked} is not writable. {_fix(masked)}")
     why = _writable_dir(db.parent)
     if why:
-        raise UserError(f"The MLflow tracking store {masked} cannot be written: its folder "
-                        f"'{db.parent}' is not writable ({why}). {_fix(masked)}")
+        raise UserError(
+            f"The MLflow tracking store {masked} cannot be written: its folder "
+            f"'{db.parent}' is not writable ({why}). {_fix(masked)}"
+        )
 
 
 def _check_database(uri: str, masked: str, scheme: str) -> None:
@@ -93,8 +104,9 @@ def _check_database(uri: str, masked: str, scheme: str) -> None:
     try:
         socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
     except OSError as err:
-        raise UserError(f"The MLflow tracking database {masked} cannot be reached "
-                        f"({err.strerror or err}). {_fix(masked)}") from None
+        raise UserError(
+            f"The MLflow tracking database {masked} cannot be reached ({err.strerror or err}). {_fix(masked)}"
+        ) from None
 
 
 def check_tracking_store(uri: str) -> None:
@@ -110,8 +122,7 @@ def check_tracking_store(uri: str) -> None:
     elif scheme in ("", "file"):
         why = _writable_dir(Path(urlsplit(uri).path if scheme else uri))
         if why:
-            raise UserError(f"The MLflow tracking folder {masked} is not writable ({why}). "
-                            f"{_fix(masked)}")
+            raise UserError(f"The MLflow tracking folder {masked} is not writable ({why}). {_fix(masked)}")
 
 
 def check_output_dir(output_dir: str) -> None:
@@ -119,9 +130,11 @@ def check_output_dir(output_dir: str) -> None:
     folder = Path(output_dir).resolve()
     why = _writable_dir(folder)
     if why:
-        raise UserError(f"run.output_dir '{folder}' is not writable ({why}): predictions and "
-                        "the checkpoint go there. Set run.output_dir to a writable folder "
-                        "(--set run.output_dir=PATH).")
+        raise UserError(
+            f"run.output_dir '{folder}' is not writable ({why}): predictions and "
+            "the checkpoint go there. Set run.output_dir to a writable folder "
+            "(--set run.output_dir=PATH)."
+        )
 
 
 def check_before_work(spec: Spec) -> list[str]:
@@ -138,5 +151,7 @@ def check_before_work(spec: Spec) -> list[str]:
     check_device_name(spec)
     if not stale:
         return []
-    return [f"marked {len(stale)} RUNNING run(s) of dead processes on this host KILLED "
-            f"(tag relflow.found_stale): {', '.join(stale)}"]
+    return [
+        f"marked {len(stale)} RUNNING run(s) of dead processes on this host KILLED "
+        f"(tag relflow.found_stale): {', '.join(stale)}"
+    ]
