@@ -46,6 +46,7 @@ def _col(table: str, name: str, values, type_=None):
     def edit(spec, tables, folder):
         t = tables[table]
         tables[table] = t.set_column(t.schema.get_field_index(name), name, pa.array(values, type_))
+
     return edit
 
 
@@ -88,32 +89,50 @@ def _noop(spec, tables, folder):
 
 PORT = _closed_port()
 CASES: dict[str, Case] = {
-    "infinite-values": Case(_col("customers", "c_balance", [float("inf"), 1.0, 2.0, -float("inf"), 3.0]),
-                            ["Column 'c_balance' of table 'customers'", "2 infinite", "Replace them"]),
-    "key-int-vs-string": Case(_col("orders", "o_cust", ["1", "1", "1", "2", "4", "4", "5", "99"]),
-                              ["Branch 'orders'", "'o_cust'", "String", "'c_id'", "Int64"]),
-    "key-zero-padded": Case(_padded, ["Branch 'orders': none of its 8 rows joins a parent",
-                                      "'0001'", "zero-padding"]),
-    "folder-schemas-differ": Case(_folder_tz, ["Table 'lines'", "'l_ts'", "part-0.parquet",
-                                               "part-1.parquet", "tz=UTC"]),
+    "infinite-values": Case(
+        _col("customers", "c_balance", [float("inf"), 1.0, 2.0, -float("inf"), 3.0]),
+        ["Column 'c_balance' of table 'customers'", "2 infinite", "Replace them"],
+    ),
+    "key-int-vs-string": Case(
+        _col("orders", "o_cust", ["1", "1", "1", "2", "4", "4", "5", "99"]),
+        ["Branch 'orders'", "'o_cust'", "String", "'c_id'", "Int64"],
+    ),
+    "key-zero-padded": Case(_padded, ["Branch 'orders': none of its 8 rows joins a parent", "'0001'", "zero-padding"]),
+    "folder-schemas-differ": Case(
+        _folder_tz, ["Table 'lines'", "'l_ts'", "part-0.parquet", "part-1.parquet", "tz=UTC"]
+    ),
     "duplicate-root-keys": Case(_dupes, ["Table 'customers'", "1 duplicate root key", "De-duplicate"]),
-    "target-all-null": Case(_col("customers", "churn", [None] * 5, pa.string()),
-                            ["task.target 'churn'", "no labelled rows"], train=True),
-    "target-too-few": Case(_noop, ["task.target 'churn'", "0 in the validation split",
-                                   "task.validation_fraction"], train=True),
+    "target-all-null": Case(
+        _col("customers", "churn", [None] * 5, pa.string()), ["task.target 'churn'", "no labelled rows"], train=True
+    ),
+    "target-too-few": Case(
+        _noop, ["task.target 'churn'", "0 in the validation split", "task.validation_fraction"], train=True
+    ),
     "corrupt-parquet": Case(_corrupt, ["Table 'orders'", "orders.parquet", "corrupt"]),
     "folder-without-data": Case(_empty_folder, ["Table 'lines'", "holds no data files", "notes.txt"]),
-    "device-banana": Case(_noop, ["run.device 'banana' is not a device", "cuda:<index>"],
-                          args=["--set", "run.device=banana"]),
-    "memory-budget": Case(_noop, ["memory budget is 1,000 bytes", "run.chunk_rows", "max_length"],
-                          args=["--set", "run.max_memory_bytes=1000"]),
-    "output-dir-unwritable": Case(_noop, ["run.output_dir", "is not writable", "--set run.output_dir"],
-                                  args=["--set", "run.output_dir=/proc/relflow-out"]),
-    "tracking-unreachable": Case(_noop, [f"http://***@127.0.0.1:{PORT}", "cannot be reached",
-                                         "MLFLOW_TRACKING_URI"],
-                                 env={"MLFLOW_TRACKING_URI": f"http://alice:s3cret@127.0.0.1:{PORT}"}),
-    "tracking-sqlite-unwritable": Case(_noop, ["sqlite:////proc/relflow/mlflow.db", "not writable"],
-                                       env={"MLFLOW_TRACKING_URI": "sqlite:////proc/relflow/mlflow.db"}),
+    "device-banana": Case(
+        _noop, ["run.device 'banana' is not a device", "cuda:<index>"], args=["--set", "run.device=banana"]
+    ),
+    "memory-budget": Case(
+        _noop,
+        ["memory budget is 1,000 bytes", "run.chunk_rows", "max_length"],
+        args=["--set", "run.max_memory_bytes=1000"],
+    ),
+    "output-dir-unwritable": Case(
+        _noop,
+        ["run.output_dir", "is not writable", "--set run.output_dir"],
+        args=["--set", "run.output_dir=/proc/relflow-out"],
+    ),
+    "tracking-unreachable": Case(
+        _noop,
+        [f"http://***@127.0.0.1:{PORT}", "cannot be reached", "MLFLOW_TRACKING_URI"],
+        env={"MLFLOW_TRACKING_URI": f"http://alice:s3cret@127.0.0.1:{PORT}"},
+    ),
+    "tracking-sqlite-unwritable": Case(
+        _noop,
+        ["sqlite:////proc/relflow/mlflow.db", "not writable"],
+        env={"MLFLOW_TRACKING_URI": "sqlite:////proc/relflow/mlflow.db"},
+    ),
 }
 
 
@@ -126,14 +145,19 @@ class Result:
 
     @property
     def message(self) -> str:
-        return " ".join(self.stderr[self.stderr.rfind("error:"):].split())
+        return " ".join(self.stderr[self.stderr.rfind("error:") :].split())
 
 
 def _env(folder: Path, extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
-                "PREFECT_HOME": str(folder / "prefect-home"), "COLUMNS": "100",
-                "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
+    env.update(
+        {
+            "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
+            "PREFECT_HOME": str(folder / "prefect-home"),
+            "COLUMNS": "100",
+            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        }
+    )
     env.pop("PREFECT_API_URL", None)
     env.update(extra)
     return env
@@ -141,8 +165,14 @@ def _env(folder: Path, extra: dict[str, str]) -> dict[str, str]:
 
 def _run(folder: Path, args: list[str], extra: dict[str, str]) -> Result:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", *args], cwd=folder,
-                          env=_env(folder, extra), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", *args],
+        cwd=folder,
+        env=_env(folder, extra),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return Result(folder, proc.returncode, proc.stderr, time.monotonic() - start)
 
 
@@ -173,8 +203,10 @@ def results(tmp_path_factory, shop_kit) -> dict[str, Result]:
         return {name: f.result() for name, f in futures.items()}
 
 
-NAMES = {**{n: c.names for n, c in CASES.items()},
-         "spec-not-utf8": ["spec.yaml", "is not UTF-8", "byte 0xe9", "save it as UTF-8"]}
+NAMES = {
+    **{n: c.names for n, c in CASES.items()},
+    "spec-not-utf8": ["spec.yaml", "is not UTF-8", "byte 0xe9", "save it as UTF-8"],
+}
 
 
 @pytest.mark.parametrize("name", list(NAMES))

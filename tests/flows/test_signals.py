@@ -22,8 +22,18 @@ from mlflow.tracking import MlflowClient
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT_S = 10.0  # the README's promise for interrupts, not a speed claim
-LONG = ["--set", "model.d_model=16", "--set", "model.heads=2", "--set", "run.batch_size=512",
-        "--set", "run.epochs=300", "--set", "run.system_metrics_interval_s=0"]
+LONG = [
+    "--set",
+    "model.d_model=16",
+    "--set",
+    "model.heads=2",
+    "--set",
+    "run.batch_size=512",
+    "--set",
+    "run.epochs=300",
+    "--set",
+    "run.system_metrics_interval_s=0",
+]
 CASES = [(sig, group) for sig in (signal.SIGTERM, signal.SIGINT) for group in (False, True)]
 
 
@@ -36,12 +46,17 @@ def _runs(uri: str) -> list:
 def _interrupt(folder: Path, sig: signal.Signals, group: bool) -> dict:
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri).search_experiments()  # migrate before the CLI polls it
-    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PREFECT_HOME=str(folder / "prefect-home"),
-               PYTHONPATH=str(REPO))
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, PREFECT_HOME=str(folder / "prefect-home"), PYTHONPATH=str(REPO))
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *LONG], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group, as a terminal gives
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", *LONG],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own process group, as a terminal gives
     deadline = time.monotonic() + 280
     while time.monotonic() < deadline and proc.poll() is None:
         if any(r.info.status == "RUNNING" for r in _runs(uri)):
@@ -66,9 +81,14 @@ def _interrupt(folder: Path, sig: signal.Signals, group: bool) -> dict:
     except ProcessLookupError:
         leftover = False
     outputs = folder / "outputs"
-    return {"rc": proc.returncode, "seconds": seconds, "stderr": err, "runs": _runs(uri),
-            "leftover_group": leftover,
-            "outputs": sorted(p.name for p in outputs.rglob("*")) if outputs.exists() else []}
+    return {
+        "rc": proc.returncode,
+        "seconds": seconds,
+        "stderr": err,
+        "runs": _runs(uri),
+        "leftover_group": leftover,
+        "outputs": sorted(p.name for p in outputs.rglob("*")) if outputs.exists() else [],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +104,7 @@ def interrupted(tpch_small, tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, group", CASES, ids=[f"{s.name}-{'group' if g else 'process'}"
-                                                   for s, g in CASES])
+@pytest.mark.parametrize("sig, group", CASES, ids=[f"{s.name}-{'group' if g else 'process'}" for s, g in CASES])
 def test_signal_ends_in_130_with_the_run_killed_and_nothing_left(interrupted, sig, group):
     r = interrupted[(sig, group)]
     assert r["rc"] == 130, r["stderr"][-2000:]

@@ -43,8 +43,7 @@ def test_counts_match_the_shop_tables(shop_spec, shop_tables, write_tables, tmp_
     assert any("orders" in w and "no parent row" in w for w in facts.warnings)
 
 
-def test_reserved_rows_never_exceed_the_observed_maximum(shop_spec, shop_tables, write_tables,
-                                                          tmp_path):
+def test_reserved_rows_never_exceed_the_observed_maximum(shop_spec, shop_tables, write_tables, tmp_path):
     shop_spec["schema"]["branches"][0]["max_length"] = 100_000
     spec, sources = _setup(_predict(shop_spec), shop_tables, write_tables, tmp_path)
     run_spec, metrics, _ = check_data_before_work(spec, sources)
@@ -55,24 +54,26 @@ def test_reserved_rows_never_exceed_the_observed_maximum(shop_spec, shop_tables,
     assert spec.schema_.branches[0].max_length == 100_000  # the configured value is untouched
 
 
-def test_memory_budget_refuses_with_estimate_budget_and_keys(shop_spec, shop_tables, write_tables,
-                                                             tmp_path):
-    spec, sources = _setup(_predict(shop_spec), shop_tables, write_tables, tmp_path,
-                           max_memory_bytes=1000)
+def test_memory_budget_refuses_with_estimate_budget_and_keys(shop_spec, shop_tables, write_tables, tmp_path):
+    spec, sources = _setup(_predict(shop_spec), shop_tables, write_tables, tmp_path, max_memory_bytes=1000)
     with pytest.raises(UserError) as err:
         check_data_before_work(spec, sources)
     msg = str(err.value)
-    for part in ("47,310 bytes", "memory budget is 1,000 bytes", "run.max_memory_bytes",
-                 "run.chunk_rows", "run.batch_size", "orders.max_length (reserving 2)"):
+    for part in (
+        "47,310 bytes",
+        "memory budget is 1,000 bytes",
+        "run.max_memory_bytes",
+        "run.chunk_rows",
+        "run.batch_size",
+        "orders.max_length (reserving 2)",
+    ):
         assert part in msg, (part, msg)
 
 
-def test_nan_is_a_counted_null_and_infinity_is_refused(shop_spec, shop_tables, write_tables,
-                                                       tmp_path):
+def test_nan_is_a_counted_null_and_infinity_is_refused(shop_spec, shop_tables, write_tables, tmp_path):
     t = shop_tables["customers"]
     nan = t.set_column(1, "c_balance", pa.array([float("nan"), None, 30.0, float("nan"), 50.0]))
-    spec, sources = _setup(_predict(shop_spec), {**shop_tables, "customers": nan}, write_tables,
-                           tmp_path)
+    spec, sources = _setup(_predict(shop_spec), {**shop_tables, "customers": nan}, write_tables, tmp_path)
     facts = check_data(spec, sources)
     assert facts.metrics["data.non_finite.customers.c_balance"] == 2
     assert any("NaN" in w for w in facts.warnings)
@@ -84,8 +85,7 @@ def test_nan_is_a_counted_null_and_infinity_is_refused(shop_spec, shop_tables, w
 
 
 @pytest.mark.parametrize("as_text", [str, lambda k: f"{k:08d}"])
-def test_key_types_that_cannot_join_name_both_columns(shop_spec, shop_tables, write_tables,
-                                                      tmp_path, as_text):
+def test_key_types_that_cannot_join_name_both_columns(shop_spec, shop_tables, write_tables, tmp_path, as_text):
     o = shop_tables["orders"]
     o = o.set_column(1, "o_cust", pa.array([as_text(k) for k in o["o_cust"].to_pylist()]))
     spec, sources = _setup(shop_spec, {**shop_tables, "orders": o}, write_tables, tmp_path)
@@ -100,17 +100,16 @@ def test_strings_that_join_nothing_are_refused(shop_spec, shop_tables, write_tab
     c = c.set_column(0, "c_id", pa.array([f"{k:04d}" for k in c["c_id"].to_pylist()]))
     o = shop_tables["orders"]
     o = o.set_column(1, "o_cust", pa.array([str(k) for k in o["o_cust"].to_pylist()]))
-    spec, sources = _setup(shop_spec, {**shop_tables, "customers": c, "orders": o},
-                           write_tables, tmp_path)
+    spec, sources = _setup(shop_spec, {**shop_tables, "customers": c, "orders": o}, write_tables, tmp_path)
     with pytest.raises(UserError, match=r"Branch 'orders': none of its 8 rows joins a parent"):
         check_data(spec, sources)
 
 
-def test_duplicate_root_keys_are_counted_and_refused(shop_spec, shop_tables, write_tables,
-                                                     tmp_path):
+def test_duplicate_root_keys_are_counted_and_refused(shop_spec, shop_tables, write_tables, tmp_path):
     c = shop_tables["customers"]
-    spec, sources = _setup(shop_spec, {**shop_tables, "customers": pa.concat_tables([c, c.slice(0, 2)])},
-                           write_tables, tmp_path)
+    spec, sources = _setup(
+        shop_spec, {**shop_tables, "customers": pa.concat_tables([c, c.slice(0, 2)])}, write_tables, tmp_path
+    )
     with pytest.raises(UserError, match=r"2 duplicate root key rows in 'c_id' \(e.g. 1\)"):
         check_data(spec, sources)
 
@@ -119,12 +118,16 @@ def _target(values):
     return lambda t: t.set_column(4, "churn", pa.array(values, pa.string()))
 
 
-@pytest.mark.parametrize("values, expected", [
-    ([None] * 5, "no labelled rows: all 5 are null"),
-    (["yes"] * 5, "0 in the validation split"),  # the shop's 5 keys all hash to training
-])
-def test_degenerate_targets_are_refused_before_training(shop_spec, shop_tables, write_tables,
-                                                        tmp_path, values, expected):
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([None] * 5, "no labelled rows: all 5 are null"),
+        (["yes"] * 5, "0 in the validation split"),  # the shop's 5 keys all hash to training
+    ],
+)
+def test_degenerate_targets_are_refused_before_training(
+    shop_spec, shop_tables, write_tables, tmp_path, values, expected
+):
     c = _target(values)(shop_tables["customers"])
     spec, sources = _setup(shop_spec, {**shop_tables, "customers": c}, write_tables, tmp_path)
     with pytest.raises(UserError, match="task.target 'churn'") as err:
@@ -135,17 +138,21 @@ def test_degenerate_targets_are_refused_before_training(shop_spec, shop_tables, 
 def test_single_class_target_is_refused(shop_spec, shop_tables, write_tables, tmp_path):
     shop_spec["task"]["validation_fraction"] = 0.5
     c = shop_tables["customers"]
-    c = pa.table({"c_id": pa.array(range(1, 41), pa.int64()),
-                  "c_balance": pa.array([1.0] * 40), "c_segment": pa.array(["a"] * 40),
-                  "c_since": pa.array([None] * 40, pa.date32()),
-                  "churn": pa.array(["no"] * 40)})
+    c = pa.table(
+        {
+            "c_id": pa.array(range(1, 41), pa.int64()),
+            "c_balance": pa.array([1.0] * 40),
+            "c_segment": pa.array(["a"] * 40),
+            "c_since": pa.array([None] * 40, pa.date32()),
+            "churn": pa.array(["no"] * 40),
+        }
+    )
     spec, sources = _setup(shop_spec, {**shop_tables, "customers": c}, write_tables, tmp_path)
     with pytest.raises(UserError, match=r"single class \('no'\)"):
         check_data(spec, sources)
 
 
-def test_folder_files_with_differing_schemas_name_files_and_column(shop_spec, shop_tables,
-                                                                   write_tables, tmp_path):
+def test_folder_files_with_differing_schemas_name_files_and_column(shop_spec, shop_tables, write_tables, tmp_path):
     lines = shop_tables["lines"]
     folder = write_tables(shop_tables)
     (folder / "lines.parquet").unlink()

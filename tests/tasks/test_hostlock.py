@@ -52,17 +52,24 @@ def test_another_users_read_only_lock_file_still_locks(shared_tmp):
     os.chmod(path, 0o644)
     nobody = pwd.getpwnam("nobody")
     # Python itself lives under /root here, so the switch to 'nobody' happens after imports.
-    code = ("import os\nfrom tasks.hostlock import host_lock, lock_path\n"
-            f"os.setgid({nobody.pw_gid})\nos.setuid({nobody.pw_uid})\n"
-            "with host_lock(on_wait=lambda: print('waiting for', lock_path(), flush=True)) as w:\n"
-            "    print('held after', round(w, 1))\n")
+    code = (
+        "import os\nfrom tasks.hostlock import host_lock, lock_path\n"
+        f"os.setgid({nobody.pw_gid})\nos.setuid({nobody.pw_uid})\n"
+        "with host_lock(on_wait=lambda: print('waiting for', lock_path(), flush=True)) as w:\n"
+        "    print('held after', round(w, 1))\n"
+    )
 
     env = dict(os.environ, RELFLOW_LOCK_FILE=str(path), PYTHONPATH=str(REPO))
     with open(path, "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=shared_tmp)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=shared_tmp,
+        )
         first = proc.stdout.readline()
         assert first.strip() == f"waiting for {path}", first + proc.stderr.read()
         fcntl.flock(held, fcntl.LOCK_UN)

@@ -26,11 +26,18 @@ def test_process_tags_identify_this_process():
 
 
 def test_sigkilled_run_is_found_stale_and_ended_killed(mlflow_uri):
-    code = ("import os, signal\nfrom tasks.tracking import Tracker\n"
-            "t = Tracker('stale')\nprint(t.start('doomed', {}), flush=True)\n"
-            "os.kill(os.getpid(), signal.SIGKILL)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    code = (
+        "import os, signal\nfrom tasks.tracking import Tracker\n"
+        "t = Tracker('stale')\nprint(t.start('doomed', {}), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        timeout=120,
+    )
     assert proc.returncode == -signal.SIGKILL
     dead = proc.stdout.strip()
     live = Tracker("stale").start("alive", {})
