@@ -15,6 +15,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tasks.errors import UserError
 
@@ -31,9 +32,11 @@ def fail(err: BaseException, debug: bool) -> NoReturn:
     if debug:
         raise err
     if isinstance(err, UserError):
-        console.print(f"[bold red]error:[/] {err}")
+        console.print(f"[bold red]error:[/] {escape(str(err))}")  # "[us, tz=UTC]" is not markup
         raise typer.Exit(UserError.exit_code)
-    console.print(f"[bold red]failed:[/] {type(err).__name__}: {err}\n(rerun with --debug for the traceback)")
+    console.print(
+        f"[bold red]failed:[/] {type(err).__name__}: {escape(str(err))}\n(rerun with --debug for the traceback)"
+    )
     raise typer.Exit(1)
 
 

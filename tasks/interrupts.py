@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tasks.clock import wall_clock
+
 ENDING_LIMIT_S = 8.0  # everything the handler does must fit in the 10 s the contract allows
 EXIT_CODE = 130
 
@@ -81,12 +83,14 @@ def _handle(signum: int, frame: Any) -> None:
         os._exit(EXIT_CODE)
     _ending = True
     name = signal.Signals(signum).name
+    started = wall_clock()
     watchdog = threading.Timer(ENDING_LIMIT_S, os._exit, args=(EXIT_CODE,))
     watchdog.daemon = True
     watchdog.start()
-    # Stop Prefect's temporary server first: nothing may report to it, and it must not
-    # outlive us (os._exit skips its own shutdown).
-    _stop_children()
+    # Stop our children first (Prefect's temporary server: nothing may report to it, and it
+    # must not outlive us, since os._exit skips its shutdown; a sweep's configuration
+    # processes end their own runs KILLED meanwhile), wait for them after our own ending.
+    children = _terminate_children()
     for cleanup in list(_cleanups.values()):
         try:
             cleanup()
@@ -101,20 +105,37 @@ def _handle(signum: int, frame: Any) -> None:
                 "the next run on this host marks it KILLED (found stale).",
                 file=sys.stderr,
             )
+    _reap(children, timeout=max(ENDING_LIMIT_S - 2.0 - (wall_clock() - started), 0.5))
     print(f"interrupted by {name}: {_message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(EXIT_CODE)
 
 
-def _stop_children() -> None:
+def _terminate_children() -> list[Any]:
     try:
         import psutil
 
         children = psutil.Process().children(recursive=True)
         for child in children:
-            child.terminate()
-        _, alive = psutil.wait_procs(children, timeout=2)
-        for child in alive:
-            child.kill()
+            try:
+                child.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        return children
     except Exception:  # noqa: BLE001 - children that are already gone need nothing
+        return []
+
+
+def _reap(children: list[Any], timeout: float) -> None:
+    """Wait for the children told to stop; kill those still there after ``timeout`` s."""
+    try:
+        import psutil
+
+        _, alive = psutil.wait_procs(children, timeout=timeout)
+        for child in alive:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+    except Exception:  # noqa: BLE001
         pass
