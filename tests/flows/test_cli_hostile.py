@@ -125,7 +125,12 @@ CASES: dict[str, Case] = {
     ),
     "tracking-unreachable": Case(
         _noop,
-        [f"http://***@127.0.0.1:{PORT}", "cannot be reached", "MLFLOW_TRACKING_URI"],
+        [f"http://127.0.0.1:{PORT}", "cannot be reached", "MLFLOW_TRACKING_URI"],
+        env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{PORT}"},
+    ),
+    "tracking-credentials-in-uri": Case(  # refused before it is ever shown or tried
+        _noop,
+        ["MLFLOW_TRACKING_URI carries credentials", "MLFLOW_TRACKING_PASSWORD"],
         env={"MLFLOW_TRACKING_URI": f"http://alice:s3cret@127.0.0.1:{PORT}"},
     ),
     "tracking-sqlite-unwritable": Case(
