@@ -28,6 +28,7 @@ from tasks.clock import wall_clock
 
 ENDING_LIMIT_S = 8.0  # everything the handler does must fit in the 10 s the contract allows
 EXIT_CODE = 130
+PREFECT_SERVER = "prefect.server.api.server:create_app"  # its temporary server's command line
 
 _runs: dict[str, Any] = {}  # run id -> Tracker (anything with ``fail(error)``)
 _cleanups: dict[int, Callable[[], None]] = {}
@@ -115,11 +116,14 @@ def _terminate_children() -> list[Any]:
     try:
         import psutil
 
-        children = psutil.Process().children(recursive=True)
+        children: list[Any] = psutil.Process().children(recursive=True)
         for child in children:
             try:
-                child.terminate()
-            except psutil.NoSuchProcess:
+                if PREFECT_SERVER in " ".join(child.cmdline()):
+                    child.kill()  # asked to stop, it logs the cancelled requests' tracebacks
+                else:
+                    child.terminate()  # a sweep's configuration, torchrun: end their own runs
+            except psutil.Error:
                 pass
         return children
     except Exception:  # noqa: BLE001 - children that are already gone need nothing
