@@ -19,7 +19,7 @@ each times its own work with the shared clock, never with Prefect's records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,11 @@ from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks import calibrate as calibration
 from tasks import compute as compute_stage
-from tasks import distributed, progress
+from tasks import distributed, interrupts, progress
 from tasks import keys as K
+from tasks.baseline import no_better_than_baseline
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
+from tasks.checks import check_data_before_work, check_files, check_table_folders
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
 from tasks.databases import close_all as close_databases
@@ -48,9 +50,10 @@ from tasks.encode import check_text
 from tasks.encode import encode as encode_text
 from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostload import OtherCpu, other_cpu_fraction_before
-from tasks.hostlock import host_lock
+from tasks.hostlock import host_lock, lock_path
 from tasks.memory import PeakMemory
 from tasks.peak import peak_flops
+from tasks.preflight import check_before_work
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.profiling import to_markdown as profile_markdown
 from tasks.records import PHASES, RunResult, StageTiming, batch_coordinate_metrics
@@ -164,11 +167,17 @@ class Plan:
     data_seconds: float
     generated: bool
     spec_dir: Path = Path(".")  # where relative source paths resolve (DDP ranks re-plan from it)
+    data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/checks.py counts
+    warnings: list[str] = field(default_factory=list)
 
 
 def plan(spec: Spec, spec_dir: Path) -> Plan:
-    """Validate inputs and make the data available; raises ``UserError`` before any work."""
+    """Validate inputs and make the data available; raises ``UserError`` before any work.
+
+    The returned ``Plan.spec`` reserves at most the data's observed rows per parent in each
+    branch (tasks/checks.py); the run's params and spec hash stay the configured spec's."""
     t0 = wall_clock()
+    notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs
     generated = False
     base = spec_dir
     db = spec.source.database
@@ -177,8 +186,12 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     if db is not None:  # tables in a database (tasks/databases.py) instead of files
         sources = resolve_database(spec, spec_dir, base if spec.source.generate else None)
     else:
+        check_table_folders(spec, base)  # "holds no data files", not "does not exist"
         sources = resolve_sources(spec, base)
+        check_files(spec, sources)  # corrupt files and folders of mixed types, named
     check_sources(spec, sources)
+    # keys, duplicates, non-finite values, target, memory; the run uses the reserved lengths
+    spec, data_metrics, data_notes = check_data_before_work(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
     distributed.check(spec, device)
@@ -186,7 +199,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     ckpt = None
     if spec.run.checkpoint:  # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
-    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated, spec_dir)
+    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated, spec_dir, data_metrics, notes + data_notes)
 
 
 class Pipeline:
@@ -415,7 +428,7 @@ def timed_body(run: Run) -> None:
     run.tracker.log_params(flatten(s.to_dict()))
     run.tracker.log_text(s.to_yaml(), "spec.yaml")
     run.tracker.log_datasets(describe_sources(s, run.plan.sources))
-    with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")) as waited:
+    with host_lock(on_wait=lambda: progress.emit("phase", name=f"waiting for the host lock {lock_path()}")) as waited:
         load_start = host_load_per_core()
         other_before = other_cpu_fraction_before()
         if s.run.system_metrics_interval_s > 0:
@@ -543,6 +556,8 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
         reasons += latency_verdict(run.spec.run.scenario, run.spec.run.request, metrics)
     if not run.quality_meaningful and run.spec.task.min_quality is not None:
         reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
+    if run.quality_meaningful:  # a model no better than the majority class / the mean
+        reasons += no_better_than_baseline(metrics)
     return reasons
 
 
@@ -603,12 +618,15 @@ def benchmark(
 
     check inputs -> start run -> timed body -> collect -> verdict -> log."""
     flow_start = wall_clock()
+    interrupts.reinstall()  # Prefect's engine took SIGTERM; the CLI's handler ends runs KILLED
     s = parse_spec(spec, "(flow parameter 'spec')")
     thread_tags = apply_threads(s.run.threads.intra_op, s.run.threads.inter_op)
     progress.emit("phase", name="checking inputs")
     p = plan(s, Path(spec_dir).resolve())
     progress.emit("phase", name="starting MLflow run")
     run = start_run(s, p, flow_start, launched_at, parent_run_id, tags, thread_tags)
+    forget_outputs = interrupts.on_interrupt(lambda: _remove_outputs(run.output))
+    run.result.extra.update(p.data_metrics)
     run.memory.start()
     try:
         timed_body(run)
@@ -619,12 +637,23 @@ def benchmark(
         if run.pipe is not None and run.pipe.engine is not None:
             run.pipe.engine.close()
         run.writer.abort()
+        _remove_outputs(run.output)  # a committed prediction file or checkpoint included
         run.tracker.fail(err)
         raise
     finally:
+        forget_outputs()
         close_databases()
     publish_run_artifact(summary)
     return summary
+
+
+def _remove_outputs(output: Path) -> None:
+    """A run that did not finish leaves none of its files: predictions, checkpoint, temps."""
+    for path in (output, output.with_suffix(".ckpt")):
+        path.unlink(missing_ok=True)
+    if output.parent.is_dir():
+        for tmp in output.parent.glob(f".{output.stem}*.tmp-*"):
+            tmp.unlink(missing_ok=True)
 
 
 def _utilisation(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -123,6 +124,8 @@ def _run_benchmark(
     # Bad input fails in a second, not after the server's start-up; the flow repeats the cheap
     # checks.
     checked = plan(s, tables_dir)
+    for note in checked.warnings:
+        console.print(f"[yellow]warning:[/] {escape(note)}")
     if checked.generated:
         console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
     launched = wall_clock()

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tasks.errors import UserError
 
@@ -34,9 +34,11 @@ def fail(err: BaseException, debug: bool) -> NoReturn:
     if debug:
         raise err
     if isinstance(err, UserError):
-        console.print(f"[bold red]error:[/] {err}")
+        console.print(f"[bold red]error:[/] {escape(str(err))}")  # "[us, tz=UTC]" is not markup
         raise typer.Exit(UserError.exit_code)
-    console.print(f"[bold red]failed:[/] {type(err).__name__}: {err}\n(rerun with --debug for the traceback)")
+    console.print(
+        f"[bold red]failed:[/] {type(err).__name__}: {escape(str(err))}\n(rerun with --debug for the traceback)"
+    )
     raise typer.Exit(1)
 
 
@@ -67,16 +69,14 @@ def quiet_prefect(debug: bool) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if debug else "WARNING")
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    # Unwind like Ctrl-C so the MLflow run ends KILLED and partial files are removed.
-    raise SystemExit(128 + signum)
-
-
 def start_run_command(debug: bool, set_: list[str] | None, scale: float | None) -> list[str]:
-    """Start of the run-like commands (run, sweep): quiet logs, SIGTERM unwinds, the overrides
+    """Start of the run-like commands (run, sweep): quiet logs, interrupts end runs KILLED, the overrides
     (``--scale S`` is ``--set source.generate.tpch.scale=S``)."""
     quiet_prefect(debug)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    from tasks import interrupts
+
+    # SIGTERM/SIGINT, to the process or its group: exit 130 within seconds, runs KILLED
+    interrupts.install()
     overrides = list(set_ or [])
     if scale is not None:
         overrides.append(f"source.generate.tpch.scale={scale}")

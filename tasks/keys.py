@@ -107,6 +107,33 @@ def overflow_dropped(branch: str) -> str:
     return f"{DATA_OVERFLOW_DROPPED}.{branch}"
 
 
+# Data checks before any work (tasks/checks.py) and the memory budget (tasks/memory_budget.py).
+DATA_DUPLICATE_ROOT_KEYS = "data.duplicate_root_keys"
+DATA_LABELLED_ROWS = "data.labelled_rows"
+MEMORY_ESTIMATED_CHUNK_BYTES = "memory.estimated_chunk_bytes"
+MEMORY_BUDGET_BYTES = "memory.budget_bytes"
+
+
+def orphan_rows(branch: str) -> str:
+    return f"data.orphan_rows.{branch}"
+
+
+def roots_without_rows(branch: str) -> str:
+    return f"data.roots_without_rows.{branch}"
+
+
+def observed_max_rows(branch: str) -> str:
+    return f"data.observed_max_rows.{branch}"
+
+
+def reserved_rows(branch: str) -> str:
+    return f"data.reserved_rows.{branch}"
+
+
+def non_finite(table: str, column: str) -> str:
+    return f"data.non_finite.{table}.{column}"
+
+
 INPUT_WAIT_FRACTION = "device.input_wait_fraction"
 WORKER_STARTUP_SECONDS = "device.worker_startup_seconds"
 HOST_PEAK_BYTES = "memory.host_peak_bytes"
@@ -248,6 +275,23 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (DATA_OVERFLOW_DROPPED, "branch rows dropped by max_length, all branches"),
     ("data.overflow_dropped.<branch>", "the same for one branch"),
     (DATA_CHUNKS, "retrieve..write chunks (run.chunk_rows)"),
+    (DATA_DUPLICATE_ROOT_KEYS, "root rows whose key another root row has (checked before the run; > 0 is refused)"),
+    ("data.orphan_rows.<branch>", "rows of the branch whose parent key matches no parent row (ignored)"),
+    ("data.roots_without_rows.<branch>", "parent rows with no row in the branch, at any depth"),
+    (
+        "data.non_finite.<table>.<column>",
+        "NaN and +-inf values in a floating-point input (or regression target), counted before "
+        "the run; NaN is read as null, infinities are refused",
+    ),
+    (DATA_LABELLED_ROWS, "target rows with a label (train+predict)"),
+    ("data.observed_max_rows.<branch>", "the data's maximum rows per parent row in the branch"),
+    ("data.reserved_rows.<branch>", "rows the run reserves per parent: min(max_length, observed maximum)"),
+    (
+        MEMORY_ESTIMATED_CHUNK_BYTES,
+        "estimated bytes of one chunk (encoded tensors, one batch's activations and attention "
+        "scores), from the reserved shape before any work",
+    ),
+    (MEMORY_BUDGET_BYTES, "the budget the estimate was checked against (run.max_memory_bytes or half of available)"),
     (DATA_ROWS_READ, "source rows read (root and branch tables), summed over reads"),
     (
         "latency.<what>",
@@ -319,7 +363,12 @@ def _pattern(entry: str) -> re.Pattern[str]:
     for i, part in enumerate(parts):
         rx += re.escape(part)
         if i < len(holes):
-            rx += r"[A-Za-z0-9_.|:-]+" if holes[i] in ("<what>", "<key>", "<name>") else r"[A-Za-z0-9_-]+"
+            if holes[i] in ("<what>", "<key>", "<name>"):
+                rx += r"[A-Za-z0-9_.|:-]+"
+            elif holes[i] in ("<table>", "<column>"):  # data names: any word characters, spaces
+                rx += r"[\w -]+"
+            else:
+                rx += r"[A-Za-z0-9_-]+"
     return re.compile(rf"^{rx}$")
 
 

@@ -375,6 +375,12 @@ class Run(Strict):
         "train+predict resumes training from it (optimizer state and settings)",
     )
     output_dir: str = "outputs"
+    max_memory_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="refuse a run whose estimated chunk memory exceeds this "
+        "(default: half of the memory available at start; tasks/memory_budget.py)",
+    )
     distributed: Distributed | None = Field(None, description="train with DDP over several processes")
 
     @model_validator(mode="after")
@@ -541,7 +547,12 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"Spec file '{path}' does not exist; pass the path of a benchmark YAML.")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"Spec file '{path}' is not UTF-8 text (byte {err.object[err.start]:#x} at offset "
+            f"{err.start}); save it as UTF-8."
+        ) from None
     except yaml.YAMLError as err:
         raise UserError(f"Spec file '{path}' is not valid YAML: {err}") from None
     if not isinstance(raw, dict):

@@ -35,6 +35,7 @@ from mlflow.data.dataset_source import DatasetSource  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from tasks import interrupts, liveness  # noqa: E402
 from tasks.clock import unix_time  # noqa: E402
 from tasks.errors import UserError  # noqa: E402
 
@@ -184,7 +185,7 @@ class Tracker:
         return self.run_id
 
     def start(self, run_name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
-        tags = dict(tags)
+        tags = {**tags, **liveness.process_tags()}  # lets a later run find this one stale
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         try:
@@ -201,6 +202,7 @@ class Tracker:
                 "EDIT permission on that experiment, or run as a user who has it."
             ) from None
         self.run_id = run.info.run_id
+        interrupts.track_run(self.run_id, self)
         return self.run_id
 
     def log_params(self, params: dict[str, Any]) -> None:
@@ -329,14 +331,19 @@ class Tracker:
 
     def finish(self) -> None:
         self.client.set_terminated(self._id, "FINISHED")
+        interrupts.untrack_run(self._id)
 
     def fail(self, error: BaseException) -> None:
         """End the run FAILED (KILLED for interrupts), with the error recorded."""
         if self.run_id is None:
             return
-        killed = isinstance(error, KeyboardInterrupt | SystemExit)
-        self.stop_system_metrics()
+        # Prefect turns SIGTERM inside a flow into its TerminationSignal (an ExternalSignal).
+        killed = isinstance(error, KeyboardInterrupt | SystemExit) or any(
+            c.__name__ == "ExternalSignal" for c in type(error).__mro__
+        )
+        interrupts.untrack_run(self.run_id)
         try:
+            self.stop_system_metrics()
             self.set_tags({"relflow.error": f"{type(error).__name__}: {error}"})
             self.log_text("".join(traceback.format_exception(error)), "error.txt")
         finally:
@@ -346,7 +353,45 @@ class Tracker:
         """Continue an existing run of this experiment (a resumed sweep's parent): RUNNING again."""
         self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
+        self.set_tags(liveness.process_tags())  # this process holds it now
+        interrupts.track_run(run_id, self)
         return run_id
+
+
+def end_stale_runs(uri: str | None = None) -> list[str]:
+    """End KILLED every RUNNING run recorded by a process of this host that no longer exists
+    (SIGKILL, out-of-memory kill), tagged ``relflow.found_stale``; returns their ids."""
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    exp_ids = [e.experiment_id for e in client.search_experiments()]
+    if not exp_ids:
+        return []
+    host = liveness.process_host()
+    found = []
+    for run in client.search_runs(
+        exp_ids,
+        filter_string=(f"attributes.status = 'RUNNING' and tags.\"relflow.process_host\" = '{host}'"),
+        max_results=1000,
+    ):
+        tags = run.data.tags
+        if liveness.is_alive(tags):
+            continue
+        try:
+            client.log_batch(
+                run.info.run_id,
+                tags=[
+                    RunTag("relflow.found_stale", "true"),
+                    RunTag(
+                        "relflow.error",
+                        f"process {tags.get('relflow.pid')} ended without ending "
+                        f"this run (SIGKILL or out-of-memory); found stale by process {os.getpid()}",
+                    ),
+                ],
+            )
+            client.set_terminated(run.info.run_id, "KILLED")
+        except mlflow.exceptions.MlflowException:
+            continue  # another user's run this user may not edit (an auth server): theirs to end
+        found.append(run.info.run_id)
+    return found
 
 
 def _dataset_source(location: str) -> Any:

@@ -123,11 +123,15 @@ def test_exact_row_and_coordinate_counts(tpch_run, tpch_small):
     assert m["data.chunks"] == 2  # chunk_rows 10,000
     # no order has more than 7 lines, max_length is 8: nothing overflows
     assert m["data.overflow_dropped"] == 0
-    # cells: the root's inputs + the (masked) target; lineitem's columns x 8 reserved rows
+    # cells: the root's inputs + the (masked) target; lineitem's columns x 7 reserved rows:
+    # max_length is 8 but no order has more than 7 lines, and no more rows are reserved
+    # than the data has (issue 9)
+    assert m["data.observed_max_rows.lineitem"] == 7
+    assert m["data.reserved_rows.lineitem"] == 7
     spec = load_spec(DEFAULT_SPEC, SMALL)
     root_cells = len(spec.schema_.root.columns) + 1
     line_cells = len(spec.schema_.branches[0].columns)
-    assert m["data.coords_reserved"] == orders * (root_cells + 8 * line_cells)
+    assert m["data.coords_reserved"] == orders * (root_cells + 7 * line_cells)
     assert m["data.coords_present"] == orders * root_cells + lines * line_cells
     assert m["data.occupancy"] == pytest.approx(m["data.coords_present"] / m["data.coords_reserved"])
 
