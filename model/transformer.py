@@ -186,12 +186,11 @@ class RelationalTransformer(nn.Module):
         return is_stock(stack, STOCK_ENCODER_TYPES) and not has_hooks(stack) and not dropout_active(stack)
 
     # --------------------------------------------------------------------------- forward
-    def forward(self, batch: Batch, outputs: Iterable[str] = ("prediction",)) -> dict[str, torch.Tensor]:
-        outputs = self._parse_outputs(outputs)
+    def output_plan(self, outputs: tuple[str, ...]) -> tuple[set[str], set[str], dict[str, list[str]]]:
+        """Nodes to encode, nodes whose pooled vector is needed, and row outputs per node."""
         schema = self.schema
         target = schema.target
         root = schema.root.name
-
         requested: set[str] = set()  # nodes whose encoding an output needs directly
         want_pool: set[str] = set()
         row_outputs: dict[str, list[str]] = {}
@@ -213,6 +212,39 @@ class RelationalTransformer(nn.Module):
         for name in requested:
             encode.update(n.name for n in schema.nodes[name].walk())
         want_pool.update(n for n in encode if self._parent.get(n) in encode)
+        return encode, want_pool, row_outputs
+
+    def collect_outputs(
+        self,
+        outputs: tuple[str, ...],
+        pooled: dict[str, torch.Tensor],
+        rows_out: dict[str, dict[str, torch.Tensor]],
+    ) -> dict[str, torch.Tensor]:
+        """The selected outputs from per-node pooled vectors and row outputs."""
+        target = self.schema.target
+        root = self.schema.root.name
+        result_dict: dict[str, torch.Tensor] = {}
+        for out in outputs:
+            if out == "prediction":
+                x = rows_out[target.node]["target"]
+                if target.node == root:
+                    x = x.squeeze(1)
+                logits = self.head(x)
+                result_dict[out] = logits if target.kind == "category" else logits.squeeze(-1)
+            elif out == "root_embedding":
+                result_dict[out] = pooled[root]
+            else:
+                kind, name = out.split(":", 1)
+                if kind == "branch_embedding":
+                    result_dict[out] = pooled[name]
+                else:
+                    result_dict[out] = rows_out[name]["leaf"]
+        return result_dict
+
+    def forward(self, batch: Batch, outputs: Iterable[str] = ("prediction",)) -> dict[str, torch.Tensor]:
+        outputs = self._parse_outputs(outputs)
+        schema = self.schema
+        encode, want_pool, row_outputs = self.output_plan(outputs)
 
         self._regions.ran_compiled = []
         paths: dict[str, str] = {}
@@ -237,24 +269,7 @@ class RelationalTransformer(nn.Module):
         kinds = set(paths.values())
         self.last_encoder_paths = paths
         self.last_encoder_path = kinds.pop() if len(kinds) == 1 else "mixed"
-
-        result_dict: dict[str, torch.Tensor] = {}
-        for out in outputs:
-            if out == "prediction":
-                x = rows_out[target.node]["target"]
-                if target.node == root:
-                    x = x.squeeze(1)
-                logits = self.head(x)
-                result_dict[out] = logits if target.kind == "category" else logits.squeeze(-1)
-            elif out == "root_embedding":
-                result_dict[out] = pooled[root]
-            else:
-                kind, name = out.split(":", 1)
-                if kind == "branch_embedding":
-                    result_dict[out] = pooled[name]
-                else:
-                    result_dict[out] = rows_out[name]["leaf"]
-        return result_dict
+        return self.collect_outputs(outputs, pooled, rows_out)
 
     def _row_shape(self, node: NodeDef, batch_rows: int) -> tuple[int, ...]:
         """``[B, L1..Ld]`` of the node's rows; ``[B, 1]`` for the root (one row per instance)."""
