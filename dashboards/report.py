@@ -17,6 +17,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from dashboards.backends import backends_figure, rows_from_runs
 from dashboards import figures
 from dashboards.history import HISTORY_METRICS, HistoryStep, history, select_history_runs
 from tasks.tracking import RunRecord
@@ -47,6 +48,7 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
         "quality_vs_throughput": figures.quality_vs_throughput(bench),
         "occupancy_vs_packing": figures.occupancy_vs_packing(bench),
         "history": figures.history_figure(hist_runs, steps),
+        "backends": backends_figure(rows_from_runs(runs)),
     }
     return Dashboard(experiment, figs, bench, hist_runs, steps, host, spec)
 

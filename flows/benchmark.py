@@ -15,7 +15,8 @@ each times its own work with the shared clock, never with Prefect's records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks import compute as compute_stage
 from tasks import progress
+from tasks.backends.setup import BackendPlan, check_backend, start_backend
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
@@ -38,7 +40,8 @@ from tasks.environment import fingerprint, host_load_per_core
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
 from tasks.preprocess import Preprocessed, preprocess
-from tasks.records import RunResult
+from tasks.records import BackendSetup, RunResult
+from tasks.reference import check_reference, drop_reasons, quality_delta, reference_quality
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
@@ -102,6 +105,8 @@ class Plan:
     checkpoint: dict[str, Any] | None
     data_seconds: float
     generated: bool
+    backend: BackendPlan = field(default_factory=BackendPlan)
+    reference: dict[str, Any] | None = None
 
 
 def plan(spec: Spec, spec_dir: Path) -> Plan:
@@ -118,7 +123,9 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     ckpt = None
     if spec.run.mode == "predict" and spec.run.checkpoint:
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
-    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated)
+    backend, ckpt = check_backend(spec, ckpt)
+    reference = check_reference(spec, ckpt["encoding"] if ckpt else None)
+    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated, backend, reference)
 
 
 class Pipeline:
@@ -169,12 +176,22 @@ class Pipeline:
             self.result.coords_reserved += tz.coords_reserved
             for name, n in pre.overflow_dropped.items():
                 self.result.overflow_dropped[name] = self.result.overflow_dropped.get(name, 0) + n
-        if self.engine is None:
-            state = self.p.checkpoint["model"] if self.p.checkpoint else None
-            self.engine = compute_stage.Engine(spec, self.schema, self.p.device, state, clock, self.enc)
+        self.ensure_engine()
         if reuse and len(self.chunks) == 1:
             self._cache[i] = tz
         return tz
+
+    def ensure_engine(self) -> None:
+        """The engine, once the schema is known (from a checkpoint, or the first chunk's fit)."""
+        if self.engine is None and self.schema is not None:
+            state = self.p.checkpoint["model"] if self.p.checkpoint else None
+            self.engine = compute_stage.Engine(self.spec, self.schema, self.p.device, state, self.clock,
+                                               self.enc)
+
+    def prepare_untimed(self, i: int) -> Tensorized:
+        """retrieve -> tensorize for chunk ``i`` outside the stage timings (reference pass)."""
+        r = retrieve(self.spec, self.p.sources, self.chunks[i])
+        return tensorize(self.spec, preprocess(self.spec, r), self.enc, self.schema)
 
     def train(self) -> None:
         for epoch in range(self.spec.run.epochs):
@@ -245,6 +262,18 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             pipe.list_keys()
             if s.run.mode == "train+predict":
                 pipe.train()
+            pipe.ensure_engine()
+            ckpt_path = None
+            if s.run.mode == "train+predict" and s.run.backend == "onnxruntime":
+                ckpt_path = output.with_suffix(".ckpt")  # ONNX Runtime serves the trained weights
+                save_run_checkpoint(ckpt_path, pipe.engine, pipe.enc, s)
+            load = p.checkpoint.get("load") if p.checkpoint else None
+            backend_setup, backend_tags = BackendSetup(), {}
+            if pipe.engine is not None:
+                progress.emit("phase", name=f"starting the {s.run.backend} backend")
+                backend_setup, backend_tags = start_backend(
+                    s, pipe.engine, p.backend, ckpt_path or (Path(s.run.checkpoint) if s.run.checkpoint else None),
+                    load, pipe.clock)
             for repeat in range(s.run.repeats):
                 # Every pass really writes; only the last file is kept.
                 w = writer if repeat == s.run.repeats - 1 else PredictionWriter(
@@ -257,7 +286,16 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             body_seconds = wall_clock() - body_start
             region_end_unix = unix_time()
             load_end = host_load_per_core()
+            if p.reference is not None:
+                progress.emit("phase", name="reference quality (not timed)")
+                ref_quality = reference_quality(s, p.reference, pipe.chunks, pipe.prepare_untimed, p.device)
         engine, enc = pipe.engine, pipe.enc
+        backend_tags = backend_tags or engine.backend.tags()
+        for phase in ("train", "predict"):
+            backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
+        result.extra.update(backend_setup.metrics())
+        if load is not None:
+            result.extra.update(load.metrics())
         result.extra["compute.compiled_frames"] = float(compute_stage.compiled_frames() - engine.frames_at_start)
         for phase in ("train", "predict"):
             result.recompiles[phase] = engine.recompiles(phase)
@@ -273,6 +311,8 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         result.predict = engine.predict_timings
         result.compute_seconds = engine.wall_seconds
         result.quality = engine.quality.metrics()
+        if p.reference is not None:
+            result.extra.update(quality_delta(engine.quality.headline, result.quality, ref_quality))
         result.extra.update({
             "harness.data_seconds": p.data_seconds,
             "harness.startup_seconds": (flow_start - launched_at if launched_at else 0.0)
@@ -288,10 +328,10 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             "host.load_per_core_end": load_end,
         })
         quality_meaningful = s.run.mode == "train+predict" or p.checkpoint is not None
-        ckpt_path = None
         if s.run.mode == "train+predict":
-            ckpt_path = output.with_suffix(".ckpt")
-            save_run_checkpoint(ckpt_path, engine, enc, s)
+            if ckpt_path is None:
+                ckpt_path = output.with_suffix(".ckpt")
+                save_run_checkpoint(ckpt_path, engine, enc, s)
             tracker.log_artifact(ckpt_path, "checkpoint")
         shape = inspect_on_meta(engine.schema, engine.model.config,
                                 outputs=engine.needed_outputs(tuple(s.task.outputs)))
@@ -303,13 +343,15 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
         result.extra["harness.flow_seconds"] = wall_clock() - flow_start
         result.extra["harness.flow_overhead_seconds"] = result.extra["harness.flow_seconds"] - result.e2e_seconds
         metrics = result.metrics()
-        reasons = verdict(s, metrics, engine.quality.headline)
+        reasons = verdict(s, metrics, engine.quality.headline) + drop_reasons(s, metrics)
         if not quality_meaningful and s.task.min_quality is not None:
             reasons.append("task.min_quality set but weights are untrained (predict without "
                            "run.checkpoint)")
         tracker.log_metrics(metrics)
         tracker.set_tags({
             "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
+            **backend_tags,
+            "relflow.graph_break_reasons": json.dumps(compute_stage.graph_break_reasons()),
             "relflow.quality_meaningful": str(quality_meaningful).lower(),
             "relflow.output_path": str(output),
             "relflow.validity": "INVALID" if reasons else "VALID",

@@ -23,6 +23,8 @@ from model.batch import Batch
 from model.data import ArrowDataModule
 from model.precision import autocast_context
 from model.schema import ModelSchema
+from tasks.backends import Backend
+from tasks.backends.pytorch import PyTorchBackend, whole_model
 from tasks.clock import Clock
 from tasks.errors import UserError
 from tasks.quality import Quality
@@ -42,6 +44,13 @@ def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return int(sum(counters["graph_break"].values()))
+
+
+def graph_break_reasons() -> dict[str, int]:
+    """Dynamo's graph-break reasons so far in this process, with counts."""
+    from torch._dynamo.utils import counters
+
+    return {str(k): int(v) for k, v in counters["graph_break"].items()}
 
 
 def resolve_device(spec: Spec) -> torch.device:
@@ -88,6 +97,10 @@ class Engine:
             self.model.compile(encoders=c.encoders, pools=c.pools, backend=c.backend,
                                dynamic=c.dynamic)
         # The seed note's factory: fused AdamW by default (torch 2.13 has a CPU fused kernel).
+        # The predict step runs through a backend (tasks/backends): PyTorch here; the flow may
+        # swap in ONNX Runtime before predicting. run.compile.model compiles the whole model.
+        self.forward = whole_model(self.model, c.backend) if c.model else self.model
+        self.backend: Backend = PyTorchBackend(self.model, self.forward, self._autocast)
         self.model.optimizer = adamw(learning_rate=spec.run.learning_rate)
         self.model.batch_size = spec.run.batch_size
         self.optimizer_settings = self.model.optimizer
@@ -103,6 +116,7 @@ class Engine:
         self.frames_at_start = compiled_frames()
         self.frames_at_steady: dict[str, int] = {}
         self.breaks_at_steady: dict[str, int] = {}
+        self.breaks_at_start: dict[str, int] = {}
         self._generator = torch.Generator().manual_seed(spec.run.seed)
 
     def _mark_steady(self, phase: str, t: PhaseTimings) -> None:
@@ -115,6 +129,11 @@ class Engine:
 
     def graph_breaks_after_warmup(self, phase: str) -> int:
         return graph_breaks() - self.breaks_at_steady.get(phase, graph_breaks())
+
+    def graph_breaks_in_warmup(self, phase: str) -> int:
+        """Breaks while the phase compiled (first call and warm-up batches)."""
+        now = graph_breaks()
+        return self.breaks_at_steady.get(phase, now) - self.breaks_at_start.get(phase, now)
 
     def _autocast(self):
         if self.spec.run.precision == "fp32":
@@ -150,6 +169,7 @@ class Engine:
     def _timed(self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]]
                ) -> Iterator[tuple[Batch, int]]:
         """Yield batches, charging the wait for each one to ``t.input_seconds``."""
+        self.breaks_at_start.setdefault(phase, graph_breaks())
         while True:
             self._mark_steady(phase, t)
             with self.clock.measure() as wait:
@@ -173,7 +193,7 @@ class Engine:
             for part, n in self._timed("train", t, self._batches(tz, order)):
                 with self.clock.measure() as step:
                     with self._autocast():
-                        outs = self.model(part, outputs=("prediction",))
+                        outs = self.forward(part, outputs=("prediction",))
                         loss = self.model.loss(part, outs)
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -200,8 +220,7 @@ class Engine:
         with self.clock.measure() as wall:
             for part, n in self._timed("predict", t, self._batches(tz, torch.arange(tz.root_rows))):
                 with self.clock.measure() as step:
-                    with self._autocast():
-                        outs = self.model(part, outputs=need)
+                    outs = self.backend.step(part, need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
                 t.record(step.seconds, n)
                 for k, v in outs.items():
@@ -209,7 +228,7 @@ class Engine:
                 if tz.batch is None:
                     inputs.append(part.to("cpu"))
         self.wall_seconds += wall.seconds
-        self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
+        self.paths_seen.add(self.backend.encoder_path())
         tensors = {k: torch.cat(v) for k, v in parts.items()}
         if tz.batch is not None:
             labels, label_present = tz.batch.labels, tz.batch.label_present

@@ -186,3 +186,52 @@ class RunResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=float)
+
+
+@dataclass
+class CheckpointLoad:
+    """What loading ``run.checkpoint`` cost: int8/int4 files save disk and load time, and
+    expand to full precision in memory (``model_bytes_after_load`` vs ``model_bytes_fp32``)."""
+
+    path: str
+    weights_format: str
+    bytes: int
+    load_seconds: float
+    host_after_load_bytes: int
+    model_bytes_after_load: int
+    model_bytes_fp32: int
+    source_sha256: str | None = None
+    quantized: dict | None = None  # the stored payload (fp8 native use); never logged
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "checkpoint.bytes": float(self.bytes),
+            "checkpoint.load_seconds": self.load_seconds,
+            "memory.host_after_load_bytes": float(self.host_after_load_bytes),
+            "memory.model_bytes_after_load": float(self.model_bytes_after_load),
+            "memory.model_bytes_fp32": float(self.model_bytes_fp32),
+        }
+
+
+@dataclass
+class BackendSetup:
+    """The serving backend's set-up, outside every timed stage: export (when the run exports
+    its own checkpoint), ONNX Runtime's int8 quantization, session creation."""
+
+    export_seconds: float | None = None
+    export_bytes: int | None = None
+    quantize_seconds: float | None = None
+    load_seconds: float = 0.0
+    model_bytes: int = 0
+    graph_breaks_warmup: dict[str, int] = field(default_factory=dict)  # phase -> breaks
+
+    def metrics(self) -> dict[str, float]:
+        m = {"backend.load_seconds": self.load_seconds, "backend.model_bytes": float(self.model_bytes)}
+        for phase, n in self.graph_breaks_warmup.items():
+            m["compute.graph_breaks_warmup" if phase == "predict" else f"compute.{phase}.graph_breaks_warmup"] = float(n)
+        if self.export_seconds is not None:
+            m["export.seconds"] = self.export_seconds
+            m["export.bytes"] = float(self.export_bytes or 0)
+        if self.quantize_seconds is not None:
+            m["export.quantize_seconds"] = self.quantize_seconds
+        return m

@@ -142,8 +142,28 @@ class ModelSize(Strict):
 class CompileSettings(Strict):
     encoders: bool = False
     pools: bool = False
+    model: bool = Field(False, description="whole model under torch.compile(dynamic=True); graph "
+                        "breaks allowed and counted (not with encoders/pools)")
     backend: str = "inductor"
     dynamic: bool | None = None
+
+    @model_validator(mode="after")
+    def _whole_or_regions(self) -> CompileSettings:
+        if self.model and (self.encoders or self.pools):
+            raise ValueError("run.compile.model compiles the whole model; set encoders and pools "
+                             "to false with it (regions inside a compiled model are not separate)")
+        return self
+
+
+class OnnxRuntime(Strict):
+    model: str | None = Field(None, description="bundle folder from relflow-bench export; null: "
+                              "the run exports the checkpoint it uses first")
+    providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
+    intra_op_threads: int = Field(0, ge=0, description="0 = ONNX Runtime's default (one per core)")
+    inter_op_threads: int = Field(0, ge=0)
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    quantization: Literal["dynamic_int8"] | None = Field(
+        None, description="serve ONNX Runtime's dynamic int8 quantization of the bundle's model")
 
 
 class Loader(Strict):
@@ -175,8 +195,39 @@ class Run(Strict):
     system_metrics_interval_s: float = Field(
         5.0, ge=0, description="MLflow system metrics sampling (0 = off); a background thread")
     device: str = "auto"
-    checkpoint: str | None = Field(None, description="checkpoint to load in predict mode")
+    checkpoint: str | None = Field(None, description="checkpoint to load in predict mode (any "
+                                   "weight format: fp32, fp16, int8, int4, fp8)")
     output_dir: str = "outputs"
+    backend: Literal["pytorch", "onnxruntime"] = "pytorch"
+    onnxruntime: OnnxRuntime = Field(default_factory=OnnxRuntime)
+    reference_checkpoint: str | None = Field(
+        None, description="checkpoint whose held-out quality is the reference (the fp16 version "
+        "of the same trained checkpoint): logs quality.delta_vs_reference")
+    max_quality_drop: float | None = Field(
+        None, ge=0, description="validity: INVALID when the headline quality is worse than the "
+        "reference's by more than this (needs run.reference_checkpoint)")
+
+    @model_validator(mode="after")
+    def _backend_settings(self) -> Run:
+        if self.backend == "onnxruntime":
+            c = self.compile
+            if c.encoders or c.pools or c.model:
+                raise ValueError("run.compile applies to the PyTorch backend; with run.backend "
+                                 "onnxruntime set run.compile.* to false")
+            if self.precision != "fp32":
+                raise ValueError("run.backend onnxruntime serves the fp32 export; set run.precision "
+                                 "fp32 (or use run.onnxruntime.quantization: dynamic_int8)")
+            if self.onnxruntime.model and self.mode == "train+predict":
+                raise ValueError("run.onnxruntime.model serves an exported bundle, so the run cannot "
+                                 "train; set run.mode predict, or drop run.onnxruntime.model to "
+                                 "export the trained checkpoint")
+        if self.reference_checkpoint and self.mode != "predict":
+            raise ValueError("run.reference_checkpoint compares the served checkpoint with its fp16 "
+                             "version, so it needs run.mode predict with run.checkpoint (or a bundle)")
+        if self.max_quality_drop is not None and not self.reference_checkpoint:
+            raise ValueError("run.max_quality_drop needs run.reference_checkpoint (the checkpoint "
+                             "the drop is measured against)")
+        return self
 
     @field_validator("packing", mode="before")
     @classmethod

@@ -1,0 +1,46 @@
+"""The PyTorch backend: the model's own forward (eager, regions or whole-model compiled).
+
+``run.compile.model`` wraps the whole model in ``torch.compile(dynamic=True)`` (the seed
+note's ``compile=True``). Unlike the regions it is not ``fullgraph``: the packed path's host
+syncs (grouping instances by present-row count with ``torch.unique(...).tolist()``) and the
+category-index check (``bool(tensor.any())``) break the graph, and the compute stage counts
+those breaks and recompiles per phase instead of hiding them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from model import RelationalTransformer
+from model.batch import Batch
+from model.regions import INDUCTOR_DEFAULTS
+
+
+def whole_model(model: RelationalTransformer, backend: str) -> Callable[..., Any]:
+    options = dict(INDUCTOR_DEFAULTS) if backend == "inductor" else None
+    return torch.compile(model, dynamic=True, backend=backend, options=options)
+
+
+class PyTorchBackend:
+    name = "pytorch"
+
+    def __init__(self, model: RelationalTransformer, forward: Callable[..., Any],
+                 autocast: Callable[[], AbstractContextManager[Any]], weights_format: str = "fp32",
+                 weights_native: bool = True) -> None:
+        self.model, self.forward, self.autocast = model, forward, autocast
+        self.weights_format, self.weights_native = weights_format, weights_native
+
+    def encoder_path(self) -> str:
+        return getattr(self.model, "last_encoder_path", None) or "unknown"
+
+    def step(self, batch: Batch, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        with self.autocast():
+            return self.forward(batch, outputs=outputs)
+
+    def tags(self) -> dict[str, str]:
+        return {"relflow.backend": self.name, "relflow.weights_format": self.weights_format,
+                "relflow.weights_native": str(self.weights_native).lower()}
