@@ -96,3 +96,30 @@ def test_quantizing_a_quantized_checkpoint_is_refused(model, tmp_path):
     quantize_checkpoint(src, tmp_path / "m.int8.ckpt", "int8")
     with pytest.raises(ValueError, match="already a int8"):
         quantize_checkpoint(tmp_path / "m.int8.ckpt", tmp_path / "again.ckpt", "int4")
+
+
+CUDA_FP8 = torch.cuda.is_available() and __import__("model.quantize", fromlist=["x"]).fp8_native_supported(
+    torch.device("cuda"))
+
+
+@pytest.mark.skipif(not CUDA_FP8, reason="native fp8 needs CUDA compute capability 8.9+")
+def test_fp8_stays_native_on_supported_cuda(model, tmp_path):
+    from model import ModelConfig, RelationalTransformer
+    from model.quantize import Fp8Linear, use_native_fp8
+
+    torch.manual_seed(0)
+    wide = RelationalTransformer(model.schema, ModelConfig(d_model=64, layers=2, heads=4)).eval()
+    save_checkpoint(tmp_path / "m.ckpt", wide)
+    quantize_checkpoint(tmp_path / "m.ckpt", tmp_path / "m.fp8.ckpt", "fp8")
+    expanded = load_checkpoint(tmp_path / "m.fp8.ckpt", map_location="cuda")
+    native = load_checkpoint(tmp_path / "m.fp8.ckpt", map_location="cuda")
+    swapped = use_native_fp8(native.model, native.quantized_weights)
+    fp8 = [m for m in native.model.modules() if isinstance(m, Fp8Linear)]
+    assert swapped == len(fp8) > 0
+    assert all(m.weight_fp8_t.dtype == torch.float8_e4m3fn for m in fp8)
+    batch = random_batch(model.schema, 64, fill=1.0, seed=5, device="cuda")
+    with torch.no_grad():
+        want = expanded.model.eval()(batch)["prediction"]
+        got = native.model.eval()(batch)["prediction"]
+    assert native.model.last_encoder_path == "packed"  # Fp8Linear counts as a stock layer
+    assert (got - want).abs().max() < 0.1 * want.abs().max() + 1e-3
