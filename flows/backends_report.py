@@ -99,8 +99,13 @@ def collect(spec_path: Path, overrides: list[str], repeats: int, variants: list[
     for r in range(repeats):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for v in order:
-            summary = _cli(spec_path, [*base, *VARIANTS[v](files)], workdir / f"{v}-{r}.json", parent,
-                           {"relflow.variant": v})
+            try:
+                summary = _cli(spec_path, [*base, *VARIANTS[v](files)], workdir / f"{v}-{r}.json", parent,
+                               {"relflow.variant": v})
+            except RuntimeError as err:  # one broken variant is a row of the table, not the end
+                say(f"  round {r + 1} {v:<20} FAILED: {str(err)[-400:]}")
+                samples.append(Sample(v, r, {}, {}, "", "FAILED"))
+                continue
             from tasks.tracking import get_run_record
 
             rec = get_run_record(summary["run_id"])
@@ -125,7 +130,7 @@ def summarize(samples: list[Sample], headline: str) -> list[dict[str, Any]]:
         def med(key: str, default: float = float("nan"), mine=mine) -> float:
             return median_ci([s.metrics.get(key, default) for s in mine])[0]
 
-        steady, lo, hi = median_ci([s.metrics["compute.steady_rows_per_s"] for s in mine])
+        steady, lo, hi = median_ci([s.metrics.get("compute.steady_rows_per_s", float("nan")) for s in mine])
         ort = v.startswith("onnxruntime")
         rows.append({
             "variant": v,

@@ -41,7 +41,7 @@ from .optim import AdamW, adamw
 from .packing import NodeRows, encode_packed, encode_padded
 from .pooling import STOCK_POOL_TYPES, AttentionPool, mean_pool
 from .regions import CompileSettings, RegionRunner, dropout_active, has_hooks, is_stock
-from .schema import ModelSchema, NodeDef
+from .schema import UNKNOWN_INDEX, ModelSchema, NodeDef
 
 Packing = Literal["auto", "off"]
 PACKING_MODES = ("auto", "off")
@@ -303,7 +303,14 @@ class RelationalTransformer(nn.Module):
         continuous = torch.where(present_PL1 & ~null, continuous, torch.zeros_like(continuous))
         null = null & present_PL1
         categorical = torch.where(present_PL1, categorical, torch.zeros_like(categorical))
-        self.coordinates[node.name].check(categorical)
+        coord = self.coordinates[node.name]
+        if torch.compiler.is_compiling() and K:
+            # Under a whole-model torch.compile the eager check (a host sync) would break the
+            # graph: out-of-range indices map to the column's unknown slot instead, as in export.
+            bad = (categorical < 0) | (categorical >= coord.category_cardinality_K)
+            categorical = torch.where(bad, torch.full_like(categorical, UNKNOWN_INDEX), categorical)
+        else:
+            coord.check(categorical)
         children_PLKD = None
         if children:
             children_PLKD = torch.stack([c.reshape(P, L, -1) for c in children], dim=2)
