@@ -2,9 +2,10 @@
 
 ``run.compile.model`` wraps the whole model in ``torch.compile(dynamic=True)`` (the seed
 note's ``compile=True``). Unlike the regions it is not ``fullgraph``: the packed path's host
-syncs (grouping instances by present-row count with ``torch.unique(...).tolist()``) and the
-category-index check (``bool(tensor.any())``) break the graph, and the compute stage counts
-those breaks and recompiles per phase instead of hiding them.
+sync (grouping instances by present-row count with ``torch.unique(...).tolist()``) breaks
+the graph once per packed node, and the compute stage counts breaks and recompiles per
+phase instead of hiding them. (The eager category-index check, another host sync, becomes a
+masked op under compile; see ``RelationalTransformer._node_rows``.)
 """
 
 from __future__ import annotations
