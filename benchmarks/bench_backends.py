@@ -93,7 +93,8 @@ def main() -> None:
                     reference[name] = out
     base_s = statistics.median(times["pytorch_eager_packed"])
     rows = []
-    print(f"{len(parts)} batches of <= {spec.run.batch_size} roots, {args.rounds} rounds; export {export.seconds:.1f} s")
+    print(f"{len(parts)} batches of <= {spec.run.batch_size} roots, {args.rounds} rounds; "
+          f"export {export.seconds:.1f} s")
     print(f"{'variant':<24} {'ms/batch (median)':>18} {'vs eager packed':>16} {'max |diff| vs packed':>22}")
     for name, ts in times.items():
         med = statistics.median(ts)

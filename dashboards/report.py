@@ -17,8 +17,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from dashboards.backends import backends_figure, rows_from_runs
 from dashboards import figures
+from dashboards.backends import backends_figure, rows_from_runs
 from dashboards.history import HISTORY_METRICS, HistoryStep, history, select_history_runs
 from tasks.tracking import RunRecord
 

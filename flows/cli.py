@@ -285,8 +285,8 @@ app.command("dashboard")(dashboard_cmd)
 app.command("ui")(ui_cmd)
 
 
-from flows.cli_fleet import serve_cmd, sweep_cmd  # noqa: E402
 from flows.cli_backends import backends_report_cmd, export_cmd, quantize_cmd  # noqa: E402
+from flows.cli_fleet import serve_cmd, sweep_cmd  # noqa: E402
 
 app.command("export")(export_cmd)
 app.command("quantize")(quantize_cmd)

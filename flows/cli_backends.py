@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from rich.console import Console
 
 # flows.cli imports this module to register the commands, so it is imported lazily here.

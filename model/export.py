@@ -124,7 +124,7 @@ class ExportForward(nn.Module):
             rows = self._rows(node, t, [pooled[c.name] for c in node.children])
             pool = None
             if name in self.want_pool:
-                pool = model.pools[name] if name in model.pools else mean_pool
+                pool = model.pools[name] if name in model.pools else mean_pool  # noqa: SIM401 (no ModuleDict.get)
             result = encode_padded(rows, model.coordinates[name], model.encoders[name], pool,
                                    model.empty[name], tuple(self.row_outputs.get(name, ())),
                                    model.coordinates[name].target_index)

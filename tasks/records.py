@@ -228,7 +228,8 @@ class BackendSetup:
     def metrics(self) -> dict[str, float]:
         m = {"backend.load_seconds": self.load_seconds, "backend.model_bytes": float(self.model_bytes)}
         for phase, n in self.graph_breaks_warmup.items():
-            m["compute.graph_breaks_warmup" if phase == "predict" else f"compute.{phase}.graph_breaks_warmup"] = float(n)
+            key = "compute" if phase == "predict" else f"compute.{phase}"
+            m[f"{key}.graph_breaks_warmup"] = float(n)
         if self.export_seconds is not None:
             m["export.seconds"] = self.export_seconds
             m["export.bytes"] = float(self.export_bytes or 0)
