@@ -79,7 +79,7 @@ def main() -> None:
     variants = {"pytorch_eager_packed": torch_step("auto"), "pytorch_eager_padded": torch_step("off"),
                 **{k: ort_step(s) for k, s in sessions.items()}}
     times: dict[str, list[float]] = {k: [] for k in variants}
-    reference = {k: [] for k in variants}
+    reference: dict[str, object] = {}  # each variant's first output, for the agreement column
     for r in range(args.rounds + 1):  # round 0 is warm-up
         names = list(variants)
         names = names[r % len(names):] + names[: r % len(names)]
@@ -89,7 +89,7 @@ def main() -> None:
                     out = variants[name](part)
                 if r:
                     times[name].append(span.seconds)
-                elif not reference[name]:
+                elif name not in reference:
                     reference[name] = out
     base_s = statistics.median(times["pytorch_eager_packed"])
     rows = []
