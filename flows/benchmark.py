@@ -266,6 +266,7 @@ def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | No
             ckpt_path = None
             if s.run.mode == "train+predict" and s.run.backend == "onnxruntime":
                 ckpt_path = output.with_suffix(".ckpt")  # ONNX Runtime serves the trained weights
+                ckpt_path.parent.mkdir(parents=True, exist_ok=True)  # the writer makes it later
                 save_run_checkpoint(ckpt_path, pipe.engine, pipe.enc, s)
             load = p.checkpoint.get("load") if p.checkpoint else None
             backend_setup, backend_tags = BackendSetup(), {}
