@@ -58,8 +58,10 @@ def main() -> None:
     with clock.measure() as export:
         sig = export_onnx(model, outputs, tmp / "model.onnx")
     quantize_dynamic(str(tmp / "model.onnx"), str(tmp / "int8.onnx"), weight_type=QuantType.QInt8)
-    sessions = {name: ort.InferenceSession(str(tmp / f), providers=["CPUExecutionProvider"])
-                for name, f in (("onnxruntime_fp32", "model.onnx"), ("onnxruntime_int8", "int8.onnx"))}
+    sessions = {
+        name: ort.InferenceSession(str(tmp / f), providers=["CPUExecutionProvider"])
+        for name, f in (("onnxruntime_fp32", "model.onnx"), ("onnxruntime_int8", "int8.onnx"))
+    }
     wrapper = ExportForward(model, outputs)
     parts = [batch.select(idx) for idx in torch.arange(batch.size).split(spec.run.batch_size)]
 
@@ -68,21 +70,29 @@ def main() -> None:
             model.packing = packing
             with torch.no_grad():
                 return model(part, outputs=outputs)["prediction"].numpy()
+
         return step
 
     def ort_step(session):
+        wanted = {i.name for i in session.get_inputs()}  # the exporter may drop unused inputs
+
         def step(part):
-            feeds = {k: v.numpy() for k, v in zip(sig.inputs, wrapper.flat_inputs(part), strict=True)}
+            flat = zip(sig.inputs, wrapper.flat_inputs(part), strict=True)
+            feeds = {k: v.numpy() for k, v in flat if k in wanted}
             return session.run([output_name(o) for o in outputs], feeds)[0]
+
         return step
 
-    variants = {"pytorch_eager_packed": torch_step("auto"), "pytorch_eager_padded": torch_step("off"),
-                **{k: ort_step(s) for k, s in sessions.items()}}
+    variants = {
+        "pytorch_eager_packed": torch_step("auto"),
+        "pytorch_eager_padded": torch_step("off"),
+        **{k: ort_step(s) for k, s in sessions.items()},
+    }
     times: dict[str, list[float]] = {k: [] for k in variants}
     reference: dict[str, object] = {}  # each variant's first output, for the agreement column
     for r in range(args.rounds + 1):  # round 0 is warm-up
         names = list(variants)
-        names = names[r % len(names):] + names[: r % len(names)]
+        names = names[r % len(names) :] + names[: r % len(names)]
         for name in names:
             for part in parts:
                 with clock.measure() as span:
@@ -93,18 +103,28 @@ def main() -> None:
                     reference[name] = out
     base_s = statistics.median(times["pytorch_eager_packed"])
     rows = []
-    print(f"{len(parts)} batches of <= {spec.run.batch_size} roots, {args.rounds} rounds; "
-          f"export {export.seconds:.1f} s")
+    print(
+        f"{len(parts)} batches of <= {spec.run.batch_size} roots, {args.rounds} rounds; export {export.seconds:.1f} s"
+    )
     print(f"{'variant':<24} {'ms/batch (median)':>18} {'vs eager packed':>16} {'max |diff| vs packed':>22}")
     for name, ts in times.items():
         med = statistics.median(ts)
-        diff = float(abs(torch.as_tensor(reference[name]) - torch.as_tensor(reference["pytorch_eager_packed"]))
-                     .max())
-        rows.append({"variant": name, "ms_per_batch": med * 1e3, "ratio_vs_eager_packed": med / base_s,
-                     "max_abs_diff": diff})
+        diff = float(abs(torch.as_tensor(reference[name]) - torch.as_tensor(reference["pytorch_eager_packed"])).max())
+        rows.append(
+            {"variant": name, "ms_per_batch": med * 1e3, "ratio_vs_eager_packed": med / base_s, "max_abs_diff": diff}
+        )
         print(f"{name:<24} {med * 1e3:>18.2f} {med / base_s:>15.2f}x {diff:>22.2e}")
-    print(json.dumps({"roots": int(batch.size), "rounds": args.rounds, "export_seconds": export.seconds,
-                      "torch_threads": torch.get_num_threads(), "rows": rows}))
+    print(
+        json.dumps(
+            {
+                "roots": int(batch.size),
+                "rounds": args.rounds,
+                "export_seconds": export.seconds,
+                "torch_threads": torch.get_num_threads(),
+                "rows": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

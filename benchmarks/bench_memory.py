@@ -19,14 +19,30 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tasks import keys as K
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(scale: float, chunk_rows: int, batch_size: int, workdir: Path) -> dict:
     out = workdir / f"summary-{scale:g}.json"
-    cmd = [sys.executable, "-m", "flows.cli", "run", str(ROOT / "benchmarks" / "tpch_orders.yaml"),
-           "--scale", str(scale), "--set", "run.mode=predict", "--set", f"run.chunk_rows={chunk_rows}",
-           "--set", f"run.batch_size={batch_size}", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "run",
+        str(ROOT / "benchmarks" / "tpch_orders.yaml"),
+        "--scale",
+        str(scale),
+        "--set",
+        "run.mode=predict",
+        "--set",
+        f"run.chunk_rows={chunk_rows}",
+        "--set",
+        f"run.batch_size={batch_size}",
+        "--json",
+        str(out),
+    ]
     subprocess.run(cmd, check=True, cwd=workdir)
     return json.loads(out.read_text())
 
@@ -43,13 +59,21 @@ def main() -> None:
     rows = []
     for scale, r in zip(args.scales, results, strict=True):
         m = r["metrics"]
-        rows.append({"scale": scale, "root_rows": int(m["data.root_rows"]), "chunks": int(m["data.chunks"]),
-                     "host_peak_mib": m["memory.host_peak_bytes"] / 2**20,
-                     "e2e_rows_per_s": m["e2e.rows_per_s"]})
-    print(f"{'scale':>6} {'root rows':>10} {'chunks':>7} {'peak RSS MiB':>13} {'e2e rows/s':>11}")
+        rows.append(
+            {
+                "scale": scale,
+                "root_rows": int(m[K.DATA_ROOT_ROWS]),
+                "chunks": int(m[K.DATA_CHUNKS]),
+                "host_peak_mib": m[K.HOST_PEAK_BYTES] / 2**20,
+                "e2e_rows_per_s": m[K.E2E_PREDICT_ROWS_PER_S],
+            }
+        )
+    print(f"{'scale':>6} {'root rows':>10} {'chunks':>7} {'peak RSS MiB':>13} {'e2e predict rows/s':>19}")
     for r in rows:
-        print(f"{r['scale']:>6g} {r['root_rows']:>10,} {r['chunks']:>7} {r['host_peak_mib']:>13,.0f} "
-              f"{r['e2e_rows_per_s']:>11,.0f}")
+        print(
+            f"{r['scale']:>6g} {r['root_rows']:>10,} {r['chunks']:>7} {r['host_peak_mib']:>13,.0f} "
+            f"{r['e2e_rows_per_s']:>19,.0f}"
+        )
     ratio = rows[1]["host_peak_mib"] / rows[0]["host_peak_mib"]
     ok = ratio <= args.max_ratio
     print(f"peak RSS ratio {ratio:.2f} (limit {args.max_ratio}): {'bounded' if ok else 'NOT bounded'}")

@@ -4,8 +4,8 @@ What: the model's encoder work (all branch encoders + pools + head) on real TPC-
 the `tpch_customer` workload (customer -> 16 orders -> 8 lines each), once with automatic
 packing (present coordinates only, length-bucketed dense attention) and once padded +
 masked (`packing: off`), forward (eval, no grad) and forward+backward (train, dropout 0).
-Why: the seed note says padding and skipped coordinates are absent from attention and
-eligible work is packed automatically; the payoff should scale with 1 / occupancy.
+Why: the model promises that padding and skipped coordinates are absent from attention and
+that eligible work is packed automatically; the payoff should scale with 1 / occupancy.
 How: the same batches, the two paths interleaved batch by batch (drift hits both alike),
 warm-up batches dropped, medians over batches. Goal: forward speedup >= 0.7 / occupancy.
 
@@ -58,20 +58,21 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     spec, schema, batch = load_batch(args.scale)
     torch.manual_seed(0)
-    model = RelationalTransformer(schema, ModelConfig(d_model=spec.model.d_model, layers=spec.model.layers,
-                                                      heads=spec.model.heads, dropout=0.0))
+    model = RelationalTransformer(
+        schema, ModelConfig(d_model=spec.model.d_model, layers=spec.model.layers, heads=spec.model.heads, dropout=0.0)
+    )
     clock = Clock("cpu")
     order = torch.randperm(batch.size, generator=torch.Generator().manual_seed(0))
     parts = [batch.select(idx) for idx in order.split(args.batch_size)][: args.batches + args.warmup]
     present = reserved = 0
-    for part in parts[args.warmup:]:
+    for part in parts[args.warmup :]:
         p, r = coordinate_counts(part, schema)
         present, reserved = present + p, reserved + r
     occupancy = present / reserved
     times: dict[tuple[str, str], list[float]] = {}
     for mode in ("forward", "forward+backward"):
         for i, part in enumerate(parts):
-            for packing in (("auto", "off") if i % 2 == 0 else ("off", "auto")):
+            for packing in ("auto", "off") if i % 2 == 0 else ("off", "auto"):
                 model.packing = packing
                 if mode == "forward":
                     model.eval()
@@ -90,17 +91,28 @@ def main() -> None:
     for mode in ("forward", "forward+backward"):
         packed = statistics.median(times[(mode, "auto")])
         padded = statistics.median(times[(mode, "off")])
-        rows.append({"mode": mode, "packed_ms": packed * 1e3, "padded_ms": padded * 1e3,
-                     "speedup": padded / packed})
+        rows.append({"mode": mode, "packed_ms": packed * 1e3, "padded_ms": padded * 1e3, "speedup": padded / packed})
     goal = 0.7 / occupancy
-    print(f"tpch_customer scale {args.scale:g}: {len(parts) - args.warmup} batches of {args.batch_size} "
-          f"customers, occupancy {occupancy:.3f} ({present:,} of {reserved:,} coordinates), "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"tpch_customer scale {args.scale:g}: {len(parts) - args.warmup} batches of {args.batch_size} "
+        f"customers, occupancy {occupancy:.3f} ({present:,} of {reserved:,} coordinates), "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print(f"{'mode':<18} {'packed ms':>10} {'padded ms':>10} {'speedup':>8}  goal >= {goal:.2f}x (fwd)")
     for r in rows:
         print(f"{r['mode']:<18} {r['packed_ms']:>10.1f} {r['padded_ms']:>10.1f} {r['speedup']:>7.2f}x")
-    print(json.dumps({"bench": "packing", "scale": args.scale, "occupancy": occupancy, "goal_forward": goal,
-                      "rows": rows, "forward_goal_met": rows[0]["speedup"] >= goal}))
+    print(
+        json.dumps(
+            {
+                "bench": "packing",
+                "scale": args.scale,
+                "occupancy": occupancy,
+                "goal_forward": goal,
+                "rows": rows,
+                "forward_goal_met": rows[0]["speedup"] >= goal,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ Pure functions from ``RunRecord``s to a ``Comparison`` (no MLflow, no printing).
 
 A side is one run or a group of runs. For each key metric a side yields an ``Estimate``:
 
-- one run with repeats (``run.repeats >= 2`` logs ``<key>.median/.ci_low/.ci_high`` for
-  ``e2e.rows_per_s`` and ``compute.steady_rows_per_s``): the median of the repeats and its
-  bootstrap 95% interval;
+- one run with repeats (``run.repeats >= 2`` logs ``<key>.median`` for
+  ``e2e.predict.rows_per_s`` and ``compute.steady_rows_per_s``; from 6 repeats also
+  ``<key>.median_ci_low/high``): the median of the repeats and its order-statistic 95%
+  interval (``tasks.stats``; below 6 samples there is no 95% interval and none is used);
 - a group of runs: one sample per run (the run's repeat median when logged, else its value),
-  the median over runs and a bootstrap 95% interval of that median (``tasks.stats``);
+  the median over runs and, from 6 runs, the order-statistic 95% interval of that median;
 - one run without repeats (or a metric without an interval): a single value, no spread.
 
 A change is **marked** only when it is both larger than ``threshold`` (default 5%) and
@@ -36,34 +37,53 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tasks.records import STAGES
-from tasks.stats import median_ci
+from tasks import keys as K
+from tasks.errors import UserError
+from tasks.stats import MIN_CI_SAMPLES, median_interval
 from tasks.tracking import RunRecord
 
 # (metric key, direction): +1 higher is better, -1 lower is better, 0 neither.
 KEY_METRICS: tuple[tuple[str, int], ...] = (
-    ("e2e.rows_per_s", +1),
-    ("compute.steady_rows_per_s", +1),
-    ("compute.first_call_seconds", -1),
-    *((f"stage.{s}.seconds", -1) for s in STAGES),
-    ("memory.host_peak_bytes", -1),
-    ("output.bytes_per_row", -1),
-    ("compute.train.updates", 0),
-    ("compute.train.updates_per_epoch", 0),
+    (K.E2E_PREDICT_ROWS_PER_S, +1),
+    (K.STEADY_ROWS_PER_S, +1),
+    (K.FIRST_CALL_SECONDS, -1),
+    *((K.stage_seconds(s, "predict"), -1) for s in K.STAGES),
+    (K.E2E_TRAIN_ROWS_PER_S, +1),
+    (K.TRAIN_STEADY_ROWS_PER_S, +1),
+    (K.HOST_PEAK_BYTES, -1),
+    (K.OUTPUT_BYTES_PER_ROW, -1),
+    (K.TRAIN_UPDATES, 0),
+    (K.TRAIN_UPDATES_PER_EPOCH, 0),
+    # request scenarios (single_stream / server); absent on offline runs, so not shown there
+    ("latency.request_ms.p50", -1),
+    ("latency.request_ms.p99", -1),
+    ("latency.first_request_ms", -1),
+    ("latency.achieved_qps", +1),
 )
 # quality.<name> direction by name; unknown quality keys are shown with no direction.
-QUALITY_DIRECTION = {"accuracy": +1, "auc": +1, "f1": +1, "mae": -1, "rmse": -1,
-                     "majority_rate": 0, "mae_of_mean": 0, "rows": 0}
+QUALITY_DIRECTION = {
+    "accuracy": +1,
+    "auc": +1,
+    "f1": +1,
+    "mae": -1,
+    "rmse": -1,
+    "nll": -1,
+    "ece": -1,
+    "brier": -1,
+    "majority_rate": 0,
+    "mae_of_mean": 0,
+    "rows": 0,
+}
 # Tags that identify a run rather than its environment: never listed as explanations.
 IDENTITY_TAGS = {"relflow.output_path", "relflow.error", "relflow.invalid_reasons"}
 # Params that name outputs rather than change the workload.
 IDENTITY_PARAMS = {"run.output_dir", "run.checkpoint"}
 
 # Counts fixed by the spec and data: any difference is real, no noise to test against.
-EXACT_METRICS = {"compute.train.updates", "compute.train.updates_per_epoch", "output.bytes_per_row",
-                 "quality.rows"}
+EXACT_METRICS = {K.TRAIN_UPDATES, K.TRAIN_UPDATES_PER_EPOCH, K.OUTPUT_BYTES_PER_ROW, K.QUALITY_ROWS}
 
 NOT_ENOUGH = "not enough repeats"
+CI_LABEL = "95% CI (order statistics)"
 
 
 @dataclass(frozen=True)
@@ -88,7 +108,7 @@ class MetricRow:
     baseline: Estimate
     candidate: Estimate
     ratio: float  # candidate / baseline (nan when undefined)
-    method: str  # "Mann-Whitney U", "95% CI", "exact" (counts; or equal values), NOT_ENOUGH
+    method: str  # "Mann-Whitney U", CI_LABEL, "exact" (counts; or equal values), NOT_ENOUGH
     significant: bool
     p_value: float | None
     marked: bool  # significant AND beyond the threshold: a real change
@@ -188,8 +208,8 @@ def min_rank_p(n1: int, n2: int) -> float:
 def run_value(run: RunRecord, key: str) -> float | None:
     """A run's figure: the median over its repeats when logged, else the plain value."""
     m = run.metrics
-    if f"{key}.median" in m and m.get("run.repeats_measured", 1) >= 2:
-        return m[f"{key}.median"]
+    if K.median(key) in m and m.get(K.REPEATS_MEASURED, 1) >= 2:
+        return m[K.median(key)]
     return m.get(key)
 
 
@@ -199,13 +219,15 @@ def estimate(runs: Sequence[RunRecord], key: str) -> Estimate | None:
         return None
     if len(pairs) == 1:
         run, v = pairs[0]
-        lo, hi = run.metrics.get(f"{key}.ci_low"), run.metrics.get(f"{key}.ci_high")
-        if lo is not None and hi is not None and run.metrics.get("run.repeats_measured", 1) >= 2:
+        lo, hi = run.metrics.get(K.median_ci_low(key)), run.metrics.get(K.median_ci_high(key))
+        if lo is not None and hi is not None:
             return Estimate(v, lo, hi, (v,), True)
         return Estimate(v, v, v, (v,), False)
     values = [v for _, v in pairs]
-    med, lo, hi = median_ci(values)
-    return Estimate(med, lo, hi, tuple(values), True)
+    iv = median_interval(values)
+    if iv.has_interval:
+        return Estimate(iv.median, iv.low, iv.high, tuple(values), True)
+    return Estimate(iv.median, iv.median, iv.median, tuple(values), False)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -214,15 +236,21 @@ def _ratio(a: float, b: float) -> float:
     return b / a
 
 
-def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold: float,
-          alpha: float) -> MetricRow:
+def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold: float, alpha: float) -> MetricRow:
     ratio = _ratio(base.value, cand.value)
     p = None
     if key in EXACT_METRICS or base.value == cand.value:
         changed = base.value != cand.value
         beyond = changed and abs(ratio - 1.0) > threshold
-        verdict = "same" if not changed else "below threshold" if not beyond else "change" if direction == 0 else (
-            "improvement" if (ratio > 1) == (direction > 0) else "regression")
+        verdict = (
+            "same"
+            if not changed
+            else "below threshold"
+            if not beyond
+            else "change"
+            if direction == 0
+            else ("improvement" if (ratio > 1) == (direction > 0) else "regression")
+        )
         return MetricRow(key, direction, base, cand, ratio, "exact", changed, None, beyond, verdict)
     if base.n_runs >= 2 and cand.n_runs >= 2 and min_rank_p(base.n_runs, cand.n_runs) <= alpha:
         method = "Mann-Whitney U"
@@ -230,11 +258,16 @@ def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold
         significant = p < alpha
         effect = ratio
     elif base.has_interval and cand.has_interval:
-        method = "95% CI"
+        method = CI_LABEL
         significant = base.high < cand.low or cand.high < base.low
         # The conservative ratio: the nearer edges of the two intervals.
-        effect = (_ratio(base.high, cand.low) if cand.low > base.high else
-                  _ratio(base.low, cand.high) if cand.high < base.low else 1.0)
+        effect = (
+            _ratio(base.high, cand.low)
+            if cand.low > base.high
+            else _ratio(base.low, cand.high)
+            if cand.high < base.low
+            else 1.0
+        )
     else:
         method, significant, effect = NOT_ENOUGH, False, ratio
     beyond = math.isfinite(effect) and abs(effect - 1.0) > threshold or math.isinf(effect)
@@ -260,8 +293,9 @@ def _common(runs: Sequence[RunRecord], attr: str, key: str) -> str:
     return values.pop() if len(values) == 1 else "(varies: " + ", ".join(sorted(values)) + ")"
 
 
-def differences(base: Sequence[RunRecord], cand: Sequence[RunRecord], attr: str,
-                keep=lambda k: True) -> list[Difference]:
+def differences(
+    base: Sequence[RunRecord], cand: Sequence[RunRecord], attr: str, keep=lambda k: True
+) -> list[Difference]:
     """Keys whose (group-common) value differs between the sides."""
     keys = sorted({k for r in [*base, *cand] for k in getattr(r, attr) if keep(k)})
     out = []
@@ -276,18 +310,24 @@ def environment_tag(key: str) -> bool:
     return key.startswith("relflow.") and key not in IDENTITY_TAGS
 
 
-def compare(base: Sequence[RunRecord], cand: Sequence[RunRecord], *, threshold: float = 0.05,
-            alpha: float = 0.05, baseline_label: str = "baseline",
-            candidate_label: str = "candidate") -> Comparison:
+def compare(
+    base: Sequence[RunRecord],
+    cand: Sequence[RunRecord],
+    *,
+    threshold: float = 0.05,
+    alpha: float = 0.05,
+    baseline_label: str = "baseline",
+    candidate_label: str = "candidate",
+) -> Comparison:
     """Compare two runs or two groups of runs on the key metrics."""
     if not base or not cand:
         raise ValueError("compare needs at least one run on each side")
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
-    c = Comparison(baseline_label, candidate_label, [r.run_id for r in base],
-                   [r.run_id for r in cand], threshold, alpha)
-    quality = sorted({k for r in [*base, *cand] for k in r.metrics
-                      if k.startswith("quality.") and k.count(".") == 1})
+    c = Comparison(
+        baseline_label, candidate_label, [r.run_id for r in base], [r.run_id for r in cand], threshold, alpha
+    )
+    quality = sorted({k for r in [*base, *cand] for k in r.metrics if k.startswith("quality.") and k.count(".") == 1})
     keys = [*KEY_METRICS, *((k, QUALITY_DIRECTION.get(k.split(".", 1)[1], 0)) for k in quality)]
     for key, direction in keys:
         a, b = estimate(base, key), estimate(cand, key)
@@ -302,33 +342,43 @@ def compare(base: Sequence[RunRecord], cand: Sequence[RunRecord], *, threshold: 
         bad = [r.run_id[:8] for r in runs if r.tags.get("relflow.validity") == "INVALID"]
         if bad:
             c.notes.append(f"{side} has INVALID runs: {', '.join(bad)}")
-        if len(runs) == 1 and runs[0].metrics.get("run.repeats_measured", 1) < 2:
-            c.notes.append(f"the {side} run has one repeat: rerun with --set run.repeats=3 "
-                           "(or compare groups of runs) to judge significance")
-    if all(r.method == NOT_ENOUGH for r in c.rows if r.key in ("e2e.rows_per_s", "compute.steady_rows_per_s")):
+        if len(runs) == 1 and runs[0].metrics.get(K.REPEATS_MEASURED, 1) < MIN_CI_SAMPLES:
+            n = int(runs[0].metrics.get(K.REPEATS_MEASURED, 1))
+            c.notes.append(
+                f"the {side} run has {n} repeat(s), too few for a 95% interval: rerun "
+                f"with --set run.repeats={MIN_CI_SAMPLES} (or compare groups of runs) "
+                "to judge significance"
+            )
+    if all(r.method == NOT_ENOUGH for r in c.rows if r.key in K.REPEATED):
         c.notes.append("throughput has no spread on at least one side: nothing can be marked")
     return c
 
 
-def split_by(runs: Sequence[RunRecord], selector: str, baseline: str,
-             candidate: str | None = None) -> tuple[list[RunRecord], list[RunRecord], str]:
+def split_by(
+    runs: Sequence[RunRecord], selector: str, baseline: str, candidate: str | None = None
+) -> tuple[list[RunRecord], list[RunRecord], str]:
     """Baseline / candidate groups by a tag (``KEY`` or ``tags.KEY``) or a param (``params.KEY``).
 
     Baseline: runs whose value equals ``baseline``. Candidate: runs whose value equals
     ``candidate``; when not given, the runs with any other value, which must be a single
-    value (otherwise ``ValueError`` lists them). Runs without the key take no part.
+    value (otherwise a ``UserError`` lists them). Runs without the key take no part.
     Returns (baseline, candidate, candidate value).
     """
-    attr, key = ("params", selector[len("params."):]) if selector.startswith("params.") else (
-        "tags", selector.removeprefix("tags."))
+    attr, key = (
+        ("params", selector[len("params.") :])
+        if selector.startswith("params.")
+        else ("tags", selector.removeprefix("tags."))
+    )
     with_key = [r for r in runs if key in getattr(r, attr)]
     base = [r for r in with_key if getattr(r, attr)[key] == baseline]
     others = sorted({getattr(r, attr)[key] for r in with_key} - {baseline})
     if candidate is None:
         if len(others) != 1:
             found = ", ".join(others) or "none"
-            raise ValueError(f"{selector}: the non-baseline runs have {len(others)} values ({found}); "
-                             "pick one with --candidate VALUE")
+            raise UserError(
+                f"{selector}: the non-baseline runs have {len(others)} values ({found}); "
+                "pick one with --candidate VALUE"
+            )
         candidate = others[0]
     cand = [r for r in with_key if getattr(r, attr)[key] == candidate]
     return base, cand, candidate
@@ -341,6 +391,8 @@ def fmt_value(key: str, v: float) -> str:
         return f"{v / 2**20:,.1f} MiB"
     if key.endswith("seconds"):
         return f"{v:,.3f} s" if v >= 0.01 else f"{v * 1e3:,.2f} ms"
+    if key.startswith("latency.") and ("_ms" in key):
+        return f"{v:,.2f} ms"
     if abs(v) >= 1000 or (v == int(v) and abs(v) >= 1):
         return f"{v:,.0f}"
     return f"{v:.4g}"
@@ -349,18 +401,44 @@ def fmt_value(key: str, v: float) -> str:
 def as_dict(c: Comparison) -> dict:
     """JSON-ready summary (for --json and for MLflow)."""
     return {
-        "baseline": c.baseline_label, "candidate": c.candidate_label,
-        "baseline_runs": c.baseline_runs, "candidate_runs": c.candidate_runs,
-        "threshold": c.threshold, "alpha": c.alpha,
-        "metrics": [{"key": r.key, "baseline": r.baseline.value, "baseline_ci": [r.baseline.low, r.baseline.high],
-                     "candidate": r.candidate.value, "candidate_ci": [r.candidate.low, r.candidate.high],
-                     "ratio": r.ratio, "method": r.method, "p_value": r.p_value,
-                     "marked": r.marked, "verdict": r.verdict} for r in c.rows],
+        "baseline": c.baseline_label,
+        "candidate": c.candidate_label,
+        "baseline_runs": c.baseline_runs,
+        "candidate_runs": c.candidate_runs,
+        "threshold": c.threshold,
+        "alpha": c.alpha,
+        "metrics": [
+            {
+                "key": r.key,
+                "baseline": r.baseline.value,
+                "baseline_ci": [r.baseline.low, r.baseline.high],
+                "candidate": r.candidate.value,
+                "candidate_ci": [r.candidate.low, r.candidate.high],
+                "ratio": r.ratio,
+                "method": r.method,
+                "p_value": r.p_value,
+                "marked": r.marked,
+                "verdict": r.verdict,
+            }
+            for r in c.rows
+        ],
         "param_differences": [d.__dict__ for d in c.param_differences],
         "tag_differences": [d.__dict__ for d in c.tag_differences],
         "notes": c.notes,
     }
 
 
-__all__ = ["Comparison", "Difference", "Estimate", "KEY_METRICS", "MetricRow", "as_dict", "compare",
-           "estimate", "fmt_value", "judge", "mann_whitney_u", "split_by"]
+__all__ = [
+    "Comparison",
+    "Difference",
+    "Estimate",
+    "KEY_METRICS",
+    "MetricRow",
+    "as_dict",
+    "compare",
+    "estimate",
+    "fmt_value",
+    "judge",
+    "mann_whitney_u",
+    "split_by",
+]

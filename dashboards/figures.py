@@ -7,7 +7,6 @@ note instead of failing, so a dashboard always renders.
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from dashboards.compare import IDENTITY_PARAMS
 from dashboards.history import HISTORY_METRICS, HistoryStep, series
-from tasks.records import STAGES
+from tasks import keys as K
 from tasks.tracking import RunRecord
 
 HEADLINE = {"category": "accuracy", "binary": "auc", "regression": "mae"}
@@ -26,12 +25,13 @@ LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70,
 
 def benchmark_runs(runs: Sequence[RunRecord]) -> list[RunRecord]:
     """FINISHED runs that carry benchmark metrics (report parents and dashboards carry none)."""
-    return [r for r in runs if r.status == "FINISHED" and "e2e.rows_per_s" in r.metrics]
+    return [r for r in runs if r.status == "FINISHED" and K.E2E_PREDICT_ROWS_PER_S in r.metrics]
 
 
 def _note(fig: go.Figure, text: str) -> go.Figure:
-    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
-                       font=dict(size=14, color="#666"))
+    fig.add_annotation(
+        text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font=dict(size=14, color="#666")
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return fig
@@ -43,24 +43,50 @@ def varying_params(runs: Sequence[RunRecord]) -> list[str]:
     return [k for k in keys if len({r.params.get(k) for r in runs}) > 1]
 
 
+SWEEP_TAG = "relflow.sweep."
+# Params that pick the compile variant: the eager vs compiled chart compares across these.
+COMPILE_PARAMS = {"run.compile.encoders", "run.compile.pools"}
+
+
+def config_label(run: RunRecord, keys: Sequence[str]) -> str:
+    """The run's configuration: its sweep tags (``relflow.sweep.<key>=<value>``), else the
+    values of the params that vary between the runs shown; the run id only as a last resort."""
+    sweep = sorted((k[len(SWEEP_TAG) :], v) for k, v in run.tags.items() if k.startswith(SWEEP_TAG))
+    pairs = sweep or [(k, run.params.get(k, "(unset)")) for k in keys]
+    if not pairs:
+        return run.label
+    return ", ".join(f"{k.removeprefix('run.')}={v}" for k, v in pairs)
+
+
 def _hover(run: RunRecord, keys: Sequence[str]) -> str:
     lines = [f"<b>{run.label}</b>"] + [f"{k} = {run.params.get(k, '(unset)')}" for k in keys]
     return "<br>".join(lines)
 
 
 def stage_breakdown(runs: Sequence[RunRecord]) -> go.Figure:
-    """Stacked bars per run: where the end-to-end seconds go, stage by stage."""
+    """Stacked bars per run, labelled by configuration: where the predict seconds go, stage
+    by stage (training epochs are another phase and are not stacked in)."""
     runs = benchmark_runs(runs)
     fig = go.Figure()
-    fig.update_layout(title="Stage breakdown per run (seconds, stacked = end-to-end)", barmode="stack",
-                      yaxis_title="seconds", **LAYOUT)
+    fig.update_layout(
+        title="Predict stage breakdown per run (seconds, stacked = e2e.predict.seconds)",
+        barmode="stack",
+        yaxis_title="seconds",
+        **LAYOUT,
+    )
     if not runs:
         return _note(fig, "no FINISHED benchmark runs")
-    labels = [r.label for r in runs]
     keys = varying_params(runs)
-    for stage in STAGES:
-        fig.add_bar(name=stage, x=labels, y=[r.metrics.get(f"stage.{stage}.seconds", 0.0) for r in runs],
-                    hovertext=[_hover(r, keys) for r in runs])
+    labels = [config_label(r, keys) for r in runs]
+    if len(set(labels)) < len(labels):  # repeated configurations: tell the runs apart
+        labels = [f"{lab} ({r.run_id[:6]})" for lab, r in zip(labels, runs, strict=True)]
+    for stage in K.STAGES:
+        fig.add_bar(
+            name=stage,
+            x=labels,
+            y=[r.metrics.get(K.stage_seconds(stage, "predict"), 0.0) for r in runs],
+            hovertext=[_hover(r, keys) for r in runs],
+        )
     fig.update_xaxes(tickangle=-35)
     return fig
 
@@ -81,29 +107,68 @@ def _median_range(values: list[float]) -> tuple[float, float, float]:
 
 
 def first_call_vs_steady(runs: Sequence[RunRecord]) -> go.Figure:
-    """Per compile variant: first-call seconds (compile included) next to steady rows/s."""
+    """Per compile variant: first-call seconds (compile included) next to steady rows/s.
+
+    Like with like: runs are grouped by every other param that varies (batch size, packing,
+    ...), one bar series per configuration; a median is only ever taken within one."""
     runs = benchmark_runs(runs)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "first call (s, includes compilation)", "steady-state throughput (rows/s)"))
-    fig.update_layout(title="First call vs steady state, eager vs compiled (median, bars = range over runs)",
-                      showlegend=False, **LAYOUT)
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("first call (s, includes compilation)", "steady-state throughput (rows/s)")
+    )
+    fig.update_layout(
+        title="First call vs steady state, eager vs compiled, per configuration (median, bars = range over runs)",
+        barmode="group",
+        **LAYOUT,
+    )
     if not runs:
         return _note(fig, "no FINISHED benchmark runs")
-    groups: dict[str, list[RunRecord]] = defaultdict(list)
-    for r in runs:
-        groups[compile_variant(r)].append(r)
-    order = sorted(groups, key=lambda v: (v != "eager", v))
-    for col, key in ((1, "compute.first_call_seconds"), (2, "compute.steady_rows_per_s")):
-        med, lo, hi = zip(*(_median_range([r.metrics.get(key, 0.0) for r in groups[v]]) for v in order),
-                          strict=True)
-        fig.add_bar(x=order, y=med, row=1, col=col, marker_color="#636efa" if col == 1 else "#00cc96",
-                    error_y=dict(type="data", symmetric=False, array=[h - m for h, m in zip(hi, med, strict=True)],
-                                 arrayminus=[m - low for m, low in zip(med, lo, strict=True)]),
-                    hovertext=[f"{v}: {len(groups[v])} run(s)" for v in order])
+    others = [k for k in varying_params(runs) if k not in COMPILE_PARAMS]
+    groups = compile_groups(runs)
+    order = sorted({v for by_variant in groups.values() for v in by_variant}, key=lambda v: (v != "eager", v))
+    for config, by_variant in sorted(groups.items()):
+        name = ", ".join(f"{k.removeprefix('run.')}={v}" for k, v in zip(others, config, strict=True)) or "all runs"
+        present = [v for v in order if v in by_variant]
+        for col, key in ((1, K.FIRST_CALL_SECONDS), (2, K.STEADY_ROWS_PER_S)):
+            med, lo, hi = zip(
+                *(_median_range([r.metrics.get(key, 0.0) for r in by_variant[v]]) for v in present), strict=True
+            )
+            fig.add_bar(
+                x=present,
+                y=med,
+                row=1,
+                col=col,
+                name=name,
+                legendgroup=name,
+                showlegend=col == 1,
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=[h - m for h, m in zip(hi, med, strict=True)],
+                    arrayminus=[m - low for m, low in zip(med, lo, strict=True)],
+                ),
+                hovertext=[f"{name}, {v}: {len(by_variant[v])} run(s)" for v in present],
+            )
     if len(order) == 1:
-        fig.add_annotation(text="only one compile variant here: run `relflow-bench compile-report` for the rest",
-                           showarrow=False, xref="paper", yref="paper", x=0.5, y=1.12, font=dict(color="#666"))
+        fig.add_annotation(
+            text="only one compile variant here: run `relflow-bench compile-report` for the rest",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=1.12,
+            font=dict(color="#666"),
+        )
     return fig
+
+
+def compile_groups(runs: Sequence[RunRecord]) -> dict[tuple[str, ...], dict[str, list[RunRecord]]]:
+    """Runs by configuration (the values of every varying param except the compile switches),
+    then by compile variant."""
+    others = [k for k in varying_params(runs) if k not in COMPILE_PARAMS]
+    groups: dict[tuple[str, ...], dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        groups[tuple(r.params.get(k, "(unset)") for k in others)][compile_variant(r)].append(r)
+    return {k: dict(v) for k, v in groups.items()}
 
 
 def headline_quality(run: RunRecord) -> tuple[str, float] | None:
@@ -115,11 +180,17 @@ def headline_quality(run: RunRecord) -> tuple[str, float] | None:
 def quality_vs_throughput(runs: Sequence[RunRecord]) -> go.Figure:
     """Each run: end-to-end rows/s against its headline quality; colour = batch size,
     symbol = packing; hover lists the spec params that differ between runs."""
-    runs = [r for r in benchmark_runs(runs) if headline_quality(r) is not None
-            and r.tags.get("relflow.quality_meaningful", "true") == "true"]
+    runs = [
+        r
+        for r in benchmark_runs(runs)
+        if headline_quality(r) is not None and r.tags.get("relflow.quality_meaningful", "true") == "true"
+    ]
     fig = go.Figure()
-    fig.update_layout(title="Quality vs end-to-end throughput (trade-offs: truncation, batch size, packing)",
-                      xaxis_title="end-to-end rows/s", **LAYOUT)
+    fig.update_layout(
+        title="Quality vs end-to-end throughput (trade-offs: truncation, batch size, packing)",
+        xaxis_title="end-to-end predict rows/s (e2e.predict.rows_per_s)",
+        **LAYOUT,
+    )
     if not runs:
         return _note(fig, "no runs with meaningful quality (trained or from a checkpoint)")
     metric = headline_quality(runs[-1])[0]
@@ -130,10 +201,15 @@ def quality_vs_throughput(runs: Sequence[RunRecord]) -> go.Figure:
         groups[(r.params.get("run.batch_size", "?"), r.params.get("run.packing", "?"))].append(r)
     symbols = {"auto": "circle", "off": "square"}
     for (bs, packing), rs in sorted(groups.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
-        fig.add_scatter(x=[r.metrics["e2e.rows_per_s"] for r in rs], y=[headline_quality(r)[1] for r in rs],
-                        mode="markers", name=f"batch {bs}, packing {packing}",
-                        marker=dict(size=11, symbol=symbols.get(packing, "diamond")),
-                        hovertext=[_hover(r, keys) for r in rs], hoverinfo="text+x+y")
+        fig.add_scatter(
+            x=[r.metrics[K.E2E_PREDICT_ROWS_PER_S] for r in rs],
+            y=[headline_quality(r)[1] for r in rs],
+            mode="markers",
+            name=f"batch {bs}, packing {packing}",
+            marker=dict(size=11, symbol=symbols.get(packing, "diamond")),
+            hovertext=[_hover(r, keys) for r in rs],
+            hoverinfo="text+x+y",
+        )
     return fig
 
 
@@ -148,16 +224,15 @@ def packing_pairs(runs: Sequence[RunRecord]) -> list[tuple[float, float, str]]:
         packing = r.params.get("run.packing")
         if packing not in ("auto", "off"):
             continue
-        config = tuple(sorted((k, v) for k, v in r.params.items()
-                              if k != "run.packing" and k not in IDENTITY_PARAMS))
+        config = tuple(sorted((k, v) for k, v in r.params.items() if k != "run.packing" and k not in IDENTITY_PARAMS))
         by_config[config][packing].append(r)
     out = []
     for config, sides in by_config.items():
         if not sides["auto"] or not sides["off"]:
             continue
-        auto = statistics.median(r.metrics.get("compute.steady_rows_per_s", 0.0) for r in sides["auto"])
-        off = statistics.median(r.metrics.get("compute.steady_rows_per_s", 0.0) for r in sides["off"])
-        occ = statistics.median(r.metrics.get("data.occupancy", 0.0) for r in sides["off"] + sides["auto"])
+        auto = statistics.median(r.metrics.get(K.STEADY_ROWS_PER_S, 0.0) for r in sides["auto"])
+        off = statistics.median(r.metrics.get(K.STEADY_ROWS_PER_S, 0.0) for r in sides["off"])
+        occ = statistics.median(r.metrics.get(K.DATA_OCCUPANCY, 0.0) for r in sides["off"] + sides["auto"])
         params = dict(config)
         label = f"batch {params.get('run.batch_size', '?')}, {len(sides['auto'])}+{len(sides['off'])} runs"
         if off > 0:
@@ -169,40 +244,106 @@ def occupancy_vs_packing(runs: Sequence[RunRecord]) -> go.Figure:
     """Occupancy (present / reserved coordinates) against the packed path's speedup."""
     pairs = packing_pairs(runs)
     fig = go.Figure()
-    fig.update_layout(title="Occupancy vs packed speedup (steady rows/s, packing auto / off)",
-                      xaxis_title="data.occupancy (present / reserved coordinates)",
-                      yaxis_title="speedup (auto / off)", **LAYOUT)
+    fig.update_layout(
+        title="Occupancy vs packed speedup (steady rows/s, packing auto / off)",
+        xaxis_title="data.occupancy (present / reserved coordinates)",
+        yaxis_title="speedup (auto / off)",
+        **LAYOUT,
+    )
     if not pairs:
-        return _note(fig, "no configuration run with both run.packing=auto and off: "
-                          "sweep --grid run.packing=auto,off")
-    fig.add_scatter(x=[p[0] for p in pairs], y=[p[1] for p in pairs], mode="markers+text",
-                    text=[p[2] for p in pairs], textposition="top center", marker=dict(size=12))
+        return _note(fig, "no configuration run with both run.packing=auto and off: sweep --grid run.packing=auto,off")
+    fig.add_scatter(
+        x=[p[0] for p in pairs],
+        y=[p[1] for p in pairs],
+        mode="markers+text",
+        text=[p[2] for p in pairs],
+        textposition="top center",
+        marker=dict(size=12),
+    )
     fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
     return fig
 
 
-def _when(run: RunRecord) -> dt.datetime:
-    return dt.datetime.fromtimestamp(run.start_time_ms / 1000, tz=dt.UTC)
-
-
 def history_figure(runs: Sequence[RunRecord], steps: Sequence[HistoryStep]) -> go.Figure:
     """Throughput over time for one host and spec, with detected steps marked."""
-    fig = make_subplots(rows=len(HISTORY_METRICS), cols=1, shared_xaxes=True,
-                        subplot_titles=[f"{k} (rows/s)" for k in HISTORY_METRICS])
-    fig.update_layout(title="History (one host fingerprint, one spec hash), detected steps marked",
-                      showlegend=False, **{**LAYOUT, "height": 560})
+    # Throughput always; latency rows only when the runs are request-scenario runs.
+    keys = [k for k in HISTORY_METRICS if not k.startswith("latency.") or series(runs, k)[0]]
+    fig = make_subplots(
+        rows=len(keys),
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=[f"{k} ({'ms' if k.startswith('latency.') else 'rows/s'})" for k in keys],
+    )
+    fig.update_layout(
+        title="History (one host fingerprint, one spec hash), detected steps marked",
+        showlegend=False,
+        **{**LAYOUT, "height": 560},
+    )
     if not benchmark_runs(runs):
         return _note(fig, "no FINISHED benchmark runs")
-    for row, key in enumerate(HISTORY_METRICS, start=1):
+    for row, key in enumerate(keys, start=1):
         kept, values = series(runs, key)
-        fig.add_scatter(x=[_when(r) for r in kept], y=values, mode="lines+markers", row=row, col=1,
-                        hovertext=[f"{r.label}<br>git {r.tags.get('relflow.git_sha', '?')[:10]}" for r in kept])
+        fig.add_scatter(
+            x=[r.started_at for r in kept],
+            y=values,
+            mode="lines+markers",
+            row=row,
+            col=1,
+            hovertext=[f"{r.label}<br>git {r.tags.get('relflow.git_sha', '?')[:10]}" for r in kept],
+        )
         for s in (s for s in steps if s.metric == key):
             colour = "#d62728" if s.kind == "regression" else "#2ca02c"
-            x = _when(s.after_run)
-            fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, yref=f"y{'' if row == 1 else row} domain",
-                          xref=f"x{'' if row == 1 else row}", line=dict(color=colour, dash="dash"))
-            fig.add_annotation(x=x, y=1, yref=f"y{'' if row == 1 else row} domain",
-                               xref=f"x{'' if row == 1 else row}", showarrow=False, yanchor="bottom",
-                               text=f"{s.kind} x{s.step.ratio:.2f}", font=dict(color=colour))
+            x = s.after_run.started_at
+            fig.add_shape(
+                type="line",
+                x0=x,
+                x1=x,
+                y0=0,
+                y1=1,
+                yref=f"y{'' if row == 1 else row} domain",
+                xref=f"x{'' if row == 1 else row}",
+                line=dict(color=colour, dash="dash"),
+            )
+            fig.add_annotation(
+                x=x,
+                y=1,
+                yref=f"y{'' if row == 1 else row} domain",
+                xref=f"x{'' if row == 1 else row}",
+                showarrow=False,
+                yanchor="bottom",
+                text=f"{s.kind} x{s.step.ratio:.2f}",
+                font=dict(color=colour),
+            )
+    return fig
+
+
+def latency_cdf(runs: Sequence[RunRecord], cdfs: dict[str, list[float]]) -> go.Figure:
+    """Request latency CDF per single_stream / server run (``latency.cdf_ms``: the latency
+    at percentiles 0..100; runs without it show their p50/p90/p99/max points)."""
+    fig = go.Figure()
+    fig.update_layout(
+        title="Request latency CDF (steady requests; cold first request apart)",
+        xaxis_title="latency (ms, log)",
+        yaxis_title="share of requests (%)",
+        xaxis_type="log",
+        **LAYOUT,
+    )
+    runs = [r for r in benchmark_runs(runs) if r.metrics.get("latency.requests", 0) > 0]
+    if not runs:
+        return _note(fig, "no single_stream or server runs (run.scenario)")
+    for r in runs:
+        m = r.metrics
+        scenario = r.params.get("run.scenario", "?")
+        qps = f" @ {m['latency.target_qps']:g} QPS" if "latency.target_qps" in m else ""
+        name = f"{r.label} {scenario}{qps} [{r.tags.get('relflow.validity', '?')}]"
+        cdf = cdfs.get(r.run_id)
+        if cdf:
+            x, y = cdf, [100.0 * i / (len(cdf) - 1) for i in range(len(cdf))]
+        else:
+            pts = [(p, m.get(f"latency.request_ms.p{p}")) for p in (50, 90, 99)]
+            pts.append((100, m.get("latency.request_ms.max")))
+            x, y = [v for _, v in pts if v is not None], [p for p, v in pts if v is not None]
+        fig.add_scatter(x=x, y=y, mode="lines", name=name, line_shape="hv")
+        if "run.request.latency_bound_ms" in r.params and scenario == "server":
+            fig.add_vline(x=float(r.params["run.request.latency_bound_ms"]), line_dash="dot", line_color="#888")
     return fig

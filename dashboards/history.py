@@ -25,10 +25,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasks.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S
 from tasks.tracking import RunRecord
 
-# Metrics the history walks: higher is better for both.
-HISTORY_METRICS: tuple[str, ...] = ("e2e.rows_per_s", "compute.steady_rows_per_s")
+# Metrics the history walks: throughput (higher is better) and, for request scenarios
+# (single_stream / server runs), request latency (lower is better).
+HISTORY_METRICS: tuple[str, ...] = (
+    E2E_PREDICT_ROWS_PER_S,
+    STEADY_ROWS_PER_S,
+    "latency.request_ms.p50",
+    "latency.request_ms.p99",
+)
+LOWER_IS_BETTER = frozenset({"latency.request_ms.p50", "latency.request_ms.p99"})
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in sigma / sqrt(n)
 
@@ -76,8 +84,9 @@ def _supported(logs: np.ndarray, k: int, min_segment: int) -> bool:
     return int(near_left.sum()) >= min_segment and int(near_right.sum()) >= min_segment
 
 
-def detect_steps(values: Sequence[float], *, min_segment: int = 3, threshold: float = 0.05,
-                 z: float = 4.0) -> list[Step]:
+def detect_steps(
+    values: Sequence[float], *, min_segment: int = 3, threshold: float = 0.05, z: float = 4.0
+) -> list[Step]:
     """Indices where the series' level shifts and stays shifted; sorted by index.
 
     In each segment the split is placed where two constant levels fit best (least absolute
@@ -103,8 +112,7 @@ def detect_steps(values: Sequence[float], *, min_segment: int = 3, threshold: fl
         shift, score = _score(seg, k, sigma)
         if abs(math.expm1(shift)) <= threshold or score < z or not _supported(seg, k, min_segment):
             return
-        steps.append(Step(lo + k, float(np.exp(np.median(seg[:k]))), float(np.exp(np.median(seg[k:]))),
-                          score))
+        steps.append(Step(lo + k, float(np.exp(np.median(seg[:k]))), float(np.exp(np.median(seg[k:]))), score))
         search(lo, lo + k)
         search(lo + k, hi)
 
@@ -128,29 +136,42 @@ def series(runs: Sequence[RunRecord], key: str) -> tuple[list[RunRecord], list[f
 
 
 def history(runs: Sequence[RunRecord], key: str, **kw) -> list[HistoryStep]:
-    """Steps of one higher-is-better metric over runs already in start-time order."""
+    """Steps of one metric over runs already in start-time order (a rise is an improvement
+    unless the metric is in ``LOWER_IS_BETTER``)."""
     kept, values = series(runs, key)
     out = []
     for s in detect_steps(values, **kw) if values else []:
-        out.append(HistoryStep(key, s, "improvement" if s.after > s.before else "regression",
-                               kept[s.index - 1], kept[s.index]))
+        better = (s.after < s.before) if key in LOWER_IS_BETTER else (s.after > s.before)
+        out.append(HistoryStep(key, s, "improvement" if better else "regression", kept[s.index - 1], kept[s.index]))
     return out
 
 
-def select_history_runs(runs: Sequence[RunRecord], *, host_fingerprint: str | None,
-                        spec_hash: str | None) -> tuple[list[RunRecord], str | None, str | None]:
+def profiled(run: RunRecord) -> bool:
+    """Profiled runs are slowed by the profiler: left out of history and compare by default."""
+    return run.tags.get("relflow.profiled") == "true"
+
+
+def select_history_runs(
+    runs: Sequence[RunRecord], *, host_fingerprint: str | None, spec_hash: str | None, include_profiled: bool = False
+) -> tuple[list[RunRecord], str | None, str | None]:
     """FINISHED benchmark runs on one host fingerprint (and spec hash), oldest first.
 
     ``None`` picks the latest benchmark run's value (report runs carry no e2e metric and
     are skipped). Returns (runs, host fingerprint, spec hash) actually used.
     """
-    bench = sorted((r for r in runs if r.status == "FINISHED" and "e2e.rows_per_s" in r.metrics),
-                   key=lambda r: r.start_time_ms)
+    runs = [r for r in runs if include_profiled or not profiled(r)]
+    bench = sorted(
+        (r for r in runs if r.status == "FINISHED" and E2E_PREDICT_ROWS_PER_S in r.metrics),
+        key=lambda r: r.start_time_ms,
+    )
     if not bench:
         return [], host_fingerprint, spec_hash
     latest = bench[-1]
     host = host_fingerprint or latest.tags.get("relflow.host_fingerprint")
     spec = spec_hash if spec_hash is not None else latest.tags.get("relflow.spec_hash")
-    kept = [r for r in bench if r.tags.get("relflow.host_fingerprint") == host
-            and (spec == "any" or r.tags.get("relflow.spec_hash") == spec)]
+    kept = [
+        r
+        for r in bench
+        if r.tags.get("relflow.host_fingerprint") == host and (spec == "any" or r.tags.get("relflow.spec_hash") == spec)
+    ]
     return kept, host, spec

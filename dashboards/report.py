@@ -50,20 +50,35 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
         "history": figures.history_figure(hist_runs, steps),
         "backends": backends_figure(rows_from_runs(runs)),
     }
+    latency_runs = [r for r in bench if r.metrics.get("latency.requests", 0) > 0]
+    if latency_runs:  # request scenarios: the CDF series each run logged
+        from tasks.tracking import metric_history
+
+        cdfs = {r.run_id: metric_history(r.run_id, "latency.cdf_ms") for r in latency_runs}
+        figs["latency_cdf"] = figures.latency_cdf(latency_runs, cdfs)
     return Dashboard(experiment, figs, bench, hist_runs, steps, host, spec)
 
 
 def to_html(d: Dashboard, source: str) -> str:
     """One page, plotly.js inline, each figure in its own div."""
-    parts = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
-                         config={"displaylogo": False})
-             for name, fig in d.figures.items()]
-    steps = "".join(f"<li>{html.escape(s.metric)}: {s.kind} x{s.step.ratio:.3f} at run "
-                    f"{html.escape(s.after_run.label)}</li>" for s in d.steps) or "<li>none detected</li>"
+    parts = [
+        fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}", config={"displaylogo": False})
+        for name, fig in d.figures.items()
+    ]
+    steps = (
+        "".join(
+            f"<li>{html.escape(s.metric)}: {s.kind} x{s.step.ratio:.3f} at run {html.escape(s.after_run.label)}</li>"
+            for s in d.steps
+        )
+        or "<li>none detected</li>"
+    )
     first = d.runs[0].start_time_ms if d.runs else 0
     last = d.runs[-1].start_time_ms if d.runs else 0
-    span = (f"{figures._when(d.runs[0]):%Y-%m-%d %H:%M} to {figures._when(d.runs[-1]):%Y-%m-%d %H:%M} UTC"
-            if first and last else "no runs")
+    span = (
+        f"{d.runs[0].started_at:%Y-%m-%d %H:%M} to {d.runs[-1].started_at:%Y-%m-%d %H:%M} UTC"
+        if first and last
+        else "no runs"
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>relflow-bench dashboard: {html.escape(d.experiment)}</title>
@@ -81,8 +96,9 @@ spec hash <code>{html.escape(str(d.spec_hash))}</code>. Steps:</p><ul>{steps}</u
 
 
 def chrome_path() -> str | None:
-    return os.environ.get("BROWSER_PATH") or (SYSTEM_CHROMIUM if Path(SYSTEM_CHROMIUM).exists()
-                                              else shutil.which("chromium") or shutil.which("google-chrome"))
+    return os.environ.get("BROWSER_PATH") or (
+        SYSTEM_CHROMIUM if Path(SYSTEM_CHROMIUM).exists() else shutil.which("chromium") or shutil.which("google-chrome")
+    )
 
 
 def write(d: Dashboard, out: Path, source: str, *, png: bool = True) -> list[Path]:

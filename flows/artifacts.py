@@ -1,7 +1,8 @@
 """Prefect artifacts for a benchmark run: its stage table, pointing at the MLflow run.
 
 Called at the end of the ``benchmark`` flow with the flow's summary dict. The table
-(stage, seconds, root rows, rows/s, share of e2e, plus the end-to-end row) shows on the
+(phase, stage, seconds, root rows, rows/s, share of the phase, plus one end-to-end row per
+phase: training and predicting are never summed) shows on the
 flow run's Artifacts tab; the description names the MLflow run id, experiment and store.
 The key ``relflow-<experiment>-stages`` keeps one versioned artifact per workload, so the
 Artifacts page shows the latest run's table with its history. When MLflow is a server
@@ -29,13 +30,35 @@ def artifact_key(experiment: str) -> str:
 
 def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The stage table as rows (rounded for display), end-to-end last."""
-    rows = [{"stage": r["stage"], "seconds": round(r["seconds"], 4), "root rows": r["rows"],
-             "rows/s": round(r["rows_per_s"], 1), "share of e2e": f"{r['share']:.1%}"}
-            for r in summary["stages"]]
+    from tasks import keys as K
+
     m = summary["metrics"]
-    rows.append({"stage": "end-to-end", "seconds": round(m["e2e.seconds"], 4),
-                 "root rows": int(m.get("data.rows_predicted", 0)),
-                 "rows/s": round(m["e2e.rows_per_s"], 1), "share of e2e": "100%"})
+    rows = []
+    for phase in K.PHASES:
+        part = [r for r in summary["stages"] if r.get("phase") == phase]
+        if not part:
+            continue
+        rows += [
+            {
+                "phase": phase,
+                "stage": r["stage"],
+                "seconds": round(r["seconds"], 4),
+                "root rows": r["rows"],
+                "rows/s": round(r["rows_per_s"], 1),
+                "share of phase": f"{r['share']:.1%}",
+            }
+            for r in part
+        ]
+        rows.append(
+            {
+                "phase": phase,
+                "stage": "end-to-end",
+                "seconds": round(m[K.e2e(phase, "seconds")], 4),
+                "root rows": int(m[K.e2e(phase, "rows")]),
+                "rows/s": round(m[K.e2e(phase, "rows_per_s")], 1),
+                "share of phase": "100%",
+            }
+        )
     return rows
 
 
@@ -62,8 +85,9 @@ def publish_run_artifact(summary: dict[str, Any]) -> UUID | None:
         key = artifact_key(summary["experiment"])
         table_id = create_table_artifact(table=stage_rows(summary), key=key, description=description)
         if url:
-            create_link_artifact(link=url, link_text=f"MLflow run {summary['run_id']}",
-                                 key=key.removesuffix("-stages") + "-mlflow-run")
+            create_link_artifact(
+                link=url, link_text=f"MLflow run {summary['run_id']}", key=key.removesuffix("-stages") + "-mlflow-run"
+            )
         return table_id
     except Exception as err:  # noqa: BLE001 - never fail a finished, recorded run
         log.warning("could not publish the Prefect stage artifact: %s: %s", type(err).__name__, err)

@@ -5,7 +5,11 @@
 Root keys are processed in chunks of ``run.chunk_rows`` so memory stays bounded as data
 grows; stage times add up over chunks (and over training epochs, which re-read their
 chunks as a streaming trainer does, except a single-chunk workload, which keeps its tensors
-between epochs). Every predict pass runs all five stages.
+between epochs). Every predict pass runs all five stages. Training epochs and predict passes
+are timed as separate phases (``e2e.train.*``, ``e2e.predict.*``), never summed.
+
+The flow reads as its steps: ``plan`` (checks) -> ``start_run`` -> ``timed_body`` ->
+``collect`` -> ``judge`` (validity) -> ``log_run``.
 
 Every check that can fail on user input runs before the MLflow run starts. After that, any
 error ends the run FAILED (KILLED for interrupts) and removes the partial prediction file.
@@ -26,36 +30,57 @@ import pyarrow.parquet as pq
 import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
+from tasks import calibrate as calibration
 from tasks import compute as compute_stage
-from tasks import progress
+from tasks import distributed, progress
+from tasks import keys as K
 from tasks.backends.setup import BackendPlan, check_backend, start_backend
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.clock import Clock, unix_time, wall_clock
 from tasks.data import ensure_tpch
+from tasks.databases import close_all as close_databases
+from tasks.databases import kind_of, resolve_database
+from tasks.datasets import describe_sources, model_interface
+from tasks.encode import check_text
+from tasks.encode import encode as encode_text
 from tasks.environment import fingerprint, host_load_per_core
+from tasks.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.hostlock import host_lock
 from tasks.memory import PeakMemory
+from tasks.peak import peak_flops
 from tasks.preprocess import Preprocessed, preprocess
-from tasks.records import BackendSetup, RunResult
+from tasks.profiling import to_markdown as profile_markdown
+from tasks.records import PHASES, BackendSetup, RunResult, StageTiming, batch_coordinate_metrics
 from tasks.reference import check_reference, drop_reasons, quality_delta, reference_quality
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
+from tasks.run_note import run_description
+from tasks.scenarios.latency import verdict as latency_verdict
+from tasks.scenarios.runner import run_requests
 from tasks.sources import SourceTable, check_sources, resolve_sources
 from tasks.spec import Spec, parse_spec
+from tasks.stats import CI_METHOD
 from tasks.tensorize import Tensorized, fit, tensorize
+from tasks.threads import apply_threads
 from tasks.tracking import Tracker, flatten
+from tasks.utilisation import mfu_metrics
 from tasks.validity import verdict
 from tasks.write import PredictionWriter, to_table
 
+# Stage tasks carry chunks of data: no cache key (hashing tables costs seconds), no result
+# persistence, and every argument is passed in ``quote()`` so Prefect does not walk it
+# looking for upstream futures (its per-call cost grows with the size of the arguments).
 STAGE_TASK = dict(cache_policy=NO_CACHE, persist_result=False, retries=0)
 
 
 @task(name="retrieve", **STAGE_TASK)
-def retrieve_task(spec: Spec, sources: dict[str, SourceTable], keys: np.ndarray,
-                  clock: Clock) -> tuple[Retrieved, float]:
+def retrieve_task(
+    spec: Spec, sources: dict[str, SourceTable], keys: np.ndarray, clock: Clock
+) -> tuple[Retrieved, float]:
     with clock.measure() as span:
         out = retrieve(spec, sources, keys)
     return out, span.seconds
@@ -68,9 +93,17 @@ def preprocess_task(spec: Spec, retrieved: Retrieved, clock: Clock) -> tuple[Pre
     return out, span.seconds
 
 
+@task(name="encode", **STAGE_TASK)
+def encode_task(spec: Spec, pre: Preprocessed, clock: Clock) -> tuple[Preprocessed, int, float]:
+    with clock.measure() as span:
+        out = encode_text(spec, pre)
+    return out.pre, out.cells, span.seconds
+
+
 @task(name="tensorize", **STAGE_TASK)
-def tensorize_task(spec: Spec, pre: Preprocessed, enc: Encoding | None, schema: Any,
-                   clock: Clock) -> tuple[Tensorized, Encoding, Any, float]:
+def tensorize_task(
+    spec: Spec, pre: Preprocessed, enc: Encoding | None, schema: Any, clock: Clock
+) -> tuple[Tensorized, Encoding, Any, float]:
     with clock.measure() as span:
         if enc is None:  # no checkpoint: fit on the first chunk's training rows
             enc, schema = fit(spec, pre)
@@ -79,17 +112,45 @@ def tensorize_task(spec: Spec, pre: Preprocessed, enc: Encoding | None, schema: 
 
 
 @task(name="compute", **STAGE_TASK)
-def compute_task(engine: compute_stage.Engine, tz: Tensorized, phase: str,
-                 outputs: tuple[str, ...]) -> tuple[compute_stage.PredictOutputs | None, float]:
+def compute_task(
+    engine: compute_stage.Engine, tz: Tensorized, phase: str, outputs: tuple[str, ...]
+) -> tuple[compute_stage.PredictOutputs | None, float]:
     with engine.clock.measure() as span:
         out = engine.train(tz) if phase == "train" else engine.predict(tz, outputs)
     return out, span.seconds
 
 
+@task(name="calibrate", **STAGE_TASK)
+def calibrate_task(
+    outs: compute_stage.PredictOutputs,
+    temperature: float,
+    kind: str,
+    quality: calibration.CalibrationQuality,
+    clock: Clock,
+) -> tuple[compute_stage.PredictOutputs, float]:
+    if outs.label_mask is not None:  # quality bookkeeping, not part of serving: untimed
+        quality.add(outs.tensors["prediction"], outs.labels, outs.label_mask)
+    with clock.measure() as span:
+        out = calibration.calibrate_outputs(outs, temperature, kind)
+    return out, span.seconds
+
+
+@task(name="requests", **STAGE_TASK)
+def requests_task(pipe: Pipeline, writer: PredictionWriter) -> Any:
+    """single_stream / server: timed requests (tasks/scenarios)."""
+    return run_requests(pipe, writer, pipe.calibration)
+
+
 @task(name="write", **STAGE_TASK)
-def write_task(spec: Spec, engine: compute_stage.Engine, enc: Encoding, tz: Tensorized,
-               outs: compute_stage.PredictOutputs, writer: PredictionWriter,
-               clock: Clock) -> float:
+def write_task(
+    spec: Spec,
+    engine: compute_stage.Engine,
+    enc: Encoding,
+    tz: Tensorized,
+    outs: compute_stage.PredictOutputs,
+    writer: PredictionWriter,
+    clock: Clock,
+) -> float:
     with clock.measure() as span:
         writer.write(to_table(spec, engine.schema, enc, tz.keys, outs))
     return span.seconds
@@ -105,8 +166,9 @@ class Plan:
     checkpoint: dict[str, Any] | None
     data_seconds: float
     generated: bool
-    backend: BackendPlan = field(default_factory=BackendPlan)
-    reference: dict[str, Any] | None = None
+    spec_dir: Path = Path(".")  # where relative source paths resolve (DDP ranks re-plan from it)
+    backend: BackendPlan = field(default_factory=BackendPlan)  # run.backend (tasks/backends)
+    reference: dict[str, Any] | None = None  # run.reference_checkpoint, loaded and checked
 
 
 def plan(spec: Spec, spec_dir: Path) -> Plan:
@@ -114,61 +176,96 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     t0 = wall_clock()
     generated = False
     base = spec_dir
-    if spec.source.generate is not None:
+    db = spec.source.database
+    if spec.source.generate is not None and (db is None or kind_of(db.url) == "duckdb"):
         base, generated = ensure_tpch(spec.source.generate.tpch.scale)
-    sources = resolve_sources(spec, base)
+    if db is not None:  # tables in a database (tasks/databases.py) instead of files
+        sources = resolve_database(spec, spec_dir, base if spec.source.generate else None)
+    else:
+        sources = resolve_sources(spec, base)
     check_sources(spec, sources)
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
+    distributed.check(spec, device)
+    check_text(spec)
     ckpt = None
-    if spec.run.mode == "predict" and spec.run.checkpoint:
+    if spec.run.checkpoint:  # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
-    backend, ckpt = check_backend(spec, ckpt)
+    backend, ckpt = check_backend(spec, ckpt)  # providers, bundle (it may stand in for ckpt)
     reference = check_reference(spec, ckpt["encoding"] if ckpt else None)
-    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated, backend, reference)
+    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated, spec_dir, backend, reference)
 
 
 class Pipeline:
-    """Runs the chunked stages for one plan and accumulates into one ``RunResult``."""
+    """Runs the chunked stages for one plan and accumulates into one ``RunResult``.
+
+    Every stage second is charged to the phase that spent it (train epochs or predict
+    passes); the root-key listing, once per run, is charged to predict's retrieve."""
 
     def __init__(self, p: Plan, result: RunResult) -> None:
         self.p, self.spec, self.result = p, p.spec, result
         self.clock = Clock(p.device)
         self.enc: Encoding | None = p.checkpoint["encoding"] if p.checkpoint else None
         self.schema = p.checkpoint["schema"] if p.checkpoint else None
+        # Output calibration: fitted after training, else the checkpoint's (1.0 = none).
+        self.temperature: float = p.checkpoint.get("temperature", 1.0) if p.checkpoint else 1.0
+        self.calibration = calibration.CalibrationQuality(self.spec.task.kind, self.temperature)
         self.engine: compute_stage.Engine | None = None
         self.chunks: list[np.ndarray] = []
         self._cache: dict[int, Tensorized] = {}
         self._counted: set[int] = set()
+        self.has_text = any(
+            k == "text"
+            for c in [self.spec.schema_.root.columns] + [b.columns for b, _ in self.spec.schema_.walk()]
+            for k in c.values()
+        )
+        if self.has_text:  # the application's text encoder: an extra timed step, before tensorize
+            for phase, st in result.stages.items():
+                result.stages[phase] = (
+                    {k: st[k] for k in ("retrieve", "preprocess")}
+                    | {"encode": StageTiming("encode", phase)}
+                    | {k: v for k, v in st.items() if k not in ("retrieve", "preprocess")}
+                )
+            self.text_cells = self.text_cells_per_pass = 0
 
     def list_keys(self) -> None:
         with self.clock.measure() as span:
             keys, nbytes = list_root_keys(self.spec, self.p.sources)
-        self.result.stages["retrieve"].add(span.seconds, 0)
+        self.result.stages["predict"]["retrieve"].add(span.seconds, 0)
         self.result.bytes_read += nbytes
         self.result.root_rows = len(keys)
         n = self.spec.run.chunk_rows
-        self.chunks = [keys[i:i + n] for i in range(0, len(keys), n)]
+        self.chunks = [keys[i : i + n] for i in range(0, len(keys), n)]
         self.result.chunks = len(self.chunks)
 
-    def prepare(self, i: int, reuse: bool = False) -> Tensorized:
-        """retrieve -> preprocess -> tensorize for chunk ``i``.
+    def prepare(self, i: int, phase: str, reuse: bool = False) -> Tensorized:
+        """retrieve -> preprocess -> tensorize for chunk ``i``, charged to ``phase``.
 
         With ``reuse`` (training epochs) a single-chunk workload keeps its tensors instead of
         re-reading each epoch; predict passes always run every stage, so each pass is a full,
         comparable measurement of the serving path."""
         if reuse and i in self._cache:
             return self._cache[i]
-        spec, st, clock = self.spec, self.result.stages, self.clock
+        spec, st, clock = self.spec, self.result.stages[phase], self.clock
         progress.emit("stage", name="retrieve", chunk=i)
-        r, sec = retrieve_task(spec, self.p.sources, self.chunks[i], clock)
+        r, sec = retrieve_task(quote(spec), quote(self.p.sources), quote(self.chunks[i]), quote(clock))
         st["retrieve"].add(sec, r.root_rows)
         self.result.bytes_read += r.bytes_read
+        self.result.extra[K.DATA_ROWS_READ] = self.result.extra.get(K.DATA_ROWS_READ, 0.0) + sum(r.rows_read.values())
         progress.emit("stage", name="preprocess", chunk=i)
-        pre, sec = preprocess_task(spec, r, clock)
+        pre, sec = preprocess_task(quote(spec), quote(r), quote(clock))
         st["preprocess"].add(sec, pre.root_rows)
+        if self.has_text:
+            progress.emit("stage", name="encode", chunk=i)
+            pre, cells, sec = encode_task(quote(spec), quote(pre), quote(clock))
+            st["encode"].add(sec, pre.root_rows)
+            self.text_cells += cells  # every call, for encode.cells_per_s
+            if i not in self._counted:
+                self.text_cells_per_pass += cells
         progress.emit("stage", name="tensorize", chunk=i)
-        tz, self.enc, self.schema, sec = tensorize_task(spec, pre, self.enc, self.schema, clock)
+        tz, self.enc, self.schema, sec = tensorize_task(
+            quote(spec), quote(pre), quote(self.enc), quote(self.schema), quote(clock)
+        )
         st["tensorize"].add(sec, tz.root_rows)
         if i not in self._counted:  # data figures once per chunk, not once per epoch/repeat
             self._counted.add(i)
@@ -182,215 +279,452 @@ class Pipeline:
         return tz
 
     def ensure_engine(self) -> None:
-        """The engine, once the schema is known (from a checkpoint, or the first chunk's fit)."""
+        """The engine, once the schema is known (from a checkpoint or bundle, or the first
+        chunk's fit)."""
         if self.engine is None and self.schema is not None:
-            state = self.p.checkpoint["model"] if self.p.checkpoint else None
-            self.engine = compute_stage.Engine(self.spec, self.schema, self.p.device, state, self.clock,
-                                               self.enc)
+            ck = self.p.checkpoint
+            self.engine = compute_stage.Engine(
+                self.spec,
+                self.schema,
+                self.p.device,
+                ck["model"] if ck else None,
+                self.clock,
+                self.enc,
+                optimizer_state=ck.get("optimizer") if ck else None,
+            )
 
     def prepare_untimed(self, i: int) -> Tensorized:
-        """retrieve -> tensorize for chunk ``i`` outside the stage timings (reference pass)."""
-        r = retrieve(self.spec, self.p.sources, self.chunks[i])
-        return tensorize(self.spec, preprocess(self.spec, r), self.enc, self.schema)
+        """retrieve -> (encode) -> tensorize for chunk ``i`` outside the stage timings (the
+        reference pass); the same stage functions, without Prefect tasks or stage seconds."""
+        assert self.enc is not None
+        pre = preprocess(self.spec, retrieve(self.spec, self.p.sources, self.chunks[i]))
+        if self.has_text:
+            pre = encode_text(self.spec, pre).pre
+        return tensorize(self.spec, pre, self.enc, self.schema)
 
     def train(self) -> None:
+        st = self.result.stages["train"]
         for epoch in range(self.spec.run.epochs):
             before = self.engine.train_timings.updates if self.engine else 0
             for i in range(len(self.chunks)):
-                tz = self.prepare(i, reuse=True)
+                tz = self.prepare(i, "train", reuse=True)
                 progress.emit("stage", name="compute", chunk=i, phase="train", epoch=epoch)
-                _, sec = compute_task(self.engine, tz, "train", ())
-                self.result.stages["compute"].add(sec, int(tz.is_train.sum()))
+                _, sec = compute_task(quote(self.engine), quote(tz), "train", ())
+                st["compute"].add(sec, int(tz.is_train.sum()))
             if epoch == 0:
                 self.result.updates_per_epoch = self.engine.train_timings.updates - before
+            self.result.train_epochs += 1
+
+    def fit_calibration(self) -> None:
+        """Temperature scaling on the validation split, after training (not a stage)."""
+        with self.clock.measure() as span:
+            self.temperature, rows = calibration.fit_on_validation(self)
+        self.calibration.temperature = self.temperature
+        if self.engine is not None:
+            self.engine.temperature = self.temperature  # saved with the checkpoint
+        self.result.extra.update({"calibration.fit_seconds": span.seconds, "calibration.fit_rows": float(rows)})
 
     def predict(self, writer: PredictionWriter, repeat: int) -> None:
         """One full predict pass (retrieve..write); per-pass figures feed the repeat stats."""
-        st = self.result.stages
-        e2e_before = self.result.e2e_seconds
+        st = self.result.stages["predict"]
+        pass_start = self.result.e2e_seconds("predict")
         pt = self.engine.predict_timings if self.engine else None
-        steady_before = (len(pt.steady_seconds) if pt else 0)
+        steady_before = len(pt.steady_seconds) if pt else 0
+        if self.engine is not None:  # (a new engine starts with empty quality)
+            self.engine.begin_predict_pass()
         rows = 0
         for i in range(len(self.chunks)):
-            tz = self.prepare(i)
+            tz = self.prepare(i, "predict")
             progress.emit("stage", name="compute", chunk=i, phase="predict", repeat=repeat)
-            outs, sec = compute_task(self.engine, tz, "predict", tuple(self.spec.task.outputs))
+            outs, sec = compute_task(quote(self.engine), quote(tz), "predict", tuple(self.spec.task.outputs))
             st["compute"].add(sec, tz.root_rows)
+            outs, sec = calibrate_task(outs, self.temperature, self.spec.task.kind, self.calibration, self.clock)
+            st["calibrate"].add(sec, tz.root_rows)
             progress.emit("stage", name="write", chunk=i)
-            st["write"].add(write_task(self.spec, self.engine, self.enc, tz, outs, writer,
-                                       self.clock), tz.root_rows)
+            st["write"].add(
+                write_task(
+                    quote(self.spec),
+                    quote(self.engine),
+                    quote(self.enc),
+                    quote(tz),
+                    quote(outs),
+                    quote(writer),
+                    quote(self.clock),
+                ),
+                tz.root_rows,
+            )
             rows += tz.root_rows
         self.result.rows_predicted += rows
+        self.result.predict_passes += 1
         pt = self.engine.predict_timings
         secs = sum(pt.steady_seconds[steady_before:])
         if secs > 0:
             self.result.repeat_steady_rows_per_s.append(sum(pt.steady_rows[steady_before:]) / secs)
-        self.result.repeat_e2e_rows_per_s.append(rows / max(self.result.e2e_seconds - e2e_before, 1e-12))
+        pass_seconds = self.result.e2e_seconds("predict") - pass_start
+        self.result.repeat_predict_rows_per_s.append(rows / max(pass_seconds, 1e-12))
 
 
-@flow(name="benchmark", persist_result=False, validate_parameters=True)
-def benchmark(spec: dict[str, Any], spec_dir: str = ".", launched_at: float | None = None,
-              parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one benchmark spec end to end and record it in MLflow; returns a summary."""
-    flow_start = wall_clock()
-    s = parse_spec(spec, "(flow parameter 'spec')")
-    progress.emit("phase", name="checking inputs")
-    p = plan(s, Path(spec_dir).resolve())
-    progress.emit("phase", name="starting MLflow run")
+@dataclass
+class Run:
+    """One benchmark invocation's state, handed from step to step."""
+
+    spec: Spec
+    plan: Plan
+    tracker: Tracker
+    run_id: str
+    output: Path
+    writer: PredictionWriter
+    result: RunResult
+    memory: PeakMemory
+    flow_start: float
+    launch_seconds: float  # from the CLI's launch to the flow's start (Prefect start-up)
+    mlflow_seconds: float
+    pipe: Pipeline | None = None
+    region: dict[str, float] | None = None
+    ckpt_path: Path | None = None
+    latency: Any = None  # LatencyRecord of a single_stream / server run
+    backend_setup: BackendSetup = field(default_factory=BackendSetup)
+    backend_tags: dict[str, str] = field(default_factory=dict)
+    reference_quality: dict[str, float] | None = None
+
+    @property
+    def quality_meaningful(self) -> bool:
+        return self.spec.run.mode == "train+predict" or self.plan.checkpoint is not None
+
+
+def start_run(
+    s: Spec,
+    p: Plan,
+    flow_start: float,
+    launched_at: float | None,
+    parent_run_id: str | None,
+    tags: dict[str, str] | None,
+    thread_tags: dict[str, str] | None = None,
+) -> Run:
+    """Step 1: the MLflow run (tags, params, spec), the output file and the memory sampler."""
     t0 = wall_clock()
     tracker = Tracker(s.name)
-    run_tags = {"relflow.spec_hash": s.spec_hash, "relflow.spec_name": s.name,
-                **fingerprint(p.device), **(tags or {})}
-    run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=run_tags,
-                           parent_run_id=parent_run_id)
+    run_tags = {
+        "relflow.spec_hash": s.spec_hash,
+        "relflow.spec_name": s.name,
+        "relflow.ci_method": CI_METHOD,
+        **fingerprint(p.device),
+        **(thread_tags or {}),
+        **(tags or {}),
+    }
+    run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=run_tags, parent_run_id=parent_run_id)
     mlflow_seconds = wall_clock() - t0
     output = Path(s.run.output_dir).resolve() / f"{s.name}-{run_id}.parquet"
-    writer = PredictionWriter(output)
-    result = RunResult()
-    memory = PeakMemory(p.device).start()
-    try:
+    return Run(
+        s,
+        p,
+        tracker,
+        run_id,
+        output,
+        PredictionWriter(output),
+        RunResult(),
+        PeakMemory(p.device),
+        flow_start,
+        flow_start - launched_at if launched_at else 0.0,
+        mlflow_seconds,
+    )
+
+
+def timed_body(run: Run) -> None:
+    """Step 2: under the host lock, the timed region: list keys, train epochs, predict passes.
+
+    Other work on the host is sampled just before the region (the benchmark idle) and
+    measured during it; MLflow system metrics are only sampled in memory here."""
+    s = run.spec
+    run.tracker.log_params(flatten(s.to_dict()))
+    run.tracker.log_text(s.to_yaml(), "spec.yaml")
+    run.tracker.log_datasets(describe_sources(s, run.plan.sources))
+    with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")) as waited:
+        load_start = host_load_per_core()
+        other_before = other_cpu_fraction_before()
         if s.run.system_metrics_interval_s > 0:
-            tracker.start_system_metrics(s.run.system_metrics_interval_s)
-        tracker.log_params(flatten(s.to_dict()))
-        tracker.log_text(s.to_yaml(), "spec.yaml")
-        with host_lock(on_wait=lambda: progress.emit("phase", name="waiting for the host lock")
-                       ) as waited:
-            body_start = wall_clock()
-            region_start_unix = unix_time()
-            load_start = host_load_per_core()
-            pipe = Pipeline(p, result)
-            pipe.list_keys()
-            if s.run.mode == "train+predict":
-                pipe.train()
-            pipe.ensure_engine()
-            ckpt_path = None
-            if s.run.mode == "train+predict" and s.run.backend == "onnxruntime":
-                ckpt_path = output.with_suffix(".ckpt")  # ONNX Runtime serves the trained weights
-                ckpt_path.parent.mkdir(parents=True, exist_ok=True)  # the writer makes it later
-                save_run_checkpoint(ckpt_path, pipe.engine, pipe.enc, s)
-            load = p.checkpoint.get("load") if p.checkpoint else None
-            backend_setup, backend_tags = BackendSetup(), {}
-            if pipe.engine is not None:
-                progress.emit("phase", name=f"starting the {s.run.backend} backend")
-                backend_setup, backend_tags = start_backend(
-                    s, pipe.engine, p.backend, ckpt_path or (Path(s.run.checkpoint) if s.run.checkpoint else None),
-                    load, pipe.clock)
-            for repeat in range(s.run.repeats):
-                # Every pass really writes; only the last file is kept.
-                w = writer if repeat == s.run.repeats - 1 else PredictionWriter(
-                    output.with_name(f"{output.stem}.repeat{repeat}.parquet"))
-                try:
-                    pipe.predict(w, repeat)
-                finally:
-                    if w is not writer:
-                        w.abort()
-            body_seconds = wall_clock() - body_start
-            region_end_unix = unix_time()
-            load_end = host_load_per_core()
-            if p.reference is not None:
-                progress.emit("phase", name="reference quality (not timed)")
-                ref_quality = reference_quality(s, p.reference, pipe.chunks, pipe.prepare_untimed, p.device)
-        engine, enc = pipe.engine, pipe.enc
-        backend_tags = backend_tags or engine.backend.tags()
-        for phase in ("train", "predict"):
-            backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
-        result.extra.update(backend_setup.metrics())
-        if load is not None:
-            result.extra.update(load.metrics())
-        result.extra["compute.compiled_frames"] = float(compute_stage.compiled_frames() - engine.frames_at_start)
-        for phase in ("train", "predict"):
-            result.recompiles[phase] = engine.recompiles(phase)
-            result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
-        tracker.stop_system_metrics()
-        result.rows_written = writer.rows
-        result.output_bytes = writer.commit()
-        result.output_path = str(output)
-        memory.stop()
-        result.host_peak_bytes = memory.host_peak_bytes
-        result.device_peak_bytes = memory.device_peak_bytes
-        result.train = engine.train_timings if s.run.mode == "train+predict" else None
-        result.predict = engine.predict_timings
-        result.compute_seconds = engine.wall_seconds
-        result.quality = engine.quality.metrics()
-        if p.reference is not None:
-            result.extra.update(quality_delta(engine.quality.headline, result.quality, ref_quality))
-        result.extra.update({
-            "harness.data_seconds": p.data_seconds,
-            "harness.startup_seconds": (flow_start - launched_at if launched_at else 0.0)
-            + mlflow_seconds,
-            "harness.mlflow_startup_seconds": mlflow_seconds,
-            "harness.orchestration_seconds": max(body_seconds - result.e2e_seconds, 0.0),
-            "harness.lock_wait_seconds": waited,
-            # When this run held the host: lets anyone check that timed regions never overlap.
-            "harness.timed_region_start_unix_s": region_start_unix,
-            "harness.timed_region_end_unix_s": region_end_unix,
-            # Other work on the host is the biggest source of bad numbers on small machines.
-            "host.load_per_core_start": load_start,
-            "host.load_per_core_end": load_end,
-        })
-        quality_meaningful = s.run.mode == "train+predict" or p.checkpoint is not None
+            run.tracker.start_system_metrics(s.run.system_metrics_interval_s)
+        other = OtherCpu().start()
+        body_start = wall_clock()
+        region_start_unix = unix_time()
+        run.pipe = pipe = Pipeline(run.plan, run.result)
+        pipe.list_keys()
         if s.run.mode == "train+predict":
-            if ckpt_path is None:
-                ckpt_path = output.with_suffix(".ckpt")
-                save_run_checkpoint(ckpt_path, engine, enc, s)
-            tracker.log_artifact(ckpt_path, "checkpoint")
-        shape = inspect_on_meta(engine.schema, engine.model.config,
-                                outputs=engine.needed_outputs(tuple(s.task.outputs)))
-        tracker.log_params({"model.parameters": shape["parameters"],
-                            "model.flops_per_root_row": shape["flops_per_root_row"],
-                            "run.resolved_device": str(p.device)})
-        # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
-        # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
-        result.extra["harness.flow_seconds"] = wall_clock() - flow_start
-        result.extra["harness.flow_overhead_seconds"] = result.extra["harness.flow_seconds"] - result.e2e_seconds
-        metrics = result.metrics()
-        reasons = verdict(s, metrics, engine.quality.headline) + drop_reasons(s, metrics)
-        if not quality_meaningful and s.task.min_quality is not None:
-            reasons.append("task.min_quality set but weights are untrained (predict without "
-                           "run.checkpoint)")
-        tracker.log_metrics(metrics)
-        tracker.set_tags({
+            if s.run.distributed:  # DDP ranks under torchrun (tasks/distributed.py)
+                distributed.train(pipe, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
+            else:
+                pipe.train()
+            pipe.fit_calibration()
+        setup_seconds = serving_backend(run)  # outside every stage (not in e2e)
+        run.latency = None
+        if s.run.scenario != "offline":  # single_stream / server (tasks/scenarios)
+            progress.emit("phase", name=f"{s.run.scenario} requests")
+            run.latency = requests_task(pipe, run.writer)
+        for repeat in range(s.run.repeats if run.latency is None else 0):
+            # Every pass really writes; only the last file is kept.
+            w = (
+                run.writer
+                if repeat == s.run.repeats - 1
+                else PredictionWriter(run.output.with_name(f"{run.output.stem}.repeat{repeat}.parquet"))
+            )
+            try:
+                pipe.predict(w, repeat)
+            finally:
+                if w is not run.writer:
+                    w.abort()
+        body_seconds = wall_clock() - body_start
+        region_end_unix = unix_time()
+        other_during = other.stop()
+        run.tracker.stop_system_metrics()
+        if run.plan.reference is not None:  # still under the host lock, after the region
+            progress.emit("phase", name="reference quality (not timed)")
+            run.reference_quality = reference_quality(
+                s, run.plan.reference, pipe.chunks, pipe.prepare_untimed, run.plan.device
+            )
+    run.region = {
+        "waited": waited,
+        "body_seconds": body_seconds,
+        "setup_seconds": setup_seconds,
+        "start_unix": region_start_unix,
+        "end_unix": region_end_unix,
+        "load_start": load_start,
+        "other_before": other_before,
+        "other_during": other_during,
+    }
+
+
+def serving_backend(run: Run) -> float:
+    """Between training and the first predict pass: the backend the run serves with
+    (tasks/backends). ONNX Runtime after training exports the run's own checkpoint, saved
+    here first. Returns the seconds it took (export, session, checkpoint), kept out of e2e and
+    of the orchestration figure."""
+    s, pipe = run.spec, run.pipe
+    assert pipe is not None
+    start = wall_clock()
+    pipe.ensure_engine()
+    if pipe.engine is None:  # predict with untrained weights: schema known after the first fit
+        return 0.0
+    served = Path(s.run.checkpoint) if s.run.checkpoint else None
+    if s.run.mode == "train+predict" and s.run.backend == "onnxruntime":
+        assert pipe.enc is not None
+        run.ckpt_path = served = run.output.with_suffix(".ckpt")  # ONNX Runtime serves the trained weights
+        served.parent.mkdir(parents=True, exist_ok=True)  # the writer creates it only when committing
+        save_run_checkpoint(served, pipe.engine, pipe.enc, s)
+    load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
+    progress.emit("phase", name=f"starting the {s.run.backend} backend")
+    run.backend_setup, run.backend_tags = start_backend(s, pipe.engine, run.plan.backend, served, load, pipe.clock)
+    return wall_clock() - start
+
+
+def collect(run: Run) -> dict[str, float]:
+    """Step 3: engine and harness figures into the result, predictions committed, checkpoint
+    saved; returns the metrics."""
+    s, p, result, region = run.spec, run.plan, run.result, run.region
+    engine, enc = run.pipe.engine, run.pipe.enc
+    result.extra[K.COMPILED_FRAMES] = float(compute_stage.compiled_frames() - engine.frames_at_start)
+    result.extra.update(batch_coordinate_metrics(engine.batch_coords, s.run.repeats, len(engine.batch_shapes)))
+    if run.pipe.has_text:
+        enc_s = sum(st["encode"].seconds for st in result.stages.values())
+        result.extra[K.DATA_TEXT_CELLS] = float(run.pipe.text_cells_per_pass)
+        result.extra[K.ENCODE_CELLS_PER_S] = run.pipe.text_cells / enc_s if enc_s > 0 else 0.0
+    for phase in PHASES:
+        result.recompiles[phase] = engine.recompiles(phase)
+        result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
+        run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
+    result.extra.update(run.backend_setup.metrics())
+    load = p.checkpoint.get("load") if p.checkpoint else None
+    if load is not None:
+        result.extra.update(load.metrics())
+    engine.close()
+    engine.profiler.close()
+    result.rows_written = run.writer.rows
+    result.output_bytes = run.writer.commit()
+    result.output_path = str(run.output)
+    run.memory.stop()
+    result.host_peak_bytes = run.memory.host_peak_bytes
+    result.device_peak_bytes = run.memory.device_peak_bytes
+    result.train = engine.train_timings if s.run.mode == "train+predict" else None
+    result.predict = engine.predict_timings
+    result.compute_seconds = engine.wall_seconds
+    result.worker_startup_seconds = engine.worker_startup_seconds
+    result.quality = engine.quality.metrics()
+    result.quality.update(run.pipe.calibration.metrics())
+    result.extra["calibration.temperature"] = run.pipe.temperature
+    if run.reference_quality is not None:
+        result.extra.update(quality_delta(engine.quality.headline, result.quality, run.reference_quality))
+    if run.latency is not None:
+        result.extra.update(run.latency.metrics())
+    result.extra.update(
+        {
+            K.HARNESS_DATA_SECONDS: p.data_seconds,
+            K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
+            K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
+            K.HARNESS_ORCHESTRATION_SECONDS: max(
+                region["body_seconds"] - region["setup_seconds"] - result.timed_stage_seconds, 0.0
+            ),
+            K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
+            # When this run held the host: lets anyone check that timed regions never overlap.
+            K.HARNESS_REGION_START: region["start_unix"],
+            K.HARNESS_REGION_END: region["end_unix"],
+            # Other work on the host is the biggest source of bad numbers on small machines.
+            K.HOST_LOAD_PER_CORE_START: region["load_start"],
+            K.HOST_OTHER_CPU_FRACTION_BEFORE: region["other_before"],
+            K.HOST_OTHER_CPU_FRACTION: region["other_during"],
+        }
+    )
+    if s.run.mode == "train+predict":
+        if run.ckpt_path is None:  # else saved before serving (ONNX Runtime exports it)
+            run.ckpt_path = run.output.with_suffix(".ckpt")
+            save_run_checkpoint(run.ckpt_path, engine, enc, s)
+        run.tracker.log_artifact(run.ckpt_path, "checkpoint")
+        run.tracker.log_model(
+            engine.model,
+            model_interface(
+                s, p.sources, engine.schema, engine.model.config, engine.needed_outputs(tuple(s.task.outputs))
+            ),
+        )
+    shape = inspect_on_meta(engine.schema, engine.model.config, outputs=engine.needed_outputs(tuple(s.task.outputs)))
+    run.tracker.log_params(
+        {
+            "model.parameters": shape["parameters"],
+            "model.flops_per_root_row": shape["flops_per_root_row"],
+            "run.resolved_device": str(p.device),
+        }
+    )
+    result.extra.update(_utilisation(s, p, engine, result, shape))
+    # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
+    # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
+    flow_seconds = wall_clock() - run.flow_start
+    result.extra[K.HARNESS_FLOW_SECONDS] = flow_seconds
+    result.extra[K.HARNESS_FLOW_OVERHEAD_SECONDS] = flow_seconds - result.timed_stage_seconds
+    return result.metrics()
+
+
+def judge(run: Run, metrics: dict[str, float]) -> list[str]:
+    """Step 4: the validity verdict (empty: VALID)."""
+    reasons = verdict(run.spec, metrics, run.pipe.engine.quality.headline)
+    if run.latency is not None:
+        reasons += latency_verdict(run.spec.run.scenario, run.spec.run.request, metrics)
+    if not run.quality_meaningful and run.spec.task.min_quality is not None:
+        reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
+    return reasons + drop_reasons(run.spec, metrics)
+
+
+def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:
+    """Step 5: metrics, system metrics, tags and artifacts to MLflow; the run FINISHED.
+    Returns the flow's summary."""
+    engine, tracker = run.pipe.engine, run.tracker
+    tracker.log_metrics(metrics)
+    metrics.update(engine.flush_throughput(tracker))  # the callback logs its own estimate
+    if run.latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
+        tracker.log_metric_steps("latency.cdf_ms", run.latency.cdf_ms())
+    tracker.flush_system_metrics()
+    tracker.set_tags(
+        {
             "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
-            **backend_tags,
+            **(run.backend_tags or engine.backend.tags()),
             "relflow.graph_break_reasons": json.dumps(compute_stage.graph_break_reasons()),
-            "relflow.quality_meaningful": str(quality_meaningful).lower(),
-            "relflow.output_path": str(output),
+            "relflow.quality_meaningful": str(run.quality_meaningful).lower(),
+            "relflow.output_path": str(run.output),
             "relflow.validity": "INVALID" if reasons else "VALID",
             "relflow.invalid_reasons": "; ".join(reasons),
-        })
-        stage_table = result.stage_table()
-        tracker.log_dict(stage_table, "stages.json")
-        tracker.log_text(_sample_csv(output), "predictions_sample.csv")
-        tracker.finish()
-    except BaseException as err:
-        memory.stop()
-        writer.abort()
-        tracker.fail(err)
-        raise
-    summary = {
-        "run_id": run_id,
-        "experiment": s.name,
+        }
+    )
+    profile = _log_profile(tracker, engine)
+    stage_table = run.result.stage_table()
+    tracker.log_dict(stage_table, "stages.json")
+    tracker.log_text(_sample_csv(run.output), "predictions_sample.csv")
+    tracker.set_description(
+        run_description(run.spec.name, stage_table, metrics, reasons, engine.quality.headline, run.quality_meaningful)
+    )
+    tracker.finish()
+    return {
+        "run_id": run.run_id,
+        "experiment": run.spec.name,
         "experiment_id": tracker.experiment_id,
         "tracking_uri": tracker.uri,
         "metrics": metrics,
         "stages": stage_table,
-        "output_path": str(output),
-        "checkpoint_path": str(ckpt_path) if ckpt_path else None,
-        "quality_meaningful": quality_meaningful,
+        "output_path": str(run.output),
+        "checkpoint_path": str(run.ckpt_path) if run.ckpt_path else None,
+        "quality_meaningful": run.quality_meaningful,
         "quality_metric": engine.quality.headline,
-        "generated_data": p.generated,
+        "generated_data": run.plan.generated,
         "encoder_path": ",".join(sorted(engine.paths_seen)),
         "validity": "INVALID" if reasons else "VALID",
         "invalid_reasons": reasons,
+        "profile": profile,
     }
+
+
+@flow(name="benchmark", persist_result=False, validate_parameters=True)
+def benchmark(
+    spec: dict[str, Any],
+    spec_dir: str = ".",
+    launched_at: float | None = None,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run one benchmark spec end to end and record it in MLflow; returns a summary.
+
+    check inputs -> start run -> timed body -> collect -> verdict -> log."""
+    flow_start = wall_clock()
+    s = parse_spec(spec, "(flow parameter 'spec')")
+    thread_tags = apply_threads(s.run.threads.intra_op, s.run.threads.inter_op)
+    progress.emit("phase", name="checking inputs")
+    p = plan(s, Path(spec_dir).resolve())
+    progress.emit("phase", name="starting MLflow run")
+    run = start_run(s, p, flow_start, launched_at, parent_run_id, tags, thread_tags)
+    run.memory.start()
+    try:
+        timed_body(run)
+        metrics = collect(run)
+        summary = log_run(run, metrics, judge(run, metrics))
+    except BaseException as err:
+        run.memory.stop()
+        if run.pipe is not None and run.pipe.engine is not None:
+            run.pipe.engine.close()
+        run.writer.abort()
+        run.tracker.fail(err)
+        raise
+    finally:
+        close_databases()
     publish_run_artifact(summary)
     return summary
+
+
+def _utilisation(
+    s: Spec, p: Plan, engine: compute_stage.Engine, result: RunResult, shape: dict[str, int]
+) -> dict[str, float]:
+    """MFU per phase against this host's cached peak (measured here, outside the timed
+    region, on a cache miss)."""
+    peak = peak_flops(fingerprint(p.device)["relflow.host_fingerprint"], p.device, s.run.precision)
+    phases = {"predict": (float(shape["flops_per_root_row"]), result.predict.steady_rows_per_s)}
+    if result.train is not None:
+        train_shape = inspect_on_meta(engine.schema, engine.model.config, outputs=("prediction",))
+        phases["train"] = (float(train_shape["flops_per_root_row"]), result.train.steady_rows_per_s)
+    return {**mfu_metrics(peak.flops_per_s, phases), K.HOST_PEAK_CACHED: float(peak.cached)}
+
+
+def _log_profile(tracker: Tracker, engine: compute_stage.Engine) -> dict[str, list[dict[str, Any]]]:
+    """Traces and top-ops tables as artifacts (``profile/``); the run is tagged profiled."""
+    prof = engine.profiler
+    if not prof.enabled:
+        return {}
+    for path in prof.traces.values():
+        tracker.log_artifact(path, "profile")
+    tracker.log_dict(prof.top_ops, "profile/top_ops.json")
+    tracker.log_text(
+        "\n\n".join(f"## {phase}\n\n{profile_markdown(rows)}" for phase, rows in prof.top_ops.items()),
+        "profile/top_ops.md",
+    )
+    tracker.set_tags({"relflow.profiled": "true", "relflow.profiled_batches": str(prof.batches)})
+    return {phase: rows[:10] for phase, rows in prof.top_ops.items()}
 
 
 def _sample_csv(path: Path, rows: int = 100) -> str:
     """First rows of the predictions as CSV (nested values shown as text)."""
     table = pq.ParquetFile(path).read_row_group(0).slice(0, rows)
-    return pd.DataFrame({name: [str(v) for v in col.to_pylist()] for name, col in zip(
-        table.column_names, table.columns, strict=True)}).to_csv(index=False)
-
-
+    return pd.DataFrame(
+        {name: [str(v) for v in col.to_pylist()] for name, col in zip(table.column_names, table.columns, strict=True)}
+    ).to_csv(index=False)

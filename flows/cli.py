@@ -1,30 +1,40 @@
-"""``relflow-bench``: the command line.
+"""``relflow-bench``: the command line (the app, ``run``, ``compile-report``, ``data``).
 
-Bad input ends with a one-paragraph message and exit code 2 (no traceback unless
-``--debug``); other failures exit 1. Prefect is imported only once a command needs it, so
+``sweep``/``serve`` live in ``flows/cli_fleet.py``, the report commands in
+``flows/cli_reports.py``, ``export``/``quantize``/``backends-report`` in
+``flows/cli_backends.py``, the plumbing all of them share (consoles, exit codes) in
+``flows/cli_common.py``. Prefect is imported only once a command needs it, so
 ``--help`` is instant and Prefect's log level can be set from ``--debug`` first.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from flows.cli_backends import backends_report_cmd, export_cmd, quantize_cmd
+from flows.cli_common import (
+    DEFAULT_SPEC,
+    INTERRUPTED_EXIT,
+    console,
+    fail,
+    handle_run_error,
+    hide_user_error_logs,
+    out,
+    pairs,
+    start_run_command,
+)
+from flows.cli_fleet import serve_cmd, sweep_cmd
+from flows.cli_reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
 from tasks.clock import wall_clock
-from tasks.errors import UserError
-
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-DEFAULT_SPEC = BENCHMARKS / "tpch_orders.yaml"
 
 app = typer.Typer(
     help="Benchmark relational (nested-schema) transformers over the complete workload: "
@@ -35,133 +45,64 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Generate benchmark data.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
-console = Console(stderr=True)
-out = Console()
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    # Unwind like Ctrl-C so the MLflow run ends KILLED and partial files are removed.
-    raise SystemExit(128 + signum)
-
-
-def _fail(err: BaseException, debug: bool) -> None:
-    if debug:
-        raise err
-    if isinstance(err, UserError):
-        console.print(f"[bold red]error:[/] {err}")
-        raise typer.Exit(UserError.exit_code)
-    console.print(f"[bold red]failed:[/] {type(err).__name__}: {err}\n(rerun with --debug for "
-                  "the traceback)")
-    raise typer.Exit(1)
-
-
-class _HideUserErrors(logging.Filter):
-    """Prefect's engines log a task's exception with its traceback; for bad input the CLI's
-    one-paragraph message is the whole story, so those records are dropped (not with --debug)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, UserError) and "UserError" not in record.getMessage()
-
-
-def _start_run_command(debug: bool, set_: list[str] | None, scale: float | None) -> list[str]:
-    """Shared start of the run-like commands: quiet logs, SIGTERM unwinds, the overrides."""
-    _quiet_prefect(debug)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    overrides = list(set_ or [])
-    if scale is not None:
-        overrides.append(f"source.generate.tpch.scale={scale}")
-    return overrides
-
-
-def _handle_run_error(err: BaseException, debug: bool, interrupted: str) -> None:
-    """Shared ending of the run-like commands: exits 130 on interrupts, else as ``_fail``."""
-    if isinstance(err, typer.Exit):
-        raise err
-    if isinstance(err, KeyboardInterrupt | SystemExit) and not debug:
-        console.print(f"[bold red]interrupted[/]: {interrupted}")
-        raise typer.Exit(130) from None
-    _fail(err, debug)
-
-
-def _quiet_prefect(debug: bool) -> None:
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if debug else "WARNING")
-
-
-
-def _hide_user_error_logs() -> None:
-    """Filter Prefect's loggers and handlers, and keep MLflow's INFO lines (migrations, system
-    metrics) out of the display; call after both configured their logging on import."""
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    hide = _HideUserErrors()
-    names = [n for n in logging.root.manager.loggerDict if n.startswith("prefect")]
-    for logger in [logging.getLogger(n) for n in names] + [logging.getLogger()]:
-        logger.addFilter(hide)
-        for handler in logger.handlers:
-            handler.addFilter(hide)
 
 
 @app.command()
 def run(
-    spec: Annotated[Path, typer.Argument(
-        help="Benchmark spec YAML (default: the TPC-H orders workload).")] = DEFAULT_SPEC,
-    set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="Override a spec key, e.g. --set run.batch_size=512 or "
-        "--set lineitem.max_length=2 (branches by name). Repeatable; validated like the file.")] = None,
-    scale: Annotated[float | None, typer.Option(
-        help="TPC-H scale factor for generated data (same as --set source.generate.tpch.scale=S).")] = None,
-    strict: Annotated[bool, typer.Option(
-        help="Exit 3 when the run is INVALID (too little steady state, recompiles, quality floor).")] = False,
-    parent_run: Annotated[str | None, typer.Option(
-        help="Record this run as a child of an existing MLflow run id (sweeps, reports).")] = None,
-    tag: Annotated[list[str] | None, typer.Option(
-        help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
-    json_out: Annotated[Path | None, typer.Option(
-        "--json", help="Also write the run summary (metrics, stages, paths) to this JSON file.")] = None,
+    spec: Annotated[
+        Path, typer.Argument(help="Benchmark spec YAML (default: the TPC-H orders workload).")
+    ] = DEFAULT_SPEC,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a spec key, e.g. --set run.batch_size=512 or "
+            "--set lineitem.max_length=2 (branches by name). Repeatable; validated like the file.",
+        ),
+    ] = None,
+    scale: Annotated[
+        float | None,
+        typer.Option(help="TPC-H scale factor for generated data (same as --set source.generate.tpch.scale=S)."),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option(help="Exit 3 when the run is INVALID (too little steady state, recompiles, quality floor).")
+    ] = False,
+    parent_run: Annotated[
+        str | None, typer.Option(help="Record this run as a child of an existing MLflow run id (sweeps, reports).")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write the run summary (metrics, stages, paths) to this JSON file."),
+    ] = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            help="Record torch.profiler over a few steady batches per phase (same as --set run.profile=true)."
+        ),
+    ] = False,
+    spec_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder that relative source.tables paths are read from (default: the spec "
+            "file's folder; sweeps pass their base spec's)."
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
     """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
-    from tasks.spec import load_spec
-
-    overrides = _start_run_command(debug, set_, scale)
+    overrides = start_run_command(debug, set_, scale) + (["run.profile=true"] if profile else [])
     try:
-        extra_tags = _pairs(tag or [], "--tag")
-        s = load_spec(spec, overrides)
-        from flows.benchmark import benchmark, plan
-        from tasks import progress
-
-        if not debug:
-            _hide_user_error_logs()
-
-        # Every input check (and data generation) before Prefect starts: bad input fails in
-        # a second, not after the server's start-up. The flow repeats the cheap checks.
-        checked = plan(s, spec.resolve().parent)
-        if checked.generated:
-            console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
-        launched = wall_clock()
-
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
-            job = bar.add_task(f"{s.name}: starting Prefect", total=None)
-
-            def show(event: str, info: dict[str, Any]) -> None:
-                if event == "phase":
-                    bar.update(job, description=f"{s.name}: {info['name']}")
-                elif event == "stage":
-                    extra = f" ({info['phase']})" if "phase" in info else ""
-                    epoch = f" epoch {info['epoch'] + 1}" if "epoch" in info else ""
-                    bar.update(job, description=f"{s.name}: chunk {info['chunk'] + 1}{epoch} "
-                               f"{info['name']}{extra}")
-
-            unsubscribe = progress.subscribe(show)
-            try:
-                summary = benchmark(spec=s.to_dict(), spec_dir=str(spec.resolve().parent),
-                                    launched_at=launched, parent_run_id=parent_run, tags=extra_tags)
-            finally:
-                unsubscribe()
+        summary = _run_benchmark(
+            spec,
+            overrides,
+            pairs(tag or [], "--tag"),
+            parent_run,
+            debug,
+            spec_dir.resolve() if spec_dir else spec.resolve().parent,
+        )
     except (Exception, KeyboardInterrupt, SystemExit) as err:
-        _handle_run_error(err, debug, "the MLflow run was ended KILLED and partial outputs were removed.")
-        return
+        handle_run_error(err, debug, "the MLflow run was ended KILLED and partial outputs were removed.")
     report(summary)
     if json_out is not None:
         json_out.write_text(json.dumps(summary, indent=2, default=str))
@@ -169,69 +110,195 @@ def run(
         raise typer.Exit(3)
 
 
-def _pairs(items: list[str], flag: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise UserError(f"{flag} '{item}' must look like key=value.")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v
-    return out
+def _run_benchmark(
+    path: Path, overrides: list[str], tags: dict[str, str], parent_run: str | None, debug: bool, tables_dir: Path
+) -> dict[str, Any]:
+    """Check every input (and generate data) before Prefect starts, then run the flow with a
+    progress line; returns the flow's summary."""
+    from tasks.spec import load_spec
+
+    s = load_spec(path, overrides)
+    from flows.benchmark import benchmark, plan
+
+    if not debug:
+        hide_user_error_logs()
+    # Bad input fails in a second, not after the server's start-up; the flow repeats the cheap
+    # checks.
+    checked = plan(s, tables_dir)
+    if checked.generated:
+        console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
+    launched = wall_clock()
+    with _progress_line(s.name):
+        return benchmark(
+            spec=s.to_dict(), spec_dir=str(tables_dir), launched_at=launched, parent_run_id=parent_run, tags=tags
+        )
+
+
+@contextmanager
+def _progress_line(name: str) -> Iterator[None]:
+    """A transient spinner on stderr naming the current phase, chunk, epoch and stage."""
+    from tasks import progress
+
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+    ) as bar:
+        job = bar.add_task(f"{name}: starting Prefect", total=None)
+
+        def show(event: str, info: dict[str, Any]) -> None:
+            if event == "phase":
+                bar.update(job, description=f"{name}: {info['name']}")
+            elif event == "stage":
+                extra = f" ({info['phase']})" if "phase" in info else ""
+                epoch = f" epoch {info['epoch'] + 1}" if "epoch" in info else ""
+                bar.update(job, description=f"{name}: chunk {info['chunk'] + 1}{epoch} {info['name']}{extra}")
+
+        unsubscribe = progress.subscribe(show)
+        try:
+            yield
+        finally:
+            unsubscribe()
+
+
+def _latency_line(m: dict[str, float]) -> str:
+    steps = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write", "queue")
+    shares = ", ".join(f"{s} {m.get(f'latency.step_share.{s}', 0.0):.0%}" for s in steps)
+    qps = (
+        f", {m['latency.achieved_qps']:.1f} QPS achieved of {m['latency.target_qps']:g}"
+        if "latency.target_qps" in m
+        else ""
+    )
+    return (
+        f"latency              {int(m['latency.requests']):,} requests in "
+        f"{m['latency.duration_seconds']:.1f} s{qps}: p50 {m.get('latency.request_ms.p50', 0):.2f} "
+        f"ms, p90 {m.get('latency.request_ms.p90', 0):.2f}, p99 "
+        f"{m.get('latency.request_ms.p99', 0):.2f}, max {m.get('latency.request_ms.max', 0):.2f}; "
+        f"cold first {m.get('latency.first_request_ms', 0):.1f} ms\n"
+        f"                     shares: {shares}"
+    )
 
 
 def report(summary: dict[str, Any]) -> None:
+    from tasks import keys as K
+    from tasks.records import describe_repeats
+
     m = summary["metrics"]
-    table = Table(title="Stages", title_justify="left")
-    for col in ("stage", "seconds", "root rows", "rows/s", "share of e2e"):
-        table.add_column(col, justify="left" if col == "stage" else "right")
-    for row in summary["stages"]:
-        table.add_row(row["stage"], f"{row['seconds']:.3f}", f"{row['rows']:,}",
-                      f"{row['rows_per_s']:,.0f}", f"{row['share']:.1%}")
-    table.add_row("[bold]end-to-end", f"[bold]{m['e2e.seconds']:.3f}",
-                  f"{int(m['data.rows_predicted']):,}", f"[bold]{m['e2e.rows_per_s']:,.0f}", "100%")
+    table = Table(title="Stages (training epochs and predict passes are separate phases)", title_justify="left")
+    for col in ("phase", "stage", "seconds", "root rows", "rows/s", "share of phase"):
+        table.add_column(col, justify="left" if col in ("phase", "stage") else "right")
+    for phase in K.PHASES:
+        rows = [r for r in summary["stages"] if r["phase"] == phase]
+        if not rows:
+            continue
+        for row in rows:
+            table.add_row(
+                phase,
+                row["stage"],
+                f"{row['seconds']:.3f}",
+                f"{row['rows']:,}",
+                f"{row['rows_per_s']:,.0f}",
+                f"{row['share']:.1%}",
+            )
+        label = "end-to-end predict (headline)" if phase == "predict" else "end-to-end train (trained rows)"
+        table.add_row(
+            f"[bold]{phase}",
+            f"[bold]{label}",
+            f"[bold]{m[K.e2e(phase, 'seconds')]:.3f}",
+            f"{int(m[K.e2e(phase, 'rows')]):,}",
+            f"[bold]{m[K.e2e(phase, 'rows_per_s')]:,.0f}",
+            "100%",
+            end_section=True,
+        )
     out.print(table)
+    for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
+        text = describe_repeats(m, key)
+        if text:
+            out.print(f"{label + ' repeats':<21}{text}")
     q = summary["quality_metric"]
     lines = [
-        f"compute first call   {m['compute.first_call_seconds'] * 1e3:,.1f} ms "
-        f"(steady batch p50 {m['compute.batch_ms.p50']:.1f} ms)",
-        f"compute steady       {m['compute.steady_rows_per_s']:,.0f} rows/s (predict)"
-        + (f", {m['compute.train.steady_rows_per_s']:,.0f} rows/s (train)"
-           if "compute.train.steady_rows_per_s" in m else ""),
-        f"data                 occupancy {m['data.occupancy']:.1%} "
-        f"({int(m['data.coords_present']):,} of {int(m['data.coords_reserved']):,} coordinates), "
-        f"{int(m['data.overflow_dropped']):,} rows dropped by overflow",
+        f"compute first call   {m[K.FIRST_CALL_SECONDS] * 1e3:,.1f} ms "
+        f"(steady batch p50 {m[K.compute('predict', 'batch_ms.p50')]:.1f} ms)",
+        f"recompiles           {int(m.get(K.compute('predict', 'recompiles'), 0))} in predict's steady window"
+        + (f", {int(m[K.compute('train', 'recompiles')])} in train's" if K.compute("train", "recompiles") in m else ""),
+        f"compute steady       {m[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
+        + (f", {m[K.TRAIN_STEADY_ROWS_PER_S]:,.0f} rows/s (train)" if K.TRAIN_STEADY_ROWS_PER_S in m else ""),
     ]
-    if f"quality.{q}" in m:
-        base = m.get("quality.majority_rate")
+    if K.compute("predict", K.MFU) in m:
+        train = f", {m[K.compute('train', K.MFU)]:.2%} train" if K.compute("train", K.MFU) in m else ""
+        lines.append(
+            f"compute MFU          {m[K.compute('predict', K.MFU)]:.2%} predict{train} of a "
+            f"{m[K.HOST_PEAK_FLOPS_PER_S] / 1e9:,.1f} GFLOP/s matmul peak"
+        )
+    lines += [
+        f"data                 occupancy {m[K.DATA_OCCUPANCY]:.1%} "
+        f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates), "
+        f"{int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow",
+    ]
+    if K.DATA_PADDED_COORDS in m:
+        lines.append(
+            f"batches              {int(m[K.DATA_PADDED_COORDS]):,} coordinates materialised per "
+            f"pass, batch occupancy p50 {m[K.DATA_BATCH_OCCUPANCY_P50]:.1%} "
+            f"min {m[K.DATA_BATCH_OCCUPANCY_MIN]:.1%}"
+        )
+    if K.quality(q) in m:
+        base = m.get(K.quality("majority_rate"))
         note = f" (majority class {base:.3f})" if base is not None else ""
         if not summary["quality_meaningful"]:
             note += " [untrained weights: not meaningful, speed run]"
-        lines.append(f"quality              {q} {m[f'quality.{q}']:.4f}{note}")
+        lines.append(f"quality              {q} {m[K.quality(q)]:.4f}{note}")
     lines += [
-        f"memory               host peak {m['memory.host_peak_bytes'] / 2**20:,.0f} MiB",
-        f"predictions          {summary['output_path']} ({int(m['output.bytes']):,} bytes)",
+        f"memory               host peak {m[K.HOST_PEAK_BYTES] / 2**20:,.0f} MiB (with loader workers)",
+        f"host                 other processes used {m.get(K.HOST_OTHER_CPU_FRACTION_BEFORE, 0):.0%} of "
+        f"the cores just before the timed region, {m.get(K.HOST_OTHER_CPU_FRACTION, 0):.0%} during it",
+        f"predictions          {summary['output_path']} ({int(m[K.OUTPUT_BYTES]):,} bytes)",
     ]
+    if "latency.requests" in m:  # single_stream / server (tasks/scenarios)
+        lines.append(_latency_line(m))
+    if K.quality("nll") in m:
+        lines.append(
+            f"calibration          T {m.get('calibration.temperature', 1.0):.3f}: nll "
+            f"{m[K.quality('uncalibrated.nll')]:.4f} -> {m[K.quality('nll')]:.4f}, ece "
+            f"{m[K.quality('uncalibrated.ece')]:.4f} -> {m[K.quality('ece')]:.4f}, brier "
+            f"{m[K.quality('uncalibrated.brier')]:.4f} -> {m[K.quality('brier')]:.4f}"
+        )
     if summary.get("checkpoint_path"):
         lines.append(f"checkpoint           {summary['checkpoint_path']}")
     lines += [
-        f"harness start-up     {m['harness.startup_seconds']:.1f} s (not in e2e)",
-        ("validity             VALID" if summary["validity"] == "VALID" else
-         "validity             [bold red]INVALID[/]: " + "; ".join(summary["invalid_reasons"])),
+        f"harness start-up     {m[K.HARNESS_STARTUP_SECONDS]:.1f} s (not in e2e)",
+        (
+            "validity             VALID"
+            if summary["validity"] == "VALID"
+            else "validity             [bold red]INVALID[/]: " + "; ".join(summary["invalid_reasons"])
+        ),
         f"MLflow               experiment '{summary['experiment']}', run {summary['run_id']}",
         f"                     {summary['tracking_uri']}",
     ]
     out.print("\n".join(lines))
+    for phase, ops in (summary.get("profile") or {}).items():
+        top = Table(title=f"Top ops, {phase} (profiled steady batches)", title_justify="left")
+        for col in ("op", "calls", "self CPU ms", "self CUDA ms", "share"):
+            top.add_column(col, justify="left" if col == "op" else "right")
+        for r in ops:
+            top.add_row(
+                r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}", f"{r['share']:.1%}"
+            )
+        out.print(top)
 
 
 @app.command("compile-report")
 def compile_report(
     spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
-    repeats: Annotated[int, typer.Option(help="Interleaved rounds (each runs every variant).")] = 2,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            help="Interleaved rounds (each runs every variant); 6 is the fewest with a 95% interval of each median."
+        ),
+    ] = 6,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Eager vs compiled encoders/pools, each in fresh processes, cold and warm Inductor cache."""
     from flows.compile_report import collect, summarize, to_markdown
+    from tasks import keys as K
     from tasks.spec import load_spec
     from tasks.tracking import Tracker
 
@@ -239,13 +306,21 @@ def compile_report(
     try:
         s = load_spec(spec, list(set_ or []))
         tracker = Tracker(s.name)
-        parent = tracker.start(f"{s.name}-compile-report", {"relflow.spec_hash": s.spec_hash,
-                                                             "relflow.report": "compile"})
+        parent = tracker.start(
+            f"{s.name}-compile-report", {"relflow.spec_hash": s.spec_hash, "relflow.report": "compile"}
+        )
         console.print(f"parent MLflow run {parent} in experiment '{s.name}'")
-        samples = collect(spec.resolve(), list(set_ or []), repeats, parent, on_sample=lambda x: console.print(
-            f"  round {x.round + 1} {x.variant:<15} {x.cache:<5} steady "
-            f"{x.metrics['compute.steady_rows_per_s']:,.0f} rows/s, first call "
-            f"{x.metrics['compute.first_call_seconds']:.2f} s (run {x.run_id})"))
+        samples = collect(
+            spec.resolve(),
+            list(set_ or []),
+            repeats,
+            parent,
+            on_sample=lambda x: console.print(
+                f"  round {x.round + 1} {x.variant:<15} {x.cache:<5} steady "
+                f"{x.metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s, first call "
+                f"{x.metrics[K.FIRST_CALL_SECONDS]:.2f} s (run {x.run_id})"
+            ),
+        )
         rows = summarize(samples)
         md = to_markdown(rows)
         tracker.log_dict(rows, "compile_report.json")
@@ -254,14 +329,48 @@ def compile_report(
     except (Exception, KeyboardInterrupt) as err:
         if tracker is not None:
             tracker.fail(err)
-        _fail(err, debug)
-        return
+        fail(err, debug)
     out.print(md)
+
+
+@app.command("peak")
+def peak_cmd(
+    device: Annotated[str, typer.Option(help="Device to measure (auto = cuda if available).")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16.")] = "fp32",
+    remeasure: Annotated[bool, typer.Option(help="Measure again and replace the cached value.")] = False,
+) -> None:
+    """The host's peak matmul FLOP/s (the MFU denominator), cached per host fingerprint."""
+    import torch
+
+    from tasks.environment import fingerprint
+    from tasks.errors import UserError
+    from tasks.peak import DTYPES, cache_file, peak_flops
+
+    if precision not in DTYPES:
+        fail(UserError(f"--precision '{precision}' is not one of {sorted(DTYPES)}."), False)
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
+    fp = fingerprint(dev)["relflow.host_fingerprint"]
+    pk = peak_flops(fp, dev, precision, remeasure=remeasure)
+    how = "cached" if pk.cached else "measured now"
+    out.print(
+        f"peak {pk.flops_per_s / 1e9:,.1f} GFLOP/s ({precision}, {pk.device}, {pk.threads} threads, "
+        f"{pk.size}^3 matmul, {how}; host {fp}; cache {cache_file()})"
+    )
 
 
 @data_app.command("tpch")
 def data_tpch(
     scale: Annotated[float, typer.Option(help="TPC-H scale factor (1 = about 1 GB of CSV-equivalent).")] = 0.01,
+    into: Annotated[
+        str | None,
+        typer.Option(
+            help="Also load the tables into a database, key columns indexed: 'duckdb' (a file next "
+            "to the Parquet), 'duckdb:<path>' or 'postgresql://user@host:port/db' (password from "
+            "PGPASSWORD)."
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once."""
@@ -270,28 +379,24 @@ def data_tpch(
     try:
         t0 = wall_clock()
         folder, generated = ensure_tpch(scale)
+        verb = f"generated in {wall_clock() - t0:.1f} s" if generated else "already present"
+        out.print(f"TPC-H scale {scale:g}: {folder} ({verb})")
+        if into is not None:
+            from tasks.databases import load_tpch
+
+            shown, rows, seconds = load_tpch(scale, into)
+            out.print(f"loaded into {shown} in {seconds:.1f} s: " + ", ".join(f"{t} {n:,}" for t, n in rows.items()))
     except Exception as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
-    verb = f"generated in {wall_clock() - t0:.1f} s" if generated else "already present"
-    out.print(f"TPC-H scale {scale:g}: {folder} ({verb})")
+        fail(err, debug)
 
-
-from flows.cli_reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd  # noqa: E402
 
 app.command("compare")(compare_cmd)
 app.command("history")(history_cmd)
 app.command("dashboard")(dashboard_cmd)
 app.command("ui")(ui_cmd)
-
-
-from flows.cli_backends import backends_report_cmd, export_cmd, quantize_cmd  # noqa: E402
-from flows.cli_fleet import serve_cmd, sweep_cmd  # noqa: E402
-
 app.command("export")(export_cmd)
 app.command("quantize")(quantize_cmd)
 app.command("backends-report")(backends_report_cmd)
-
 app.command("sweep")(sweep_cmd)
 app.command("serve")(serve_cmd)
 
@@ -300,7 +405,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(INTERRUPTED_EXIT)
 
 
 if __name__ == "__main__":

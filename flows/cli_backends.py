@@ -1,4 +1,8 @@
-"""``relflow-bench export``, ``quantize`` and ``backends-report``: the deployment commands."""
+"""``relflow-bench export``, ``quantize`` and ``backends-report``: the deployment commands.
+
+Registered on the main Typer app in ``flows/cli.py``; exit codes as every command's (see
+``flows/cli_common.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,25 +10,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-# flows.cli imports this module to register the commands, so it is imported lazily here.
-DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "benchmarks" / "tpch_orders.yaml"
-console = Console(stderr=True)
-out = Console()
-
-
-def _fail(err: BaseException, debug: bool) -> None:
-    from flows.cli import _fail as fail
-
-    fail(err, debug)
+from flows.cli_common import DEFAULT_SPEC, console, fail, out
 
 
 def export_cmd(
     spec: Annotated[Path, typer.Argument(help="The benchmark spec the checkpoint was trained with.")],
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="Checkpoint to export (any weight format).")],
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Folder for the bundle (default: "
-                                                 "<run.output_dir>/bundles).")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Folder for the bundle (default: <run.output_dir>/bundles).")
+    ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
@@ -38,20 +33,22 @@ def export_cmd(
         folder = out_dir or Path(s.run.output_dir) / "bundles"
         bundle = export_bundle(checkpoint, s, needed_outputs(s), folder)
     except Exception as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
+        fail(err, debug)
     m = bundle.manifest
-    out.print(f"bundle      {bundle.path}\n"
-              f"model.onnx  {m['model_bytes']:,} bytes, opset {m['opset']}, outputs {list(bundle.outputs)}\n"
-              f"checkpoint  sha256 {m['checkpoint_sha256'][:16]}... ({m['checkpoint_weights_format']})\n"
-              f"export      {m['export_seconds']:.1f} s with torch {m['torch_version']}, onnx {m['onnx_version']}")
+    out.print(
+        f"bundle      {bundle.path}\n"
+        f"model.onnx  {m['model_bytes']:,} bytes, opset {m['opset']}, outputs {list(bundle.outputs)}\n"
+        f"checkpoint  sha256 {m['checkpoint_sha256'][:16]}... ({m['checkpoint_weights_format']})\n"
+        f"export      {m['export_seconds']:.1f} s with torch {m['torch_version']}, onnx {m['onnx_version']}"
+    )
 
 
 def quantize_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="An fp32 checkpoint (a train+predict run's .ckpt).")],
     fmt: Annotated[str, typer.Option("--format", help="fp16 | int8 | int4 | fp8")],
-    out_file: Annotated[Path | None, typer.Option("--out", help="Output file (default: beside the "
-                                                  "checkpoint, <name>.<format>.ckpt).")] = None,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Output file (default: beside the checkpoint, <name>.<format>.ckpt).")
+    ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Write a checkpoint in a quantized weight format (records the format and source hash)."""
@@ -72,11 +69,12 @@ def quantize_cmd(
             raise UserError(str(err)) from None
         tmp.replace(target)
     except Exception as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
+        fail(err, debug)
     src = checkpoint.stat().st_size
-    out.print(f"{target}: {fmt}, {info['bytes']:,} bytes ({info['bytes'] / src:.2f}x the source's "
-              f"{src:,}), source sha256 {info['source_sha256'][:16]}...")
+    out.print(
+        f"{target}: {fmt}, {info['bytes']:,} bytes ({info['bytes'] / src:.2f}x the source's "
+        f"{src:,}), source sha256 {info['source_sha256'][:16]}..."
+    )
 
 
 def backends_report_cmd(
@@ -100,6 +98,5 @@ def backends_report_cmd(
             raise UserError(f"--variant {unknown} unknown; choose from {list(VARIANTS)}.")
         md = run_report(spec.resolve(), overrides, repeats, list(variant or VARIANTS), console.print)
     except Exception as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
+        fail(err, debug)
     out.print(md)

@@ -3,8 +3,8 @@
 They read the MLflow store that ``relflow-bench run`` writes (``MLFLOW_TRACKING_URI`` or
 ``sqlite:///<cwd>/mlflow.db``) through ``tasks.tracking``; the logic lives in
 ``dashboards/`` as pure functions over run records. Registered on the app in
-``flows/cli.py``. Exit codes: 0 done, 2 bad input, 1 other failure, 4 regression found
-(``history --fail-on-regression``).
+``flows/cli.py``. Exit codes as every command's (``flows/cli_common.py``), plus 4 when
+``history --fail-on-regression`` finds a regression.
 """
 
 from __future__ import annotations
@@ -19,24 +19,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from flows.cli_common import console, fail, out
 from tasks.errors import UserError
 
-console = Console(stderr=True)
-out = Console()
 REGRESSION_EXIT = 4
-
-
-def _fail(err: BaseException, debug: bool) -> None:
-    if debug:
-        raise err
-    if isinstance(err, UserError | LookupError | ValueError):
-        console.print(f"[bold red]error:[/] {err}")
-        raise typer.Exit(UserError.exit_code)
-    console.print(f"[bold red]failed:[/] {type(err).__name__}: {err}\n(rerun with --debug for the traceback)")
-    raise typer.Exit(1)
 
 
 # --- compare ------------------------------------------------------------------------
@@ -53,10 +41,20 @@ def _cell(est, key: str) -> str:
 
 
 def print_comparison(c) -> None:
-    table = Table(title=f"{c.baseline_label}  vs  {c.candidate_label}   (marked: beyond {c.threshold:.0%} "
-                  f"and significant at {c.alpha:g})", title_justify="left", show_lines=False)
-    for col, just in (("metric", "left"), ("baseline", "right"), ("candidate", "right"), ("ratio", "right"),
-                      ("test", "left"), ("verdict", "left")):
+    table = Table(
+        title=f"{c.baseline_label}  vs  {c.candidate_label}   (marked: beyond {c.threshold:.0%} "
+        f"and significant at {c.alpha:g})",
+        title_justify="left",
+        show_lines=False,
+    )
+    for col, just in (
+        ("metric", "left"),
+        ("baseline", "right"),
+        ("candidate", "right"),
+        ("ratio", "right"),
+        ("test", "left"),
+        ("verdict", "left"),
+    ):
         table.add_column(col, justify=just)
     for r in c.rows:
         ratio = "inf" if math.isinf(r.ratio) else f"{r.ratio:.3f}x"
@@ -66,8 +64,10 @@ def print_comparison(c) -> None:
         verdict = f"[{style}]{mark}{r.verdict}[/]" if r.marked and style else f"[dim]{r.verdict}[/]"
         table.add_row(r.key, _cell(r.baseline, r.key), _cell(r.candidate, r.key), ratio, test, verdict)
     out.print(table)
-    for title, diffs in (("spec params that differ", c.param_differences),
-                         ("environment tags that differ", c.tag_differences)):
+    for title, diffs in (
+        ("spec params that differ", c.param_differences),
+        ("environment tags that differ", c.tag_differences),
+    ):
         if diffs:
             t = Table(title=title, title_justify="left")
             for col in ("key", "baseline", "candidate"):
@@ -84,55 +84,92 @@ def print_comparison(c) -> None:
 
 
 def compare_cmd(
-    runs: Annotated[list[str] | None, typer.Argument(
-        help="RUN_A RUN_B: baseline and candidate MLflow run ids.")] = None,
+    runs: Annotated[
+        list[str] | None, typer.Argument(help="RUN_A RUN_B: baseline and candidate MLflow run ids.")
+    ] = None,
     experiment: Annotated[str | None, typer.Option(help="Experiment (spec name) for --baseline.")] = None,
-    baseline: Annotated[str | None, typer.Option(
-        help="KEY=VALUE picking the baseline runs of --experiment by a tag (KEY or tags.KEY) or a param "
-        "(params.KEY), e.g. relflow.git_sha=abc123 or params.run.batch_size=512.")] = None,
-    candidate: Annotated[str | None, typer.Option(
-        help="VALUE of the same key for the candidate runs (default: the one other value present).")] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="KEY=VALUE picking the baseline runs of --experiment by a tag (KEY or tags.KEY) or a param "
+            "(params.KEY), e.g. relflow.git_sha=abc123 or params.run.batch_size=512."
+        ),
+    ] = None,
+    candidate: Annotated[
+        str | None,
+        typer.Option(help="VALUE of the same key for the candidate runs (default: the one other value present)."),
+    ] = None,
     threshold: Annotated[float, typer.Option(help="Smallest relative change worth marking (0.05 = 5%).")] = 0.05,
     alpha: Annotated[float, typer.Option(help="Significance level of the rank test.")] = 0.05,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the comparison as JSON.")] = None,
+    include_profiled: Annotated[
+        bool, typer.Option(help="Keep runs tagged relflow.profiled (slowed by the profiler) in --baseline groups.")
+    ] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Baseline vs candidate: key metrics side by side with ratios, marked when real.
 
     A change is marked only when beyond --threshold AND significant given the repeats; the params and
     environment tags that differ are listed. Two run ids compare one run each (run with
-    run.repeats>=3 so each carries a 95% CI). --experiment E --baseline KEY=VALUE compares groups of
-    FINISHED runs (one sample per run: Mann-Whitney U from 4 runs a side, else bootstrap CIs).
+    run.repeats>=6 so each carries a 95% interval). --experiment E --baseline KEY=VALUE compares groups
+    of FINISHED runs (one sample per run: Mann-Whitney U from 4 runs a side, else 95% intervals of the
+    group medians from 6 runs a side).
     """
     from dashboards.compare import as_dict, compare, split_by
+    from dashboards.history import profiled
+    from tasks.keys import E2E_PREDICT_ROWS_PER_S
     from tasks.tracking import get_run_record, search_runs
 
     try:
+        if threshold < 0 or not 0 < alpha < 1:
+            raise UserError(f"--threshold {threshold} must be >= 0 and --alpha {alpha} between 0 and 1.")
         if baseline is not None:
             if runs or experiment is None:
                 raise UserError("--baseline KEY=VALUE needs --experiment E and no run ids.")
             if "=" not in baseline:
                 raise UserError(f"--baseline '{baseline}' must look like KEY=VALUE, e.g. relflow.git_sha=abc123.")
             key, value = baseline.split("=", 1)
-            pool = [r for r in search_runs(experiment) if "e2e.rows_per_s" in r.metrics]
+            pool = [
+                r
+                for r in search_runs(experiment)
+                if E2E_PREDICT_ROWS_PER_S in r.metrics and (include_profiled or not profiled(r))
+            ]
             if not pool:
                 raise UserError(f"experiment '{experiment}' has no FINISHED benchmark runs.")
             base, cand, cand_value = split_by(pool, key, value, candidate)
             if not base or not cand:
-                raise UserError(f"{key}: {len(base)} baseline run(s) with '{value}' and {len(cand)} candidate "
-                                f"run(s) with '{cand_value}' in '{experiment}': need at least one each.")
-            c = compare(base, cand, threshold=threshold, alpha=alpha,
-                        baseline_label=f"{key}={value} ({len(base)} runs)",
-                        candidate_label=f"{key}={cand_value} ({len(cand)} runs)")
+                raise UserError(
+                    f"{key}: {len(base)} baseline run(s) with '{value}' and {len(cand)} candidate "
+                    f"run(s) with '{cand_value}' in '{experiment}': need at least one each."
+                )
+            c = compare(
+                base,
+                cand,
+                threshold=threshold,
+                alpha=alpha,
+                baseline_label=f"{key}={value} ({len(base)} runs)",
+                candidate_label=f"{key}={cand_value} ({len(cand)} runs)",
+            )
         else:
             if not runs or len(runs) != 2:
                 raise UserError("give two run ids (RUN_A RUN_B) or --experiment E --baseline KEY=VALUE.")
             a, b = (get_run_record(r) for r in runs)
-            c = compare([a], [b], threshold=threshold, alpha=alpha, baseline_label=f"A {a.label}",
-                        candidate_label=f"B {b.label}")
+            for r in (a, b):
+                if profiled(r):
+                    console.print(
+                        f"[yellow]warning:[/] run {r.run_id} was profiled (relflow.profiled=true); "
+                        "its times include the profiler's overhead."
+                    )
+            c = compare(
+                [a],
+                [b],
+                threshold=threshold,
+                alpha=alpha,
+                baseline_label=f"A {a.label}",
+                candidate_label=f"B {b.label}",
+            )
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
+        fail(err, debug)
     print_comparison(c)
     if json_out is not None:
         json_out.write_text(json.dumps(as_dict(c), indent=2))
@@ -143,14 +180,20 @@ def compare_cmd(
 
 def history_cmd(
     spec_name: Annotated[str, typer.Argument(help="Spec name = MLflow experiment (e.g. tpch-orders).")],
-    host_fingerprint: Annotated[str | None, typer.Option(
-        help="Tag relflow.host_fingerprint to follow (default: the latest run's).")] = None,
-    spec_hash: Annotated[str | None, typer.Option(
-        help="Tag relflow.spec_hash to follow (default: the latest run's; 'any' for all).")] = None,
+    host_fingerprint: Annotated[
+        str | None, typer.Option(help="Tag relflow.host_fingerprint to follow (default: the latest run's).")
+    ] = None,
+    spec_hash: Annotated[
+        str | None, typer.Option(help="Tag relflow.spec_hash to follow (default: the latest run's; 'any' for all).")
+    ] = None,
     min_segment: Annotated[int, typer.Option(help="Runs a new level must last to count as a step.")] = 3,
     threshold: Annotated[float, typer.Option(help="Smallest relative shift reported (0.05 = 5%).")] = 0.05,
-    fail_on_regression: Annotated[bool, typer.Option(
-        help=f"Exit {REGRESSION_EXIT} when a regression step is found.")] = False,
+    fail_on_regression: Annotated[
+        bool, typer.Option(help=f"Exit {REGRESSION_EXIT} when a regression step is found.")
+    ] = False,
+    include_profiled: Annotated[
+        bool, typer.Option(help="Keep runs tagged relflow.profiled (slowed by the profiler).")
+    ] = False,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Report persistent steps (regressions, improvements) in one spec's throughput over time.
@@ -165,37 +208,48 @@ def history_cmd(
     try:
         if min_segment < 2:
             raise UserError("--min-segment must be at least 2 (one run is an outlier, not a step).")
-        runs, host, spec = select_history_runs(search_runs(spec_name), host_fingerprint=host_fingerprint,
-                                               spec_hash=spec_hash)
+        runs, host, spec = select_history_runs(
+            search_runs(spec_name),
+            host_fingerprint=host_fingerprint,
+            spec_hash=spec_hash,
+            include_profiled=include_profiled,
+        )
         if not runs:
-            raise UserError(f"no FINISHED benchmark runs of '{spec_name}' on host fingerprint {host} "
-                            f"with spec hash {spec}.")
-        steps = [s for key in HISTORY_METRICS for s in history(runs, key, min_segment=min_segment,
-                                                               threshold=threshold)]
+            raise UserError(
+                f"no FINISHED benchmark runs of '{spec_name}' on host fingerprint {host} with spec hash {spec}."
+            )
+        steps = [s for key in HISTORY_METRICS for s in history(runs, key, min_segment=min_segment, threshold=threshold)]
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
-    from dashboards.figures import _when
-
-    out.print(f"{spec_name}: {len(runs)} FINISHED runs on host fingerprint {host}, spec hash {spec}, "
-              f"{_when(runs[0]):%Y-%m-%d %H:%M} .. {_when(runs[-1]):%Y-%m-%d %H:%M} UTC")
+        fail(err, debug)
+    out.print(
+        f"{spec_name}: {len(runs)} FINISHED runs on host fingerprint {host}, spec hash {spec}, "
+        f"{runs[0].started_at:%Y-%m-%d %H:%M} .. {runs[-1].started_at:%Y-%m-%d %H:%M} UTC"
+    )
     if len(runs) < 2 * min_segment:
-        out.print(f"[yellow]note:[/] a step needs {min_segment} runs on each side: "
-                  f"{2 * min_segment} runs at least")
+        out.print(f"[yellow]note:[/] a step needs {min_segment} runs on each side: {2 * min_segment} runs at least")
     table = Table(title="steps (persistent shifts of the median)", title_justify="left")
     for col in ("metric", "kind", "from run", "median before", "median after", "ratio", "z"):
         table.add_column(col)
     for s in steps:
         style = "bold red" if s.kind == "regression" else "bold green"
-        table.add_row(s.metric, f"[{style}]{s.kind}[/]", s.after_run.label, f"{s.step.before:,.0f}",
-                      f"{s.step.after:,.0f}", f"{s.step.ratio:.3f}x", f"{s.step.z:.1f}")
+        table.add_row(
+            s.metric,
+            f"[{style}]{s.kind}[/]",
+            s.after_run.label,
+            f"{s.step.before:,.0f}",
+            f"{s.step.after:,.0f}",
+            f"{s.step.ratio:.3f}x",
+            f"{s.step.z:.1f}",
+        )
     out.print(table if steps else "no steps detected")
     for s in steps:
         diffs = differences([s.before_run], [s.after_run], "tags", environment_tag)
         diffs += differences([s.before_run], [s.after_run], "params")
         if diffs:
-            out.print(f"at {s.after_run.label} ({s.metric}): " + "; ".join(
-                f"{d.key}: {d.baseline} -> {d.candidate}" for d in diffs))
+            out.print(
+                f"at {s.after_run.label} ({s.metric}): "
+                + "; ".join(f"{d.key}: {d.baseline} -> {d.candidate}" for d in diffs)
+            )
     if fail_on_regression and any(s.kind == "regression" for s in steps):
         raise typer.Exit(REGRESSION_EXIT)
 
@@ -205,10 +259,13 @@ def history_cmd(
 
 def dashboard_cmd(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for index.html and the PNGs.")],
-    experiment: Annotated[str | None, typer.Option(help="Experiment (spec name); default: tpch-orders "
-                                                   "when present, else the most recently created.")] = None,
-    host_fingerprint: Annotated[str | None, typer.Option(
-        help="Host for the history chart (default: latest run's).")] = None,
+    experiment: Annotated[
+        str | None,
+        typer.Option(help="Experiment (spec name); default: tpch-orders when present, else the most recently created."),
+    ] = None,
+    host_fingerprint: Annotated[
+        str | None, typer.Option(help="Host for the history chart (default: latest run's).")
+    ] = None,
     png: Annotated[bool, typer.Option(help="Also write PNGs (needs Chromium for Kaleido).")] = True,
     log: Annotated[bool, typer.Option(help="Log the files to MLflow as a 'dashboard' run.")] = True,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
@@ -238,9 +295,14 @@ def dashboard_cmd(
         run_id = None
         if log:
             tracker = Tracker(experiment)
-            run_id = tracker.start(f"{experiment}-dashboard", {
-                "relflow.report": "dashboard", "relflow.dashboard_runs": str(len(d.runs)),
-                "relflow.host_fingerprint": str(d.host_fingerprint)})
+            run_id = tracker.start(
+                f"{experiment}-dashboard",
+                {
+                    "relflow.report": "dashboard",
+                    "relflow.dashboard_runs": str(len(d.runs)),
+                    "relflow.host_fingerprint": str(d.host_fingerprint),
+                },
+            )
             try:
                 for f in files:
                     tracker.log_artifact(f, "dashboard")
@@ -249,8 +311,7 @@ def dashboard_cmd(
                 tracker.fail(err)
                 raise
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
-        _fail(err, debug)
-        return
+        fail(err, debug)
     out.print(f"dashboard of '{experiment}' ({len(d.runs)} runs, {len(d.steps)} history step(s)):")
     for f in files:
         out.print(f"  {f}")
@@ -265,17 +326,39 @@ def ui_cmd(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 5000,
     host: Annotated[str, typer.Option(help="Interface to bind (keep the loopback unless you mean it).")] = "127.0.0.1",
 ) -> None:
-    """Start the MLflow UI on the same store, light mode (one worker, no job execution)."""
-    from tasks.tracking import default_artifact_root, tracking_uri
+    """Start the MLflow UI on the same store, light mode (one worker, no job execution).
+
+    Prints the direct link to each benchmark experiment's runs table.
+    """
+    from tasks.tracking import default_artifact_root, experiment_ids, runs_page, tracking_uri
 
     uri = tracking_uri()
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host,
-           "--port", str(port), "--workers", "1"]
+    if uri.startswith(("http://", "https://")):  # a shared `mlflow server` is its own UI
+        console.print(f"MLFLOW_TRACKING_URI is a tracking server: open {uri} in a browser (its UI).")
+        raise typer.Exit(0)
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     root = default_artifact_root(uri)
     if root:
         cmd += ["--artifacts-destination", root]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    console.print(f"MLflow UI on http://{host}:{port} for {uri} (Ctrl-C stops it)")
+    base = f"http://{host}:{port}"
+    console.print(f"MLflow UI on {base} for {uri} (Ctrl-C stops it)")
+    for name, exp_id in experiment_ids(uri).items():
+        if name != "Default":
+            out.print(f"  {name}: {runs_page(base, exp_id)}")
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum: int, frame: object) -> None:

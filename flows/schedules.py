@@ -52,12 +52,14 @@ def check_cron(cron: str, source: str) -> None:
     try:
         CronSchedule(cron=cron)
     except ValueError:
-        raise UserError(f"{source}: '{cron}' is not a valid cron expression (five fields, e.g. "
-                        "'0 3 * * *' for 03:00 every day).") from None
+        raise UserError(
+            f"{source}: '{cron}' is not a valid cron expression (five fields, e.g. '0 3 * * *' for 03:00 every day)."
+        ) from None
 
 
-def plan_deployments(paths: list[Path], pool: str, overrides: list[str], cron: str | None,
-                     timezone: str | None) -> list[Planned]:
+def plan_deployments(
+    paths: list[Path], pool: str, overrides: list[str], cron: str | None, timezone: str | None
+) -> list[Planned]:
     """Validate every spec (and its schedule) before anything is created."""
     if not paths:
         raise UserError("No spec files to deploy; pass SPEC paths or add YAML files to benchmarks/.")
@@ -68,13 +70,22 @@ def plan_deployments(paths: list[Path], pool: str, overrides: list[str], cron: s
         use_cron = cron or (sched.cron if sched else None)
         if use_cron:
             check_cron(use_cron, "--cron" if cron else f"'{path}' schedule.cron")
-        planned.append(Planned(path.resolve(), f"{spec.name}@{pool}", spec.to_dict(), use_cron,
-                               timezone or (sched.timezone if sched else "UTC"), spec.spec_hash))
+        planned.append(
+            Planned(
+                path.resolve(),
+                f"{spec.name}@{pool}",
+                spec.to_dict(),
+                use_cron,
+                timezone or (sched.timezone if sched else "UTC"),
+                spec.spec_hash,
+            )
+        )
     names = [p.name for p in planned]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise UserError(f"Two spec files share a name, so their deployments would collide: {dupes}; "
-                        "give each spec a unique 'name'.")
+        raise UserError(
+            f"Two spec files share a name, so their deployments would collide: {dupes}; give each spec a unique 'name'."
+        )
     return planned
 
 
@@ -89,12 +100,15 @@ def require_server() -> str:
             "relflow-bench serve needs a running Prefect server (Prefect's temporary server exits "
             "with this process and never fires schedules). Start one with `prefect server start "
             "--host 127.0.0.1`, then `prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api` "
-            "(or export PREFECT_API_URL).")
+            "(or export PREFECT_API_URL)."
+        )
     with get_client(sync_client=True) as client:
         err = client.api_healthcheck()
     if err is not None:
-        raise UserError(f"The Prefect server at PREFECT_API_URL={url} does not answer ({err}); start "
-                        "it with `prefect server start --host 127.0.0.1` or fix PREFECT_API_URL.")
+        raise UserError(
+            f"The Prefect server at PREFECT_API_URL={url} does not answer ({err}); start "
+            "it with `prefect server start --host 127.0.0.1` or fix PREFECT_API_URL."
+        )
     return url
 
 
@@ -110,15 +124,21 @@ def ensure_pool(pool: str, create: bool) -> bool:
             found = client.read_work_pool(pool)
         except ObjectNotFound:
             if not create:
-                raise UserError(f"Work pool '{pool}' does not exist; create it with `prefect work-pool "
-                                f"create {pool} --type process` or pass --create-pool.") from None
-            client.create_work_pool(WorkPoolCreate(
-                name=pool, type="process",
-                base_job_template=ProcessWorker.get_default_base_job_template()))
+                raise UserError(
+                    f"Work pool '{pool}' does not exist; create it with `prefect work-pool "
+                    f"create {pool} --type process` or pass --create-pool."
+                ) from None
+            client.create_work_pool(
+                WorkPoolCreate(
+                    name=pool, type="process", base_job_template=ProcessWorker.get_default_base_job_template()
+                )
+            )
             return True
     if found.type != "process":
-        raise UserError(f"Work pool '{pool}' is of type '{found.type}'; relflow-bench deploys to "
-                        "process pools (the worker runs the benchmark on its own host).")
+        raise UserError(
+            f"Work pool '{pool}' is of type '{found.type}'; relflow-bench deploys to "
+            "process pools (the worker runs the benchmark on its own host)."
+        )
     return False
 
 
@@ -133,19 +153,28 @@ def deploy(planned: list[Planned], pool: str, working_dir: Path) -> list[str]:
     uri = tracking_uri()
     deployments = []
     for p in planned:
-        deployments.append(benchmark.to_deployment(
-            name=p.name,
-            schedules=[Cron(p.cron, timezone=p.timezone)] if p.cron else None,
-            parameters={"spec": p.spec, "spec_dir": str(p.path.parent),
-                        "tags": {"relflow.deployment": f"benchmark/{p.name}", "relflow.pool": pool,
-                                 "relflow.spec_file": str(p.path)}},
-            description=f"relflow benchmark '{p.spec['name']}' from {p.path} (spec hash {p.spec_hash})",
-            tags=["relflow", pool],
-            version=p.spec_hash,
-            enforce_parameter_schema=True,
-            entrypoint_type=EntrypointType.MODULE_PATH,
-            job_variables={"working_dir": str(working_dir), "env": {"MLFLOW_TRACKING_URI": uri}},
-        ))
-    ids = prefect_deploy(*deployments, work_pool_name=pool, build=False, push=False,
-                         print_next_steps_message=False, ignore_warnings=True)
+        deployments.append(
+            benchmark.to_deployment(
+                name=p.name,
+                schedules=[Cron(p.cron, timezone=p.timezone)] if p.cron else None,
+                parameters={
+                    "spec": p.spec,
+                    "spec_dir": str(p.path.parent),
+                    "tags": {
+                        "relflow.deployment": f"benchmark/{p.name}",
+                        "relflow.pool": pool,
+                        "relflow.spec_file": str(p.path),
+                    },
+                },
+                description=f"relflow benchmark '{p.spec['name']}' from {p.path} (spec hash {p.spec_hash})",
+                tags=["relflow", pool],
+                version=p.spec_hash,
+                enforce_parameter_schema=True,
+                entrypoint_type=EntrypointType.MODULE_PATH,
+                job_variables={"working_dir": str(working_dir), "env": {"MLFLOW_TRACKING_URI": uri}},
+            )
+        )
+    ids = prefect_deploy(
+        *deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False, ignore_warnings=True
+    )
     return [str(i) for i in ids]

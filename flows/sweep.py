@@ -1,16 +1,19 @@
-"""The ``sweep`` flow: a grid of spec overrides, one ``benchmark`` subflow per configuration.
+"""The ``sweep`` flow: a grid of spec overrides, one fresh ``relflow-bench run`` process per configuration.
 
     relflow-bench sweep SPEC --grid run.batch_size=64,256,1024 --grid run.packing=auto,off
 
 The Cartesian product of the grid runs one configuration at a time (the host lock inside
 ``benchmark`` keeps timed regions from overlapping with anything else on the host). Every
 configuration is validated before the first one starts, so a bad value fails in a second.
+Each configuration runs in its own fresh process, a standalone ``relflow-bench run`` of its
+spec launched by the sweep's ``configuration`` task (``flows/sweep_launch.py``), so no
+compile cache, recompile budget, allocator state or peak RSS leaks from one to the next.
 
 MLflow: one parent run (tag ``relflow.sweep_hash``: the base spec's hash + the grid) holds
 one child run per configuration, tagged ``relflow.sweep.<key>=<value>`` for each swept key.
 Resumable: rerunning the same sweep reuses the parent and skips every configuration that
 already has a FINISHED child with the same ``relflow.spec_hash``. A failing configuration
-ends its child FAILED (the benchmark flow does that; a failure before its MLflow run starts
+ends its child FAILED (the child run does that; a failure before its MLflow run starts
 gets a FAILED child here) and the sweep goes on; the summary lists it.
 """
 
@@ -20,14 +23,18 @@ import copy
 import hashlib
 import itertools
 import json
+import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
+from flows.sweep_launch import Launched, launch_local, prefect_api_url
+from tasks import keys as K
 from tasks import progress
-from tasks.clock import wall_clock
 from tasks.errors import UserError
 from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
 from tasks.tracking import Tracker, flatten, search_runs
@@ -100,8 +107,10 @@ def expand(base: Spec, grid: dict[str, list[Any]]) -> list[Config]:
     seen: dict[str, Config] = {}
     for c in configs:
         if c.spec_hash in seen:
-            raise UserError(f"Sweep grid repeats a configuration: '{seen[c.spec_hash].label}' and "
-                            f"'{c.label}' are the same spec; remove the duplicate value.")
+            raise UserError(
+                f"Sweep grid repeats a configuration: '{seen[c.spec_hash].label}' and "
+                f"'{c.label}' are the same spec; remove the duplicate value."
+            )
         seen[c.spec_hash] = c
     return configs
 
@@ -112,32 +121,70 @@ def sweep_hash(base: Spec, configs: list[Config]) -> str:
     for c in configs:
         for k, v in c.values.items():
             grid.setdefault(k, set()).add(v)
-    blob = json.dumps({"base": base.spec_hash, "grid": {k: sorted(v) for k, v in grid.items()}},
-                      sort_keys=True).encode()
+    blob = json.dumps(
+        {"base": base.spec_hash, "grid": {k: sorted(v) for k, v in grid.items()}}, sort_keys=True
+    ).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _row_from_record(c: Config, rec: Any, status: str, kind: str) -> Row:
     q = HEADLINE[kind]
-    return Row(c.index, c.label, c.values, status, rec.run_id,
-               steady_rows_per_s=rec.metrics.get("compute.steady_rows_per_s"),
-               e2e_rows_per_s=rec.metrics.get("e2e.rows_per_s"),
-               quality_metric=q, quality=rec.metrics.get(f"quality.{q}"),
-               validity=rec.tags.get("relflow.validity"), error=rec.tags.get("relflow.error"))
+    return Row(
+        c.index,
+        c.label,
+        c.values,
+        status,
+        rec.run_id,
+        steady_rows_per_s=rec.metrics.get(K.STEADY_ROWS_PER_S),
+        e2e_rows_per_s=rec.metrics.get(K.E2E_PREDICT_ROWS_PER_S),
+        quality_metric=q,
+        quality=rec.metrics.get(f"quality.{q}"),
+        validity=rec.tags.get("relflow.validity"),
+        error=rec.tags.get("relflow.error"),
+    )
+
+
+@task(
+    name="configuration", task_run_name="configuration-{index}", cache_policy=NO_CACHE, persist_result=False, retries=0
+)
+def run_configuration(
+    index: int,
+    spec: dict[str, Any],
+    spec_dir: str,
+    parent_run_id: str,
+    tags: dict[str, str],
+    workdir: str,
+    tracking_uri: str,
+    api_url: str | None,
+) -> Launched:
+    """One configuration as a standalone ``relflow-bench run`` in a fresh process."""
+    return launch_local(
+        spec,
+        name=f"config-{index}",
+        spec_dir=spec_dir,
+        parent_run_id=parent_run_id,
+        tags=tags,
+        workdir=Path(workdir),
+        tracking_uri=tracking_uri,
+        api_url=api_url,
+    )
 
 
 def _find_parent(experiment: str, shash: str) -> str | None:
-    runs = search_runs(experiment, status=None, filter_string=f"tags.\"relflow.sweep_hash\" = '{shash}' "
-                       "and tags.\"relflow.sweep.role\" = 'parent'")
+    runs = search_runs(
+        experiment,
+        status=None,
+        filter_string=f"tags.\"relflow.sweep_hash\" = '{shash}' and tags.\"relflow.sweep.role\" = 'parent'",
+    )
     return runs[-1].run_id if runs else None  # the newest, should there be several
 
 
 @flow(name="sweep", persist_result=False, validate_parameters=True)
-def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str = ".",
-          tags: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run every grid configuration of ``base_spec`` as a child MLflow run of one parent."""
-    from flows.benchmark import benchmark
-
+def sweep(
+    base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str = ".", tags: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run every grid configuration of ``base_spec`` as a child MLflow run of one parent,
+    each in its own process."""
     base = parse_spec(base_spec, "(sweep parameter 'base_spec')")
     configs = expand(base, grid)
     shash = sweep_hash(base, configs)
@@ -148,18 +195,35 @@ def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str =
     if reused:
         tracker.reopen(parent)
     else:
-        parent = tracker.start(f"{base.name}-sweep", {
-            "relflow.sweep_hash": shash, "relflow.sweep.role": "parent",
-            "relflow.spec_hash": base.spec_hash, "relflow.spec_name": base.name, **(tags or {})})
-        tracker.log_params({"sweep.keys": ",".join(grid), "sweep.configurations": len(configs),
-                            **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()}})
+        parent = tracker.start(
+            f"{base.name}-sweep",
+            {
+                "relflow.sweep_hash": shash,
+                "relflow.sweep.role": "parent",
+                "relflow.spec_hash": base.spec_hash,
+                "relflow.spec_name": base.name,
+                **(tags or {}),
+            },
+        )
+        tracker.log_params(
+            {
+                "sweep.keys": ",".join(grid),
+                "sweep.configurations": len(configs),
+                **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()},
+            }
+        )
         tracker.log_text(json.dumps({"base": base_spec, "grid": grid}, indent=2), "sweep.json")
     rows: list[Row] = []
+    workdir = tempfile.TemporaryDirectory(prefix="relflow-sweep-")
     try:
-        progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash,
-                      total=len(configs))
-        done = {r.tags.get("relflow.spec_hash"): r for r in search_runs(
-            base.name, status="FINISHED", filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'")}
+        api_url = prefect_api_url()
+        progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash, total=len(configs))
+        done = {
+            r.tags.get("relflow.spec_hash"): r
+            for r in search_runs(
+                base.name, status="FINISHED", filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'"
+            )
+        }
         for c in configs:
             if c.spec_hash in done:
                 row = _row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
@@ -167,48 +231,83 @@ def sweep(base_spec: dict[str, Any], grid: dict[str, list[Any]], spec_dir: str =
                 progress.emit("sweep", kind="skipped", row=row, total=len(configs))
                 continue
             progress.emit("sweep", kind="start", index=c.index, config=c.label, total=len(configs))
-            child_tags = {"relflow.sweep_hash": shash, "relflow.sweep.role": "child",
-                          "relflow.sweep.attempt": attempt, "relflow.sweep.index": str(c.index),
-                          **{f"relflow.sweep.{k}": v for k, v in c.values.items()}, **(tags or {})}
-            try:
-                s = benchmark(spec=c.spec, spec_dir=spec_dir, launched_at=wall_clock(),
-                              parent_run_id=parent, tags=child_tags)
+            child_tags = {
+                "relflow.sweep_hash": shash,
+                "relflow.sweep.role": "child",
+                "relflow.sweep.attempt": attempt,
+                "relflow.sweep.index": str(c.index),
+                **{f"relflow.sweep.{k}": v for k, v in c.values.items()},
+                **(tags or {}),
+            }
+            launched = run_configuration(
+                c.index, c.spec, spec_dir, parent, child_tags, workdir.name, tracker.uri, api_url
+            )
+            s = launched.summary
+            if s is not None:
                 q = s["quality_metric"]
-                row = Row(c.index, c.label, c.values, "FINISHED", s["run_id"],
-                          steady_rows_per_s=s["metrics"].get("compute.steady_rows_per_s"),
-                          e2e_rows_per_s=s["metrics"].get("e2e.rows_per_s"), quality_metric=q,
-                          quality=s["metrics"].get(f"quality.{q}"), validity=s["validity"],
-                          stages=s["stages"])
-            except Exception as err:  # noqa: BLE001 - one configuration failing must not stop the sweep
-                row = _record_failure(tracker, c, err, child_tags, parent, base.task.kind)
+                row = Row(
+                    c.index,
+                    c.label,
+                    c.values,
+                    "FINISHED",
+                    s["run_id"],
+                    steady_rows_per_s=s["metrics"].get(K.STEADY_ROWS_PER_S),
+                    e2e_rows_per_s=s["metrics"].get(K.E2E_PREDICT_ROWS_PER_S),
+                    quality_metric=q,
+                    quality=s["metrics"].get(f"quality.{q}"),
+                    validity=s["validity"],
+                    stages=s["stages"],
+                )
+            else:  # one configuration failing must not stop the sweep
+                row = _record_failure(tracker, c, launched, child_tags, parent, base.task.kind)
+            tracker.log_text(launched.log, f"configurations/{attempt}/config-{c.index}.log")
             rows.append(row)
             progress.emit("sweep", kind="done", row=row, total=len(configs))
         failed = [r for r in rows if r.status == "FAILED"]
-        tracker.set_tags({"relflow.sweep.failed": str(len(failed)),
-                          "relflow.sweep.skipped": str(sum(r.status == "SKIPPED" for r in rows)),
-                          "relflow.sweep.ran": str(sum(r.status == "FINISHED" for r in rows))})
+        tracker.set_tags(
+            {
+                "relflow.sweep.failed": str(len(failed)),
+                "relflow.sweep.skipped": str(sum(r.status == "SKIPPED" for r in rows)),
+                "relflow.sweep.ran": str(sum(r.status == "FINISHED" for r in rows)),
+            }
+        )
         tracker.log_dict([asdict(r) | {"stages": None} for r in rows], f"sweep_summary_{attempt}.json")
         tracker.finish()
     except BaseException as err:
         tracker.fail(err)
         raise
-    return {"parent_run_id": parent, "experiment": base.name, "sweep_hash": shash,
-            "reused_parent": reused, "tracking_uri": tracker.uri,
-            "rows": [asdict(r) for r in rows]}
+    finally:
+        workdir.cleanup()
+    return {
+        "parent_run_id": parent,
+        "experiment": base.name,
+        "sweep_hash": shash,
+        "reused_parent": reused,
+        "tracking_uri": tracker.uri,
+        "rows": [asdict(r) for r in rows],
+    }
 
 
-def _record_failure(tracker: Tracker, c: Config, err: Exception, child_tags: dict[str, str],
-                    parent: str, kind: str) -> Row:
-    """The failed configuration's child run (FAILED), created here if the flow never began one."""
+def _record_failure(
+    tracker: Tracker, c: Config, launched: Launched, child_tags: dict[str, str], parent: str, kind: str
+) -> Row:
+    """The failed configuration's child run (FAILED), created here if it never began one."""
     attempt, index = child_tags["relflow.sweep.attempt"], child_tags["relflow.sweep.index"]
-    found = search_runs(tracker.experiment, status=None, filter_string=(
-        f"tags.\"relflow.sweep.attempt\" = '{attempt}' and tags.\"relflow.sweep.index\" = '{index}'"))
+    found = search_runs(
+        tracker.experiment,
+        status=None,
+        filter_string=(f"tags.\"relflow.sweep.attempt\" = '{attempt}' and tags.\"relflow.sweep.index\" = '{index}'"),
+    )
     if found:
         run_id = found[-1].run_id
-    else:  # failed before the benchmark flow started its MLflow run
+    else:  # failed before its MLflow run started (bad input: exit 2)
         child = Tracker(tracker.experiment, tracker.uri)
-        run_id = child.start(f"{tracker.experiment}-sweep-{index}",
-                             {"relflow.spec_hash": c.spec_hash, **child_tags}, parent_run_id=parent)
-        child.fail(err)
-    return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind],
-               error=f"{type(err).__name__}: {err}")
+        run_id = child.start(
+            f"{tracker.experiment}-sweep-{index}",
+            {"relflow.spec_hash": c.spec_hash, **child_tags},
+            parent_run_id=parent,
+        )
+        text = launched.error or f"exit code {launched.returncode}"
+        body = text.removeprefix("UserError: ")
+        child.fail(UserError(body) if body != text else RuntimeError(text))
+    return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind], error=launched.error)

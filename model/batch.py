@@ -11,6 +11,12 @@ Per node, with ``R`` = the leading dims:
 - ``continuous_RC``    float  standardised numeric and timestamp values, 0.0 where null
 - ``continuous_null_RC`` bool value is null (a present *null coordinate*)
 - ``categorical_RK``   int64  category index; 0 = null, 1 = unknown, >= 2 vocabulary
+- ``text_RXE``         float  (nodes with text columns only) each text cell's vector from the
+                             application's encoder, 0.0 where null; ``None`` otherwise
+- ``text_null_RX``     bool   text cell is null (a present null coordinate); ``None`` likewise
+
+Branch dims may be shorter than reserved (length bucketing trims a batch to its own longest
+instance per branch); a node's leading dims always equal its parent's rows.
 
 Target (in one node): ``labels_R`` (int64 class index, or float for binary/regression) and
 ``label_present_R`` (row present and label not null: these rows count in loss and quality).
@@ -18,7 +24,9 @@ Target (in one node): ``labels_R`` (int64 class index, or float for binary/regre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -29,22 +37,24 @@ class NodeTensors:
     continuous: torch.Tensor  # float32 [R, C]
     continuous_null: torch.Tensor  # bool [R, C]
     categorical: torch.Tensor  # int64 [R, K]
+    text: torch.Tensor | None = None  # float32 [R, X, E], nodes with text columns only
+    text_null: torch.Tensor | None = None  # bool [R, X]
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> NodeTensors:
+        changes: dict[str, Any] = {
+            f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name)) for f in fields(self)
+        }
+        return replace(self, **changes)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> NodeTensors:
-        return replace(
-            self,
-            **{
-                f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-                for f in fields(self)
-            },
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> NodeTensors:
-        return replace(self, **{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+        return self._map(lambda t: t.pin_memory())
 
     def select(self, index: torch.Tensor) -> NodeTensors:
         """Rows ``index`` of the batch dimension."""
-        return replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        return self._map(lambda t: t[index])
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Coordinate encoder: turns one node's rows into tokens (one token per cell).
 
-A row of node N becomes ``T = C + K + Kc`` tokens, in this order: its C continuous columns,
-its K categorical columns (``NodeDef`` order within each kind) and one token per child
-branch (that branch's pooled vector for this row). A token is
+A row of node N becomes ``T = C + K + X + Kc`` tokens, in this order: its C continuous
+columns, its K categorical columns, its X text columns (``NodeDef`` order within each kind)
+and one token per child branch (that branch's pooled vector for this row). A token is
 
     value embedding + column-identity embedding (+ row-position embedding in branches)
 
@@ -11,6 +11,9 @@ Design choices:
 - Category value: one concatenated table with per-column offsets; slot 0 of each column's
   slice is that column's learned NULL vector (index 0 = null in the batch contract).
 - Null continuous cells use a learned per-column NULL vector. Nulls are *present* inputs.
+- Text value: the application's encoder (outside the model) gives each cell an E-wide
+  vector; a per-column ``Linear(E, D)`` maps it to a token. Null text cells use a learned
+  per-column NULL vector; empty strings are whatever vector the encoder gives them.
 - The target column's cells are learned-mask coordinates: whatever placeholder the
   tensorizer wrote there is zeroed before it touches any weight (a NaN placeholder could
   otherwise poison gradients) and the value embedding is replaced by a learned mask vector.
@@ -28,14 +31,19 @@ from .schema import NodeDef
 
 
 class CoordinateEncoder(nn.Module):
+    category_offset_K: torch.Tensor  # buffers, registered in __init__
+    category_cardinality_K: torch.Tensor
+
     def __init__(self, node: NodeDef, d_model: int, target_column: str | None) -> None:
         super().__init__()
         self.node_name = node.name
         continuous, categorical = node.continuous, node.categorical
         self.num_continuous = len(continuous)
         self.num_categorical = len(categorical)
+        text = node.text
+        self.num_text = len(text)
         self.num_children = len(node.children)
-        self.tokens_per_row = self.num_continuous + self.num_categorical + self.num_children
+        self.tokens_per_row = self.num_continuous + self.num_categorical + self.num_text + self.num_children
         if self.tokens_per_row == 0:
             raise ValueError(
                 f"node {node.name!r} has no columns and no child branches, so its rows have no "
@@ -67,6 +75,18 @@ class CoordinateEncoder(nn.Module):
         offsets = torch.tensor([sum(cards[:i]) for i in range(K)], dtype=torch.long)
         self.register_buffer("category_offset_K", offsets, persistent=False)
         self.register_buffer("category_cardinality_K", torch.tensor(cards, dtype=torch.long), persistent=False)
+        widths = {c.width for c in text}
+        if text and (len(widths) != 1 or min(widths) < 1):
+            raise ValueError(
+                f"text columns of node {node.name!r} have widths {sorted(widths)}; every text "
+                "column of a node needs the same positive width (the encoder's dimension)"
+            )
+        E, X = (widths.pop() if text else 0), len(text)
+        self.text_width = E
+        # only nodes with text columns get text weights, so older checkpoints still load
+        self.text_weight_XED = nn.Parameter(torch.randn(X, E, d_model) * (1.0 / E) ** 0.5) if X else None
+        self.text_bias_XD = nn.Parameter(torch.zeros(X, d_model)) if X else None
+        self.text_null_XD = nn.Parameter(torch.randn(X, d_model) * 0.02) if X else None
         self.column_identity_TD = nn.Parameter(torch.randn(self.tokens_per_row, d_model) * 0.02)
         self.row_position = nn.Embedding(node.max_length, d_model) if node.max_length > 1 else None
         if self.row_position is not None:
@@ -94,6 +114,8 @@ class CoordinateEncoder(nn.Module):
         categorical_RK: torch.Tensor,
         children_RKcD: torch.Tensor | None,
         position_L: torch.Tensor | None,
+        text_RXE: torch.Tensor | None = None,
+        text_null_RX: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Rows ``[..., L, *]`` -> tokens ``[..., L, T, D]`` (``position_L``: row positions)."""
         parts = []
@@ -114,6 +136,16 @@ class CoordinateEncoder(nn.Module):
                 keep_K[target - self.num_continuous] = 0
                 index_RK = index_RK * keep_K
             parts.append(self.category_table(index_RK + self.category_offset_K))
+        if self.num_text:
+            if text_RXE is None or text_null_RX is None:
+                raise ValueError(
+                    f"node {self.node_name!r} has {self.num_text} text column(s) but the batch "
+                    "carries no text vectors; run the application's text encoder (encode step) first"
+                )
+            assert self.text_bias_XD is not None and self.text_null_XD is not None  # built when num_text
+            clean_RXE = torch.where(text_null_RX.unsqueeze(-1), torch.zeros_like(text_RXE), text_RXE)
+            value_RXD = torch.einsum("...xe,xed->...xd", clean_RXE, self.text_weight_XED) + self.text_bias_XD
+            parts.append(torch.where(text_null_RX.unsqueeze(-1), self.text_null_XD, value_RXD))
         if self.num_children:
             assert children_RKcD is not None
             parts.append(children_RKcD)
@@ -121,6 +153,7 @@ class CoordinateEncoder(nn.Module):
         if target is not None:
             is_target_T1 = torch.zeros(self.tokens_per_row, 1, dtype=torch.bool, device=x_RTD.device)
             is_target_T1[target] = True
+            assert self.mask_value_D is not None  # created whenever there is a target column
             x_RTD = torch.where(is_target_T1, self.mask_value_D, x_RTD)
         x_RTD = x_RTD + self.column_identity_TD
         if self.row_position is not None and position_L is not None:

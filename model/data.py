@@ -14,6 +14,10 @@ Design choices:
 - Loader settings that cannot apply are ignored with a warning: ``persistent_workers`` and
   ``prefetch_factor`` without workers, ``pin_memory`` when the model is not on CUDA.
 - Batch order is not shuffled (a shuffle belongs to the preprocess stage).
+- ``stream(parts)`` feeds already-cut Arrow slices (any order, any table) through one
+  DataLoader built once per data module: the slices travel to the workers through the
+  loader's index queue and workers only encode, so ``persistent_workers=True`` keeps the
+  same workers across chunks, epochs and passes.
 """
 
 from __future__ import annotations
@@ -21,19 +25,20 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from .batch import Batch
+from .schema import ModelSchema
 
 Encode = Callable[[pa.Table], Batch]
 
 
-class ArrowBatches(IterableDataset):
+class ArrowBatches(IterableDataset[Batch]):
     """Encoded batches over contiguous row ranges; workers take disjoint batch subsets."""
 
     def __init__(self, table: pa.Table, batch_size: int, encode: Encode) -> None:
@@ -43,7 +48,7 @@ class ArrowBatches(IterableDataset):
         self.encode = encode
 
     def __len__(self) -> int:
-        return math.ceil(self.table.num_rows / self.batch_size)
+        return int(math.ceil(self.table.num_rows / self.batch_size))
 
     def ranges(self, worker: int = 0, workers: int = 1) -> list[tuple[int, int]]:
         """``(offset, length)`` of this worker's batches."""
@@ -61,10 +66,36 @@ class ArrowBatches(IterableDataset):
             yield self.encode(self.table.slice(offset, length))
 
 
+class EncodeSlices(Dataset[Batch]):
+    """Map-style dataset whose "index" is the Arrow slice itself: workers only encode."""
+
+    def __init__(self, encode: Encode) -> None:
+        self.encode = encode
+
+    def __getitem__(self, part: pa.Table) -> Batch:
+        return self.encode(part)
+
+
+class SliceFeed(Sampler[pa.Table]):
+    """The slices of the next iteration; each iteration consumes what was fed."""
+
+    def __init__(self) -> None:
+        self.parts: Iterator[pa.Table] = iter(())
+        self.count = 0
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        # The same iterator however often the DataLoader asks (it calls iter() twice when
+        # it builds a worker iterator); ``stream`` sets a fresh one per iteration.
+        return self.parts
+
+    def __len__(self) -> int:
+        return self.count
+
+
 class DeviceLoader:
     """Iterates a DataLoader and moves each batch to the model's current device."""
 
-    def __init__(self, loader: DataLoader, model: torch.nn.Module) -> None:
+    def __init__(self, loader: DataLoader[Batch], model: torch.nn.Module) -> None:
         self.loader = loader
         self.model = model
 
@@ -108,7 +139,8 @@ class ArrowDataModule:
                 )
             from .arrow import encode as arrow_encode  # lazy: only needed on this path
 
-            encode = functools.partial(arrow_encode, schema=model.schema, layout=layout, enc=encoding)
+            schema: ModelSchema = getattr(model, "schema")  # noqa: B009 -- any module with a schema
+            encode = functools.partial(arrow_encode, schema=schema, layout=layout, enc=encoding)
         self.model = model
         self.train = train
         self.validate = validate
@@ -127,6 +159,8 @@ class ArrowDataModule:
         self.pin_memory = pin_memory and device.type == "cuda"
         self.prefetch_factor = prefetch_factor if num_workers > 0 else None
         self._loaders: dict[str, DeviceLoader] = {}  # reused, so persistent workers persist
+        self._feed = SliceFeed()
+        self._stream: DataLoader[Batch] | None = None
 
     def _loader(self, table: pa.Table | None, which: str) -> DeviceLoader:
         if which in self._loaders:
@@ -143,6 +177,29 @@ class ArrowDataModule:
         )
         self._loaders[which] = DeviceLoader(loader, self.model)
         return self._loaders[which]
+
+    def stream(self, parts: Iterable[pa.Table], count: int) -> DataLoader[Batch]:
+        """The one slice-fed DataLoader (CPU batches, in ``parts`` order), fed ``parts``
+        (``count`` of them; a generator is cut lazily as the loader asks for more)."""
+        if self._stream is None:
+            self._stream = DataLoader(
+                EncodeSlices(self.encode),
+                batch_size=None,
+                sampler=self._feed,
+                num_workers=self.num_workers,
+                persistent_workers=self.persistent_workers,
+                pin_memory=self.pin_memory,
+                prefetch_factor=self.prefetch_factor,
+            )
+        self._feed.parts, self._feed.count = iter(parts), count
+        return self._stream
+
+    def close(self) -> None:
+        """Stop persistent workers now rather than at garbage collection."""
+        it = getattr(self._stream, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self._stream = None
 
     def train_dataloader(self) -> DeviceLoader:
         return self._loader(self.train, "train")

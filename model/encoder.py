@@ -43,7 +43,8 @@ class SelfAttention(nn.Module):
             attn_mask=attn_mask_N11S,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return self.out(y_NHSd.transpose(1, 2).reshape(N, S, D))
+        out_NSD: torch.Tensor = self.out(y_NHSd.transpose(1, 2).reshape(N, S, D))
+        return out_NSD
 
 
 class FeedForward(nn.Module):
@@ -54,7 +55,8 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(ffn_mult * d_model, d_model)
 
     def forward(self, x_NSD: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.up(x_NSD)))
+        y_NSD: torch.Tensor = self.down(self.act(self.up(x_NSD)))
+        return y_NSD
 
 
 class EncoderLayer(nn.Module):
@@ -68,7 +70,8 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x_NSD: torch.Tensor, attn_mask_N11S: torch.Tensor | None) -> torch.Tensor:
         x_NSD = x_NSD + self.drop(self.attn(self.attn_norm(x_NSD), attn_mask_N11S))
-        return x_NSD + self.drop(self.ffn(self.ffn_norm(x_NSD)))
+        ffn_NSD: torch.Tensor = self.drop(self.ffn(self.ffn_norm(x_NSD)))
+        return x_NSD + ffn_NSD
 
 
 class EncoderStack(nn.Module):
@@ -87,7 +90,8 @@ class EncoderStack(nn.Module):
             attn_mask_N11S = mask_NS[:, None, None, :]
         for layer in self.layers:
             x_NSD = layer(x_NSD, attn_mask_N11S)
-        return self.norm(x_NSD)
+        normed_NSD: torch.Tensor = self.norm(x_NSD)
+        return normed_NSD
 
 
 # Module types a stock (un-customized) encoder region is made of. A region containing any

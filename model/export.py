@@ -2,7 +2,8 @@
 
 ``ExportForward`` wraps a trained ``RelationalTransformer`` as a module whose inputs are
 plain tensors (per node, in pre-order: ``present``, ``continuous``, ``continuous_null``,
-``categorical``) and whose outputs are the selected outputs in order. ``export_onnx`` runs
+``categorical``, plus ``text`` and ``text_null`` for nodes with text columns) and whose
+outputs are the selected outputs in order. ``export_onnx`` runs
 ``torch.onnx.export(..., dynamo=True)`` with ``dynamic_shapes``:
 
 - one ``batch`` dimension shared by every input's first axis;
@@ -40,7 +41,13 @@ from .schema import UNKNOWN_INDEX, NodeDef
 from .transformer import RelationalTransformer
 
 FIELDS = ("present", "continuous", "continuous_null", "categorical")
+TEXT_FIELDS = ("text", "text_null")  # nodes with text columns only (see model/batch.py)
 EXAMPLE_BATCH = 2
+
+
+def node_fields(node: NodeDef) -> tuple[str, ...]:
+    """The ``NodeTensors`` fields a node feeds the exported graph, in order."""
+    return FIELDS + TEXT_FIELDS if node.text else FIELDS
 
 
 def output_name(output: str) -> str:
@@ -58,9 +65,13 @@ class ExportSignature:
     dims: dict[str, dict[int, str]]  # input name -> axis -> dynamic dim name
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": list(self.nodes), "inputs": list(self.inputs), "outputs": list(self.outputs),
-                "onnx_outputs": [output_name(o) for o in self.outputs],
-                "dims": {k: {str(a): d for a, d in v.items()} for k, v in self.dims.items()}}
+        return {
+            "nodes": list(self.nodes),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "onnx_outputs": [output_name(o) for o in self.outputs],
+            "dims": {k: {str(a): d for a, d in v.items()} for k, v in self.dims.items()},
+        }
 
 
 class ExportForward(nn.Module):
@@ -81,16 +92,24 @@ class ExportForward(nn.Module):
             for i, level in enumerate(schema.path(node.name)[1:], start=1):
                 if level.max_length > 1:
                     axes[i] = f"len_{level.name}"
-            for f in FIELDS:
+            for f in node_fields(node):
                 inputs.append(f"{node.name}.{f}")
                 dims[f"{node.name}.{f}"] = dict(axes)
         return ExportSignature(tuple(n.name for n in self.nodes), tuple(inputs), self.outputs, dims)
 
     def flat_inputs(self, batch: Batch) -> tuple[torch.Tensor, ...]:
-        return tuple(getattr(batch.nodes[n.name], f) for n in self.nodes for f in FIELDS)
+        flat: list[torch.Tensor] = []
+        for n in self.nodes:
+            t = batch.nodes[n.name]
+            for f in node_fields(n):
+                value = getattr(t, f)
+                if value is None:
+                    raise ValueError(f"batch node {n.name!r} has no {f} tensor; encode it with the model's schema")
+                flat.append(value)
+        return tuple(flat)
 
     def _rows(self, node: NodeDef, t: NodeTensors, children: list[torch.Tensor]) -> NodeRows:
-        coord = self.model.coordinates[node.name]
+        coord = self.model._coordinates(node.name)
         shape = t.present.shape  # [B] for the root, [B, L1..Ld] for a branch
         L = shape[-1] if len(shape) > 1 else 1
         present_PL = t.present.reshape(-1, L)
@@ -103,17 +122,29 @@ class ExportForward(nn.Module):
         continuous = torch.where(present_PL1 & ~null, continuous, torch.zeros_like(continuous))
         null = null & present_PL1
         categorical = torch.where(present_PL1, categorical, torch.zeros_like(categorical))
+        text = text_null = None
+        if node.text:  # as RelationalTransformer._node_rows: nulls and absent rows carry zeros
+            assert t.text is not None and t.text_null is not None
+            X, E = len(node.text), node.text[0].width
+            text_null = t.text_null.reshape(P, L, X) & present_PL1
+            text = t.text.reshape(P, L, X, E)
+            text = torch.where(text_null.unsqueeze(-1) | ~present_PL1.unsqueeze(-1), torch.zeros_like(text), text)
         if K:  # fixed-shape stand-in for CoordinateEncoder.check: out of range -> unknown
             bad = (categorical < 0) | (categorical >= coord.category_cardinality_K)
             categorical = torch.where(bad, torch.full_like(categorical, UNKNOWN_INDEX), categorical)
         children_PLKD = None
         if children:
             children_PLKD = torch.stack([c.reshape(P, L, -1) for c in children], dim=2)
-        return NodeRows(present_PL, continuous, null, categorical, children_PLKD)
+        return NodeRows(present_PL, continuous, null, categorical, children_PLKD, text, text_null)
 
     def forward(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         model = self.model
-        tensors = {n.name: NodeTensors(*flat[4 * i:4 * i + 4]) for i, n in enumerate(self.nodes)}
+        tensors: dict[str, NodeTensors] = {}
+        at = 0
+        for n in self.nodes:
+            k = len(node_fields(n))
+            tensors[n.name] = NodeTensors(*flat[at : at + k])
+            at += k
         pooled: dict[str, torch.Tensor] = {}
         rows_out: dict[str, dict[str, torch.Tensor]] = {}
         for node in reversed(self.nodes):  # children before parents
@@ -125,9 +156,15 @@ class ExportForward(nn.Module):
             pool = None
             if name in self.want_pool:
                 pool = model.pools[name] if name in model.pools else mean_pool  # noqa: SIM401 (no ModuleDict.get)
-            result = encode_padded(rows, model.coordinates[name], model.encoders[name], pool,
-                                   model.empty[name], tuple(self.row_outputs.get(name, ())),
-                                   model.coordinates[name].target_index)
+            result = encode_padded(
+                rows,
+                model.coordinates[name],
+                model.encoders[name],
+                pool,
+                model.empty[name],
+                tuple(self.row_outputs.get(name, ())),
+                model._coordinates(name).target_index,
+            )
             row_shape = t.present.shape if t.present.dim() > 1 else (t.present.shape[0], 1)
             if result.pooled_PD is not None:
                 pooled[name] = result.pooled_PD.reshape(*row_shape[:-1], -1)
@@ -136,8 +173,9 @@ class ExportForward(nn.Module):
         return tuple(out[o] for o in self.outputs)
 
 
-def example_batch(model: RelationalTransformer, batch_size: int = EXAMPLE_BATCH,
-                  lengths: dict[str, int] | None = None) -> Batch:
+def example_batch(
+    model: RelationalTransformer, batch_size: int = EXAMPLE_BATCH, lengths: dict[str, int] | None = None
+) -> Batch:
     """A batch of the given size and per-branch padded lengths (default: reserved), every
     row present; values are irrelevant to tracing (the graph has no data-dependent flow)."""
     schema = model.schema
@@ -147,12 +185,15 @@ def example_batch(model: RelationalTransformer, batch_size: int = EXAMPLE_BATCH,
     for node in schema.root.walk():
         dims = tuple(lengths.get(n.name, n.max_length) for n in schema.path(node.name)[1:])
         shape = (batch_size, *dims)
-        C, K = len(node.continuous), len(node.categorical)
+        C, K, X = len(node.continuous), len(node.categorical), len(node.text)
+        E = node.text[0].width if X else 0
         nodes[node.name] = NodeTensors(
             present=torch.ones(shape, dtype=torch.bool, device=device),
             continuous=torch.zeros(*shape, C, device=device),
             continuous_null=torch.zeros(*shape, C, dtype=torch.bool, device=device),
             categorical=torch.zeros(*shape, K, dtype=torch.long, device=device),
+            text=torch.zeros(*shape, X, E, device=device) if X else None,
+            text_null=torch.zeros(*shape, X, dtype=torch.bool, device=device) if X else None,
         )
     empty = torch.zeros(0, device=device)
     return Batch(nodes, empty, empty.bool())
@@ -160,16 +201,16 @@ def example_batch(model: RelationalTransformer, batch_size: int = EXAMPLE_BATCH,
 
 def dynamic_shapes(sig: ExportSignature, model: RelationalTransformer) -> tuple[dict[int, Any], ...]:
     """torch.export ``Dim``s per input, one object per dim name so equal names are tied."""
-    maxima = {"batch": None, **{f"len_{n.name}": n.max_length for n in model.schema.root.walk()
-                                if n.max_length > 1}}
+    maxima = {"batch": None, **{f"len_{n.name}": n.max_length for n in model.schema.root.walk() if n.max_length > 1}}
     made: dict[str, Any] = {}
     for name, top in maxima.items():
         made[name] = torch.export.Dim(name, min=1) if top is None else torch.export.Dim(name, min=1, max=top)
     return tuple({axis: made[d] for axis, d in sig.dims[i].items()} for i in sig.inputs)
 
 
-def export_onnx(model: RelationalTransformer, outputs: tuple[str, ...], path: str | Path,
-                opset: int | None = None) -> ExportSignature:
+def export_onnx(
+    model: RelationalTransformer, outputs: tuple[str, ...], path: str | Path, opset: int | None = None
+) -> ExportSignature:
     """Write the model's padded forward for ``outputs`` to ``path`` (one self-contained file)."""
     model = model.eval()
     wrapper = ExportForward(model, outputs).eval()
@@ -177,9 +218,17 @@ def export_onnx(model: RelationalTransformer, outputs: tuple[str, ...], path: st
     args = wrapper.flat_inputs(example_batch(model))
     with torch.no_grad():
         program = torch.onnx.export(
-            wrapper, args, dynamo=True, dynamic_shapes=(dynamic_shapes(sig, model),),
-            input_names=list(sig.inputs), output_names=[output_name(o) for o in sig.outputs],
-            opset_version=opset, external_data=False, verbose=False,
+            wrapper,
+            args,
+            dynamo=True,
+            dynamic_shapes=(dynamic_shapes(sig, model),),
+            input_names=list(sig.inputs),
+            output_names=[output_name(o) for o in sig.outputs],
+            opset_version=opset,
+            external_data=False,
+            verbose=False,
         )
+    if program is None:  # dynamo=True always returns a program; None is the legacy exporter's
+        raise RuntimeError("torch.onnx.export returned no ONNX program")
     program.save(str(path), external_data=False)
     return sig

@@ -1,4 +1,5 @@
-"""Meta-device inspection: parameter count and FLOPs per root row without allocating weights.
+"""Meta-device inspection: parameter count, FLOPs per root row and output shapes without
+allocating weights.
 
 Design choices:
 - The model is built under ``torch.device("meta")``: parameters have shapes, no storage, so
@@ -36,6 +37,9 @@ def full_meta_batch(schema: ModelSchema, batch_size: int = 1) -> Batch:
             continuous_null=torch.zeros(*shape, C, dtype=torch.bool, device=meta),
             categorical=torch.zeros(*shape, K, dtype=torch.long, device=meta),
         )
+        if node.text:
+            nodes[node.name].text = torch.zeros(*shape, len(node.text), node.text[0].width, device=meta)
+            nodes[node.name].text_null = torch.zeros(*shape, len(node.text), dtype=torch.bool, device=meta)
     label_shape = (batch_size, *schema.reserved_shape(schema.target.node))
     labels = torch.zeros(label_shape, device=meta)
     return Batch(nodes, labels, torch.ones(label_shape, dtype=torch.bool, device=meta))
@@ -57,3 +61,17 @@ def inspect_on_meta(
     with counter, torch.no_grad():
         model(batch, outputs=tuple(outputs))
     return {"parameters": int(parameters), "flops_per_root_row": int(counter.get_total_flops())}
+
+
+def output_shapes_on_meta(
+    schema: ModelSchema, config: ModelConfig | None, outputs: Iterable[str]
+) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{output: (dtype name, shape)}`` of a forward pass, batch dimension as -1 (meta device:
+    nothing is allocated or computed)."""
+    with torch.device("meta"):
+        model = RelationalTransformer(schema, config)
+    model.eval()
+    model.packing = "off"
+    with torch.no_grad():
+        out = model(full_meta_batch(schema), outputs=tuple(outputs))
+    return {k: (str(v.dtype).removeprefix("torch."), (-1, *v.shape[1:])) for k, v in out.items()}

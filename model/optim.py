@@ -49,7 +49,8 @@ class AdamW:
         return out
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
-        decay, keep = [], []
+        decay: list[nn.Parameter] = []
+        keep: list[nn.Parameter] = []
         for name, param in model.named_parameters():
             if param.requires_grad:
                 (keep if no_decay(name, param) else decay).append(param)
@@ -60,9 +61,9 @@ class AdamW:
 
     def build(self, model: nn.Module) -> torch.optim.AdamW:
         groups = self.param_groups(model)
-        kwargs = dict(lr=self.learning_rate, betas=self.betas, eps=self.eps)
+        lr, betas, eps = self.learning_rate, self.betas, self.eps
         try:
-            return torch.optim.AdamW(groups, fused=self.fused, **kwargs)
+            return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=self.fused)
         except RuntimeError as err:
             if not self.fused:
                 raise
@@ -71,7 +72,7 @@ class AdamW:
                 "choice). Pass fused=False or fused=None to silence this.",
                 stacklevel=2,
             )
-            return torch.optim.AdamW(groups, fused=None, **kwargs)
+            return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=None)
 
 
 def adamw(
@@ -81,4 +82,4 @@ def adamw(
     eps: float = 1e-8,
     fused: bool | None = True,
 ) -> AdamW:
-    return AdamW(learning_rate, weight_decay, tuple(betas), eps, fused)
+    return AdamW(learning_rate, weight_decay, (betas[0], betas[1]), eps, fused)

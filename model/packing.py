@@ -44,6 +44,8 @@ class NodeRows:
     continuous_null_PLC: torch.Tensor
     categorical_PLK: torch.Tensor
     children_PLKD: torch.Tensor | None  # pooled child vectors, one per child branch
+    text_PLXE: torch.Tensor | None = None  # text cells' vectors (nodes with text columns)
+    text_null_PLX: torch.Tensor | None = None
 
 
 @dataclass
@@ -76,6 +78,8 @@ def encode_padded(
         rows.categorical_PLK,
         rows.children_PLKD,
         position_L,
+        text_RXE=rows.text_PLXE,
+        text_null_RX=rows.text_null_PLX,
     )
     T, D = x_PLTD.shape[-2:]
     mask_PS = rows.present_PL.unsqueeze(-1).expand(P, L, T).reshape(P, L * T)
@@ -125,6 +129,8 @@ def encode_packed(
             rows.categorical_PLK[index_G, :n],
             None if children is None else children[index_G, :n],
             position_L[:n],
+            text_RXE=None if rows.text_PLXE is None else rows.text_PLXE[index_G, :n],
+            text_null_RX=None if rows.text_null_PLX is None else rows.text_null_PLX[index_G, :n],
         )
         T, D = x_GnTD.shape[-2:]
         y_GSD = stack(x_GnTD.reshape(G, n * T, D), None)

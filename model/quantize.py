@@ -78,8 +78,13 @@ def quantize_tensor(w: torch.Tensor, fmt: str, group_size: int = INT4_GROUP_SIZE
         grouped = padded.view(rows.shape[0], groups, group_size)
         scale = _scale(grouped.abs().amax(dim=2), 7.0).to(torch.float16)
         q = torch.round(grouped / scale.float()[..., None]).clamp(-8, 7)
-        return {"kind": "int4", "shape": shape, "packed": pack_int4(q.reshape(rows.shape[0], -1)),
-                "scale": scale, "group_size": group_size}
+        return {
+            "kind": "int4",
+            "shape": shape,
+            "packed": pack_int4(q.reshape(rows.shape[0], -1)),
+            "scale": scale,
+            "group_size": group_size,
+        }
     if fmt == "fp8":
         scale = _scale(rows.abs().amax(dim=1), FP8_MAX)
         q = (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -91,28 +96,38 @@ def dequantize_tensor(entry: dict[str, Any]) -> torch.Tensor:
     """The fp32 tensor back (``raw`` entries keep their dtype: integer buffers stay integer)."""
     kind = entry["kind"]
     if kind == "raw":
-        return entry["data"]
+        raw: torch.Tensor = entry["data"]
+        return raw
     if kind == "fp16":
-        return entry["data"].float()
-    shape = entry["shape"]
+        half: torch.Tensor = entry["data"]
+        return half.float()
+    shape: list[int] = entry["shape"]
     if kind in ("int8", "fp8"):
-        return (entry["q"].float() * entry["scale"][:, None]).reshape(shape)
+        q8: torch.Tensor = entry["q"]
+        scale: torch.Tensor = entry["scale"]
+        return (q8.float() * scale[:, None]).reshape(shape)
     if kind == "int4":
         rows, n = shape[0], 1
         for d in shape[1:]:
             n *= d
-        g = entry["group_size"]
+        g = int(entry["group_size"])
         q = unpack_int4(entry["packed"]).float().view(rows, -1, g)
-        return (q * entry["scale"].float()[..., None]).reshape(rows, -1)[:, :n].reshape(shape)
+        group_scale: torch.Tensor = entry["scale"]
+        return (q * group_scale.float()[..., None]).reshape(rows, -1)[:, :n].reshape(shape)
     raise ValueError(f"unknown quantized tensor kind {kind!r}")
 
 
-def quantize_state(state: dict[str, torch.Tensor], fmt: str, source_sha256: str,
-                   group_size: int = INT4_GROUP_SIZE) -> dict[str, Any]:
+def quantize_state(
+    state: dict[str, torch.Tensor], fmt: str, source_sha256: str, group_size: int = INT4_GROUP_SIZE
+) -> dict[str, Any]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; choose one of {FORMATS}")
-    return {"format": fmt, "source_sha256": source_sha256, "group_size": group_size,
-            "tensors": {k: quantize_tensor(v, fmt, group_size) for k, v in state.items()}}
+    return {
+        "format": fmt,
+        "source_sha256": source_sha256,
+        "group_size": group_size,
+        "tensors": {k: quantize_tensor(v, fmt, group_size) for k, v in state.items()},
+    }
 
 
 def expand_state(weights: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -133,6 +148,9 @@ class Fp8Linear(torch.nn.Module):
     (row-wise scales, bf16 out, then cast back). Shapes the kernel refuses (dims not
     multiples of 16) fall back to the dequantized weight for that call."""
 
+    weight_fp8_t: torch.Tensor
+    scale_1N: torch.Tensor
+
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features = q.shape[1], q.shape[0]
@@ -148,8 +166,7 @@ class Fp8Linear(torch.nn.Module):
         amax = x2.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12)
         scale_M1 = amax / FP8_MAX
         x8 = (x2.float() / scale_M1).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        y = torch._scaled_mm(x8, self.weight_fp8_t, scale_a=scale_M1, scale_b=self.scale_1N,
-                             out_dtype=torch.bfloat16)
+        y = torch._scaled_mm(x8, self.weight_fp8_t, scale_a=scale_M1, scale_b=self.scale_1N, out_dtype=torch.bfloat16)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -64,7 +64,8 @@ def dropout_active(module: nn.Module) -> bool:
     for m in module.modules():
         if isinstance(m, nn.Dropout) and m.p > 0:
             return True
-        if isinstance(getattr(m, "dropout", None), float) and m.dropout > 0:
+        rate = getattr(m, "dropout", None)
+        if isinstance(rate, float) and rate > 0:
             return True
     return False
 
@@ -76,23 +77,32 @@ class CompileSettings:
     backend: str | Callable[..., Any] = "inductor"
     dynamic: bool | None = None
     options: dict[str, Any] | None = None
+    mode: str | None = None  # torch.compile mode, e.g. "max-autotune-no-cudagraphs"
 
     def selects(self, kind: str) -> bool:
         return self.encoders if kind == "encoder" else self.pools
 
     def resolved_options(self) -> dict[str, Any] | None:
         if self.backend == "inductor":
-            return {**INDUCTOR_DEFAULTS, **(self.options or {})}
+            # torch.compile takes mode or options, not both: expand the mode into its options
+            # (as torch does), then our defaults, then the caller's options win.
+            from torch._inductor import list_mode_options
+
+            by_mode = list_mode_options(self.mode, self.dynamic) if self.mode else {}
+            return {**by_mode, **INDUCTOR_DEFAULTS, **(self.options or {})}
         return dict(self.options) if self.options else None
 
     def wrap(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        return torch.compile(
+        compile_fn: Any = torch.compile  # options are Inductor config values of any type
+        compiled: Callable[..., torch.Tensor] = compile_fn(
             fn,
             fullgraph=True,
             backend=self.backend,
             dynamic=self.dynamic,
             options=self.resolved_options(),
+            **({"mode": self.mode} if self.mode and self.backend != "inductor" else {}),
         )
+        return compiled
 
 
 class RegionRunner:

@@ -7,7 +7,8 @@ branches multiply reserved rows: a branch at depth d has shape ``[B, L1, ..., Ld
 
 Columns are ordered: continuous columns (``numeric`` and ``timestamp``, both encoded as one
 standardised float) come first in ``node.continuous``, categorical columns in
-``node.categorical``. Category index 0 is null, 1 is "unknown" (unseen at fit time), real
+``node.categorical``, then text columns in ``node.text`` (one vector per cell, computed by
+the application's encoder outside the model). Category index 0 is null, 1 is "unknown" (unseen at fit time), real
 values start at 2, so ``cardinality`` counts those two reserved slots.
 
 The target column lives in exactly one node. Its cells are *learned-mask coordinates*:
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-ColumnKind = Literal["numeric", "category", "timestamp"]
+ColumnKind = Literal["numeric", "category", "timestamp", "text"]
 TargetKind = Literal["category", "binary", "regression"]
 Reduce = Literal["mean", "attention"]
 
@@ -35,6 +36,7 @@ class ColumnDef:
     name: str
     kind: ColumnKind
     cardinality: int = 0  # category only: vocabulary size + the null and unknown slots
+    width: int = 0  # text only: width of the vectors the application's encoder gives each cell
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,15 @@ class NodeDef:
 
     @property
     def continuous(self) -> tuple[ColumnDef, ...]:
-        return tuple(c for c in self.columns if c.kind != "category")
+        return tuple(c for c in self.columns if c.kind in ("numeric", "timestamp"))
 
     @property
     def categorical(self) -> tuple[ColumnDef, ...]:
         return tuple(c for c in self.columns if c.kind == "category")
+
+    @property
+    def text(self) -> tuple[ColumnDef, ...]:
+        return tuple(c for c in self.columns if c.kind == "text")
 
     def walk(self) -> list[NodeDef]:
         """This node and all descendants, parents before children (pre-order)."""

@@ -1,14 +1,12 @@
-"""Throughput callback: rows per second, estimated the way the product note defines it.
+"""Throughput callback: rows per second, estimated the way the model's documentation defines it.
 
-Design choices:
-- The *estimate* is completed batches x configured batch size / seconds -- exactly what the
-  note describes; it over-counts partial (last) batches, so it is only comparable between
-  runs with the same batch geometry. The callback also counts exact rows, so both are
-  reported side by side.
-- Accumulating is cheap (``on_batch_end``); reporting happens in ``flush``, outside timed
-  regions, and sends the prediction throughput directly to the attached logger (any
-  object with ``log(metrics, step)`` and ``close()``). The last metrics stay available as
-  ``callback.metrics``.
+- The *estimate* is completed batches x configured batch size / seconds. It over-counts a
+  partial (last) batch, so it is only comparable between runs with the same batch geometry;
+  exact row counts are the harness's job (``compute.steady_rows_per_s`` beside it).
+- Accumulating is cheap (``on_batch_end``, fed only the batches the caller counts, e.g. the
+  steady-state ones). Reporting happens in ``flush``, outside timed regions: the figure is
+  retained as ``callback.metrics`` and sent directly to the attached logger (any object with
+  ``log(metrics, step)``), not through a trainer's metrics.
 """
 
 from __future__ import annotations
@@ -19,46 +17,29 @@ from typing import Protocol
 class Logger(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def close(self) -> None: ...
-
 
 class ThroughputCallback:
-    def __init__(self, batch_size: int, logger: Logger | None = None, stage: str = "predict"):
+    def __init__(self, batch_size: int, key: str, logger: Logger | None = None) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size={batch_size} must be a positive integer")
         self.batch_size = batch_size
+        self.key = key  # the metric name the estimate is logged under
         self.logger = logger
-        self.stage = stage
         self.metrics: dict[str, float] = {}
-        self.reset()
-
-    def reset(self) -> None:
         self.batches = 0
-        self.rows = 0
         self.seconds = 0.0
 
-    def on_batch_end(self, batch_rows: int, seconds: float) -> None:
+    def on_batch_end(self, seconds: float) -> None:
         self.batches += 1
-        self.rows += int(batch_rows)
         self.seconds += float(seconds)
 
     @property
-    def estimated_rows(self) -> int:
-        return self.batches * self.batch_size
-
-    def compute(self) -> dict[str, float]:
-        seconds = self.seconds if self.seconds > 0 else float("nan")
-        return {
-            f"{self.stage}.batches": float(self.batches),
-            f"{self.stage}.rows": float(self.rows),
-            f"{self.stage}.seconds": self.seconds,
-            f"{self.stage}.rows_per_s_estimated": self.estimated_rows / seconds,
-            f"{self.stage}.rows_per_s": self.rows / seconds,
-        }
+    def estimated_rows_per_s(self) -> float:
+        return self.batches * self.batch_size / self.seconds if self.seconds > 0 else 0.0
 
     def flush(self, step: int = 0) -> dict[str, float]:
-        """Compute, retain and send the metrics to the attached logger (if any)."""
-        self.metrics = self.compute()
+        """Retain the estimate and send it to the attached logger (if any)."""
+        self.metrics = {self.key: self.estimated_rows_per_s}
         if self.logger is not None:
             self.logger.log(self.metrics, step)
         return self.metrics

@@ -38,7 +38,7 @@ from .config import ModelConfig
 from .coordinates import CoordinateEncoder
 from .encoder import STOCK_ENCODER_TYPES, EncoderStack
 from .optim import AdamW, adamw
-from .packing import NodeRows, encode_packed, encode_padded
+from .packing import NodeResult, NodeRows, encode_packed, encode_padded
 from .pooling import STOCK_POOL_TYPES, AttentionPool, mean_pool
 from .regions import CompileSettings, RegionRunner, dropout_active, has_hooks, is_stock
 from .schema import UNKNOWN_INDEX, ModelSchema, NodeDef
@@ -131,6 +131,7 @@ class RelationalTransformer(nn.Module):
         backend: Any = "inductor",
         dynamic: bool | None = None,
         options: dict[str, Any] | None = None,
+        mode: str | None = None,
     ) -> RelationalTransformer:
         """Select regions to run under ``torch.compile(fullgraph=True)``; returns self.
 
@@ -138,7 +139,7 @@ class RelationalTransformer(nn.Module):
         Regions compile lazily on their first real input."""
         settings = None
         if encoders or pools:
-            settings = CompileSettings(bool(encoders), bool(pools), backend, dynamic, options)
+            settings = CompileSettings(bool(encoders), bool(pools), backend, dynamic, options, mode)
         self._regions.select(settings)
         return self
 
@@ -152,7 +153,7 @@ class RelationalTransformer(nn.Module):
         return tuple(dict.fromkeys(self._regions.ran_compiled))
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
+        state = super().__getstate__()  # type: ignore[no-untyped-call]  # unannotated in torch
         state = dict(state)
         state["_regions"] = RegionRunner()  # copies and pickles never keep compilation
         return state
@@ -250,7 +251,6 @@ class RelationalTransformer(nn.Module):
         paths: dict[str, str] = {}
         pooled: dict[str, torch.Tensor] = {}
         rows_out: dict[str, dict[str, torch.Tensor]] = {}
-        B = batch.size
         for node in reversed(schema.root.walk()):  # children before parents
             if node.name not in encode:
                 continue
@@ -262,7 +262,7 @@ class RelationalTransformer(nn.Module):
                 tuple(row_outputs.get(node.name, ())),
             )
             paths[node.name] = "packed" if packed else "padded"
-            shape = self._row_shape(node, B)
+            shape = self._row_shape(node, batch)
             if result.pooled_PD is not None:
                 pooled[node.name] = result.pooled_PD.reshape(*shape[:-1], -1)
             rows_out[node.name] = {k: v.reshape(*shape, -1) for k, v in result.rows.items()}
@@ -271,25 +271,43 @@ class RelationalTransformer(nn.Module):
         self.last_encoder_path = kinds.pop() if len(kinds) == 1 else "mixed"
         return self.collect_outputs(outputs, pooled, rows_out)
 
-    def _row_shape(self, node: NodeDef, batch_rows: int) -> tuple[int, ...]:
-        """``[B, L1..Ld]`` of the node's rows; ``[B, 1]`` for the root (one row per instance)."""
-        reserved = self.schema.reserved_shape(node.name)
-        return (batch_rows, *reserved) if reserved else (batch_rows, 1)
+    def _row_shape(self, node: NodeDef, batch: Batch) -> tuple[int, ...]:
+        """``[B, L1..Ld]`` of the node's rows in this batch (each ``Lk`` at most reserved: a
+        length-bucketed batch is trimmed to its own longest instances); ``[B, 1]`` for the root."""
+        shape = tuple(batch.nodes[node.name].present.shape)
+        return shape if len(shape) > 1 else (shape[0], 1)
 
-    def _node_rows(self, node: NodeDef, tensors: NodeTensors, children: list[torch.Tensor], B: int) -> NodeRows:
-        shape = self._row_shape(node, B)
-        expected = (B, *self.schema.reserved_shape(node.name))
+    def _expected_shape(self, node: NodeDef, batch: Batch) -> tuple[int, ...]:
+        """The node's row dims: its parent's rows plus its own length, at most reserved."""
+        B = batch.size
+        reserved = self.schema.reserved_shape(node.name)
+        if not reserved:
+            return (B,)
+        parent = self._parent[node.name]
+        lead = tuple(batch.nodes[parent].present.shape) if parent != self.schema.root.name else (B,)
+        own = tuple(batch.nodes[node.name].present.shape)
+        L = own[-1] if len(own) == len(reserved) + 1 and 1 <= own[-1] <= reserved[-1] else reserved[-1]
+        return (*lead, L)
+
+    def _node_rows(self, node: NodeDef, tensors: NodeTensors, children: list[torch.Tensor], batch: Batch) -> NodeRows:
+        shape = self._row_shape(node, batch)
+        expected = self._expected_shape(node, batch)
         C, K = len(node.continuous), len(node.categorical)
-        checks = {
+        X, E = len(node.text), (node.text[0].width if node.text else 0)
+        checks: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]] = {
             "present": (tensors.present, expected),
             "continuous": (tensors.continuous, (*expected, C)),
             "continuous_null": (tensors.continuous_null, (*expected, C)),
             "categorical": (tensors.categorical, (*expected, K)),
         }
+        if X:
+            checks["text"] = (tensors.text, (*expected, X, E))
+            checks["text_null"] = (tensors.text_null, (*expected, X))
         for field, (tensor, want) in checks.items():
-            if tuple(tensor.shape) != want:
+            got = None if tensor is None else tuple(tensor.shape)
+            if got != want:
                 raise ValueError(
-                    f"batch node {node.name!r}: {field} has shape {tuple(tensor.shape)}, the "
+                    f"batch node {node.name!r}: {field} has shape {got}, the "
                     f"schema expects {want}; encode the batch with the model's schema"
                 )
         L = shape[-1]
@@ -303,7 +321,7 @@ class RelationalTransformer(nn.Module):
         continuous = torch.where(present_PL1 & ~null, continuous, torch.zeros_like(continuous))
         null = null & present_PL1
         categorical = torch.where(present_PL1, categorical, torch.zeros_like(categorical))
-        coord = self.coordinates[node.name]
+        coord = self._coordinates(node.name)
         if torch.compiler.is_compiling() and K:
             # Under a whole-model torch.compile the eager check (a host sync) would break the
             # graph: out-of-range indices map to the column's unknown slot instead, as in export.
@@ -314,7 +332,18 @@ class RelationalTransformer(nn.Module):
         children_PLKD = None
         if children:
             children_PLKD = torch.stack([c.reshape(P, L, -1) for c in children], dim=2)
-        return NodeRows(present_PL, continuous, null, categorical, children_PLKD)
+        text = text_null = None
+        if X:
+            assert tensors.text is not None and tensors.text_null is not None
+            text_null = tensors.text_null.reshape(P, L, X) & present_PL1
+            text = tensors.text.reshape(P, L, X, E)
+            text = torch.where(text_null.unsqueeze(-1) | ~present_PL1.unsqueeze(-1), torch.zeros_like(text), text)
+        return NodeRows(present_PL, continuous, null, categorical, children_PLKD, text, text_null)
+
+    def _coordinates(self, name: str) -> CoordinateEncoder:
+        encoder = self.coordinates[name]
+        assert isinstance(encoder, CoordinateEncoder)
+        return encoder
 
     def _encode_node(
         self,
@@ -323,13 +352,13 @@ class RelationalTransformer(nn.Module):
         children: list[torch.Tensor],
         want_pool: bool,
         row_outputs: tuple[str, ...],
-    ):
+    ) -> tuple[NodeResult, bool]:
         if node.name not in batch.nodes:
             raise ValueError(
                 f"batch has no tensors for node {node.name!r} (has {sorted(batch.nodes)}); "
                 "encode the batch with the model's schema"
             )
-        rows = self._node_rows(node, batch.nodes[node.name], children, batch.size)
+        rows = self._node_rows(node, batch.nodes[node.name], children, batch)
         name = node.name
         stack = self._regions.callable_for("encoder", name, self.encoders[name], STOCK_ENCODER_TYPES)
         pool = None
@@ -347,7 +376,7 @@ class RelationalTransformer(nn.Module):
             pool,
             self.empty[name],
             row_outputs,
-            self.coordinates[name].target_index,
+            self._coordinates(name).target_index,
         )
         return result, packed
 

@@ -1,7 +1,10 @@
 """Run checkpoints: the model package's checkpoint plus the harness's fitted encoding.
 
 ``train+predict`` saves one next to the predictions (and logs it to MLflow); ``predict``
-with ``run.checkpoint`` loads it. A checkpoint whose schema or model size does not match
+with ``run.checkpoint`` loads its weights; ``train+predict`` with ``run.checkpoint``
+resumes training from it: weights, fitted encoding and optimizer state, with the optimizer
+settings required to equal the saved run's (a difference is refused, naming the keys).
+A checkpoint whose schema or model size does not match
 the spec is refused up front with the difference named.
 """
 
@@ -14,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from model.arrow import Encoding
+from model.arrow import Encoding, NodeLayout
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.schema import ModelSchema, NodeDef
 from tasks.clock import Clock
@@ -25,16 +28,23 @@ from tasks.tensorize import layout
 
 
 def _shape(node: NodeDef) -> list[Any]:
-    return [node.name, [c.name for c in node.columns], node.max_length, node.reduce,
-            [_shape(c) for c in node.children]]
+    return [node.name, [c.name for c in node.columns], node.max_length, node.reduce, [_shape(c) for c in node.children]]
 
 
 def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        save_checkpoint(tmp, engine.model, optimizer=engine.optimizer,
-                        optimizer_settings=engine.optimizer_settings,
-                        extra={"encoding": enc.to_dict(), "spec_hash": spec.spec_hash})
+        save_checkpoint(
+            tmp,
+            engine.model,
+            optimizer=engine.optimizer,
+            optimizer_settings=engine.optimizer_settings,
+            extra={
+                "encoding": enc.to_dict(),
+                "spec_hash": spec.spec_hash,
+                "temperature": float(getattr(engine, "temperature", 1.0)),
+            },
+        )
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -45,7 +55,7 @@ def check_matches_spec(model: Any, spec: Spec, what: str) -> None:
     schema: ModelSchema = model.schema
     lay = layout(spec)
 
-    def spec_shape(n) -> list[Any]:
+    def spec_shape(n: NodeLayout) -> list[Any]:
         return [n.name, list(n.columns), n.max_length, n.reduce, [spec_shape(c) for c in n.children]]
 
     want = spec_shape(lay)
@@ -60,14 +70,14 @@ def check_matches_spec(model: Any, spec: Spec, what: str) -> None:
     saved = {k: asdict(model.config)[k] for k in size}
     if size != saved:
         raise UserError(
-            f"{what} has model size {saved} but the spec asks for {size}; "
-            "set model.* to match the checkpoint."
+            f"{what} has model size {saved} but the spec asks for {size}; set model.* to match the checkpoint."
         )
 
 
 def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
-    """The checkpoint's weights (expanded to fp32 whatever the file's format), schema and
-    encoding, plus what loading cost: file bytes, seconds, host RSS after the load."""
+    """The checkpoint's weights (expanded to fp32 whatever the file's format), schema,
+    encoding, calibration temperature and (train+predict: resume) optimizer state, plus what
+    loading cost: file bytes, seconds, host RSS after the load."""
     if not path.is_file():
         raise UserError(
             f"run.checkpoint '{path}' does not exist; pass the .ckpt file a train+predict run "
@@ -81,12 +91,55 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
     rss = psutil.Process().memory_info().rss
     check_matches_spec(ckpt.model, spec, f"run.checkpoint '{path}'")
     state = ckpt.model.state_dict()
-    return {"model": state, "schema": ckpt.model.schema,
-            "encoding": Encoding.from_dict(ckpt.extra["encoding"]),
-            "load": CheckpointLoad(
-                path=str(path), weights_format=ckpt.weights_format, bytes=path.stat().st_size,
-                load_seconds=span.seconds, host_after_load_bytes=rss,
-                model_bytes_after_load=sum(t.numel() * t.element_size() for t in state.values()),
-                model_bytes_fp32=sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
-                + sum(t.numel() * t.element_size() for t in state.values() if not t.is_floating_point()),
-                source_sha256=ckpt.source_sha256, quantized=ckpt.quantized_weights)}
+    out = {
+        "model": state,
+        "schema": ckpt.model.schema,
+        "encoding": Encoding.from_dict(ckpt.extra["encoding"]),
+        "optimizer": None,
+        # Output calibration (tasks/calibrate.py); checkpoints from before it had none.
+        "temperature": float(ckpt.extra.get("temperature", 1.0)),
+        "load": CheckpointLoad(
+            path=str(path),
+            weights_format=ckpt.weights_format,
+            bytes=path.stat().st_size,
+            load_seconds=span.seconds,
+            host_after_load_bytes=rss,
+            model_bytes_after_load=sum(t.numel() * t.element_size() for t in state.values()),
+            model_bytes_fp32=sum(
+                t.numel() * (4 if t.is_floating_point() else t.element_size()) for t in state.values()
+            ),
+            source_sha256=ckpt.source_sha256,
+            quantized=ckpt.quantized_weights,
+        ),
+    }
+    if spec.run.mode == "train+predict":
+        out["optimizer"] = _resumable_optimizer(path, ckpt, spec)
+    return out
+
+
+def _resumable_optimizer(path: Path, ckpt: Any, spec: Spec) -> dict[str, Any]:
+    """The saved optimizer state, after checking the spec keeps the saved settings."""
+    from tasks.compute import optimizer_settings  # compute imports this module's neighbours
+
+    if ckpt.optimizer_state is None or ckpt.optimizer_settings is None:
+        raise UserError(
+            f"run.checkpoint '{path}' has no optimizer state, so training cannot resume from it; "
+            "use --set run.mode=predict to only predict with it, or drop run.checkpoint."
+        )
+    want = optimizer_settings(spec).settings()
+    saved = ckpt.optimizer_settings
+    diff = {k: (saved.get(k), want.get(k)) for k in sorted(set(want) | set(saved)) if saved.get(k) != want.get(k)}
+    if diff:
+        names = {
+            "learning_rate": "run.learning_rate",
+            "weight_decay": "run.adamw.weight_decay",
+            "fused": "run.adamw.fused",
+        }
+        detail = ", ".join(f"{names.get(k, k)}: saved {a!r}, spec {b!r}" for k, (a, b) in diff.items())
+        raise UserError(
+            f"run.checkpoint '{path}' was trained with other optimizer settings ({detail}); "
+            "resume with the saved settings (set those keys to the saved values) or start a "
+            "new run without run.checkpoint."
+        )
+    state: dict[str, Any] = ckpt.optimizer_state
+    return state

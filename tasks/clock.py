@@ -32,6 +32,8 @@ class Clock:
 
     device: torch.device | str | None = None
     now: Callable[[], float] = field(default=time.perf_counter)
+    # Request scenarios wait for scheduled arrivals; tests swap in a fake that advances ``now``.
+    sleep: Callable[[float], None] = field(default=time.sleep)
 
     def read(self) -> float:
         synchronize(self.device)

@@ -30,8 +30,14 @@ def _cpu_model() -> str:
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent.parent, timeout=5).stdout.strip()
+        return subprocess.run(
+            ["git", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -48,8 +54,16 @@ def fingerprint(device: torch.device) -> dict[str, str]:
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
         try:
-            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+            driver = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
+                .stdout.strip()
+                .splitlines()[0]
+            )
         except (OSError, subprocess.SubprocessError, IndexError):
             driver = "unknown"
     hardware = {
@@ -73,6 +87,9 @@ def fingerprint(device: torch.device) -> dict[str, str]:
         "relflow.torch_threads": str(torch.get_num_threads()),
         "relflow.omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
     }
+    worker = os.environ.get("PREFECT__WORKER_NAME")  # set by a Prefect worker for its flow runs
+    if worker:
+        tags["relflow.worker"] = worker
     for pkg in ("prefect", "mlflow", "polars", "pyarrow"):
         tags[f"relflow.{pkg}_version"] = _version(pkg)
     return tags

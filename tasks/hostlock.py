@@ -9,7 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +21,7 @@ def lock_path() -> Path:
 
 
 @contextmanager
-def host_lock(on_wait=None) -> Iterator[float]:
+def host_lock(on_wait: Callable[[], None] | None = None) -> Iterator[float]:
     """Hold the host lock; yields the seconds spent waiting for it."""
     path = lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)

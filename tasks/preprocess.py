@@ -14,6 +14,7 @@ run and mode.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -52,8 +53,12 @@ def split_is_train(keys: pl.Series, validation_fraction: float) -> pl.Series:
 def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFrame, int]:
     """Order children within their parent and keep at most ``max_length`` of them."""
     if b.order_by is not None:
-        lf = lf.sort([b.parent_key, b.order_by.column], descending=[False, b.order_by.descending],
-                     nulls_last=True, maintain_order=True)
+        lf = lf.sort(
+            [b.parent_key, b.order_by.column],
+            descending=[False, b.order_by.descending],
+            nulls_last=True,
+            maintain_order=True,
+        )
     else:
         lf = lf.sort(b.parent_key, maintain_order=True)
     n = pl.len().over(b.parent_key)
@@ -79,22 +84,26 @@ def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFram
 
 def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
     root = spec.schema_.root
-    frames = {name: pl.from_arrow(t) for name, t in retrieved.tables.items()}
+    frames = {name: cast(pl.DataFrame, pl.from_arrow(t)) for name, t in retrieved.tables.items()}
     target_node = spec.task.branch or ROOT
-    kept: dict[str, pl.DataFrame] = {
-        ROOT: frames[ROOT].unique(root.key, keep="first").sort(root.key)}
+    kept: dict[str, pl.DataFrame] = {ROOT: frames[ROOT].unique(root.key, keep="first").sort(root.key)}
     dropped: dict[str, int] = {}
 
     def down(branches: list[Branch], parent: str, parent_key: str) -> None:
         parents = kept[parent].select(parent_key).lazy()
         for b in branches:
-            lf = frames[b.name].lazy().join(
-                parents.select(pl.col(parent_key).cast(frames[b.name].schema[b.parent_key])
-                               .alias(b.parent_key)),
-                on=b.parent_key, how="semi",
+            lf = (
+                frames[b.name]
+                .lazy()
+                .join(
+                    parents.select(pl.col(parent_key).cast(frames[b.name].schema[b.parent_key]).alias(b.parent_key)),
+                    on=b.parent_key,
+                    how="semi",
+                )
             )
             kept[b.name], dropped[b.name] = _apply_overflow(lf, b, spec.run.seed)
             if b.branches:
+                assert b.key is not None  # the spec requires a key on branches with branches
                 down(b.branches, b.name, b.key)
 
     down(spec.schema_.branches, ROOT, root.key)
@@ -106,18 +115,16 @@ def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
         if target_node == b.name and spec.task.target not in payload:
             payload.append(spec.task.target)
         for child in b.branches:
+            assert b.key is not None  # the spec requires a key on branches with branches
             agg = up(child).with_columns(pl.col(child.parent_key).cast(df.schema[b.key]))
-            df = df.join(agg, left_on=b.key, right_on=child.parent_key, how="left",
-                         maintain_order="left")
+            df = df.join(agg, left_on=b.key, right_on=child.parent_key, how="left", maintain_order="left")
             payload.append(child.name)
-        return df.group_by(b.parent_key, maintain_order=True).agg(
-            pl.struct(payload).alias(b.name))
+        return df.group_by(b.parent_key, maintain_order=True).agg(pl.struct(payload).alias(b.name))
 
     out = kept[ROOT]
     for b in spec.schema_.branches:
         agg = up(b).with_columns(pl.col(b.parent_key).cast(out.schema[root.key]))
-        out = out.join(agg, left_on=root.key, right_on=b.parent_key, how="left",
-                       maintain_order="left")
+        out = out.join(agg, left_on=root.key, right_on=b.parent_key, how="left", maintain_order="left")
     out = out.with_columns(split_is_train(out[root.key], spec.task.validation_fraction))
     return Preprocessed(
         table=out.to_arrow(),

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tasks import keys as K
 from tasks.checkpoint import load_run_checkpoint
 from tasks.errors import UserError
 from tasks.spec import Spec, parse_spec
@@ -40,30 +41,43 @@ def reference_spec(spec: Spec) -> Spec:
     """The run's spec for the reference pass: PyTorch eager, in-process encoding."""
     raw = spec.to_dict()
     run = dict(raw["run"])
-    run.update(backend="pytorch", compile={}, loader={}, checkpoint=None, max_quality_drop=None,
-               reference_checkpoint=None, precision="fp32")
+    run.update(
+        backend="pytorch",
+        compile={},
+        loader={},
+        checkpoint=None,
+        max_quality_drop=None,
+        reference_checkpoint=None,
+        precision="fp32",
+        profile=False,
+        distributed=None,
+    )
     return parse_spec({**raw, "run": run})
 
 
-def reference_quality(spec: Spec, ref: dict[str, Any], chunks: list[Any], prepare: Any,
-                      device: Any) -> dict[str, float]:
+def reference_quality(
+    spec: Spec, ref: dict[str, Any], chunks: list[Any], prepare: Any, device: Any
+) -> dict[str, float]:
     """Held-out quality of the reference weights over ``chunks`` (``prepare(i)`` -> Tensorized,
     untimed)."""
     from tasks.compute import Engine
 
     rspec = reference_spec(spec)
     engine = Engine(rspec, ref["schema"], device, ref["model"], encoding=ref["encoding"])
-    for i in range(len(chunks)):
-        engine.predict(prepare(i), ("prediction",))
+    try:
+        for i in range(len(chunks)):
+            engine.predict(prepare(i), ("prediction",))
+    finally:
+        engine.close()
     return engine.quality.metrics()
 
 
 def quality_delta(headline: str, run: dict[str, float], reference: dict[str, float]) -> dict[str, float]:
-    out = {f"quality.reference.{k}": v for k, v in reference.items()}
+    out = {K.quality_reference(k): v for k, v in reference.items()}
     if headline in run and headline in reference:
         delta = run[headline] - reference[headline]
-        out["quality.delta_vs_reference"] = delta
-        out["quality.drop_vs_reference"] = delta if headline == "mae" else -delta
+        out[K.QUALITY_DELTA_VS_REFERENCE] = delta
+        out[K.QUALITY_DROP_VS_REFERENCE] = delta if headline == "mae" else -delta
     return out
 
 
@@ -71,9 +85,9 @@ def drop_reasons(spec: Spec, metrics: dict[str, float]) -> list[str]:
     limit = spec.run.max_quality_drop
     if limit is None:
         return []
-    drop = metrics.get("quality.drop_vs_reference")
+    drop = metrics.get(K.QUALITY_DROP_VS_REFERENCE)
     if drop is None:
-        return ["quality.drop_vs_reference missing, run.max_quality_drop cannot be checked"]
+        return [f"{K.QUALITY_DROP_VS_REFERENCE} missing, run.max_quality_drop cannot be checked"]
     if drop > limit:
         return [f"quality drop vs reference {drop:.4f} > run.max_quality_drop {limit}"]
     return []

@@ -7,13 +7,15 @@ statistics cannot overlap the wanted keys are skipped, and every row group is fi
 it is read, so memory holds one row group plus the kept rows, not the whole table.
 
 ``bytes_read`` is exact for what was read: the compressed size of the projected column
-chunks of the row groups read (Parquet), the projected buffers (Arrow IPC), or the whole
-file (CSV, which has no projection at the storage level).
+chunks of the row groups read (Parquet), the projected buffers (Arrow IPC), the whole
+file (CSV, which has no projection at the storage level), or the Arrow bytes of the query
+result (a database, ``tasks.databases``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -22,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from tasks.databases import DB_FORMATS
 from tasks.sources import SourceTable
 from tasks.spec import Branch, Spec
 
@@ -51,7 +54,7 @@ def node_columns(spec: Spec) -> dict[str, list[str]]:
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
-def _overlaps(stats, lo, hi) -> bool:
+def _overlaps(stats: Any, lo: Any, hi: Any) -> bool:
     if stats is None or not stats.has_min_max:
         return True
     try:
@@ -63,8 +66,11 @@ def _overlaps(stats, lo, hi) -> bool:
 def _plain(table: pa.Table) -> pa.Table:
     """View types (string_view, binary_view) -> plain ones, which every kernel accepts."""
     fields = [
-        f.with_type(pa.string()) if pa.types.is_string_view(f.type)
-        else f.with_type(pa.binary()) if pa.types.is_binary_view(f.type) else f
+        f.with_type(pa.string())
+        if pa.types.is_string_view(f.type)
+        else f.with_type(pa.binary())
+        if pa.types.is_binary_view(f.type)
+        else f
         for f in table.schema
     ]
     schema = pa.schema(fields)
@@ -104,11 +110,10 @@ def _read_ipc(src: SourceTable, columns: list[str], key: str, keys: pa.Array) ->
 
 
 def _read_csv(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
-    wanted = pl.from_arrow(keys)
-    frames = [
-        pl.scan_csv(p, try_parse_dates=True).select(columns).filter(pl.col(key).is_in(wanted.implode()))
-        for p in src.files
-    ]
+    wanted = cast(pl.Series, pl.from_arrow(keys))
+    # The settings and pinned column types of the up-front check (source.csv), so every
+    # chunk reads the same types the check verified.
+    frames = [src.scan_csv(p).select(columns).filter(pl.col(key).is_in(wanted.implode())) for p in src.files]
     nbytes = sum(p.stat().st_size for p in src.files)
     return _plain(pl.concat(frames).collect().to_arrow()), nbytes
 
@@ -125,6 +130,10 @@ READERS = {"parquet": _read_parquet, "ipc": _read_ipc, "csv": _read_csv}
 
 def read_rows(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
     """Rows of ``src`` whose ``key`` is in ``keys``, projected to ``columns``."""
+    if src.format in DB_FORMATS:  # a database table (tasks.databases): SQL with bound keys
+        db_table: Any = src  # tasks.databases.DatabaseTable (duck-types SourceTable)
+        rows: tuple[pa.Table, int] = db_table.read(columns, key, keys)
+        return rows
     return READERS[src.format](src, columns, key, keys)
 
 
@@ -132,8 +141,12 @@ def list_root_keys(spec: Spec, sources: dict[str, SourceTable]) -> tuple[np.ndar
     """All root keys, sorted (contiguous chunks prune row groups of key-sorted tables)."""
     root = spec.schema_.root
     src = sources[root.table]
+    if src.format in DB_FORMATS:
+        db_table: Any = src  # tasks.databases.DatabaseTable
+        arr, nbytes = db_table.distinct(root.key)
+        return arr.to_numpy(zero_copy_only=False), nbytes
     if src.format == "csv":
-        keys = pl.concat([pl.scan_csv(p).select(root.key) for p in src.files]).collect().to_series()
+        keys = pl.concat([src.scan_csv(p).select(root.key) for p in src.files]).collect().to_series()
         nbytes = sum(p.stat().st_size for p in src.files)
         arr = keys.to_numpy()
     else:
@@ -143,8 +156,7 @@ def list_root_keys(spec: Spec, sources: dict[str, SourceTable]) -> tuple[np.ndar
             for p in src.files:
                 meta = pq.ParquetFile(p).metadata
                 idx = meta.schema.to_arrow_schema().names.index(root.key)
-                nbytes += sum(meta.row_group(i).column(idx).total_compressed_size
-                              for i in range(meta.num_row_groups))
+                nbytes += sum(meta.row_group(i).column(idx).total_compressed_size for i in range(meta.num_row_groups))
         else:
             table = pa.concat_tables(
                 ipc.open_file(pa.memory_map(str(p))).read_all().select([root.key]) for p in src.files
@@ -167,16 +179,24 @@ def retrieve(spec: Spec, sources: dict[str, SourceTable], root_keys: np.ndarray)
     def visit(branches: list[Branch], parent_keys: pa.Array) -> None:
         nonlocal total
         for b in branches:
-            table, n = read_rows(sources[b.table], cols[b.name], b.parent_key,
-                                 parent_keys.cast(_key_type(sources[b.table], b.parent_key)))
+            table, n = read_rows(
+                sources[b.table],
+                cols[b.name],
+                b.parent_key,
+                parent_keys.cast(_key_type(sources[b.table], b.parent_key)),
+            )
             tables[b.name] = table
             total += n
             if b.branches:
                 visit(b.branches, pc.unique(table[b.key]))
 
     visit(spec.schema_.branches, keys)
-    return Retrieved(tables=tables, bytes_read=total, root_rows=tables[ROOT].num_rows,
-                     rows_read={k: v.num_rows for k, v in tables.items()})
+    return Retrieved(
+        tables=tables,
+        bytes_read=total,
+        root_rows=tables[ROOT].num_rows,
+        rows_read={k: v.num_rows for k, v in tables.items()},
+    )
 
 
 def _key_type(src: SourceTable, column: str) -> pa.DataType:

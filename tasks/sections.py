@@ -34,7 +34,10 @@ class _Strict(BaseModel):
 
 class SweepSection(_Strict):
     grid: dict[str, list[Any]] = Field(
-        description="dotted spec key (as for --set; branches by name) -> values to sweep")
+        description="dotted spec key (as for --set; branches by name) -> values to sweep"
+    )
+    pool: str | None = Field(None, description="Prefect work pool: fan configurations out to its workers")
+    queue: str | None = Field(None, description="work queue of the pool (a queue per host pins the sweep)")
 
 
 class ScheduleSection(_Strict):

@@ -3,10 +3,13 @@
 ``resolve_sources`` maps every table of the spec to a file (or a folder of files) and a
 format. ``check_sources`` reads only file metadata (schemas and row counts) and fails with
 a ``UserError`` naming the table, file, column and fix before any expensive work starts.
+CSV has no metadata: its column types are inferred over the whole file and every cell is
+parsed once here, with the ``source.csv`` settings retrieve uses (``tasks/csv_source.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -16,11 +19,18 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from tasks import csv_source
 from tasks.errors import UserError
-from tasks.spec import Spec
+from tasks.spec import CsvOptions, Spec
 
-SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".arrow": "ipc", ".ipc": "ipc",
-                 ".feather": "ipc", ".csv": "csv"}
+SUFFIX_FORMAT = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".arrow": "ipc",
+    ".ipc": "ipc",
+    ".feather": "ipc",
+    ".csv": "csv",
+}
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,20 @@ class SourceTable:
     name: str
     files: tuple[Path, ...]
     format: str
+    csv: CsvOptions | None = None  # CSV reading settings (None: the defaults)
+
+    @property
+    def csv_options(self) -> CsvOptions:
+        return self.csv or CsvOptions()
+
+    @cached_property
+    def csv_schema(self) -> pl.Schema:
+        """CSV column types, inferred once and then pinned for every read of this table."""
+        return csv_source.infer_schema(self.name, self.files, self.csv_options)
+
+    def scan_csv(self, path: Path) -> pl.LazyFrame:
+        """One of this table's CSV files, read with the settings and types of the checks."""
+        return csv_source.scan(path, self.csv_options, self.csv_schema)
 
     @cached_property
     def schema(self) -> pa.Schema:
@@ -37,9 +61,9 @@ class SourceTable:
         if self.format == "ipc":
             with pa.memory_map(str(first)) as f:
                 return ipc.open_file(f).schema
-        return pl.scan_csv(first, try_parse_dates=True).collect_schema().to_arrow()
+        return self.csv_schema.to_arrow()
 
-    @property
+    @cached_property
     def num_rows(self) -> int:
         if self.format == "parquet":
             return sum(pq.ParquetFile(f).metadata.num_rows for f in self.files)
@@ -50,13 +74,7 @@ class SourceTable:
                     reader = ipc.open_file(src)
                     total += sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
             return total
-        total = 0
-        for f in self.files:
-            try:
-                total += pl.scan_csv(f).select(pl.len()).collect().item()
-            except pl.exceptions.NoDataError:  # a zero-byte file: no rows, no header
-                pass
-        return total
+        return csv_source.count_rows(self.name, self.files, self.csv_options, self.csv_schema)
 
 
 def resolve_sources(spec: Spec, base: Path) -> dict[str, SourceTable]:
@@ -80,16 +98,22 @@ def resolve_sources(spec: Spec, base: Path) -> dict[str, SourceTable]:
                 f"Table '{name}': cannot tell the format of '{files[0].name}' from its suffix; "
                 "use .parquet, .arrow/.ipc/.feather or .csv, or set source.format."
             )
-        out[name] = SourceTable(name, files, fmt)
+        out[name] = SourceTable(name, files, fmt, spec.source.csv if fmt == "csv" else None)
     return out
 
 
 def _kind_fits(kind: str, dtype: pa.DataType) -> bool:
     if kind == "numeric":
-        return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype)
+        return bool(pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype))
     if kind == "timestamp":
-        return pa.types.is_date(dtype) or pa.types.is_timestamp(dtype)
+        return bool(pa.types.is_date(dtype) or pa.types.is_timestamp(dtype))
+    if kind == "text":
+        return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype))
     return not (pa.types.is_nested(dtype) or pa.types.is_floating(dtype))
+
+
+def _is_text(dtype: pa.DataType) -> bool:
+    return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype))
 
 
 def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
@@ -107,21 +131,30 @@ def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
     def need(table: str, column: str, role: str) -> pa.DataType:
         schema = schemas[table]
         if column not in schema.names:
+            src = sources[table]
+            hint = csv_source.separator_hint(schema.names, src.csv_options) if src.format == "csv" else ""
             raise UserError(
                 f"Column '{column}' ({role}) is not in table '{table}' "
-                f"({sources[table].files[0]}). Its columns are: {', '.join(schema.names)}. "
-                "Fix the spec to use one of them."
+                f"({src.files[0]}). Its columns are: {', '.join(schema.names)}. "
+                f"Fix the spec to use one of them.{hint}"
             )
         return schema.field(column).type
 
-    def columns(table: str, cols: dict[str, str], where: str) -> None:
+    def columns(table: str, cols: Mapping[str, str], where: str) -> None:
         for col, kind in cols.items():
             dtype = need(table, col, f"{where}.columns.{col}")
             if not _kind_fits(kind, dtype):
+                src = sources[table]
+                hint = ""
+                if src.format == "csv" and kind != "category" and _is_text(dtype):
+                    hint = csv_source.misfit_hint(table, src.files, src.csv_options, src.csv_schema, col, kind, where)
                 raise UserError(
-                    f"Column '{col}' of table '{table}' has type {dtype}, which cannot be read as "
-                    f"'{kind}' ({where}.columns.{col}). Use numeric for ints/floats/decimals, "
-                    "timestamp for dates/datetimes, category for strings/ints."
+                    f"Column '{col}' of table '{table}' ({src.files[0]}) has type "
+                    f"{'string' if _is_text(dtype) else dtype}, which "
+                    f"cannot be read as '{kind}' ({where}.columns.{col}). Use numeric for "
+                    "ints/floats/decimals, timestamp for dates/datetimes, category for "
+                    "strings/ints, text for strings (free text, encoded by run.text.encoder)."
+                    f"{hint}"
                 )
 
     root = spec.schema_.root
@@ -136,8 +169,7 @@ def check_sources(spec: Spec, sources: dict[str, SourceTable]) -> None:
             need(branch.table, branch.order_by.column, f"{where} order_by.column")
         columns(branch.table, branch.columns, where)
     task = spec.task
-    target_table = root.table if task.branch is None else {
-        b.name: b for b, _ in spec.schema_.walk()}[task.branch].table
+    target_table = root.table if task.branch is None else {b.name: b for b, _ in spec.schema_.walk()}[task.branch].table
     dtype = need(target_table, task.target, "task.target")
     if task.kind == "regression" and not _kind_fits("numeric", dtype):
         raise UserError(

@@ -1,21 +1,78 @@
-"""Statistics over repeat samples: median and a bootstrap 95% confidence interval."""
+"""Statistics over repeat samples: the median and a distribution-free interval for it.
+
+The interval is the order-statistic (sign-test) interval ``[x_(k), x_(n-k+1)]``: for any
+continuous distribution it covers the true median with probability exactly
+``1 - 2 * P(Binomial(n, 1/2) <= k - 1)``, whatever the shape of the timing noise. ``k`` is
+the largest index whose coverage still reaches the requested level, so the interval is
+conservative and its exact level is reported with it. Below ``MIN_CI_SAMPLES`` (6 for 95%)
+no order statistics reach the level: there is no 95% interval, and none is claimed. (A
+percentile bootstrap of the median with 2-3 samples is just [min, max] and covers the true
+median about 75% of the time; it is not used.)
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
+CI_LEVEL = 0.95
+CI_METHOD = "order-statistic interval for the median (distribution-free)"
 
-def median_ci(samples: list[float], level: float = 0.95, resamples: int = 2000,
-              seed: int = 0) -> tuple[float, float, float]:
-    """(median, ci_low, ci_high) of the median, by percentile bootstrap.
 
-    With one sample the interval collapses to it: there is no spread to estimate.
-    """
-    x = np.asarray(samples, dtype=float)
+def order_statistic_coverage(n: int, k: int) -> float:
+    """Exact coverage of ``[x_(k), x_(n-k+1)]`` (1-based) for the median of a continuous law."""
+    if k < 1 or 2 * k > n + 1:
+        return 0.0
+    tail: float = sum(math.comb(n, i) for i in range(k)) / 2**n
+    return 1.0 - 2.0 * tail
+
+
+def order_statistic_k(n: int, level: float = CI_LEVEL) -> int | None:
+    """Largest ``k`` whose interval reaches ``level``; ``None`` when even [min, max] does not."""
+    best = None
+    for k in range(1, (n + 1) // 2 + 1):
+        if order_statistic_coverage(n, k) >= level:
+            best = k
+        else:
+            break
+    return best
+
+
+def min_samples(level: float = CI_LEVEL) -> int:
+    """Smallest n with an order-statistic interval at ``level`` (6 for 95%)."""
+    n = 1
+    while order_statistic_k(n, level) is None:
+        n += 1
+    return n
+
+
+MIN_CI_SAMPLES = min_samples(CI_LEVEL)
+
+
+@dataclass(frozen=True)
+class MedianInterval:
+    median: float
+    n: int
+    low: float | None = None  # None: too few samples for an interval at the level
+    high: float | None = None
+    level: float | None = None  # exact coverage of [low, high] (>= the requested level)
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None
+
+
+def median_interval(samples: list[float] | np.ndarray, level: float = CI_LEVEL) -> MedianInterval:
+    """The median and, when ``len(samples) >= MIN_CI_SAMPLES``, its order-statistic interval."""
+    x = np.sort(np.asarray(samples, dtype=float))
+    if x.size == 0:
+        raise ValueError("median_interval needs at least one sample")
     med = float(np.median(x))
-    if x.size < 2:
-        return med, med, med
-    rng = np.random.default_rng(seed)
-    boot = np.median(rng.choice(x, size=(resamples, x.size), replace=True), axis=1)
-    lo, hi = np.quantile(boot, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return med, float(min(lo, med)), float(max(hi, med))
+    k = order_statistic_k(int(x.size), level)
+    if k is None:
+        return MedianInterval(med, int(x.size))
+    return MedianInterval(
+        med, int(x.size), float(x[k - 1]), float(x[x.size - k]), order_statistic_coverage(int(x.size), k)
+    )

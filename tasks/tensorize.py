@@ -7,6 +7,7 @@ split when no checkpoint provides one, and counting present vs reserved coordina
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,9 +21,11 @@ from model.arrow import (
     coordinate_counts,
     encode,
     fit_encoding,
+    flatten,
     model_schema,
 )
 from model.batch import Batch
+from model.bucketing import RootShapes, arrow_root_shapes, root_shapes
 from model.schema import ModelSchema, TargetDef
 from tasks.preprocess import TRAIN, Preprocessed
 from tasks.retrieve import ROOT
@@ -41,24 +44,25 @@ class Tensorized:
     coords_reserved: int
     root_rows: int
     table: pa.Table | None = None  # loader mode: nested Arrow rows, encoded by the workers
+    shapes: RootShapes | None = None  # run.bucketing by_length: context size per root row
 
 
 def layout(spec: Spec) -> NodeLayout:
     """The spec's schema tree as the model's Arrow layout (target column included)."""
 
-    def columns(node: str, cols: dict[str, str]) -> dict[str, str]:
+    def columns(node: str, cols: Mapping[str, str]) -> dict[str, str]:
         out = dict(cols)
         if (spec.task.branch or ROOT) == node:
             out[spec.task.target] = "numeric"  # masked target cell; kind is irrelevant
         return out
 
     def branch(b: Branch) -> NodeLayout:
-        return NodeLayout(b.name, columns(b.name, b.columns), b.max_length, b.reduce,
-                          tuple(branch(c) for c in b.branches))
+        return NodeLayout(
+            b.name, columns(b.name, b.columns), b.max_length, b.reduce, tuple(branch(c) for c in b.branches)
+        )
 
     root = spec.schema_.root
-    return NodeLayout(ROOT, columns(ROOT, root.columns), 1, "mean",
-                      tuple(branch(b) for b in spec.schema_.branches))
+    return NodeLayout(ROOT, columns(ROOT, root.columns), 1, "mean", tuple(branch(b) for b in spec.schema_.branches))
 
 
 def target(spec: Spec) -> TargetDef:
@@ -82,6 +86,20 @@ def tensorize(spec: Spec, pre: Preprocessed, enc: Encoding, schema: ModelSchema)
         batch = encode(pre.table, schema, layout(spec), enc)
         present, reserved = coordinate_counts(batch, schema)
     is_train = torch.from_numpy(np.asarray(pre.table[TRAIN].to_numpy(zero_copy_only=False), dtype=bool))
-    return Tensorized(batch=batch, keys=pre.table[spec.schema_.root.key].combine_chunks(),
-                      is_train=is_train, coords_present=present, coords_reserved=reserved,
-                      root_rows=pre.root_rows, table=pre.table if batch is None else None)
+    shapes = None
+    if spec.run.bucketing == "by_length":  # per-root sizes the compute stage groups batches by
+        shapes = (
+            root_shapes(batch, schema)
+            if batch is not None
+            else arrow_root_shapes(flatten(pre.table, layout(spec)), schema, pre.table.num_rows)
+        )
+    return Tensorized(
+        batch=batch,
+        keys=pre.table[spec.schema_.root.key].combine_chunks(),
+        is_train=is_train,
+        coords_present=present,
+        coords_reserved=reserved,
+        root_rows=pre.root_rows,
+        table=pre.table if batch is None else None,
+        shapes=shapes,
+    )

@@ -27,8 +27,7 @@ def _leaf_array(values: np.ndarray) -> pa.Array:
     if values.ndim == 1:
         return pa.array(values)
     width = values.shape[1]  # the outer list; deeper dims nest inside it
-    inner = _leaf_array(values.reshape(-1, *values.shape[2:])) if values.ndim > 2 else pa.array(
-        values.reshape(-1))
+    inner = _leaf_array(values.reshape(-1, *values.shape[2:])) if values.ndim > 2 else pa.array(values.reshape(-1))
     return pa.FixedSizeListArray.from_arrays(inner, width)
 
 
@@ -54,8 +53,7 @@ def _present(values: torch.Tensor, masks: list[np.ndarray]) -> np.ndarray:
     return v[masks[-1]] if masks else v
 
 
-def to_table(spec: Spec, schema: ModelSchema, enc: Encoding, keys: pa.Array,
-             out: PredictOutputs) -> pa.Table:
+def to_table(spec: Spec, schema: ModelSchema, enc: Encoding, keys: pa.Array, out: PredictOutputs) -> pa.Table:
     cols: dict[str, pa.Array] = {spec.schema_.root.key: keys}
 
     def masks(node: str) -> list[np.ndarray]:

@@ -3,8 +3,9 @@
 The environment is fixed here, at import time, because Prefect reads its settings when it is
 first imported: a throwaway ``PREFECT_HOME``, no analytics, a generous start-up timeout for
 the temporary server on a busy 2-core machine, quiet logs, no MLflow telemetry, and a
-private ``RELFLOW_DATA_DIR`` so no test reads or writes ``./data``, and a private host lock
-file so tests neither wait for nor block a real benchmark on this machine.
+private ``RELFLOW_DATA_DIR`` so no test reads or writes ``./data``, a private host lock
+file so tests neither wait for nor block a real benchmark on this machine, and this checkout
+first on ``PYTHONPATH`` for every subprocess a test starts.
 
 Fixtures:
 - ``prefect_harness``: one ``prefect_test_harness()`` per session (~13 s), requested only by
@@ -39,6 +40,12 @@ os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["RELFLOW_DATA_DIR"] = str(_SESSION_DIR / "data")
 # The host lock serialises real benchmarks; tests must not queue behind one (or block it).
 os.environ["RELFLOW_LOCK_FILE"] = str(_SESSION_DIR / "host.lock")
+# The peak-FLOPs cache (MFU) is per host; tests keep theirs private.
+os.environ["RELFLOW_CACHE_DIR"] = str(_SESSION_DIR / "cache")
+# Subprocesses the tests start (`python -m flows.cli`, workers, torchrun) import this checkout,
+# whatever checkout the editable install happens to point at.
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
 # A tracking URI inherited from the shell must never receive test runs.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
@@ -103,36 +110,55 @@ def _ts(s: str | None) -> dt.datetime | None:
 
 
 def make_shop_tables() -> dict[str, pa.Table]:
-    customers = pa.table({
-        "c_id": pa.array([1, 2, 3, 4, 5], pa.int64()),
-        "c_balance": pa.array([10.0, None, 30.0, 40.0, 50.0], pa.float64()),
-        "c_segment": pa.array(["a", "b", None, "a", "c"], pa.string()),
-        "c_since": pa.array([_date(d) for d in
-                             ("2020-01-01", "2021-06-01", None, "2019-03-03", "2022-12-31")],
-                            pa.date32()),
-        "churn": pa.array(["yes", "no", "no", "yes", "no"], pa.string()),
-    })
-    orders = pa.table({
-        "o_id": pa.array([10, 11, 12, 20, 40, 41, 50, 99], pa.int64()),
-        "o_cust": pa.array([1, 1, 1, 2, 4, 4, 5, 99], pa.int64()),
-        "o_date": pa.array([_ts(t) for t in (
-            "2024-01-01 10:00:00", "2024-02-01 10:00:00", "2024-03-01 10:00:00", None,
-            "2024-01-15 08:00:00", "2024-01-10 08:00:00", "2024-05-05 12:00:00",
-            "2024-01-01 00:00:00")], pa.timestamp("us")),
-        "o_total": pa.array([Decimal(x) if x is not None else None for x in (
-            "100.50", "200.00", None, "50.25", "10.00", "20.00", "5.00", "1.00")],
-            pa.decimal128(10, 2)),
-        "o_status": pa.array(["open", "done", "open", None, "done", "open", "new", "open"],
-                             pa.string()),
-    })
-    lines = pa.table({
-        "l_order": pa.array([10, 10, 10, 10, 11, 12, 12, 20, 41, 41, 99], pa.int64()),
-        "l_no": pa.array([1, 2, 3, 4, 1, 1, 2, 1, 2, 1, 1], pa.int64()),
-        "l_qty": pa.array([1.0, 2.0, None, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0],
-                          pa.float64()),
-        "l_flag": pa.array(["A", "B", "A", None, "B", "A", "A", "B", "A", "B", "A"],
-                           pa.string()),
-    })
+    customers = pa.table(
+        {
+            "c_id": pa.array([1, 2, 3, 4, 5], pa.int64()),
+            "c_balance": pa.array([10.0, None, 30.0, 40.0, 50.0], pa.float64()),
+            "c_segment": pa.array(["a", "b", None, "a", "c"], pa.string()),
+            "c_since": pa.array(
+                [_date(d) for d in ("2020-01-01", "2021-06-01", None, "2019-03-03", "2022-12-31")], pa.date32()
+            ),
+            "churn": pa.array(["yes", "no", "no", "yes", "no"], pa.string()),
+        }
+    )
+    orders = pa.table(
+        {
+            "o_id": pa.array([10, 11, 12, 20, 40, 41, 50, 99], pa.int64()),
+            "o_cust": pa.array([1, 1, 1, 2, 4, 4, 5, 99], pa.int64()),
+            "o_date": pa.array(
+                [
+                    _ts(t)
+                    for t in (
+                        "2024-01-01 10:00:00",
+                        "2024-02-01 10:00:00",
+                        "2024-03-01 10:00:00",
+                        None,
+                        "2024-01-15 08:00:00",
+                        "2024-01-10 08:00:00",
+                        "2024-05-05 12:00:00",
+                        "2024-01-01 00:00:00",
+                    )
+                ],
+                pa.timestamp("us"),
+            ),
+            "o_total": pa.array(
+                [
+                    Decimal(x) if x is not None else None
+                    for x in ("100.50", "200.00", None, "50.25", "10.00", "20.00", "5.00", "1.00")
+                ],
+                pa.decimal128(10, 2),
+            ),
+            "o_status": pa.array(["open", "done", "open", None, "done", "open", "new", "open"], pa.string()),
+        }
+    )
+    lines = pa.table(
+        {
+            "l_order": pa.array([10, 10, 10, 10, 11, 12, 12, 20, 41, 41, 99], pa.int64()),
+            "l_no": pa.array([1, 2, 3, 4, 1, 1, 2, 1, 2, 1, 1], pa.int64()),
+            "l_qty": pa.array([1.0, 2.0, None, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0], pa.float64()),
+            "l_flag": pa.array(["A", "B", "A", None, "B", "A", "A", "B", "A", "B", "A"], pa.string()),
+        }
+    )
     return {"customers": customers, "orders": orders, "lines": lines}
 
 
@@ -145,29 +171,31 @@ def make_shop_spec(fmt: str = "parquet") -> dict[str, Any]:
             "root": {
                 "table": "customers",
                 "key": "c_id",
-                "columns": {"c_balance": "numeric", "c_segment": "category",
-                            "c_since": "timestamp"},
+                "columns": {"c_balance": "numeric", "c_segment": "category", "c_since": "timestamp"},
             },
-            "branches": [{
-                "name": "orders",
-                "table": "orders",
-                "parent_key": "o_cust",
-                "key": "o_id",
-                "order_by": {"column": "o_date"},
-                "max_length": 2,
-                "overflow": "keep_first",
-                "columns": {"o_date": "timestamp", "o_total": "numeric",
-                            "o_status": "category"},
-                "branches": [{
-                    "name": "lines",
-                    "table": "lines",
-                    "parent_key": "l_order",
-                    "order_by": {"column": "l_no"},
-                    "max_length": 3,
+            "branches": [
+                {
+                    "name": "orders",
+                    "table": "orders",
+                    "parent_key": "o_cust",
+                    "key": "o_id",
+                    "order_by": {"column": "o_date"},
+                    "max_length": 2,
                     "overflow": "keep_first",
-                    "columns": {"l_qty": "numeric", "l_flag": "category"},
-                }],
-            }],
+                    "columns": {"o_date": "timestamp", "o_total": "numeric", "o_status": "category"},
+                    "branches": [
+                        {
+                            "name": "lines",
+                            "table": "lines",
+                            "parent_key": "l_order",
+                            "order_by": {"column": "l_no"},
+                            "max_length": 3,
+                            "overflow": "keep_first",
+                            "columns": {"l_qty": "numeric", "l_flag": "category"},
+                        }
+                    ],
+                }
+            ],
         },
         "task": {"target": "churn", "kind": "category"},
         "model": {"d_model": 8, "layers": 1, "heads": 2},
@@ -210,8 +238,7 @@ def shop_spec() -> dict[str, Any]:
 def write_tables(tmp_path: Path):
     """``write_tables(tables, fmt="parquet", folder=tmp_path) -> folder``."""
 
-    def write(tables: dict[str, pa.Table], fmt: str = "parquet",
-              folder: Path | None = None) -> Path:
+    def write(tables: dict[str, pa.Table], fmt: str = "parquet", folder: Path | None = None) -> Path:
         folder = folder or tmp_path
         suffix = {"parquet": ".parquet", "ipc": ".arrow", "csv": ".csv"}[fmt]
         for name, table in tables.items():
@@ -246,3 +273,87 @@ def prepare_chunk():
         return spec, enc, schema, tensorize(spec, pre, enc, schema)
 
     return prepare
+
+
+# --- a headless browser (Playwright driving Debian's chromium) --------------------------
+
+CHROMIUM = os.environ.get("RELFLOW_CHROMIUM", "/usr/bin/chromium")
+# Playwright's own browser download is not reachable here: it drives the system chromium.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Path of the system chromium. Absent: a skip naming the set-up step, except in CI
+    (``CI`` set, as ``.ci/run`` does), where it is an error: CI must run the browser tests."""
+    if not Path(CHROMIUM).exists():
+        message = (
+            f"{CHROMIUM} is absent: install Debian's chromium (`apt-get install -y chromium`, "
+            "what .ci/run does as root) or point RELFLOW_CHROMIUM at a Chromium binary"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def browser(chromium):
+    """One headless Chromium for the session (Playwright's sync API)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page whose console errors and uncaught exceptions are collected in ``page.errors``."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    p = context.new_page()
+    p.errors = []
+    p.on("console", lambda m: p.errors.append(m.text) if m.type in ("error", "assert") else None)
+    p.on("pageerror", lambda e: p.errors.append(str(e)))
+    yield p
+    context.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL on 127.0.0.1 for the session (tests/pg_server.py); PGPASSWORD is set
+    for its user. Skipped with the reason when no server is installed, except under CI."""
+    import pg_server
+
+    bin_dir = pg_server.pg_binaries()
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL binaries are missing under CI: apt-get install -y postgresql")
+        pytest.skip(
+            "PostgreSQL server binaries not installed (Debian: apt-get install -y "
+            "postgresql); the PostgreSQL tests need a real server"
+        )
+    server = pg_server.start(bin_dir)
+    old = os.environ.get("PGPASSWORD")
+    os.environ["PGPASSWORD"] = pg_server.PASSWORD
+    try:
+        yield server
+    finally:
+        from tasks.databases import close_all
+
+        close_all()
+        server.stop()
+        if old is None:
+            os.environ.pop("PGPASSWORD", None)
+        else:
+            os.environ["PGPASSWORD"] = old

@@ -14,7 +14,6 @@ it times PyTorch (first call, warm-up, steady batches, exact rows).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -24,7 +23,8 @@ from model.batch import Batch
 
 class Backend(Protocol):
     name: str
-    encoder_path: Callable[[], str]
+
+    def encoder_path(self) -> str: ...
 
     def step(self, batch: Batch, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]: ...
 

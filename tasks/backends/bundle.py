@@ -2,7 +2,8 @@
 
     <out>/<spec name>-<content hash>/
         model.onnx       the padded forward, dynamic batch and per-branch length axes
-        config.json      model config, model schema, fitted encoding, outputs, signature
+        config.json      model config, model schema, fitted encoding, calibration
+                         temperature, outputs, signature
         spec.yaml        the validated spec
         manifest.json    content hash, spec hash, checkpoint sha256 and weight format,
                          opset, torch / onnx / onnxscript versions, export seconds, bytes
@@ -54,7 +55,7 @@ class Bundle:
 
     @property
     def content_hash(self) -> str:
-        return self.manifest["bundle_hash"]
+        return str(self.manifest["bundle_hash"])
 
     @property
     def model_file(self) -> Path:
@@ -79,8 +80,9 @@ def _opset(path: Path) -> int:
     return next(int(o.version) for o in m.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def export_bundle(checkpoint: Path, spec: Spec, outputs: tuple[str, ...], out_dir: Path,
-                  clock: Clock | None = None) -> Bundle:
+def export_bundle(
+    checkpoint: Path, spec: Spec, outputs: tuple[str, ...], out_dir: Path, clock: Clock | None = None
+) -> Bundle:
     """Export ``checkpoint`` (any weight format; expanded to fp32) to a bundle in ``out_dir``."""
     from model.export import export_onnx
 
@@ -103,6 +105,8 @@ def export_bundle(checkpoint: Path, spec: Spec, outputs: tuple[str, ...], out_di
             "model_config": ckpt.model.config.to_dict(),
             "schema": schema_to_dict(ckpt.model.schema),
             "encoding": ckpt.extra.get("encoding"),
+            # Output calibration fitted with the checkpoint (tasks/calibrate.py; 1.0 = none).
+            "temperature": float(ckpt.extra.get("temperature", 1.0)),
             "outputs": list(sig.outputs),
             "signature": sig.to_dict(),
         }

@@ -17,20 +17,24 @@ from pathlib import Path
 import torch
 
 from model.batch import Batch
-from model.export import FIELDS, output_name
+from model.export import output_name
 from tasks.backends.bundle import DYNAMIC_INT8_FILE, Bundle
 from tasks.clock import Clock
 from tasks.errors import UserError
 from tasks.spec import OnnxRuntime
 
-LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-          "all": "ORT_ENABLE_ALL"}
+LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
 def version() -> str:
     import onnxruntime
 
-    return onnxruntime.__version__
+    return str(onnxruntime.__version__)
 
 
 def check_providers(settings: OnnxRuntime) -> None:
@@ -70,11 +74,13 @@ class OnnxRuntimeBackend:
         opts = onnxruntime.SessionOptions()
         opts.intra_op_num_threads = settings.intra_op_threads
         opts.inter_op_num_threads = settings.inter_op_threads
-        opts.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel,
-                                                LEVELS[settings.graph_optimization_level])
+        opts.graph_optimization_level = getattr(
+            onnxruntime.GraphOptimizationLevel, LEVELS[settings.graph_optimization_level]
+        )
         self.bundle, self.model_file, self.settings = bundle, model_file, settings
-        self.session = onnxruntime.InferenceSession(str(model_file), sess_options=opts,
-                                                    providers=list(settings.providers))
+        self.session = onnxruntime.InferenceSession(
+            str(model_file), sess_options=opts, providers=list(settings.providers)
+        )
         sig = bundle.config["signature"]
         self.nodes = sig["nodes"]
         self.outputs = tuple(sig["outputs"])
@@ -86,14 +92,14 @@ class OnnxRuntimeBackend:
     def step(self, batch: Batch, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
         missing = [o for o in outputs if o not in self.outputs]
         if missing:
-            raise UserError(f"export bundle '{self.bundle.path}' has outputs {list(self.outputs)}, "
-                            f"not {missing}; export again with the spec's task.outputs.")
+            raise UserError(
+                f"export bundle '{self.bundle.path}' has outputs {list(self.outputs)}, "
+                f"not {missing}; export again with the spec's task.outputs."
+            )
         feeds = {}
-        for node in self.nodes:
-            t = batch.nodes[node]
-            for f in FIELDS:
-                feeds[f"{node}.{f}"] = getattr(t, f).detach().cpu().numpy()
-        feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+        for name in self.input_names:  # "<node>.<field>", the exported signature's inputs
+            node, f = name.rsplit(".", 1)
+            feeds[name] = getattr(batch.nodes[node], f).detach().cpu().numpy()
         names = [output_name(o) for o in outputs]
         values = self.session.run(names, feeds)
         return {o: torch.from_numpy(v) for o, v in zip(outputs, values, strict=True)}
@@ -108,7 +114,8 @@ class OnnxRuntimeBackend:
             "relflow.bundle_path": str(self.bundle.path),
             "relflow.onnx_model_file": self.model_file.name,
             "relflow.onnxruntime.quantization": self.settings.quantization or "none",
-            "relflow.weights_format": ("dynamic_int8" if self.settings.quantization
-                                       else m.get("checkpoint_weights_format", "fp32")),
+            "relflow.weights_format": (
+                "dynamic_int8" if self.settings.quantization else m.get("checkpoint_weights_format", "fp32")
+            ),
             "relflow.opset": str(m["opset"]),
         }

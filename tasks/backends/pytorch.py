@@ -18,20 +18,37 @@ import torch
 
 from model import RelationalTransformer
 from model.batch import Batch
-from model.regions import INDUCTOR_DEFAULTS
+from model.regions import CompileSettings
 
 
-def whole_model(model: RelationalTransformer, backend: str) -> Callable[..., Any]:
-    options = dict(INDUCTOR_DEFAULTS) if backend == "inductor" else None
-    return torch.compile(model, dynamic=True, backend=backend, options=options)
+def whole_model(
+    model: RelationalTransformer, backend: str, options: dict[str, Any] | None = None, mode: str | None = None
+) -> Callable[..., Any]:
+    """``torch.compile(model, dynamic=True)`` with the regions' Inductor defaults, mode and
+    options (``run.compile.backend|mode|options`` apply to the whole model too)."""
+    settings = CompileSettings(encoders=False, pools=False, backend=backend, dynamic=True, options=options, mode=mode)
+    compile_fn: Any = torch.compile  # options are Inductor config values of any type
+    compiled: Callable[..., Any] = compile_fn(
+        model,
+        dynamic=True,
+        backend=backend,
+        options=settings.resolved_options(),
+        **({"mode": mode} if mode and backend != "inductor" else {}),
+    )
+    return compiled
 
 
 class PyTorchBackend:
     name = "pytorch"
 
-    def __init__(self, model: RelationalTransformer, forward: Callable[..., Any],
-                 autocast: Callable[[], AbstractContextManager[Any]], weights_format: str = "fp32",
-                 weights_native: bool = True) -> None:
+    def __init__(
+        self,
+        model: RelationalTransformer,
+        forward: Callable[..., Any],
+        autocast: Callable[[], AbstractContextManager[Any]],
+        weights_format: str = "fp32",
+        weights_native: bool = True,
+    ) -> None:
         self.model, self.forward, self.autocast = model, forward, autocast
         self.weights_format, self.weights_native = weights_format, weights_native
 
@@ -40,8 +57,12 @@ class PyTorchBackend:
 
     def step(self, batch: Batch, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
         with self.autocast():
-            return self.forward(batch, outputs=outputs)
+            out: dict[str, torch.Tensor] = self.forward(batch, outputs=outputs)
+        return out
 
     def tags(self) -> dict[str, str]:
-        return {"relflow.backend": self.name, "relflow.weights_format": self.weights_format,
-                "relflow.weights_native": str(self.weights_native).lower()}
+        return {
+            "relflow.backend": self.name,
+            "relflow.weights_format": self.weights_format,
+            "relflow.weights_native": str(self.weights_native).lower(),
+        }

@@ -55,23 +55,35 @@ def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[Backen
         return BackendPlan(), checkpoint
     bundle = read_bundle(Path(r.onnxruntime.model))
     where = f"run.onnxruntime.model '{bundle.path}'"
-    check_matches_spec(SimpleNamespace(schema=bundle.schema, config=ModelConfig(**bundle.config["model_config"])),
-                       spec, where)
+    check_matches_spec(
+        SimpleNamespace(schema=bundle.schema, config=ModelConfig(**bundle.config["model_config"])), spec, where
+    )
     missing = [o for o in needed_outputs(spec) if o not in bundle.outputs]
     if missing:
-        raise UserError(f"{where} was exported with outputs {list(bundle.outputs)}, the spec needs {missing}; "
-                        "export again with this spec's task.outputs.")
+        raise UserError(
+            f"{where} was exported with outputs {list(bundle.outputs)}, the spec needs {missing}; "
+            "export again with this spec's task.outputs."
+        )
     if r.checkpoint and file_sha256(r.checkpoint) != bundle.manifest["checkpoint_sha256"]:
-        raise UserError(f"{where} was exported from another checkpoint than run.checkpoint "
-                        f"'{r.checkpoint}'; drop one of the two or export that checkpoint.")
+        raise UserError(
+            f"{where} was exported from another checkpoint than run.checkpoint "
+            f"'{r.checkpoint}'; drop one of the two or export that checkpoint."
+        )
     if checkpoint is None:
-        checkpoint = {"model": None, "schema": bundle.schema,
-                      "encoding": Encoding.from_dict(bundle.config["encoding"]), "load": None}
+        checkpoint = {
+            "model": None,  # ONNX Runtime serves the bundle; the engine's own model stays unused
+            "schema": bundle.schema,
+            "encoding": Encoding.from_dict(bundle.config["encoding"]),
+            "optimizer": None,
+            "temperature": float(bundle.config.get("temperature", 1.0)),
+            "load": None,
+        }
     return BackendPlan(bundle), checkpoint
 
 
-def start_backend(spec: Spec, engine: Any, plan: BackendPlan, checkpoint_path: Path | None,
-                  load: CheckpointLoad | None, clock: Clock) -> tuple[BackendSetup, dict[str, str]]:
+def start_backend(
+    spec: Spec, engine: Any, plan: BackendPlan, checkpoint_path: Path | None, load: CheckpointLoad | None, clock: Clock
+) -> tuple[BackendSetup, dict[str, str]]:
     """Swap the engine's backend for the run's choice; returns its set-up costs and tags."""
     from tasks.backends.pytorch import PyTorchBackend
 
@@ -80,7 +92,7 @@ def start_backend(spec: Spec, engine: Any, plan: BackendPlan, checkpoint_path: P
     if r.backend == "pytorch":
         fmt = load.weights_format if load else "fp32"
         native = fmt != "fp8"
-        if fmt == "fp8" and fp8_native_supported(engine.device):
+        if load is not None and load.quantized is not None and fmt == "fp8" and fp8_native_supported(engine.device):
             from model.quantize import use_native_fp8
 
             with clock.measure() as span:
@@ -95,8 +107,9 @@ def start_backend(spec: Spec, engine: Any, plan: BackendPlan, checkpoint_path: P
     if bundle is None:
         assert checkpoint_path is not None
         with clock.measure() as span:
-            bundle = export_bundle(checkpoint_path, spec, needed_outputs(spec),
-                                   Path(r.output_dir).resolve() / "bundles", clock)
+            bundle = export_bundle(
+                checkpoint_path, spec, needed_outputs(spec), Path(r.output_dir).resolve() / "bundles", clock
+            )
         setup.export_seconds = span.seconds
         setup.export_bytes = bundle.model_file.stat().st_size
     model_file = bundle.model_file

@@ -61,12 +61,21 @@ def test_bad_arguments():
 
 
 def _run(i: int, value: float) -> RunRecord:
-    return RunRecord(f"run{i:02d}", f"r{i}", "exp", "FINISHED", 1_700_000_000_000 + i * 60_000, None,
-                     {"e2e.rows_per_s": value}, {}, {"relflow.git_sha": "a" if i < 6 else "b"})
+    return RunRecord(
+        f"run{i:02d}",
+        f"r{i}",
+        "exp",
+        "FINISHED",
+        1_700_000_000_000 + i * 60_000,
+        None,
+        {"e2e.predict.rows_per_s": value},
+        {},
+        {"relflow.git_sha": "a" if i < 6 else "b"},
+    )
 
 
 def test_history_labels_a_drop_a_regression_with_the_runs_around_it():
     runs = [_run(i, v) for i, v in enumerate([100, 101, 99, 100, 102, 100, 80, 81, 79, 80])]
-    (step,) = history(runs, "e2e.rows_per_s")
+    (step,) = history(runs, "e2e.predict.rows_per_s")
     assert step.kind == "regression"
     assert (step.before_run.run_id, step.after_run.run_id) == ("run05", "run06")

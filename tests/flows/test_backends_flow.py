@@ -6,12 +6,15 @@ its fp16 reference."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from model.checkpoint import quantize_checkpoint
+from model.checkpoint import file_sha256, quantize_checkpoint
+from tasks.keys import STAGES, documented
 from tasks.spec import parse_spec
 
 
@@ -23,8 +26,13 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop_files, tmp_
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     raw = copy.deepcopy(shop_spec)
-    raw["run"].update(backend="onnxruntime", system_metrics_interval_s=0, min_steady_batches=0,
-                      min_steady_seconds=0, onnxruntime={"intra_op_threads": 1})
+    raw["run"].update(
+        backend="onnxruntime",
+        system_metrics_interval_s=0,
+        min_steady_batches=0,
+        min_steady_seconds=0,
+        onnxruntime={"intra_op_threads": 1},
+    )
     s = parse_spec(raw)
     summary = benchmark(spec=s.to_dict(), spec_dir=str(shop_files))
     run = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
@@ -35,22 +43,32 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop_files, tmp_
     assert tags["relflow.onnxruntime_version"] == __import__("onnxruntime").__version__
     assert len(tags["relflow.bundle_hash"]) == 64
     assert tags["relflow.encoder_path"] == "padded"
-    # export happened outside the five stages: logged on its own, e2e is still their sum
+    # export happened outside the predict stages: logged on its own, e2e is still their sum
     assert m["export.seconds"] > 0 and m["export.bytes"] > 0 and m["backend.load_seconds"] > 0
-    stages = sum(m[f"stage.{st}.seconds"] for st in ("retrieve", "preprocess", "tensorize", "compute", "write"))
-    assert m["e2e.seconds"] == pytest.approx(stages, rel=1e-6)
+    stages = sum(m[f"stage.{st}.predict.seconds"] for st in STAGES)
+    assert m["e2e.predict.seconds"] == pytest.approx(stages, rel=1e-6)
+    assert m["harness.orchestration_seconds"] < m["export.seconds"]  # the export is not orchestration
     assert m["data.rows_predicted"] == 5 and m["compute.first_call_seconds"] > 0
     assert 0.0 <= m["quality.accuracy"] <= 1.0
     assert pq.read_table(summary["output_path"]).num_rows == 5
+    # the bundle served is the export of the run's own checkpoint (saved before serving)
+    manifest = json.loads((Path(tags["relflow.bundle_path"]) / "manifest.json").read_text())
+    assert manifest["checkpoint_sha256"] == file_sha256(summary["checkpoint_path"])
+    assert not [k for k in m if not documented(k)]
 
     # predict from an int8 checkpoint of that run, against its fp16 version
     ckpt = summary["checkpoint_path"]
     quantize_checkpoint(ckpt, tmp_path / "s.int8.ckpt", "int8")
     quantize_checkpoint(ckpt, tmp_path / "s.fp16.ckpt", "fp16")
     raw2 = copy.deepcopy(raw)
-    raw2["run"].update(backend="pytorch", mode="predict", checkpoint=str(tmp_path / "s.int8.ckpt"),
-                       reference_checkpoint=str(tmp_path / "s.fp16.ckpt"), max_quality_drop=0.0,
-                       onnxruntime={})
+    raw2["run"].update(
+        backend="pytorch",
+        mode="predict",
+        checkpoint=str(tmp_path / "s.int8.ckpt"),
+        reference_checkpoint=str(tmp_path / "s.fp16.ckpt"),
+        max_quality_drop=0.0,
+        onnxruntime={},
+    )
     second = benchmark(spec=parse_spec(raw2).to_dict(), spec_dir=str(shop_files))
     run2 = MlflowClient(tracking_uri=uri).get_run(second["run_id"])
     m2, tags2 = run2.data.metrics, run2.data.tags
@@ -60,3 +78,4 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop_files, tmp_
     assert "quality.delta_vs_reference" in m2 and "quality.reference.accuracy" in m2
     drop = m2["quality.drop_vs_reference"]
     assert (tags2["relflow.validity"] == "INVALID") == (drop > 0.0)
+    assert not [k for k in m2 if not documented(k)]

@@ -21,17 +21,35 @@ from tasks.spec import load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write")
-SMALL = ["model.d_model=16", "model.layers=1", "model.heads=2", "run.epochs=1",
-         "run.batch_size=512", "run.chunk_rows=10000", "run.device=cpu",
-         "run.packing=off",
-         # issue 4: repeated predict passes (CIs) and a validity rule that must fail
-         "run.repeats=3", "run.min_steady_batches=100000"]
+STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
+SMALL = [
+    "model.d_model=16",
+    "model.layers=1",
+    "model.heads=2",
+    "run.epochs=1",
+    "run.batch_size=512",
+    "run.chunk_rows=10000",
+    "run.device=cpu",
+    "run.packing=off",
+    # issue 4: repeated predict passes (CIs) and a validity rule that must fail
+    "run.repeats=3",
+    "run.min_steady_batches=100000",
+]
 REQUIRED_METRICS = [
-    *(f"stage.{s}.{m}" for s in STAGES for m in ("seconds", "rows_per_s")),
-    "e2e.seconds", "e2e.rows_per_s", "compute.first_call_seconds", "compute.steady_rows_per_s",
-    "data.coords_present", "data.coords_reserved", "data.occupancy", "data.overflow_dropped",
-    "output.bytes", "quality.accuracy",
+    *(f"stage.{s}.predict.{m}" for s in STAGES for m in ("seconds", "rows_per_s")),
+    *(f"stage.{s}.train.{m}" for s in STAGES[:4] for m in ("seconds", "rows_per_s")),
+    "e2e.predict.seconds",
+    "e2e.predict.rows_per_s",
+    "e2e.train.seconds",
+    "e2e.train.rows_per_s",
+    "compute.first_call_seconds",
+    "compute.steady_rows_per_s",
+    "data.coords_present",
+    "data.coords_reserved",
+    "data.occupancy",
+    "data.overflow_dropped",
+    "output.bytes",
+    "quality.accuracy",
 ]
 REQUIRED_TAGS = ["relflow.spec_hash", "relflow.git_sha", "relflow.torch_version", "relflow.device"]
 
@@ -60,17 +78,37 @@ def test_run_finishes_with_every_metric_key(tpch_run):
     missing = [k for k in REQUIRED_METRICS if k not in metrics]
     assert not missing, missing
     for stage in STAGES:
-        assert metrics[f"stage.{stage}.seconds"] > 0
-        assert metrics[f"stage.{stage}.rows_per_s"] > 0
-    # e2e is the five stages together, as the user pays
-    assert metrics["e2e.seconds"] == pytest.approx(
-        sum(metrics[f"stage.{s}.seconds"] for s in STAGES), rel=1e-6)
-    assert metrics["e2e.rows_per_s"] == pytest.approx(
-        metrics["data.rows_predicted"] / metrics["e2e.seconds"], rel=1e-6)
+        assert metrics[f"stage.{stage}.predict.seconds"] > 0
+        assert metrics[f"stage.{stage}.predict.rows_per_s"] > 0
+    assert "stage.write.train.seconds" not in metrics  # training writes nothing
+    # e2e predict is the five predict stages, as the user pays; training is its own phase
+    assert metrics["e2e.predict.seconds"] == pytest.approx(
+        sum(metrics[f"stage.{s}.predict.seconds"] for s in STAGES), rel=1e-6
+    )
+    assert metrics["e2e.predict.rows_per_s"] == pytest.approx(
+        metrics["data.rows_predicted"] / metrics["e2e.predict.seconds"], rel=1e-6
+    )
+    assert metrics["e2e.train.seconds"] == pytest.approx(
+        sum(metrics[f"stage.{s}.train.seconds"] for s in STAGES[:4]), rel=1e-6
+    )
+    assert metrics["e2e.train.rows"] == metrics["stage.compute.train.rows"]
     assert metrics["compute.first_call_seconds"] > 0
     assert metrics["compute.steady_rows_per_s"] > 0
     assert 0.0 <= metrics["quality.accuracy"] <= 1.0
-    assert summary["metrics"]["e2e.seconds"] == pytest.approx(metrics["e2e.seconds"])
+    assert summary["metrics"]["e2e.predict.seconds"] == pytest.approx(metrics["e2e.predict.seconds"])
+    # the stage table has both phases, each with its own shares
+    assert {(r["phase"], r["stage"]) for r in summary["stages"]} == {
+        *(("train", s) for s in STAGES[:4]),
+        *(("predict", s) for s in STAGES),
+    }
+
+
+@pytest.mark.slow
+def test_every_logged_metric_is_catalogued(tpch_run):
+    from tasks.keys import documented
+
+    _, run, _, _ = tpch_run
+    assert not [k for k in run.data.metrics if not documented(k)]
 
 
 @pytest.mark.slow
@@ -130,8 +168,7 @@ def test_params_tags_and_artifacts(tpch_run):
     assert tags["relflow.torch_version"].startswith("2.")
     artifacts = {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(run.info.run_id)}
     assert "spec.yaml" in artifacts
-    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="spec.yaml",
-                                                tracking_uri=uri)
+    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="spec.yaml", tracking_uri=uri)
     logged = parse_spec(yaml.safe_load(Path(local).read_text()))
     assert logged.spec_hash == tags["relflow.spec_hash"]
     assert logged == load_spec(DEFAULT_SPEC, SMALL)
@@ -139,21 +176,49 @@ def test_params_tags_and_artifacts(tpch_run):
 
 
 MEASUREMENT_METRICS = [
-    "compute.compile_overhead_seconds", "compute.estimated_rows_per_s", "compute.batch_ms.p50",
-    "compute.batch_ms.p95", "compute.batch_ms.p99", "compute.recompiles", "compute.graph_breaks",
-    "compute.steady_rows_per_s.median", "compute.steady_rows_per_s.ci_low",
-    "compute.steady_rows_per_s.ci_high", "e2e.rows_per_s.median", "e2e.rows_per_s.ci_low",
-    "e2e.rows_per_s.ci_high", "compute.train.first_call_seconds", "compute.train.steady_rows_per_s",
-    "compute.train.updates", "compute.train.updates_per_epoch", "compute.train.recompiles",
-    "device.input_wait_fraction", "memory.host_peak_bytes", "memory.device_peak_bytes",
-    "output.bytes_per_row", "harness.startup_seconds", "harness.orchestration_seconds",
-    "harness.lock_wait_seconds", "harness.flow_overhead_seconds", "host.load_per_core_start",
-    "host.load_per_core_end", "compute.compiled_frames",
+    "compute.compile_overhead_seconds",
+    "compute.estimated_rows_per_s",
+    "compute.batch_ms.p50",
+    "compute.batch_ms.p95",
+    "compute.batch_ms.p99",
+    "compute.recompiles",
+    "compute.graph_breaks",
+    "compute.steady_rows_per_s.median",
+    "e2e.predict.rows_per_s.median",
+    "compute.train.first_call_seconds",
+    "compute.train.steady_rows_per_s",
+    "compute.train.updates",
+    "compute.train.updates_per_epoch",
+    "compute.train.recompiles",
+    "device.input_wait_fraction",
+    "memory.host_peak_bytes",
+    "memory.device_peak_bytes",
+    "output.bytes_per_row",
+    "harness.startup_seconds",
+    "harness.orchestration_seconds",
+    "harness.lock_wait_seconds",
+    "harness.flow_overhead_seconds",
+    "host.load_per_core_start",
+    "host.other_cpu_fraction_before",
+    "host.other_cpu_fraction",
+    "compute.compiled_frames",
+    "device.worker_startup_seconds",
+    "compute.train.estimated_rows_per_s",
 ]
-FINGERPRINT_TAGS = ["relflow.cpu_model", "relflow.cpu_count", "relflow.ram_bytes", "relflow.host_fingerprint",
-                    "relflow.git_dirty", "relflow.python_version", "relflow.prefect_version",
-                    "relflow.mlflow_version", "relflow.polars_version", "relflow.pyarrow_version",
-                    "relflow.torch_threads", "relflow.encoder_path"]
+FINGERPRINT_TAGS = [
+    "relflow.cpu_model",
+    "relflow.cpu_count",
+    "relflow.ram_bytes",
+    "relflow.host_fingerprint",
+    "relflow.git_dirty",
+    "relflow.python_version",
+    "relflow.prefect_version",
+    "relflow.mlflow_version",
+    "relflow.polars_version",
+    "relflow.pyarrow_version",
+    "relflow.torch_threads",
+    "relflow.encoder_path",
+]
 
 
 @pytest.mark.slow
@@ -163,16 +228,25 @@ def test_measurement_metrics_are_recorded_and_sane(tpch_run):
     missing = [k for k in MEASUREMENT_METRICS if k not in m]
     assert not missing, missing
     assert m["compute.batch_ms.p50"] <= m["compute.batch_ms.p95"] <= m["compute.batch_ms.p99"]
-    for key in ("compute.steady_rows_per_s", "e2e.rows_per_s"):
-        assert m[f"{key}.ci_low"] <= m[f"{key}.median"] <= m[f"{key}.ci_high"]
+    for key in ("compute.steady_rows_per_s", "e2e.predict.rows_per_s"):
+        assert f"{key}.median_ci_low" not in m  # 3 passes support no 95% interval
+    assert run.data.tags["relflow.ci_method"].startswith("order-statistic")
     assert m["run.repeats_measured"] == 3
     # three full predict passes over 15,000 orders, exact rows
     assert m["data.rows_predicted"] == 3 * m["data.root_rows"]
+    # quality is scored on one pass: the held-out rows, not 3x them
+    assert 0 < m["quality.rows"] < m["data.root_rows"]
+    assert 0.0 <= m["host.other_cpu_fraction"] <= 1.0
     assert m["compute.recompiles"] == 0 and m["compute.graph_breaks"] == 0
     assert 0.0 <= m["device.input_wait_fraction"] < 1.0
     assert m["memory.host_peak_bytes"] > 0 and m["memory.device_peak_bytes"] == 0
     assert m["compute.train.updates"] == m["compute.train.updates_per_epoch"]  # one epoch
     assert m["output.bytes_per_row"] == pytest.approx(m["output.bytes"] / m["data.rows_written"])
+    # the throughput callback's estimate: steady batches x run.batch_size (512) / their seconds
+    for key in ("compute", "compute.train"):
+        assert m[f"{key}.estimated_rows_per_s"] == pytest.approx(
+            m[f"{key}.steady_batches"] * 512 / m[f"{key}.steady_seconds"], rel=1e-6
+        )
     tags = run.data.tags
     assert not [t for t in FINGERPRINT_TAGS if not tags.get(t)]
 

@@ -44,6 +44,7 @@ def _set(path: list, value):
         for part in path[:-1]:
             node = node[part]
         node[path[-1]] = value
+
     return edit
 
 
@@ -60,23 +61,31 @@ def _empty_lines(spec, tables):
 
 
 CASES: dict[str, Case] = {
-    "unknown-key": Case(_set(["run", "batchsize"], 64), ["unknown key 'run.batchsize'", "fix its spelling"],
-                        False),
+    "unknown-key": Case(_set(["run", "batchsize"], 64), ["unknown key 'run.batchsize'", "fix its spelling"], False),
     "mistyped-value": Case(_set(["run", "batch_size"], "big"), ["run.batch_size", "'big'"], False),
-    "bad-override": Case(lambda s, t: None, ["'schema.branches.orders.max_length'", "greater than 0"], False,
-                         args=["--set", "orders.max_length=0"]),
-    "missing-file": Case(_set(["source", "tables", "orders"], "nope.parquet"),
-                         ["Table 'orders'", "nope.parquet", "does not exist", "source.tables.orders"],
-                         False),
-    "missing-column": Case(_missing_column, ["Column 'o_priority'", "table 'orders'", "Fix the spec"],
-                           False),
-    "missing-parent-key": Case(_bad_parent_key, ["'o_customer'", "parent_key", "table 'orders'",
-                                                "Fix the spec"], False),
+    "bad-override": Case(
+        lambda s, t: None,
+        ["'schema.branches.orders.max_length'", "greater than 0"],
+        False,
+        args=["--set", "orders.max_length=0"],
+    ),
+    "missing-file": Case(
+        _set(["source", "tables", "orders"], "nope.parquet"),
+        ["Table 'orders'", "nope.parquet", "does not exist", "source.tables.orders"],
+        False,
+    ),
+    "missing-column": Case(_missing_column, ["Column 'o_priority'", "table 'orders'", "Fix the spec"], False),
+    "missing-parent-key": Case(
+        _bad_parent_key, ["'o_customer'", "parent_key", "table 'orders'", "Fix the spec"], False
+    ),
     "empty-table": Case(_empty_lines, ["Table 'lines'", "is empty", "source.tables"], False),
-    "overflow-error": Case(lambda s, t: None, ["Branch 'lineitem'", "overflow: error",
-                                               "max_length to at least 7"], True,
-                           args=["--set", "lineitem.max_length=2", "--set", "lineitem.overflow=error"],
-                           tpch=True),
+    "overflow-error": Case(
+        lambda s, t: None,
+        ["Branch 'lineitem'", "overflow: error", "max_length to at least 7"],
+        True,
+        args=["--set", "lineitem.max_length=2", "--set", "lineitem.overflow=error"],
+        tpch=True,
+    ),
 }
 
 
@@ -90,18 +99,20 @@ class Result:
     @property
     def message(self) -> str:
         """The error paragraph, with the console's line wrapping undone."""
-        text = self.stderr[self.stderr.rfind("error:"):]
+        text = self.stderr[self.stderr.rfind("error:") :]
         return " ".join(text.split())
 
 
 def _env(folder: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
-        "PREFECT_HOME": str(folder / "prefect-home"),
-        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "COLUMNS": "100",
-    })
+    env.update(
+        {
+            "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
+            "PREFECT_HOME": str(folder / "prefect-home"),
+            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "COLUMNS": "100",
+        }
+    )
     env.pop("PREFECT_API_URL", None)  # never the session harness's server
     return env
 
@@ -120,8 +131,14 @@ def _prepare(name: str, case: Case, root: Path, shop_kit) -> tuple[Path, list[st
 
 
 def _run(folder: Path, args: list[str]) -> Result:
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", *args], cwd=folder,
-                          env=_env(folder), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", *args],
+        cwd=folder,
+        env=_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     return Result(folder, proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -153,7 +170,7 @@ def test_bad_input_exits_2_with_one_paragraph_naming_the_culprit(cli_results, na
     r = cli_results[name]
     assert r.returncode == 2, r.stderr[-3000:]
     assert "error:" in r.stderr
-    paragraph = r.stderr[r.stderr.rfind("error:"):].strip()
+    paragraph = r.stderr[r.stderr.rfind("error:") :].strip()
     assert "\n\n" not in paragraph, "one paragraph"
     for part in CASES[name].names:
         assert part in r.message, (part, r.message)
@@ -162,8 +179,7 @@ def test_bad_input_exits_2_with_one_paragraph_naming_the_culprit(cli_results, na
 
 def test_overflow_error_names_an_order_with_the_most_lines(cli_results, tpch_small):
     key = int(re.search(r"parent key (\d+) has (\d+) rows", cli_results["overflow-error"].message)[1])
-    counts = pl.read_parquet(tpch_small / "lineitem.parquet", columns=["l_orderkey"]) \
-        .group_by("l_orderkey").len()
+    counts = pl.read_parquet(tpch_small / "lineitem.parquet", columns=["l_orderkey"]).group_by("l_orderkey").len()
     assert counts["len"].max() == 7
     assert counts.filter(pl.col("l_orderkey") == key)["len"].item() == 7
 

@@ -13,14 +13,31 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-SMALL = ["--set", "model.d_model=16", "--set", "model.heads=2", "--set", "run.batch_size=512",
-         "--set", "run.min_steady_seconds=0", "--set", "run.min_steady_batches=0"]
+SMALL = [
+    "--set",
+    "model.d_model=16",
+    "--set",
+    "model.heads=2",
+    "--set",
+    "run.batch_size=512",
+    "--set",
+    "run.min_steady_seconds=0",
+    "--set",
+    "run.min_steady_batches=0",
+]
 
 
 def _cli(args: list[str], cwd: Path, uri: str, **kw) -> subprocess.Popen:
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri)
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def _runs(uri: str):
@@ -67,8 +84,10 @@ def test_concurrent_runs_never_overlap_timed_regions(tpch_small, tmp_path):
         assert p.returncode == 0, err
     runs = _runs(uri)
     assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
-    spans = sorted((r.data.metrics["harness.timed_region_start_unix_s"],
-                    r.data.metrics["harness.timed_region_end_unix_s"]) for r in runs)
+    spans = sorted(
+        (r.data.metrics["harness.timed_region_start_unix_s"], r.data.metrics["harness.timed_region_end_unix_s"])
+        for r in runs
+    )
     assert spans[0][1] <= spans[1][0], f"timed regions overlap: {spans}"
     # Both record how long they waited for the host (0 for whichever came first); whether
     # the second one had to wait depends on start-up jitter, so only non-overlap is asserted.

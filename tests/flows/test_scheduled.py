@@ -26,9 +26,17 @@ from mlflow.tracking import MlflowClient
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-SMALL = ["model.d_model=8", "model.heads=2", "model.layers=1", "run.mode=predict", "run.device=cpu",
-         "run.batch_size=2048", "lineitem.max_length=2", "run.min_steady_batches=0",
-         "run.min_steady_seconds=0"]
+SMALL = [
+    "model.d_model=8",
+    "model.heads=2",
+    "model.layers=1",
+    "run.mode=predict",
+    "run.device=cpu",
+    "run.batch_size=2048",
+    "lineitem.max_length=2",
+    "run.min_steady_batches=0",
+    "run.min_steady_seconds=0",
+]
 POOL = "relflow-test"
 CRON = "0 3 * * *"
 
@@ -43,8 +51,7 @@ def _free_port() -> int:
 def _process(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> Iterator[subprocess.Popen]:
     """Start a process in its own session; on exit stop it (and its children) by its pid."""
     with open(log, "w") as fh:
-        proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             yield proc
         finally:
@@ -81,8 +88,14 @@ def test_deployment_run_through_server_and_worker_lands_in_mlflow(tpch_small, tm
     api = f"http://127.0.0.1:{port}/api"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri).search_experiments()  # create the store before two processes use it
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               MLFLOW_TRACKING_URI=uri, PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_LOGGING_LEVEL="INFO")
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        MLFLOW_TRACKING_URI=uri,
+        PREFECT_WORKER_QUERY_SECONDS="2",
+        PREFECT_LOGGING_LEVEL="INFO",
+    )
     env.pop("PREFECT_API_URL", None)
     client_env = dict(env, PREFECT_API_URL=api)
     raw = yaml.safe_load(DEFAULT_SPEC.read_text())
@@ -93,11 +106,11 @@ def test_deployment_run_through_server_and_worker_lands_in_mlflow(tpch_small, tm
     logs = [server_log, worker_log]
 
     def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(list(args), env=client_env, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(list(args), env=client_env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
-    with _process(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
-                  env, server_log, tmp_path):
+    with _process(
+        ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"], env, server_log, tmp_path
+    ):
         _wait_until(lambda: _healthy(api), 180, "the Prefect server", logs)
         sets = [a for o in SMALL for a in ("--set", o)]
         served = cli(sys.executable, "-m", "flows.cli", "serve", str(spec), "--pool", POOL, "--create-pool", *sets)
@@ -107,8 +120,12 @@ def test_deployment_run_through_server_and_worker_lands_in_mlflow(tpch_small, tm
         inspected = cli("prefect", "deployment", "inspect", deployment)
         assert inspected.returncode == 0 and CRON in inspected.stdout, inspected.stdout + inspected.stderr
 
-        with _process(["prefect", "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1"],
-                      client_env, worker_log, tmp_path):
+        with _process(
+            ["prefect", "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1"],
+            client_env,
+            worker_log,
+            tmp_path,
+        ):
             triggered = cli("prefect", "deployment", "run", deployment)
             assert triggered.returncode == 0, triggered.stdout + triggered.stderr
             client = MlflowClient(tracking_uri=uri)
@@ -117,8 +134,10 @@ def test_deployment_run_through_server_and_worker_lands_in_mlflow(tpch_small, tm
                 exp = client.get_experiment_by_name("tpch-orders")
                 runs = client.search_runs([exp.experiment_id]) if exp else []
                 if any(r.info.status == "FAILED" for r in runs):
-                    raise AssertionError(f"the deployed run FAILED: {runs[0].data.tags.get('relflow.error')}\n"
-                                         f"{worker_log.read_text()[-3000:]}")
+                    raise AssertionError(
+                        f"the deployed run FAILED: {runs[0].data.tags.get('relflow.error')}\n"
+                        f"{worker_log.read_text()[-3000:]}"
+                    )
                 return any(r.info.status == "FINISHED" for r in runs)
 
             _wait_until(finished, 480, "a FINISHED MLflow run from the deployment", logs)

@@ -22,11 +22,17 @@ from tasks.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-BASE = ["model.d_model=8", "model.heads=2", "model.layers=1", "run.mode=predict", "run.device=cpu",
-        "run.min_steady_batches=0", "run.min_steady_seconds=0"]
+BASE = [
+    "model.d_model=8",
+    "model.heads=2",
+    "model.layers=1",
+    "run.mode=predict",
+    "run.device=cpu",
+    "run.min_steady_batches=0",
+    "run.min_steady_seconds=0",
+]
 GRID = {"run.batch_size": [1024, 2048], "run.packing": ["auto", "off"], "lineitem.max_length": [1, 2]}
-CLI_GRID = ["--grid", "run.batch_size=1024,2048", "--grid", "run.packing=auto,off",
-            "--grid", "lineitem.max_length=1,2"]
+CLI_GRID = ["--grid", "run.batch_size=1024,2048", "--grid", "run.packing=auto,off", "--grid", "lineitem.max_length=1,2"]
 
 
 def _children(uri: str, parent: str):
@@ -66,17 +72,24 @@ def test_sweep_makes_one_parent_with_eight_tagged_children(swept):
     assert parent.data.tags["relflow.sweep_hash"] == summary["sweep_hash"]
     children = _children(uri, summary["parent_run_id"])
     assert len(children) == 8 and all(c.info.status == "FINISHED" for c in children)
-    swept_values = {(c.data.tags["relflow.sweep.run.batch_size"], c.data.tags["relflow.sweep.run.packing"],
-                     c.data.tags["relflow.sweep.lineitem.max_length"]) for c in children}
+    swept_values = {
+        (
+            c.data.tags["relflow.sweep.run.batch_size"],
+            c.data.tags["relflow.sweep.run.packing"],
+            c.data.tags["relflow.sweep.lineitem.max_length"],
+        )
+        for c in children
+    }
     assert swept_values == {(b, p, m) for b in ("1024", "2048") for p in ("auto", "off") for m in ("1", "2")}
     for c in children:  # the tag says what the run really used
         assert c.data.params["run.batch_size"] == c.data.tags["relflow.sweep.run.batch_size"]
-        assert c.data.params["schema.branches.lineitem.max_length"] == c.data.tags[
-            "relflow.sweep.lineitem.max_length"]
+        assert c.data.params["schema.branches.lineitem.max_length"] == c.data.tags["relflow.sweep.lineitem.max_length"]
     assert len({c.data.tags["relflow.spec_hash"] for c in children}) == 8
     # one configuration at a time: timed regions never overlap
-    spans = sorted((c.data.metrics["harness.timed_region_start_unix_s"],
-                    c.data.metrics["harness.timed_region_end_unix_s"]) for c in children)
+    spans = sorted(
+        (c.data.metrics["harness.timed_region_start_unix_s"], c.data.metrics["harness.timed_region_end_unix_s"])
+        for c in children
+    )
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
 
 
@@ -86,8 +99,9 @@ def test_rerun_through_cli_skips_all_eight(swept):
     args = [sys.executable, "-m", "flows.cli", "sweep", str(DEFAULT_SPEC), *CLI_GRID]
     for o in BASE:
         args += ["--set", o]
-    proc = subprocess.run(args, cwd=folder, env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        args, cwd=folder, env=dict(os.environ, MLFLOW_TRACKING_URI=uri), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resuming sweep {summary['sweep_hash']}" in proc.stderr
     assert proc.stderr.count("skipped, already FINISHED") == 8, proc.stderr
@@ -100,8 +114,7 @@ def test_rerun_through_cli_skips_all_eight(swept):
 
 
 @pytest.mark.slow
-def test_failing_configurations_are_failed_and_the_sweep_continues(prefect_harness, tpch_small, tmp_path,
-                                                                   monkeypatch):
+def test_failing_configurations_are_failed_and_the_sweep_continues(prefect_harness, tpch_small, tmp_path, monkeypatch):
     from flows.sweep import sweep
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -113,10 +126,12 @@ def test_failing_configurations_are_failed_and_the_sweep_continues(prefect_harne
     grid = {"run.checkpoint": [None, str(tmp_path / "missing.ckpt")], "lineitem.overflow": ["error", "keep_first"]}
     summary = sweep(base_spec=base.to_dict(), grid=grid, spec_dir=str(DEFAULT_SPEC.parent))
     status = {r["config"]: r["status"] for r in summary["rows"]}
-    assert status == {"checkpoint=None overflow=error": "FAILED",
-                      "checkpoint=None overflow=keep_first": "FINISHED",
-                      f"checkpoint={tmp_path / 'missing.ckpt'} overflow=error": "FAILED",
-                      f"checkpoint={tmp_path / 'missing.ckpt'} overflow=keep_first": "FAILED"}
+    assert status == {
+        "checkpoint=None overflow=error": "FAILED",
+        "checkpoint=None overflow=keep_first": "FINISHED",
+        f"checkpoint={tmp_path / 'missing.ckpt'} overflow=error": "FAILED",
+        f"checkpoint={tmp_path / 'missing.ckpt'} overflow=keep_first": "FAILED",
+    }
     children = {c.info.run_id: c for c in _children(uri, summary["parent_run_id"])}
     assert len(children) == 4
     for r in summary["rows"]:
@@ -187,9 +202,16 @@ def test_stage_table_artifact_names_the_mlflow_run(swept):
     run_id = summary["rows"][0]["run_id"]
     run = MlflowClient(tracking_uri=uri).get_run(run_id)
     stages = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/stages.json")
-    run_summary = {"run_id": run_id, "experiment": "tpch-orders", "experiment_id": run.info.experiment_id,
-                   "tracking_uri": uri, "metrics": run.data.metrics, "stages": stages,
-                   "validity": run.data.tags["relflow.validity"], "invalid_reasons": []}
+    run_summary = {
+        "run_id": run_id,
+        "experiment": "tpch-orders",
+        "experiment_id": run.info.experiment_id,
+        "tracking_uri": uri,
+        "metrics": run.data.metrics,
+        "stages": stages,
+        "validity": run.data.tags["relflow.validity"],
+        "invalid_reasons": [],
+    }
 
     @flow
     def publish(s: dict) -> str:
@@ -198,8 +220,9 @@ def test_stage_table_artifact_names_the_mlflow_run(swept):
     artifact_id = publish(run_summary)
     assert artifact_id != "None"
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=[artifact_key("tpch-orders")])))
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key("tpch-orders")]))
+        )
     mine = [a for a in found if str(a.id) == artifact_id]
     assert mine and mine[0].type == "table" and run_id in mine[0].description
     for stage in ("retrieve", "preprocess", "tensorize", "compute", "write", "end-to-end"):

@@ -1,4 +1,5 @@
-"""``model.compile`` semantics, one test per sentence of the product note.
+"""``model.compile`` semantics, one test per promise of its documentation
+(which regions compile, when, with which options, and what stays eager).
 
 Most tests replace ``torch.compile`` with a recorder (no compilation, fast); the tests that
 need real Dynamo/Inductor are marked ``slow``.

@@ -21,19 +21,18 @@ class ListLogger:
     def log(self, metrics: dict, step: int) -> None:
         self.records.append((metrics, step))
 
-    def close(self) -> None:
-        pass
-
 
 def test_throughput_estimate_is_batches_times_batch_size():
     logger = ListLogger()
-    cb = ThroughputCallback(batch_size=100, logger=logger)
-    cb.on_batch_end(100, 1.0)
-    cb.on_batch_end(20, 1.0)  # a partial last batch still counts as 100 in the estimate
+    cb = ThroughputCallback(batch_size=100, key="compute.estimated_rows_per_s", logger=logger)
+    cb.on_batch_end(1.0)
+    cb.on_batch_end(1.0)  # a partial last batch (say 20 rows) still counts as 100
     metrics = cb.flush(step=3)
-    assert metrics["predict.rows_per_s_estimated"] == 100.0
-    assert metrics["predict.rows_per_s"] == 60.0
+    assert metrics == {"compute.estimated_rows_per_s": 100.0}
     assert logger.records == [(metrics, 3)] and cb.metrics == metrics
+    assert ThroughputCallback(batch_size=8, key="k").flush() == {"k": 0.0}  # no batches: no rate
+    with pytest.raises(ValueError, match="batch_size"):
+        ThroughputCallback(batch_size=0, key="k")
 
 
 def test_precision_contexts(model):

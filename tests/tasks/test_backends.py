@@ -32,23 +32,25 @@ def test_unavailable_provider_names_the_available_ones():
 def test_provider_error_comes_from_plan_before_any_work(shop_spec, shop_files):
     from flows.benchmark import plan
 
-    s = parse_spec(spec_with(shop_spec, backend="onnxruntime",
-                             onnxruntime={"providers": ["CUDAExecutionProvider"]}))
+    s = parse_spec(spec_with(shop_spec, backend="onnxruntime", onnxruntime={"providers": ["CUDAExecutionProvider"]}))
     if "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers():
         pytest.skip("this onnxruntime build has CUDA")
     with pytest.raises(UserError, match="available here"):
         plan(s, shop_files)
 
 
-@pytest.mark.parametrize("run, message", [
-    ({"compile": {"model": True, "encoders": True}}, "compiles the whole model"),
-    ({"backend": "onnxruntime", "precision": "bf16"}, "serves the fp32 export"),
-    ({"backend": "onnxruntime", "compile": {"model": True}}, "applies to the PyTorch backend"),
-    ({"backend": "onnxruntime", "onnxruntime": {"model": "b"}}, "cannot train"),
-    ({"max_quality_drop": 0.01}, "needs run.reference_checkpoint"),
-    ({"reference_checkpoint": "x.ckpt"}, "needs run.mode predict"),
-    ({"onnxruntime": {"graph_optimization_level": "max"}}, "graph_optimization_level"),
-])
+@pytest.mark.parametrize(
+    "run, message",
+    [
+        ({"compile": {"model": True, "encoders": True}}, "compiles the whole model"),
+        ({"backend": "onnxruntime", "precision": "bf16"}, "serves the fp32 export"),
+        ({"backend": "onnxruntime", "compile": {"model": True}}, "applies to the PyTorch backend"),
+        ({"backend": "onnxruntime", "onnxruntime": {"model": "b"}}, "cannot train"),
+        ({"max_quality_drop": 0.01}, "needs run.reference_checkpoint"),
+        ({"reference_checkpoint": "x.ckpt"}, "needs run.mode predict"),
+        ({"onnxruntime": {"graph_optimization_level": "max"}}, "graph_optimization_level"),
+    ],
+)
 def test_backend_spec_mistakes_name_the_key(shop_spec, run, message):
     with pytest.raises(UserError, match=message):
         parse_spec(spec_with(shop_spec, **run))
@@ -75,6 +77,7 @@ def test_quality_delta_and_drop_rule():
     class S:  # only run.max_quality_drop is read
         class run:
             max_quality_drop = 0.01
+
     assert drop_reasons(S, acc) == ["quality drop vs reference 0.0500 > run.max_quality_drop 0.01"]
     assert drop_reasons(S, quality_delta("accuracy", {"accuracy": 0.86}, {"accuracy": 0.85})) == []
     assert "missing" in drop_reasons(S, {})[0]
@@ -91,7 +94,9 @@ def trained_ckpt(shop_spec, shop_files, prepare_chunk, tmp_path):
     engine.train(tz)
     path = tmp_path / "shop.ckpt"
     save_run_checkpoint(path, engine, enc, spec)
-    return spec, path
+    raw = spec.to_dict()
+    # Loading for serving is predict mode (train+predict with run.checkpoint resumes training).
+    return parse_spec({**raw, "run": {**raw["run"], "mode": "predict"}}), path
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp16", "fp8"])
@@ -109,9 +114,15 @@ def test_run_checkpoint_in_any_format_expands_and_reports_its_cost(trained_ckpt,
     # expanded at load: the model in memory is the fp32 size whatever the file held
     assert load.model_bytes_after_load == load.model_bytes_fp32 == full.model_bytes_after_load
     assert all(v.dtype == torch.float32 for v in got["model"].values() if v.is_floating_point())
+    assert got["optimizer"] is None  # a deployment file: no optimizer state
     m = load.metrics()
-    assert set(m) == {"checkpoint.bytes", "checkpoint.load_seconds", "memory.host_after_load_bytes",
-                      "memory.model_bytes_after_load", "memory.model_bytes_fp32"}
+    assert set(m) == {
+        "checkpoint.bytes",
+        "checkpoint.load_seconds",
+        "memory.host_after_load_bytes",
+        "memory.model_bytes_after_load",
+        "memory.model_bytes_fp32",
+    }
 
 
 def test_pytorch_backend_tags_fp8_as_expanded_off_supported_cuda(trained_ckpt, tmp_path):
@@ -160,3 +171,15 @@ def test_not_a_bundle_is_a_user_error(tmp_path: Path):
 
     with pytest.raises(UserError, match="not an export bundle"):
         read_bundle(tmp_path)
+
+
+def test_quantized_checkpoint_cannot_resume_training(trained_ckpt, tmp_path):
+    from tasks.checkpoint import load_run_checkpoint
+
+    spec, path = trained_ckpt
+    q = tmp_path / "shop.int8.ckpt"
+    quantize_checkpoint(path, q, "int8")
+    raw = spec.to_dict()
+    resume = parse_spec({**raw, "run": {**raw["run"], "mode": "train+predict"}})
+    with pytest.raises(UserError, match="no optimizer state"):
+        load_run_checkpoint(q, resume)

@@ -32,7 +32,8 @@ def test_loader_workers_match_the_in_process_path(prepare_chunk, shop_files, sho
     for k in out0.present:
         assert torch.equal(out1.present[k], out0.present[k])
     assert loader.quality.metrics() == base.quality.metrics()
-    assert loader.predict_timings.batches == base.predict_timings.batches
+    counts = [(len(t.warmup_seconds), t.steady_rows) for t in (loader.predict_timings, base.predict_timings)]
+    assert counts[0] == counts[1]
     # training goes through the loader too, over the same shuffled rows
     loader.train(tz1)
     assert loader.train_timings.updates == -(-int(tz1.is_train.sum()) // loader.spec.run.batch_size)

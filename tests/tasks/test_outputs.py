@@ -41,8 +41,15 @@ def test_only_selected_outputs_are_computed_and_written(prepare_chunk, shop_file
 def test_every_output_kind_and_its_payload(prepare_chunk, shop_files, shop_spec, tmp_path):
     spec, enc, schema, tz, outs, _ = _predict(prepare_chunk, shop_spec, shop_files, ALL)
     table = to_table(spec, schema, enc, tz.keys, outs)
-    assert table.column_names == ["c_id", "prediction", "top2_labels", "top2_scores", "root_embedding",
-                                  "branch_embedding_lines", "leaf_orders"]
+    assert table.column_names == [
+        "c_id",
+        "prediction",
+        "top2_labels",
+        "top2_scores",
+        "root_embedding",
+        "branch_embedding_lines",
+        "leaf_orders",
+    ]
     orders_present = tz.batch.nodes["orders"].present.sum(-1).tolist()
     # leaf target: one prediction per present order, per customer
     assert [len(v) for v in table["prediction"].to_pylist()] == orders_present

@@ -36,8 +36,10 @@ def test_default_spec_is_valid():
     [
         (lambda r: r["run"].update(batchsize=3), ["run.batchsize", "unknown key"]),
         (lambda r: r.update(extra_section={}), ["extra_section", "unknown key"]),
-        (lambda r: r["schema"]["branches"][0].update(max_lenght=3),
-         ["schema.branches.lineitem.max_lenght", "unknown key"]),
+        (
+            lambda r: r["schema"]["branches"][0].update(max_lenght=3),
+            ["schema.branches.lineitem.max_lenght", "unknown key"],
+        ),
     ],
     ids=["run-key", "top-level", "branch-key"],
 )
@@ -57,8 +59,11 @@ def test_unknown_key_is_named(edit, names):
         (lambda r: r["run"].update(batch_size="big"), "run.batch_size", "'big'"),
         (lambda r: r["run"].update(batch_size=0), "run.batch_size", "0"),
         (lambda r: r["schema"]["branches"][0].update(overflow="drop"), "overflow", "'drop'"),
-        (lambda r: r["schema"]["root"]["columns"].update(o_comment="text"),
-         "schema.root.columns.o_comment", "'text'"),
+        (
+            lambda r: r["schema"]["root"]["columns"].update(o_comment="string"),
+            "schema.root.columns.o_comment",
+            "'string'",
+        ),
         (lambda r: r["task"].update(kind="multiclass"), "task.kind", "'multiclass'"),
         (lambda r: r["run"].update(mode="serve"), "run.mode", "'serve'"),
     ],
@@ -74,8 +79,11 @@ def test_mistyped_value_names_key_and_value(edit, key, shown):
 
 @pytest.mark.parametrize(
     ("path", "key"),
-    [(("task",), "'task' is required"), (("schema", "root", "key"), "'schema.root.key' is required"),
-     (("schema", "branches", 0, "parent_key"), "parent_key' is required")],
+    [
+        (("task",), "'task' is required"),
+        (("schema", "root", "key"), "'schema.root.key' is required"),
+        (("schema", "branches", 0, "parent_key"), "parent_key' is required"),
+    ],
     ids=["section", "root-key", "branch-parent-key"],
 )
 def test_missing_key_is_named(path, key):
@@ -127,8 +135,10 @@ def test_missing_spec_file_and_bad_yaml(tmp_path):
 
 
 def test_set_overrides_are_validated_like_the_file():
-    spec = load_spec(DEFAULT, ["run.batch_size=512", "model.d_model=16", "run.compile.encoders=true",
-                               "source.generate.tpch.scale=0.1"])
+    spec = load_spec(
+        DEFAULT,
+        ["run.batch_size=512", "model.d_model=16", "run.compile.encoders=true", "source.generate.tpch.scale=0.1"],
+    )
     assert spec.run.batch_size == 512
     assert spec.model.d_model == 16
     assert spec.run.compile.encoders is True

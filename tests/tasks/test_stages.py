@@ -47,9 +47,11 @@ def lines_branch(raw: dict) -> dict:
 
 def retrieved_of(tables: dict[str, pa.Table]) -> Retrieved:
     """The whole shop as one chunk, straight from memory (no files)."""
-    return Retrieved({ROOT: tables["customers"], "orders": tables["orders"],
-                      "lines": tables["lines"]}, bytes_read=0,
-                     root_rows=tables["customers"].num_rows)
+    return Retrieved(
+        {ROOT: tables["customers"], "orders": tables["orders"], "lines": tables["lines"]},
+        bytes_read=0,
+        root_rows=tables["customers"].num_rows,
+    )
 
 
 def rows_by_key(pre: Preprocessed) -> dict[int, dict]:
@@ -76,7 +78,8 @@ def normalised(table: pa.Table, keys: list[str]) -> list[dict]:
     df = pl.from_arrow(table)
     df = df.with_columns(
         [pl.col(c).cast(pl.Float64) for c, t in df.schema.items() if t.is_numeric()]
-        + [pl.col(c).cast(pl.String) for c, t in df.schema.items() if t == pl.String])
+        + [pl.col(c).cast(pl.String) for c, t in df.schema.items() if t == pl.String]
+    )
     return df.sort(keys).to_dicts()
 
 
@@ -90,8 +93,7 @@ def pre(shop_spec, shop_tables) -> Preprocessed:
 
 def test_retrieve_reads_only_the_needed_columns(write_tables, shop_tables, shop_spec, tmp_path):
     tables = dict(shop_tables)
-    tables["customers"] = tables["customers"].append_column(
-        "c_notes", pa.array(["unused " * 50] * 5))
+    tables["customers"] = tables["customers"].append_column("c_notes", pa.array(["unused " * 50] * 5))
     write_tables(tables)
     spec = spec_of(shop_spec)
     sources = resolve_sources(spec, tmp_path)
@@ -109,9 +111,13 @@ def test_retrieve_reads_only_the_needed_columns(write_tables, shop_tables, shop_
 
 
 def test_parquet_bytes_read_counts_only_projected_columns(tmp_path):
-    wide = pa.table({"c_id": pa.array(range(1000), pa.int64()),
-                     "c_balance": pa.array(np.arange(1000, dtype=np.float64)),
-                     "blob": pa.array([f"{i:08d}" * 64 for i in range(1000)])})
+    wide = pa.table(
+        {
+            "c_id": pa.array(range(1000), pa.int64()),
+            "c_balance": pa.array(np.arange(1000, dtype=np.float64)),
+            "blob": pa.array([f"{i:08d}" * 64 for i in range(1000)]),
+        }
+    )
     path = tmp_path / "customers.parquet"
     pq.write_table(wide, path, compression="none")
     src = SourceTable("customers", (path,), "parquet")
@@ -126,8 +132,7 @@ def test_parquet_bytes_read_counts_only_projected_columns(tmp_path):
 
 def test_parquet_row_groups_outside_the_chunk_are_skipped(tmp_path):
     n = 10_000
-    table = pa.table({"k": pa.array(np.arange(n), pa.int64()),
-                      "v": pa.array(np.arange(n, dtype=np.float64))})
+    table = pa.table({"k": pa.array(np.arange(n), pa.int64()), "v": pa.array(np.arange(n, dtype=np.float64))})
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, row_group_size=1000)
     src = SourceTable("t", (path,), "parquet")
@@ -206,15 +211,21 @@ def test_a_zero_byte_csv_is_an_empty_table(tmp_path, write_tables, shop_tables, 
 @pytest.mark.parametrize(
     ("edit", "names"),
     [
-        (lambda r: r["schema"]["root"]["columns"].update(c_nope="numeric"),
-         ["Column 'c_nope'", "table 'customers'", "c_balance"]),
+        (
+            lambda r: r["schema"]["root"]["columns"].update(c_nope="numeric"),
+            ["Column 'c_nope'", "table 'customers'", "c_balance"],
+        ),
         (lambda r: lines_branch(r).update(parent_key="l_parent"), ["'l_parent'", "parent_key", "'lines'"]),
         (lambda r: orders_branch(r).update(order_by={"column": "o_when"}), ["'o_when'", "order_by"]),
-        (lambda r: r["schema"]["root"]["columns"].update(c_segment="numeric"),
-         ["'c_segment'", "cannot be read as 'numeric'"]),
+        (
+            lambda r: r["schema"]["root"]["columns"].update(c_segment="numeric"),
+            ["'c_segment'", "cannot be read as 'numeric'"],
+        ),
         (lambda r: r["task"].update(target="churn", kind="regression"), ["task.target 'churn'", "numeric"]),
-        (lambda r: r["source"]["tables"].update(orders="missing.parquet"),
-         ["Table 'orders'", "missing.parquet", "does not exist"]),
+        (
+            lambda r: r["source"]["tables"].update(orders="missing.parquet"),
+            ["Table 'orders'", "missing.parquet", "does not exist"],
+        ),
         (lambda r: r["source"]["tables"].update(orders="orders.txt"), ["Table 'orders'", "orders.txt"]),
     ],
     ids=["root-column", "parent-key", "order-by", "kind", "regression-target", "missing-file", "suffix"],
@@ -331,8 +342,7 @@ def test_sample_is_deterministic_per_seed_and_keeps_max_length(shop_spec, shop_t
     ("branch", "parent_key", "count", "table"),
     [("orders", 1, 3, "orders"), ("lines", 10, 4, "lines")],
 )
-def test_overflow_error_names_the_parent_key_and_the_fix(shop_spec, shop_tables, branch,
-                                                          parent_key, count, table):
+def test_overflow_error_names_the_parent_key_and_the_fix(shop_spec, shop_tables, branch, parent_key, count, table):
     node = orders_branch(shop_spec) if branch == "orders" else lines_branch(shop_spec)
     node["overflow"] = "error"
     with pytest.raises(UserError) as info:
@@ -377,8 +387,7 @@ def test_preprocess_split_matches_across_chunks(shop_spec, shop_tables):
     spec = spec_of(shop_spec)
     whole = preprocess(spec, retrieved_of(shop_tables))
     cust = shop_tables["customers"]
-    half = dict(shop_tables, customers=cust.filter(pa.compute.is_in(
-        cust["c_id"], pa.array([2, 5], pa.int64()))))
+    half = dict(shop_tables, customers=cust.filter(pa.compute.is_in(cust["c_id"], pa.array([2, 5], pa.int64()))))
     part = preprocess(spec, retrieved_of(half))
     train = dict(zip(whole.table["c_id"].to_pylist(), whole.table[TRAIN].to_pylist(), strict=True))
     for k, t in zip(part.table["c_id"].to_pylist(), part.table[TRAIN].to_pylist(), strict=True):
@@ -479,19 +488,24 @@ def test_standardisation_is_fitted_on_training_rows_only(shop_spec, pre):
     cont = tz.batch.nodes[ROOT].continuous
     assert cont[:, 0].tolist() == pytest.approx([-1.0, 0.0, 1 / 3, 1.0, 5 / 3])
     assert tz.batch.nodes["orders"].continuous[4, 0, 1].item() == pytest.approx(
-        (5.0 - np.mean(totals)) / np.std(totals), rel=1e-5)
+        (5.0 - np.mean(totals)) / np.std(totals), rel=1e-5
+    )
 
 
 def test_sub_second_and_nanosecond_timestamps(shop_spec, shop_tables):
     orders = shop_tables["orders"]
-    ns = pa.array([None if v is None else v + dt.timedelta(microseconds=123_456)
-                   for v in orders["o_date"].to_pylist()], pa.timestamp("us")).cast(pa.timestamp("ns"))
+    ns = pa.array(
+        [None if v is None else v + dt.timedelta(microseconds=123_456) for v in orders["o_date"].to_pylist()],
+        pa.timestamp("us"),
+    ).cast(pa.timestamp("ns"))
     tables = dict(shop_tables, orders=orders.set_column(orders.schema.get_field_index("o_date"), "o_date", ns))
     spec = spec_of(shop_spec)
     pre = preprocess(spec, retrieved_of(tables))
     enc, schema = fit(spec, pre)
-    kept = [dt.datetime(2024, m, d, h) + dt.timedelta(microseconds=123_456)
-            for m, d, h in ((1, 1, 10), (2, 1, 10), (1, 10, 8), (1, 15, 8), (5, 5, 12))]
+    kept = [
+        dt.datetime(2024, m, d, h) + dt.timedelta(microseconds=123_456)
+        for m, d, h in ((1, 1, 10), (2, 1, 10), (1, 10, 8), (1, 15, 8), (5, 5, 12))
+    ]
     days = [(t - dt.datetime(1970, 1, 1)).total_seconds() / 86_400 for t in kept]
     assert enc.mean["orders.o_date"] == pytest.approx(np.mean(days), abs=1e-6)
     tz = tensorize(spec, pre, enc, schema)
@@ -501,8 +515,9 @@ def test_sub_second_and_nanosecond_timestamps(shop_spec, shop_tables):
 def test_regression_and_binary_targets(shop_spec, shop_tables):
     tables = dict(shop_tables)
     cust = tables["customers"]
-    tables["customers"] = cust.append_column("spend", pa.array([1.0, 2.0, None, 4.0, 5.0])) \
-        .append_column("vip", pa.array([True, False, None, True, False]))
+    tables["customers"] = cust.append_column("spend", pa.array([1.0, 2.0, None, 4.0, 5.0])).append_column(
+        "vip", pa.array([True, False, None, True, False])
+    )
     shop_spec["task"] = {"target": "spend", "kind": "regression"}
     spec = spec_of(shop_spec)
     pre = preprocess(spec, retrieved_of(tables))
@@ -527,8 +542,12 @@ def test_regression_and_binary_targets(shop_spec, shop_tables):
 def branch_target_spec(shop_spec: dict) -> Spec:
     raw = copy.deepcopy(shop_spec)
     del orders_branch(raw)["columns"]["o_status"]
-    raw["task"] = {"target": "o_status", "branch": "orders", "kind": "category",
-                   "outputs": ["prediction", "leaf:lines", "topk:2", "branch_embedding:lines"]}
+    raw["task"] = {
+        "target": "o_status",
+        "branch": "orders",
+        "kind": "category",
+        "outputs": ["prediction", "leaf:lines", "topk:2", "branch_embedding:lines"],
+    }
     return spec_of(raw)
 
 
@@ -543,11 +562,16 @@ def test_nested_outputs_hold_only_present_rows(shop_spec, shop_tables):
     logits = torch.randn(5, 2, 3, generator=gen)
     leaf = torch.randn(5, 2, 3, 4, generator=gen)
     pooled = torch.randn(5, 2, 4, generator=gen)
-    outs = PredictOutputs({"prediction": logits, "leaf:lines": leaf,
-                           "branch_embedding:lines": pooled}, present)
+    outs = PredictOutputs({"prediction": logits, "leaf:lines": leaf, "branch_embedding:lines": pooled}, present)
     table = to_table(spec, schema, enc, tz.keys, outs)
-    assert table.column_names == ["c_id", "prediction", "leaf_lines", "top2_labels",
-                                  "top2_scores", "branch_embedding_lines"]
+    assert table.column_names == [
+        "c_id",
+        "prediction",
+        "leaf_lines",
+        "top2_labels",
+        "top2_scores",
+        "branch_embedding_lines",
+    ]
     assert table["c_id"].to_pylist() == [1, 2, 3, 4, 5]
     orders_p, lines_p = present["orders"], present["lines"]
 
@@ -567,8 +591,7 @@ def test_nested_outputs_hold_only_present_rows(shop_spec, shop_tables):
     assert table["leaf_lines"].to_pylist() == expected_leaf
     assert table["branch_embedding_lines"].to_pylist() == expected_emb
     assert [len(x) for x in table["prediction"].to_pylist()] == [2, 1, 0, 2, 1]
-    assert [[len(o) for o in r] for r in table["leaf_lines"].to_pylist()] == [
-        [3, 1], [1], [], [2, 0], [0]]
+    assert [[len(o) for o in r] for r in table["leaf_lines"].to_pylist()] == [[3, 1], [1], [], [2, 0], [0]]
     top = table["top2_labels"].to_pylist()
     assert [[t[0] for t in r] for r in top] == expected_pred  # best label first
     scores = table["top2_scores"].to_pylist()
@@ -582,8 +605,9 @@ def test_root_outputs_are_flat(shop_spec, pre):
     tz = tensorize(spec, pre, enc, schema)
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 3.0], [5.0, 4.0], [0.0, 0.5]])
     emb = torch.arange(15, dtype=torch.float32).reshape(5, 3)
-    outs = PredictOutputs({"prediction": logits, "root_embedding": emb},
-                          {k: v.present for k, v in tz.batch.nodes.items()})
+    outs = PredictOutputs(
+        {"prediction": logits, "root_embedding": emb}, {k: v.present for k, v in tz.batch.nodes.items()}
+    )
     table = to_table(spec, schema, enc, tz.keys, outs)
     assert table["prediction"].to_pylist() == ["no", "yes", "yes", "no", "yes"]
     assert table["root_embedding"].to_pylist() == emb.tolist()
@@ -591,15 +615,13 @@ def test_root_outputs_are_flat(shop_spec, pre):
 
 def test_regression_predictions_are_unscaled(shop_spec, shop_tables):
     tables = dict(shop_tables)
-    tables["customers"] = tables["customers"].append_column(
-        "spend", pa.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    tables["customers"] = tables["customers"].append_column("spend", pa.array([1.0, 2.0, 3.0, 4.0, 5.0]))
     shop_spec["task"] = {"target": "spend", "kind": "regression"}
     spec = spec_of(shop_spec)
     pre = preprocess(spec, retrieved_of(tables))
     enc, schema = fit(spec, pre)
     tz = tensorize(spec, pre, enc, schema)
-    outs = PredictOutputs({"prediction": tz.batch.labels.clone()},
-                          {k: v.present for k, v in tz.batch.nodes.items()})
+    outs = PredictOutputs({"prediction": tz.batch.labels.clone()}, {k: v.present for k, v in tz.batch.nodes.items()})
     table = to_table(spec, schema, enc, tz.keys, outs)
     assert table["prediction"].to_pylist() == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
 

@@ -48,13 +48,45 @@ def test_a_failed_run_ends_with_the_error_recorded(mlflow_uri):
     client = MlflowClient(tracking_uri=mlflow_uri)
     Tracker("unit").fail(RuntimeError("never started"))  # before start: a no-op
     assert client.search_runs([client.get_experiment_by_name("unit").experiment_id]) == []
-    for error, status in [(UserError("bad key 7"), "FAILED"), (KeyboardInterrupt(), "KILLED"),
-                          (SystemExit(143), "KILLED")]:
+    for error, status in [
+        (UserError("bad key 7"), "FAILED"),
+        (KeyboardInterrupt(), "KILLED"),
+        (SystemExit(143), "KILLED"),
+    ]:
         tracker = Tracker("unit")
         run_id = tracker.start("r", tags={})
         tracker.fail(error)
         run = client.get_run(run_id)
         assert run.info.status == status
         assert run.data.tags["relflow.error"].startswith(type(error).__name__)
-    assert "bad key 7" in client.search_runs(
-        [tracker.experiment_id], "attributes.status = 'FAILED'")[0].data.tags["relflow.error"]
+    assert (
+        "bad key 7"
+        in client.search_runs([tracker.experiment_id], "attributes.status = 'FAILED'")[0].data.tags["relflow.error"]
+    )
+
+
+def test_system_metrics_touch_no_store_until_flushed(mlflow_uri, monkeypatch):
+    """Sampling runs inside the timed region: it may not read or write the store there."""
+    import threading
+
+    calls: list[str] = []
+    for name in ("log_batch", "get_run", "log_metric"):
+        original = getattr(MlflowClient, name)
+
+        def spy(self, *a, _name=name, _original=original, **kw):
+            calls.append(_name)
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(MlflowClient, name, spy)
+    tracker = Tracker("unit")
+    run_id = tracker.start("r", tags={})
+    calls.clear()
+    tracker.start_system_metrics(0.02)
+    threading.Event().wait(0.3)  # the "timed region"
+    tracker.stop_system_metrics()
+    assert calls == []
+    tracker.flush_system_metrics()
+    tracker.finish()
+    history = MlflowClient(tracking_uri=mlflow_uri).get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert len(history) >= 3
+    assert [m.step for m in history] == sorted(m.step for m in history)

@@ -1,0 +1,106 @@
+"""The latency record of a request scenario, its ``latency.*`` metric keys and its
+LoadGen-style validity rules.
+
+Per request: total latency (scheduled arrival, or issue in single_stream, to its response
+written), time queued, and each step's seconds. The first (cold) request is kept apart and
+never enters the percentiles. Shares are sums over the steady requests: a step's share is
+its time over the requests' total latency; ``queue`` and ``other`` (harness time between
+steps) complete the sum to 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tasks.spec import Request
+
+STEPS = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
+CDF_POINTS = 101  # latency.cdf_ms logged at steps 0..100 (percentiles)
+
+
+@dataclass
+class LatencyRecord:
+    scenario: str
+    latency_s: list[float] = field(default_factory=list)
+    queue_s: list[float] = field(default_factory=list)
+    steps_s: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STEPS})
+    batch_requests: list[int] = field(default_factory=list)  # requests served per batch
+    first_latency_s: float | None = None
+    first_steps_s: dict[str, float] = field(default_factory=dict)
+    duration_s: float = 0.0
+    target_qps: float | None = None
+    roots: int = 1
+
+    def add(self, latency: float, queue: float, steps: dict[str, float]) -> None:
+        self.latency_s.append(latency)
+        self.queue_s.append(queue)
+        for s in STEPS:
+            self.steps_s[s].append(steps.get(s, 0.0))
+
+    @property
+    def requests(self) -> int:
+        return len(self.latency_s)
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(np.asarray(self.latency_s), q) * 1e3) if self.latency_s else 0.0
+
+    def cdf_ms(self) -> list[float]:
+        """Latency at percentiles 0..100: the CDF the dashboard draws."""
+        if not self.latency_s:
+            return []
+        return [float(v) * 1e3 for v in np.percentile(np.asarray(self.latency_s), np.arange(CDF_POINTS))]
+
+    def metrics(self) -> dict[str, float]:
+        lat = np.asarray(self.latency_s)
+        m: dict[str, float] = {
+            "latency.requests": float(self.requests),
+            "latency.roots_per_request": float(self.roots),
+            "latency.duration_seconds": self.duration_s,
+        }
+        if self.first_latency_s is not None:
+            m["latency.first_request_ms"] = self.first_latency_s * 1e3
+            for s, v in self.first_steps_s.items():
+                m[f"latency.first_request.step_ms.{s}"] = v * 1e3
+        if not self.requests:
+            return m
+        for q in (50, 90, 99):
+            m[f"latency.request_ms.p{q}"] = self.percentile_ms(q)
+        m["latency.request_ms.max"] = float(lat.max() * 1e3)
+        m["latency.request_ms.mean"] = float(lat.mean() * 1e3)
+        total = float(lat.sum()) or 1.0
+        accounted = 0.0
+        for s in STEPS:
+            step_s = np.asarray(self.steps_s[s])
+            m[f"latency.step_ms.{s}.mean"] = float(step_s.mean() * 1e3) if len(step_s) else 0.0
+            m[f"latency.step_share.{s}"] = float(step_s.sum()) / total
+            accounted += float(step_s.sum())
+        queue = np.asarray(self.queue_s)
+        m["latency.step_share.queue"] = float(queue.sum()) / total
+        m["latency.step_share.other"] = max(total - accounted - float(queue.sum()), 0.0) / total
+        m["latency.queue_ms.p50"] = float(np.percentile(queue, 50) * 1e3)
+        m["latency.queue_ms.p99"] = float(np.percentile(queue, 99) * 1e3)
+        m["latency.achieved_qps"] = self.requests / self.duration_s if self.duration_s > 0 else 0.0
+        if self.target_qps is not None:
+            m["latency.target_qps"] = self.target_qps
+        if self.batch_requests:
+            m["latency.batch_requests.mean"] = float(np.mean(self.batch_requests))
+            m["latency.batch_requests.max"] = float(np.max(self.batch_requests))
+        return m
+
+
+def verdict(scenario: str, r: Request, metrics: dict[str, float]) -> list[str]:
+    """LoadGen's rules: enough requests, long enough, and (server) p99 within the bound."""
+    reasons = []
+    n = int(metrics.get("latency.requests", 0))
+    if n < r.min_requests:
+        reasons.append(f"latency.requests {n} < run.request.min_requests {r.min_requests}")
+    d = metrics.get("latency.duration_seconds", 0.0)
+    if d < r.min_duration_s:
+        reasons.append(f"latency.duration_seconds {d:.2f} < run.request.min_duration_s {r.min_duration_s}")
+    if scenario == "server":
+        p99 = metrics.get("latency.request_ms.p99", float("inf"))
+        if p99 > r.latency_bound_ms:
+            reasons.append(f"latency.request_ms.p99 {p99:.1f} > run.request.latency_bound_ms {r.latency_bound_ms}")
+    return reasons

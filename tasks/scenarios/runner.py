@@ -1,0 +1,58 @@
+"""Run the spec's request scenario over a prepared pipeline (keys listed, model trained)."""
+
+from __future__ import annotations
+
+from itertools import count
+from typing import Any
+
+import numpy as np
+
+from tasks import calibrate
+from tasks.errors import UserError
+from tasks.scenarios import server, single_stream
+from tasks.scenarios.latency import LatencyRecord
+from tasks.scenarios.request import RequestPath
+from tasks.scenarios.schedule import poisson_arrivals, request_keys, validation_keys
+
+
+def run_requests(
+    pipe: Any, writer: Any, quality: calibrate.CalibrationQuality, max_requests: int | None = None
+) -> LatencyRecord:
+    spec = pipe.spec
+    req, seed = spec.run.request, spec.run.seed
+    keys = np.concatenate(pipe.chunks) if pipe.chunks else np.empty(0)
+    pool = validation_keys(keys, spec.task.validation_fraction)
+    if len(pool) < req.roots:
+        raise UserError(
+            f"run.request.roots is {req.roots} but the workload has only {len(pool)} validation "
+            "root keys to draw requests from; lower run.request.roots or raise "
+            "task.validation_fraction."
+        )
+    serve = RequestPath(pipe, writer, quality)
+    if spec.run.scenario == "single_stream":
+
+        def stream() -> Any:
+            for block in count():  # deterministic: a fresh seeded draw per 1024 requests
+                yield from request_keys(pool, 1024, req.roots, seed + 7919 * block)
+
+        return single_stream.run(
+            serve,
+            stream(),
+            pipe.clock,
+            min_requests=req.min_requests,
+            min_duration_s=req.min_duration_s,
+            roots=req.roots,
+            max_requests=max_requests,
+        )
+    arrivals = poisson_arrivals(req.target_qps, req.min_requests, req.min_duration_s, seed)
+    keys_of = request_keys(pool, len(arrivals) + 1, req.roots, seed)
+    return server.run(
+        serve,
+        arrivals,
+        keys_of[1:],
+        pipe.clock,
+        max_batch=req.max_batch,
+        max_wait_s=req.max_wait_ms / 1e3,
+        cold_keys=keys_of[0],
+        target_qps=req.target_qps,
+    )

@@ -1,0 +1,74 @@
+"""server: open-loop arrivals on a schedule fixed up front; one server, dynamic batching.
+
+Arrivals never wait for the server (open loop): request ``i`` arrives at ``arrivals[i]``
+seconds after the start whatever happens. The server takes the queued requests when it is
+free: all of them up to ``max_batch``, after waiting at most ``max_wait_s`` past the oldest
+one's arrival for the batch to fill. A request's latency runs from its scheduled arrival to
+the end of its batch's write step, so time spent queued is counted. The cold first request
+is served, and recorded apart, before the schedule starts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from tasks.clock import Clock
+from tasks.scenarios.latency import LatencyRecord
+
+Serve = Callable[[np.ndarray], dict[str, float]]
+
+
+def run(
+    serve: Serve,
+    arrivals: np.ndarray,
+    keys: np.ndarray,
+    clock: Clock,
+    *,
+    max_batch: int,
+    max_wait_s: float,
+    cold_keys: np.ndarray | None = None,
+    target_qps: float | None = None,
+) -> LatencyRecord:
+    """``arrivals[i]`` (s from start) asks for ``keys[i]`` (a row of root keys)."""
+    n = len(arrivals)
+    rec = LatencyRecord("server", target_qps=target_qps, roots=keys.shape[1])
+    if cold_keys is not None:
+        with clock.measure() as cold:
+            rec.first_steps_s = serve(cold_keys)
+        rec.first_latency_s = cold.seconds
+    latency = np.zeros(n)
+    queued = np.zeros(n)
+    steps_of: list[dict[str, float]] = [{}] * n
+    queue: deque[int] = deque()
+    nxt = 0  # next request not yet arrived
+    t0 = clock.read()
+    end = 0.0
+    while nxt < n or queue:
+        now = clock.read() - t0
+        while nxt < n and arrivals[nxt] <= now:
+            queue.append(nxt)
+            nxt += 1
+        if not queue:
+            clock.sleep(arrivals[nxt] - now)
+            continue
+        if len(queue) < max_batch and nxt < n:
+            deadline = arrivals[queue[0]] + max_wait_s
+            if now < deadline:  # wait for the batch to fill, or the oldest request's limit
+                clock.sleep(min(deadline, arrivals[nxt]) - now)
+                continue
+        batch = [queue.popleft() for _ in range(min(max_batch, len(queue)))]
+        start = clock.read() - t0
+        steps = serve(np.unique(keys[batch].reshape(-1)))
+        end = clock.read() - t0
+        for i in batch:
+            latency[i] = end - arrivals[i]
+            queued[i] = start - arrivals[i]
+            steps_of[i] = steps
+        rec.batch_requests.append(len(batch))
+    for i in range(n):
+        rec.add(float(latency[i]), float(queued[i]), steps_of[i])
+    rec.duration_s = end
+    return rec

@@ -1,0 +1,44 @@
+"""single_stream: one request at a time, the next issued when the previous one is written.
+
+The first request is cold (first predict call, caches) and is recorded apart. Steady
+requests follow until both ``min_requests`` and ``min_duration_s`` are reached (LoadGen's
+rule), or ``max_requests`` when given (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from tasks.clock import Clock
+from tasks.scenarios.latency import LatencyRecord
+
+Serve = Callable[[np.ndarray], dict[str, float]]
+
+
+def run(
+    serve: Serve,
+    keys: Iterator[np.ndarray],
+    clock: Clock,
+    *,
+    min_requests: int,
+    min_duration_s: float,
+    roots: int = 1,
+    max_requests: int | None = None,
+) -> LatencyRecord:
+    rec = LatencyRecord("single_stream", roots=roots)
+    with clock.measure() as cold:
+        rec.first_steps_s = serve(next(keys))
+    rec.first_latency_s = cold.seconds
+    start = clock.read()
+    elapsed = 0.0
+    while rec.requests < min_requests or elapsed < min_duration_s:
+        if max_requests is not None and rec.requests >= max_requests:
+            break
+        with clock.measure() as span:
+            steps = serve(next(keys))
+        rec.add(span.seconds, 0.0, steps)
+        elapsed = clock.read() - start
+    rec.duration_s = elapsed
+    return rec

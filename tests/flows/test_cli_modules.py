@@ -1,0 +1,40 @@
+"""The CLI modules form no import cycle: ``flows/cli.py`` registers the commands of
+``cli_fleet`` and ``cli_reports``; those and ``cli.py`` share ``cli_common``, which imports
+none of them. Read from the source (no imports), so the test is instant."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+FLOWS = Path(__file__).resolve().parents[2] / "flows"
+
+
+def imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def test_no_cli_module_imports_the_app_and_common_imports_no_command():
+    for name in ("cli_common", "cli_fleet", "cli_reports", "cli_backends"):
+        assert "flows.cli" not in imported_modules(FLOWS / f"{name}.py"), name
+    assert not {"flows.cli_fleet", "flows.cli_reports", "flows.cli_backends"} & imported_modules(
+        FLOWS / "cli_common.py"
+    )
+
+
+def test_no_private_names_cross_module_boundaries():
+    for path in FLOWS.glob("cli*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.split(".")[0] in ("flows", "tasks", "dashboards", "model")
+            ):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"

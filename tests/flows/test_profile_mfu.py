@@ -1,0 +1,61 @@
+"""A profiled train+predict flow run: MFU per phase, thread tags, the steady-window profile
+as artifacts, and the profiled tag that keeps it out of history by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dashboards.history import select_history_runs
+from tasks.spec import load_spec
+from tasks.tracking import search_runs
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = [
+    "model.d_model=16",
+    "model.layers=1",
+    "model.heads=2",
+    "run.epochs=1",
+    "run.batch_size=512",
+    "run.device=cpu",
+    "run.profile=true",
+    "run.profile_batches=2",
+    "run.warmup_batches=1",
+    "run.system_metrics_interval_s=0",
+]
+
+
+@pytest.mark.slow
+def test_profiled_run_logs_mfu_profile_and_thread_tags(prefect_harness, tpch_small, tmp_path, monkeypatch):
+    from flows.benchmark import benchmark
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    spec = load_spec(REPO / "benchmarks" / "tpch_orders.yaml", SMALL)
+    summary = benchmark(spec=spec.to_dict(), spec_dir=str(REPO / "benchmarks"))
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(summary["run_id"])
+    m = run.data.metrics
+    for prefix in ("compute", "compute.train"):
+        assert 0 < m[f"{prefix}.mfu"] <= 1, prefix
+        assert m[f"{prefix}.model_flops_per_s"] > 0
+    assert m["host.peak_flops_per_s"] > m["compute.model_flops_per_s"]
+    tags = run.data.tags
+    assert tags["relflow.profiled"] == "true"
+    assert tags["relflow.threads.set_by_harness"] == "false"
+    assert int(tags["relflow.threads.intra_op"]) >= 1 and "relflow.env.OMP_NUM_THREADS" in tags
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
+    assert {
+        "profile/trace_train.json",
+        "profile/trace_predict.json",
+        "profile/top_ops.json",
+        "profile/top_ops.md",
+    } <= names
+    assert set(summary["profile"]) == {"train", "predict"} and summary["profile"]["predict"]
+    records = search_runs(spec.name, uri=uri)
+    assert [r.run_id for r in records] == [summary["run_id"]]
+    assert select_history_runs(records, host_fingerprint=None, spec_hash=None)[0] == []
+    assert select_history_runs(records, host_fingerprint=None, spec_hash=None, include_profiled=True)[0] == records
