@@ -147,8 +147,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         model.optimizer = AdamW(**{**settings, "betas": tuple(settings["betas"])})
     if weights is None:
         return Checkpoint(model, payload["optimizer"], settings, payload["extra"])
-    return Checkpoint(model, None, settings, payload["extra"], weights["format"],
-                      weights["source_sha256"], weights)
+    return Checkpoint(model, None, settings, payload["extra"], weights["format"], weights["source_sha256"], weights)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -169,8 +168,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str) -> dict[str,
         raise ValueError(f"{src}: checkpoint format {payload.get('format')!r} is not {FORMAT_VERSION}")
     if payload.get("weights") is not None:
         raise ValueError(
-            f"{src} is already a {payload['weights']['format']} checkpoint; quantize the fp32 "
-            "checkpoint it came from"
+            f"{src} is already a {payload['weights']['format']} checkpoint; quantize the fp32 checkpoint it came from"
         )
     sha = file_sha256(src)
     out = {k: v for k, v in payload.items() if k not in ("model", "optimizer")}

@@ -12,8 +12,14 @@ from model.batch import Batch, NodeTensors
 from model.export import ExportForward, export_onnx, output_name
 from model.synthetic import random_batch
 
-ALL = ("prediction", "root_embedding", "branch_embedding:orders", "branch_embedding:lineitem",
-       "leaf:orders", "leaf:lineitem")
+ALL = (
+    "prediction",
+    "root_embedding",
+    "branch_embedding:orders",
+    "branch_embedding:lineitem",
+    "leaf:orders",
+    "leaf:lineitem",
+)
 
 
 def trim(batch: Batch, model: RelationalTransformer, lengths: dict[str, int]) -> Batch:
@@ -23,8 +29,9 @@ def trim(batch: Batch, model: RelationalTransformer, lengths: dict[str, int]) ->
     for node in schema.root.walk():
         index = tuple(slice(0, lengths.get(n.name, n.max_length)) for n in schema.path(node.name)[1:])
         t = batch.nodes[node.name]
-        nodes[node.name] = NodeTensors(*(getattr(t, f)[(slice(None), *index)] for f in
-                                         ("present", "continuous", "continuous_null", "categorical")))
+        nodes[node.name] = NodeTensors(
+            *(getattr(t, f)[(slice(None), *index)] for f in ("present", "continuous", "continuous_null", "categorical"))
+        )
     return Batch(nodes, batch.labels, batch.label_present)
 
 
@@ -100,13 +107,17 @@ def test_one_onnx_file_runs_every_batch_size_and_padded_length(model, tmp_path):
     for size, lengths in cases:
         batch = short_batch(model, size, lengths, seed=size)
         want = eager(model, batch)
-        feeds = {k: v.numpy() for k, v in zip(sig.inputs, wrapper.flat_inputs(trim(batch, model, lengths)),
-                                                strict=True)}
+        feeds = {
+            k: v.numpy() for k, v in zip(sig.inputs, wrapper.flat_inputs(trim(batch, model, lengths)), strict=True)
+        }
         got = dict(zip(ALL, session.run(names, feeds), strict=True))
         L1, L2 = lengths.get("orders", 4), lengths.get("lineitem", 3)
-        crop = {"prediction": want["prediction"][:, :L1], "leaf:orders": want["leaf:orders"][:, :L1],
-                "leaf:lineitem": want["leaf:lineitem"][:, :L1, :L2],
-                "branch_embedding:lineitem": want["branch_embedding:lineitem"][:, :L1]}
+        crop = {
+            "prediction": want["prediction"][:, :L1],
+            "leaf:orders": want["leaf:orders"][:, :L1],
+            "leaf:lineitem": want["leaf:lineitem"][:, :L1, :L2],
+            "branch_embedding:lineitem": want["branch_embedding:lineitem"][:, :L1],
+        }
         for name in ALL:
             expected = crop.get(name, want[name]).numpy()
             assert got[name].shape == expected.shape, (size, lengths, name)

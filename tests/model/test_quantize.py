@@ -69,7 +69,8 @@ def test_quantized_checkpoint_loads_expanded_to_fp32(model, tmp_path, fmt):
     assert all(v.dtype == torch.float32 for v in state.values() if v.is_floating_point())
     # load-time expansion: same in-memory size as the fp32 model
     assert sum(v.numel() * v.element_size() for v in state.values()) == sum(
-        v.numel() * v.element_size() for v in model.state_dict().values())
+        v.numel() * v.element_size() for v in model.state_dict().values()
+    )
     batch = random_batch(model.schema, 6, seed=4)
     with torch.no_grad():
         want = model(batch)["prediction"]
@@ -99,7 +100,8 @@ def test_quantizing_a_quantized_checkpoint_is_refused(model, tmp_path):
 
 
 CUDA_FP8 = torch.cuda.is_available() and __import__("model.quantize", fromlist=["x"]).fp8_native_supported(
-    torch.device("cuda"))
+    torch.device("cuda")
+)
 
 
 @pytest.mark.skipif(not CUDA_FP8, reason="native fp8 needs CUDA compute capability 8.9+")
