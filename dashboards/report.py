@@ -48,8 +48,10 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
         "quality_vs_throughput": figures.quality_vs_throughput(bench),
         "occupancy_vs_packing": figures.occupancy_vs_packing(bench),
         "history": figures.history_figure(hist_runs, steps),
-        "backends": backends_figure(rows_from_runs(runs)),
     }
+    backend_rows = rows_from_runs(runs)
+    if backend_rows:  # children of a backends-report: the same chart as its parent's
+        figs["backends"] = backends_figure(backend_rows)
     latency_runs = [r for r in bench if r.metrics.get("latency.requests", 0) > 0]
     if latency_runs:  # request scenarios: the CDF series each run logged
         from tasks.tracking import metric_history
