@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import DEFAULT_SPEC, console, fail, out
+from flows.cli_common import DEFAULT_SPEC, console, fail, handle_run_error, out, start_run_command
 
 
 def export_cmd(
@@ -89,14 +89,14 @@ def backends_report_cmd(
     from flows.backends_report import VARIANTS, run_report
     from tasks.errors import UserError
 
-    overrides = list(set_ or [])
-    if scale is not None:
-        overrides.append(f"source.generate.tpch.scale={scale}")
+    # SIGTERM unwinds like Ctrl-C: the running variant is stopped (its run ends KILLED) and
+    # the parent run is ended too, never left RUNNING.
+    overrides = start_run_command(debug, set_, scale)
     try:
         unknown = [v for v in variant or [] if v not in VARIANTS]
         if unknown:
             raise UserError(f"--variant {unknown} unknown; choose from {list(VARIANTS)}.")
         md = run_report(spec.resolve(), overrides, repeats, list(variant or VARIANTS), console.print)
-    except Exception as err:  # noqa: BLE001
-        fail(err, debug)
+    except BaseException as err:  # noqa: BLE001
+        handle_run_error(err, debug, "the running variant and the report's parent MLflow run were ended.")
     out.print(md)
