@@ -122,3 +122,45 @@ def test_one_onnx_file_runs_every_batch_size_and_padded_length(model, tmp_path):
             expected = crop.get(name, want[name]).numpy()
             assert got[name].shape == expected.shape, (size, lengths, name)
             np.testing.assert_allclose(got[name], expected, atol=1e-4, rtol=0, err_msg=f"{size} {lengths} {name}")
+
+
+def with_text(batch: Batch, model: RelationalTransformer, seed: int) -> Batch:
+    """Random text vectors (and some null cells) for every node that has text columns."""
+    g = torch.Generator().manual_seed(seed)
+    for node in model.schema.root.walk():
+        if node.text:
+            t = batch.nodes[node.name]
+            shape = (*t.present.shape, len(node.text))
+            t.text = torch.randn(*shape, node.text[0].width, generator=g)
+            t.text_null = torch.rand(shape, generator=g) < 0.2
+    return batch
+
+
+def test_export_forward_feeds_text_columns(small):
+    from model import ColumnDef, ModelSchema, NodeDef, TargetDef
+
+    line = NodeDef("lineitem", (ColumnDef("qty", "numeric"), ColumnDef("note", "text", width=5)), max_length=3)
+    root = NodeDef(
+        "orders",
+        (ColumnDef("total", "numeric"), ColumnDef("comment", "text", width=5), ColumnDef("status", "category", 4)),
+        children=(line,),
+    )
+    torch.manual_seed(0)
+    model = RelationalTransformer(ModelSchema(root, TargetDef("orders", "status", "category", 3)), small).eval()
+    batch = with_text(random_batch(model.schema, 6, seed=4), model, seed=5)
+    outputs = ("prediction", "leaf:lineitem")
+    wrapper = ExportForward(model, outputs)
+    sig = wrapper.signature()
+    assert {"orders.text", "orders.text_null", "lineitem.text", "lineitem.text_null"} <= set(sig.inputs)
+    with torch.no_grad():
+        got = wrapper(*wrapper.flat_inputs(batch))
+    want = eager(model, batch, outputs)
+    for name, value in zip(outputs, got, strict=True):
+        torch.testing.assert_close(value, want[name], atol=1e-5, rtol=1e-5)
+    # the text vectors matter: changing one present, non-null cell changes the prediction
+    t = batch.nodes["orders"]
+    t.text_null[0, 0] = False
+    t.text[0, 0] += 3.0
+    with torch.no_grad():
+        moved = wrapper(*wrapper.flat_inputs(batch))[0]
+    assert not torch.allclose(moved[0], got[0][0])
