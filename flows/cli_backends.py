@@ -96,7 +96,13 @@ def backends_report_cmd(
         unknown = [v for v in variant or [] if v not in VARIANTS]
         if unknown:
             raise UserError(f"--variant {unknown} unknown; choose from {list(VARIANTS)}.")
-        md = run_report(spec.resolve(), overrides, repeats, list(variant or VARIANTS), console.print)
+        md = run_report(
+            spec.resolve(),
+            overrides,
+            repeats,
+            list(variant or VARIANTS),
+            lambda line: console.print(line, markup=False, soft_wrap=True),
+        )
     except BaseException as err:  # noqa: BLE001
         handle_run_error(err, debug, "the running variant and the report's parent MLflow run were ended.")
-    out.print(md)
+    out.print(md, markup=False, soft_wrap=True)  # "[n=1<6, no CI]" is text, not Rich markup

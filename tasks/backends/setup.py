@@ -91,7 +91,7 @@ def start_backend(
     r = spec.run
     if r.backend == "pytorch":
         fmt = load.weights_format if load else "fp32"
-        native = fmt != "fp8"
+        native = fmt == "fp32"  # every other format is expanded to fp32 at load, except native fp8
         if load is not None and load.quantized is not None and fmt == "fp8" and fp8_native_supported(engine.device):
             from model.quantize import use_native_fp8
 

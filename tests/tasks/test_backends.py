@@ -138,6 +138,13 @@ def test_pytorch_backend_tags_fp8_as_expanded_off_supported_cuda(trained_ckpt, t
     _, tags = start_backend(spec, engine, BackendPlan(), None, got["load"], Clock())
     assert tags["relflow.weights_format"] == "fp8"
     assert tags["relflow.weights_native"] == "false"  # CPU: expanded like int8
+    quantize_checkpoint(path, tmp_path / "s.int8.ckpt", "int8")
+    got = load_run_checkpoint(tmp_path / "s.int8.ckpt", spec)
+    engine = Engine(spec, got["schema"], torch.device("cpu"), got["model"], encoding=got["encoding"])
+    _, tags = start_backend(spec, engine, BackendPlan(), None, got["load"], Clock())
+    assert (tags["relflow.weights_format"], tags["relflow.weights_native"]) == ("int8", "false")  # expanded
+    _, tags = start_backend(spec, engine, BackendPlan(), None, None, Clock())
+    assert (tags["relflow.weights_format"], tags["relflow.weights_native"]) == ("fp32", "true")
 
 
 @pytest.mark.slow
