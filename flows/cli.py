@@ -344,7 +344,7 @@ def peak_cmd(
 
     from tasks.environment import fingerprint
     from tasks.errors import UserError
-    from tasks.peak import DTYPES, cache_file, peak_flops
+    from tasks.peak import BUSY_HOST_FRACTION, DTYPES, cache_file, peak_flops
 
     if precision not in DTYPES:
         fail(UserError(f"--precision '{precision}' is not one of {sorted(DTYPES)}."), False)
@@ -354,6 +354,8 @@ def peak_cmd(
     fp = fingerprint(dev)["relflow.host_fingerprint"]
     pk = peak_flops(fp, dev, precision, remeasure=remeasure)
     how = "cached" if pk.cached else "measured now"
+    if not pk.cached and pk.other_cpu_fraction > BUSY_HOST_FRACTION:
+        how += f", NOT cached: other processes used {pk.other_cpu_fraction:.0%} of the cores"
     out.print(
         f"peak {pk.flops_per_s / 1e9:,.1f} GFLOP/s ({precision}, {pk.device}, {pk.threads} threads, "
         f"{pk.size}^3 matmul, {how}; host {fp}; cache {cache_file()})"

@@ -23,8 +23,10 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 DEFAULT_SPEC = BENCHMARKS / "tpch_orders.yaml"
 INTERRUPTED_EXIT = 130
 
-console = Console(stderr=True)  # progress, notes and errors
-out = Console()  # the command's result (tables, paths), so it can be piped
+# soft_wrap: a path or link is never broken across lines (piped output is 80 columns wide),
+# so it can be copied, clicked and parsed; tables still fit the width.
+console = Console(stderr=True, soft_wrap=True)  # progress, notes and errors
+out = Console(soft_wrap=True)  # the command's result (tables, paths), so it can be piped
 
 
 def fail(err: BaseException, debug: bool) -> NoReturn:

@@ -334,7 +334,7 @@ def ui_cmd(
 
     uri = tracking_uri()
     if uri.startswith(("http://", "https://")):  # a shared `mlflow server` is its own UI
-        console.print(f"MLFLOW_TRACKING_URI is a tracking server: open {uri} in a browser (its UI).")
+        out.print(f"MLFLOW_TRACKING_URI is a tracking server: open {uri} in a browser (its UI).")
         raise typer.Exit(0)
     cmd = [
         sys.executable,

@@ -5,6 +5,9 @@ this hardware reaches on real work, so ``achieved / peak`` says how far a worklo
 the machine's limit. Measured once per (host fingerprint, device, dtype, threads) and cached
 in a small JSON file (``$RELFLOW_CACHE_DIR``, default ``~/.cache/relflow-bench``), because
 re-measuring costs seconds of full load; ``relflow-bench peak --remeasure`` refreshes it.
+A peak measured while other processes held the cores is far too low (12.8 instead of ~180
+GFLOP/s was seen on this 2-core host under load) and would inflate every later MFU, so it is
+used for that run only and never cached.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 import torch
 
 from tasks.clock import Clock, unix_time
+from tasks.hostload import OtherCpu
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -29,7 +33,12 @@ class Peak:
     threads: int
     size: int  # n of the n x n x n matmul
     measured_unix_s: float
+    other_cpu_fraction: float = 0.0  # share of the cores other processes used while measuring
     cached: bool = False
+
+
+# Above this share of the cores taken by other work, a measured peak is not cached.
+BUSY_HOST_FRACTION = 0.1
 
 
 def cache_file() -> Path:
@@ -51,11 +60,13 @@ def measure(device: torch.device, dtype: str, size: int | None = None, reps: int
     for _ in range(3):
         a @ b
     best = float("inf")
+    other = OtherCpu().start()
     for _ in range(reps):
         with clock.measure() as span:
             a @ b
         best = min(best, span.seconds)
-    return Peak(2.0 * n**3 / best, str(device), dtype, torch.get_num_threads(), n, unix_time())
+    busy = other.stop()
+    return Peak(2.0 * n**3 / best, str(device), dtype, torch.get_num_threads(), n, unix_time(), busy)
 
 
 def peak_flops(fingerprint: str, device: torch.device, dtype: str, remeasure: bool = False) -> Peak:
@@ -69,6 +80,8 @@ def peak_flops(fingerprint: str, device: torch.device, dtype: str, remeasure: bo
     if not remeasure and key in cache:
         return Peak(**{**cache[key], "cached": True})
     peak = measure(device, dtype)
+    if peak.other_cpu_fraction > BUSY_HOST_FRACTION:
+        return peak  # a busy host's peak: this run only, measured again next time
     cache[key] = {k: v for k, v in asdict(peak).items() if k != "cached"}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -375,7 +375,7 @@ class Run(Strict):
     min_steady_seconds: float = Field(1.0, ge=0, description="validity: less makes the run INVALID")
     max_recompiles: int = Field(0, ge=0, description="validity: recompiles after warm-up allowed")
     max_host_load: float | None = Field(
-        None,
+        0.5,
         gt=0,
         description="validity: share of all cores other processes may use just before "
         "(0.5 s window) and during the timed region (other work slows torch 10x+)",

@@ -63,7 +63,6 @@ def mlflow_ui(bench_runs, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.unverified
 def test_ui_link_opens_on_the_runs_table_with_every_run(mlflow_ui, bench_runs, page):
     base, printed = mlflow_ui
     links = re.findall(r"tpch-orders: (\S+)", printed)
@@ -83,7 +82,6 @@ def test_ui_link_opens_on_the_runs_table_with_every_run(mlflow_ui, bench_runs, p
 
 
 @pytest.mark.slow
-@pytest.mark.unverified
 def test_run_page_shows_the_stage_table_and_verdict(mlflow_ui, bench_runs, page):
     base, printed = mlflow_ui
     link = re.search(r"tpch-orders: (\S+)", printed).group(1)

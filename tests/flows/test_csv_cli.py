@@ -101,7 +101,6 @@ def test_unparsed_marker_exits_2_before_prefect_and_mlflow(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.unverified
 def test_the_named_fix_runs_end_to_end(tmp_path):
     r = _run(tmp_path, _spec([*PANDAS_NULL_VALUES, "?"]))
     assert r.returncode == 0, r.stderr[-3000:]

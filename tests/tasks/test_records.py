@@ -162,7 +162,7 @@ def test_nan_quality_fails_the_floor_with_a_reason():
     assert "task.min_quality 0.9 is not met" in reasons[0]
 
 
-def test_host_load_rule_is_opt_in_and_reads_other_processes_cpu():
+def test_host_load_rule_is_on_by_default_and_reads_other_processes_cpu():
     metrics = {
         **STEADY,
         "quality.accuracy": 0.95,
@@ -171,6 +171,7 @@ def test_host_load_rule_is_opt_in_and_reads_other_processes_cpu():
         "host.other_cpu_fraction_before": 0.1,
         "host.other_cpu_fraction": 0.7,
     }
-    assert verdict(_spec(), metrics, "accuracy") == []
-    reasons = verdict(_spec(max_host_load=0.5), metrics, "accuracy")
+    assert verdict(_spec(max_host_load=None), metrics, "accuracy") == []  # turned off
+    assert verdict(_spec(max_host_load=0.8), metrics, "accuracy") == []
+    reasons = verdict(_spec(), metrics, "accuracy")  # the default, 0.5
     assert reasons == ["host.other_cpu_fraction 0.70 > run.max_host_load 0.5 (other processes used the cores)"]

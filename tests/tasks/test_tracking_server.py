@@ -73,7 +73,6 @@ def _bench_cmd(*more: str) -> list[str]:
     return [sys.executable, "-m", "flows.cli", "run", *(a for o in SMALL for a in ("--set", o)), *more]
 
 
-@pytest.mark.unverified
 @pytest.mark.slow
 def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small):
     with (
@@ -134,7 +133,6 @@ def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small):
         assert url in done.stdout  # `ui` points at the server's own UI
 
 
-@pytest.mark.unverified
 @pytest.mark.slow
 def test_load_test_loses_nothing_on_the_server():
     with (
@@ -169,7 +167,6 @@ def test_load_test_loses_nothing_on_the_server():
     assert sqlite["lost"] == 0 or sqlite["errors"] > 0 or 0 in sqlite["process_exit_codes"]
 
 
-@pytest.mark.unverified
 @pytest.mark.slow
 def test_basic_auth_read_only_user_cannot_create_runs(tpch_small):
     admin_pw, writer_pw, reader_pw = "adm-Secret-7731", "wr-Secret-4410", "rd-Secret-9902"

@@ -30,6 +30,7 @@ def test_flops_per_root_row_matches_a_hand_count():
 
 def test_mfu_is_a_fraction_of_a_measured_peak(tmp_path, monkeypatch):
     monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("tasks.peak.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
     cpu = torch.device("cpu")
     peak = peak_flops("fp-test", cpu, "fp32")
     assert not peak.cached and peak.flops_per_s > 0
@@ -44,3 +45,29 @@ def test_mfu_is_a_fraction_of_a_measured_peak(tmp_path, monkeypatch):
     assert 0 < m["compute.mfu"] <= 1
     assert m["compute.train.model_flops_per_s"] == pytest.approx(small.flops_per_s / 10.0)
     assert 0 < m["compute.train.mfu"] <= 1
+
+
+def test_a_peak_measured_on_a_busy_host_is_not_cached(tmp_path, monkeypatch):
+    """Other processes (not this one's children: those count as the run's own work) busy on
+    every core: the peak is measured for this call but the next call measures again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path))
+    burn = "import time\nt = time.time() + 60\nwhile time.time() < t: pass"
+    pids = tmp_path / "pids"
+    # `sh` exits at once, so the burners are re-parented: other processes, as far as we know.
+    cores = os.cpu_count() or 1
+    launch = " ".join(f"{sys.executable} -c '{burn}' & echo $! >> {pids};" for _ in range(cores))
+    subprocess.run(["sh", "-c", launch], check=True)
+    try:
+        time.sleep(0.5)
+        peak = peak_flops("fp-busy", torch.device("cpu"), "fp32")
+        assert peak.other_cpu_fraction > 0.1
+        assert not peak_flops("fp-busy", torch.device("cpu"), "fp32").cached
+    finally:
+        for pid in pids.read_text().split():
+            os.kill(int(pid), signal.SIGKILL)
