@@ -99,5 +99,8 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp
     assert m2["memory.model_bytes_after_load"] == m2["memory.model_bytes_fp32"]
     assert "quality.delta_vs_reference" in m2 and "quality.reference.accuracy" in m2
     drop = m2["quality.drop_vs_reference"]
-    assert (tags2["relflow.validity"] == "INVALID") == (drop > 0.0)
+    # the drop rule's verdict (other rules may also fire on a loaded host: not this test's subject)
+    assert ("run.max_quality_drop" in tags2["relflow.invalid_reasons"]) == (drop > 0.0), tags2[
+        "relflow.invalid_reasons"
+    ]
     assert not [k for k in m2 if not documented(k)]
