@@ -100,7 +100,6 @@ def _run(tmp: Path, name: str, *sets: str) -> dict:
     return json.loads((work / "s.json").read_text())
 
 
-@pytest.mark.unverified
 @pytest.mark.slow
 def test_two_gloo_processes_train_like_one(tpch_small, tmp_path):
     from mlflow.tracking import MlflowClient
