@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from dashboards import figures
+from dashboards.backends import backends_figure, rows_from_runs
 from dashboards.history import HISTORY_METRICS, HistoryStep, history, select_history_runs
 from tasks.tracking import RunRecord
 
@@ -48,6 +49,9 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
         "occupancy_vs_packing": figures.occupancy_vs_packing(bench),
         "history": figures.history_figure(hist_runs, steps),
     }
+    backend_rows = rows_from_runs(runs)
+    if backend_rows:  # children of a backends-report: the same chart as its parent's
+        figs["backends"] = backends_figure(backend_rows)
     latency_runs = [r for r in bench if r.metrics.get("latency.requests", 0) > 0]
     if latency_runs:  # request scenarios: the CDF series each run logged
         from tasks.tracking import metric_history

@@ -19,6 +19,7 @@ each times its own work with the shared clock, never with Prefect's records.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from tasks import calibrate as calibration
 from tasks import compute as compute_stage
 from tasks import distributed, interrupts, progress
 from tasks import keys as K
+from tasks.backends.setup import BackendPlan, check_backend, start_backend
 from tasks.baseline import no_better_than_baseline
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.checks import check_data_before_work, check_files, check_table_folders
@@ -56,7 +58,8 @@ from tasks.peak import peak_flops
 from tasks.preflight import check_before_work
 from tasks.preprocess import Preprocessed, preprocess
 from tasks.profiling import to_markdown as profile_markdown
-from tasks.records import PHASES, RunResult, StageTiming, batch_coordinate_metrics
+from tasks.records import PHASES, BackendSetup, RunResult, StageTiming, batch_coordinate_metrics
+from tasks.reference import check_reference, drop_reasons, quality_delta, reference_quality
 from tasks.retrieve import Retrieved, list_root_keys, retrieve
 from tasks.run_note import run_description
 from tasks.scenarios.latency import verdict as latency_verdict
@@ -169,6 +172,8 @@ class Plan:
     spec_dir: Path = Path(".")  # where relative source paths resolve (DDP ranks re-plan from it)
     data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/checks.py counts
     warnings: list[str] = field(default_factory=list)
+    backend: BackendPlan = field(default_factory=BackendPlan)  # run.backend (tasks/backends)
+    reference: dict[str, Any] | None = None  # run.reference_checkpoint, loaded and checked
 
 
 def plan(spec: Spec, spec_dir: Path) -> Plan:
@@ -199,7 +204,21 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     ckpt = None
     if spec.run.checkpoint:  # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
-    return Plan(spec, sources, device, ckpt, wall_clock() - t0, generated, spec_dir, data_metrics, notes + data_notes)
+    backend, ckpt = check_backend(spec, ckpt)  # providers, bundle (it may stand in for ckpt)
+    reference = check_reference(spec, ckpt["encoding"] if ckpt else None)
+    return Plan(
+        spec,
+        sources,
+        device,
+        ckpt,
+        wall_clock() - t0,
+        generated,
+        spec_dir,
+        data_metrics,
+        notes + data_notes,
+        backend,
+        reference,
+    )
 
 
 class Pipeline:
@@ -279,20 +298,34 @@ class Pipeline:
             self.result.coords_reserved += tz.coords_reserved
             for name, n in pre.overflow_dropped.items():
                 self.result.overflow_dropped[name] = self.result.overflow_dropped.get(name, 0) + n
-        if self.engine is None:
-            ck = self.p.checkpoint
-            self.engine = compute_stage.Engine(
-                spec,
-                self.schema,
-                self.p.device,
-                ck["model"] if ck else None,
-                clock,
-                self.enc,
-                optimizer_state=ck.get("optimizer") if ck else None,
-            )
+        self.ensure_engine()
         if reuse and len(self.chunks) == 1:
             self._cache[i] = tz
         return tz
+
+    def ensure_engine(self) -> None:
+        """The engine, once the schema is known (from a checkpoint or bundle, or the first
+        chunk's fit)."""
+        if self.engine is None and self.schema is not None:
+            ck = self.p.checkpoint
+            self.engine = compute_stage.Engine(
+                self.spec,
+                self.schema,
+                self.p.device,
+                ck["model"] if ck else None,
+                self.clock,
+                self.enc,
+                optimizer_state=ck.get("optimizer") if ck else None,
+            )
+
+    def prepare_untimed(self, i: int) -> Tensorized:
+        """retrieve -> (encode) -> tensorize for chunk ``i`` outside the stage timings (the
+        reference pass); the same stage functions, without Prefect tasks or stage seconds."""
+        assert self.enc is not None
+        pre = preprocess(self.spec, retrieve(self.spec, self.p.sources, self.chunks[i]))
+        if self.has_text:
+            pre = encode_text(self.spec, pre).pre
+        return tensorize(self.spec, pre, self.enc, self.schema)
 
     def train(self) -> None:
         st = self.result.stages["train"]
@@ -375,6 +408,9 @@ class Run:
     region: dict[str, float] | None = None
     ckpt_path: Path | None = None
     latency: Any = None  # LatencyRecord of a single_stream / server run
+    backend_setup: BackendSetup = field(default_factory=BackendSetup)
+    backend_tags: dict[str, str] = field(default_factory=dict)
+    reference_quality: dict[str, float] | None = None
 
     @property
     def quality_meaningful(self) -> bool:
@@ -444,6 +480,7 @@ def timed_body(run: Run) -> None:
             else:
                 pipe.train()
             pipe.fit_calibration()
+        setup_seconds = serving_backend(run)  # outside every stage (not in e2e)
         run.latency = None
         if s.run.scenario != "offline":  # single_stream / server (tasks/scenarios)
             progress.emit("phase", name=f"{s.run.scenario} requests")
@@ -464,15 +501,44 @@ def timed_body(run: Run) -> None:
         region_end_unix = unix_time()
         other_during = other.stop()
         run.tracker.stop_system_metrics()
+        if run.plan.reference is not None:  # still under the host lock, after the region
+            progress.emit("phase", name="reference quality (not timed)")
+            run.reference_quality = reference_quality(
+                s, run.plan.reference, pipe.chunks, pipe.prepare_untimed, run.plan.device
+            )
     run.region = {
         "waited": waited,
         "body_seconds": body_seconds,
+        "setup_seconds": setup_seconds,
         "start_unix": region_start_unix,
         "end_unix": region_end_unix,
         "load_start": load_start,
         "other_before": other_before,
         "other_during": other_during,
     }
+
+
+def serving_backend(run: Run) -> float:
+    """Between training and the first predict pass: the backend the run serves with
+    (tasks/backends). ONNX Runtime after training exports the run's own checkpoint, saved
+    here first. Returns the seconds it took (export, session, checkpoint), kept out of e2e and
+    of the orchestration figure."""
+    s, pipe = run.spec, run.pipe
+    assert pipe is not None
+    start = wall_clock()
+    pipe.ensure_engine()
+    if pipe.engine is None:  # predict with untrained weights: schema known after the first fit
+        return 0.0
+    served = Path(s.run.checkpoint) if s.run.checkpoint else None
+    if s.run.mode == "train+predict" and s.run.backend == "onnxruntime":
+        assert pipe.enc is not None
+        run.ckpt_path = served = run.output.with_suffix(".ckpt")  # ONNX Runtime serves the trained weights
+        served.parent.mkdir(parents=True, exist_ok=True)  # the writer creates it only when committing
+        save_run_checkpoint(served, pipe.engine, pipe.enc, s)
+    load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
+    progress.emit("phase", name=f"starting the {s.run.backend} backend")
+    run.backend_setup, run.backend_tags = start_backend(s, pipe.engine, run.plan.backend, served, load, pipe.clock)
+    return wall_clock() - start
 
 
 def collect(run: Run) -> dict[str, float]:
@@ -489,6 +555,11 @@ def collect(run: Run) -> dict[str, float]:
     for phase in PHASES:
         result.recompiles[phase] = engine.recompiles(phase)
         result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
+        run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
+    result.extra.update(run.backend_setup.metrics())
+    load = p.checkpoint.get("load") if p.checkpoint else None
+    if load is not None:
+        result.extra.update(load.metrics())
     engine.close()
     engine.profiler.close()
     result.rows_written = run.writer.rows
@@ -504,6 +575,8 @@ def collect(run: Run) -> dict[str, float]:
     result.quality = engine.quality.metrics()
     result.quality.update(run.pipe.calibration.metrics())
     result.extra["calibration.temperature"] = run.pipe.temperature
+    if run.reference_quality is not None:
+        result.extra.update(quality_delta(engine.quality.headline, result.quality, run.reference_quality))
     if run.latency is not None:
         result.extra.update(run.latency.metrics())
     result.extra.update(
@@ -511,7 +584,9 @@ def collect(run: Run) -> dict[str, float]:
             K.HARNESS_DATA_SECONDS: p.data_seconds,
             K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
             K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
-            K.HARNESS_ORCHESTRATION_SECONDS: max(region["body_seconds"] - result.timed_stage_seconds, 0.0),
+            K.HARNESS_ORCHESTRATION_SECONDS: max(
+                region["body_seconds"] - region["setup_seconds"] - result.timed_stage_seconds, 0.0
+            ),
             K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
             # When this run held the host: lets anyone check that timed regions never overlap.
             K.HARNESS_REGION_START: region["start_unix"],
@@ -523,8 +598,9 @@ def collect(run: Run) -> dict[str, float]:
         }
     )
     if s.run.mode == "train+predict":
-        run.ckpt_path = run.output.with_suffix(".ckpt")
-        save_run_checkpoint(run.ckpt_path, engine, enc, s)
+        if run.ckpt_path is None:  # else saved before serving (ONNX Runtime exports it)
+            run.ckpt_path = run.output.with_suffix(".ckpt")
+            save_run_checkpoint(run.ckpt_path, engine, enc, s)
         run.tracker.log_artifact(run.ckpt_path, "checkpoint")
         run.tracker.log_model(
             engine.model,
@@ -558,7 +634,7 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
         reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
     if run.quality_meaningful:  # a model no better than the majority class / the mean
         reasons += no_better_than_baseline(metrics)
-    return reasons
+    return reasons + drop_reasons(run.spec, metrics)
 
 
 def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:
@@ -573,6 +649,8 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
     tracker.set_tags(
         {
             "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
+            **(run.backend_tags or engine.backend.tags()),
+            "relflow.graph_break_reasons": json.dumps(compute_stage.graph_break_reasons()),
             "relflow.quality_meaningful": str(run.quality_meaningful).lower(),
             "relflow.output_path": str(run.output),
             "relflow.validity": "INVALID" if reasons else "VALID",

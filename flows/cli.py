@@ -1,7 +1,8 @@
 """``relflow-bench``: the command line (the app, ``run``, ``compile-report``, ``data``).
 
 ``sweep``/``serve`` live in ``flows/cli_fleet.py``, the report commands in
-``flows/cli_reports.py``, the plumbing all of them share (consoles, exit codes) in
+``flows/cli_reports.py``, ``export``/``quantize``/``backends-report`` in
+``flows/cli_backends.py``, the plumbing all of them share (consoles, exit codes) in
 ``flows/cli_common.py``. Prefect is imported only once a command needs it, so
 ``--help`` is instant and Prefect's log level can be set from ``--debug`` first.
 """
@@ -20,6 +21,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from flows.cli_backends import backends_report_cmd, export_cmd, quantize_cmd
 from flows.cli_common import (
     DEFAULT_SPEC,
     INTERRUPTED_EXIT,
@@ -397,6 +399,9 @@ app.command("compare")(compare_cmd)
 app.command("history")(history_cmd)
 app.command("dashboard")(dashboard_cmd)
 app.command("ui")(ui_cmd)
+app.command("export")(export_cmd)
+app.command("quantize")(quantize_cmd)
+app.command("backends-report")(backends_report_cmd)
 app.command("sweep")(sweep_cmd)
 app.command("serve")(serve_cmd)
 

@@ -9,12 +9,16 @@ Design choices:
   loading works and is always used.
 - Compilation is runtime state and is never stored: a loaded model runs eager until
   ``compile`` is called again.
+- Quantized checkpoints (``quantize_checkpoint``; formats in ``quantize.py``) carry
+  ``weights`` instead of ``model`` and no optimizer state; loading expands them to fp32
+  (``Checkpoint.weights_format`` says what the file held).
 - Resuming refuses optimizer settings that differ from the saved run (``ValueError`` naming
   each differing setting), because silently changing them mid-run changes the experiment.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ import torch
 
 from .config import ModelConfig
 from .optim import AdamW
+from .quantize import expand_state, quantize_state
 from .schema import ColumnDef, ModelSchema, NodeDef, TargetDef
 from .transformer import RelationalTransformer
 
@@ -91,6 +96,9 @@ class Checkpoint:
     optimizer_state: dict[str, Any] | None
     optimizer_settings: dict[str, Any] | None
     extra: dict[str, Any] = field(default_factory=dict)
+    weights_format: str = "fp32"
+    source_sha256: str | None = None  # quantized files: the fp32 checkpoint they came from
+    quantized_weights: dict[str, Any] | None = None  # the payload as stored (fp8 native use)
 
     def resume_optimizer(self, settings: AdamW | dict[str, Any] | None = None) -> torch.optim.Optimizer:
         """Build the optimizer for ``self.model`` and restore its saved state.
@@ -131,9 +139,40 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             "re-save it with this version of the model package"
         )
     model = RelationalTransformer(schema_from_dict(payload["schema"]), ModelConfig(**payload["config"]))
-    model.load_state_dict(payload["model"])
+    weights = payload.get("weights")
+    model.load_state_dict(expand_state(weights) if weights is not None else payload["model"])
     model.to(map_location)
     settings = payload["optimizer_settings"]
     if settings is not None:
         model.optimizer = AdamW(**{**settings, "betas": tuple(settings["betas"])})
-    return Checkpoint(model, payload["optimizer"], settings, payload["extra"])
+    if weights is None:
+        return Checkpoint(model, payload["optimizer"], settings, payload["extra"])
+    return Checkpoint(model, None, settings, payload["extra"], weights["format"], weights["source_sha256"], weights)
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str) -> dict[str, Any]:
+    """Write ``src`` (an fp32 checkpoint) to ``dst`` in weight format ``fmt``.
+
+    The optimizer state is dropped (a deployment file); the format and the source file's
+    sha256 are recorded. Returns ``{"format", "source_sha256", "bytes"}``."""
+    payload = torch.load(Path(src), map_location="cpu", weights_only=True)
+    if payload.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{src}: checkpoint format {payload.get('format')!r} is not {FORMAT_VERSION}")
+    if payload.get("weights") is not None:
+        raise ValueError(
+            f"{src} is already a {payload['weights']['format']} checkpoint; quantize the fp32 checkpoint it came from"
+        )
+    sha = file_sha256(src)
+    out = {k: v for k, v in payload.items() if k not in ("model", "optimizer")}
+    out["optimizer"] = None
+    out["weights"] = quantize_state(payload["model"], fmt, sha)
+    torch.save(out, Path(dst))
+    return {"format": fmt, "source_sha256": sha, "bytes": Path(dst).stat().st_size}

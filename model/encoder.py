@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quantize import Fp8Linear
+
 
 class SelfAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, dropout: float) -> None:
@@ -105,5 +107,6 @@ STOCK_ENCODER_TYPES: frozenset[type[nn.Module]] = frozenset(
         nn.LayerNorm,
         nn.GELU,
         nn.Dropout,
+        Fp8Linear,  # native fp8 weights (a quantized checkpoint on supported CUDA)
     }
 )

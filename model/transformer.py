@@ -41,7 +41,7 @@ from .optim import AdamW, adamw
 from .packing import NodeResult, NodeRows, encode_packed, encode_padded
 from .pooling import STOCK_POOL_TYPES, AttentionPool, mean_pool
 from .regions import CompileSettings, RegionRunner, dropout_active, has_hooks, is_stock
-from .schema import ModelSchema, NodeDef
+from .schema import UNKNOWN_INDEX, ModelSchema, NodeDef
 
 Packing = Literal["auto", "off"]
 PACKING_MODES = ("auto", "off")
@@ -187,12 +187,11 @@ class RelationalTransformer(nn.Module):
         return is_stock(stack, STOCK_ENCODER_TYPES) and not has_hooks(stack) and not dropout_active(stack)
 
     # --------------------------------------------------------------------------- forward
-    def forward(self, batch: Batch, outputs: Iterable[str] = ("prediction",)) -> dict[str, torch.Tensor]:
-        outputs = self._parse_outputs(outputs)
+    def output_plan(self, outputs: tuple[str, ...]) -> tuple[set[str], set[str], dict[str, list[str]]]:
+        """Nodes to encode, nodes whose pooled vector is needed, and row outputs per node."""
         schema = self.schema
         target = schema.target
         root = schema.root.name
-
         requested: set[str] = set()  # nodes whose encoding an output needs directly
         want_pool: set[str] = set()
         row_outputs: dict[str, list[str]] = {}
@@ -214,6 +213,39 @@ class RelationalTransformer(nn.Module):
         for name in requested:
             encode.update(n.name for n in schema.nodes[name].walk())
         want_pool.update(n for n in encode if self._parent.get(n) in encode)
+        return encode, want_pool, row_outputs
+
+    def collect_outputs(
+        self,
+        outputs: tuple[str, ...],
+        pooled: dict[str, torch.Tensor],
+        rows_out: dict[str, dict[str, torch.Tensor]],
+    ) -> dict[str, torch.Tensor]:
+        """The selected outputs from per-node pooled vectors and row outputs."""
+        target = self.schema.target
+        root = self.schema.root.name
+        result_dict: dict[str, torch.Tensor] = {}
+        for out in outputs:
+            if out == "prediction":
+                x = rows_out[target.node]["target"]
+                if target.node == root:
+                    x = x.squeeze(1)
+                logits = self.head(x)
+                result_dict[out] = logits if target.kind == "category" else logits.squeeze(-1)
+            elif out == "root_embedding":
+                result_dict[out] = pooled[root]
+            else:
+                kind, name = out.split(":", 1)
+                if kind == "branch_embedding":
+                    result_dict[out] = pooled[name]
+                else:
+                    result_dict[out] = rows_out[name]["leaf"]
+        return result_dict
+
+    def forward(self, batch: Batch, outputs: Iterable[str] = ("prediction",)) -> dict[str, torch.Tensor]:
+        outputs = self._parse_outputs(outputs)
+        schema = self.schema
+        encode, want_pool, row_outputs = self.output_plan(outputs)
 
         self._regions.ran_compiled = []
         paths: dict[str, str] = {}
@@ -237,24 +269,7 @@ class RelationalTransformer(nn.Module):
         kinds = set(paths.values())
         self.last_encoder_paths = paths
         self.last_encoder_path = kinds.pop() if len(kinds) == 1 else "mixed"
-
-        result_dict: dict[str, torch.Tensor] = {}
-        for out in outputs:
-            if out == "prediction":
-                x = rows_out[target.node]["target"]
-                if target.node == root:
-                    x = x.squeeze(1)
-                logits = self.head(x)
-                result_dict[out] = logits if target.kind == "category" else logits.squeeze(-1)
-            elif out == "root_embedding":
-                result_dict[out] = pooled[root]
-            else:
-                kind, name = out.split(":", 1)
-                if kind == "branch_embedding":
-                    result_dict[out] = pooled[name]
-                else:
-                    result_dict[out] = rows_out[name]["leaf"]
-        return result_dict
+        return self.collect_outputs(outputs, pooled, rows_out)
 
     def _row_shape(self, node: NodeDef, batch: Batch) -> tuple[int, ...]:
         """``[B, L1..Ld]`` of the node's rows in this batch (each ``Lk`` at most reserved: a
@@ -306,7 +321,14 @@ class RelationalTransformer(nn.Module):
         continuous = torch.where(present_PL1 & ~null, continuous, torch.zeros_like(continuous))
         null = null & present_PL1
         categorical = torch.where(present_PL1, categorical, torch.zeros_like(categorical))
-        self._coordinates(node.name).check(categorical)
+        coord = self._coordinates(node.name)
+        if torch.compiler.is_compiling() and K:
+            # Under a whole-model torch.compile the eager check (a host sync) would break the
+            # graph: out-of-range indices map to the column's unknown slot instead, as in export.
+            bad = (categorical < 0) | (categorical >= coord.category_cardinality_K)
+            categorical = torch.where(bad, torch.full_like(categorical, UNKNOWN_INDEX), categorical)
+        else:
+            coord.check(categorical)
         children_PLKD = None
         if children:
             children_PLKD = torch.stack([c.reshape(P, L, -1) for c in children], dim=2)

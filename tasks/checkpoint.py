@@ -15,10 +15,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from model.arrow import Encoding, NodeLayout
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.schema import ModelSchema, NodeDef
+from tasks.clock import Clock
 from tasks.errors import UserError
+from tasks.records import CheckpointLoad
 from tasks.spec import Spec
 from tasks.tensorize import layout
 
@@ -46,17 +50,9 @@ def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> N
         tmp.unlink(missing_ok=True)
 
 
-def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
-    if not path.is_file():
-        raise UserError(
-            f"run.checkpoint '{path}' does not exist; pass the .ckpt file a train+predict run "
-            "wrote (its path is printed and logged as the run's 'checkpoint' artifact)."
-        )
-    try:
-        ckpt = load_checkpoint(path)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user problem
-        raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
-    schema: ModelSchema = ckpt.model.schema
+def check_matches_spec(model: Any, spec: Spec, what: str) -> None:
+    """Refuse a model whose schema or size differs from the spec's, naming the difference."""
+    schema: ModelSchema = model.schema
     lay = layout(spec)
 
     def spec_shape(n: NodeLayout) -> list[Any]:
@@ -67,23 +63,54 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
     have[2], have[3] = want[2], want[3]  # the root's length and reduce carry no meaning
     if have != want or schema.target.column != spec.task.target:
         raise UserError(
-            f"run.checkpoint '{path}' was trained on a different schema: checkpoint {have} vs "
+            f"{what} was trained on a different schema: checkpoint {have} vs "
             f"spec {want}. Use the spec that trained it, or train a new checkpoint."
         )
     size = {k: getattr(spec.model, k) for k in ("d_model", "layers", "heads")}
-    saved = {k: asdict(ckpt.model.config)[k] for k in size}
+    saved = {k: asdict(model.config)[k] for k in size}
     if size != saved:
         raise UserError(
-            f"run.checkpoint '{path}' has model size {saved} but the spec asks for {size}; "
-            "set model.* to match the checkpoint."
+            f"{what} has model size {saved} but the spec asks for {size}; set model.* to match the checkpoint."
         )
+
+
+def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
+    """The checkpoint's weights (expanded to fp32 whatever the file's format), schema,
+    encoding, calibration temperature and (train+predict: resume) optimizer state, plus what
+    loading cost: file bytes, seconds, host RSS after the load."""
+    if not path.is_file():
+        raise UserError(
+            f"run.checkpoint '{path}' does not exist; pass the .ckpt file a train+predict run "
+            "wrote (its path is printed and logged as the run's 'checkpoint' artifact)."
+        )
+    try:
+        with Clock().measure() as span:
+            ckpt = load_checkpoint(path)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user problem
+        raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
+    rss = psutil.Process().memory_info().rss
+    check_matches_spec(ckpt.model, spec, f"run.checkpoint '{path}'")
+    state = ckpt.model.state_dict()
     out = {
-        "model": ckpt.model.state_dict(),
-        "schema": schema,
+        "model": state,
+        "schema": ckpt.model.schema,
         "encoding": Encoding.from_dict(ckpt.extra["encoding"]),
         "optimizer": None,
         # Output calibration (tasks/calibrate.py); checkpoints from before it had none.
         "temperature": float(ckpt.extra.get("temperature", 1.0)),
+        "load": CheckpointLoad(
+            path=str(path),
+            weights_format=ckpt.weights_format,
+            bytes=path.stat().st_size,
+            load_seconds=span.seconds,
+            host_after_load_bytes=rss,
+            model_bytes_after_load=sum(t.numel() * t.element_size() for t in state.values()),
+            model_bytes_fp32=sum(
+                t.numel() * (4 if t.is_floating_point() else t.element_size()) for t in state.values()
+            ),
+            source_sha256=ckpt.source_sha256,
+            quantized=ckpt.quantized_weights,
+        ),
     }
     if spec.run.mode == "train+predict":
         out["optimizer"] = _resumable_optimizer(path, ckpt, spec)

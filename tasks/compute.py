@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +28,8 @@ from model.precision import autocast_context
 from model.schema import ModelSchema
 from model.throughput import Logger, ThroughputCallback
 from tasks import keys as K
+from tasks.backends import Backend
+from tasks.backends.pytorch import PyTorchBackend, whole_model
 from tasks.clock import Clock
 from tasks.errors import UserError
 from tasks.profiling import SteadyProfiler
@@ -51,6 +53,13 @@ def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return int(sum(counters["graph_break"].values()))
+
+
+def graph_break_reasons() -> dict[str, int]:
+    """Dynamo's graph-break reasons so far in this process, with counts."""
+    from torch._dynamo.utils import counters
+
+    return {str(k): int(v) for k, v in counters["graph_break"].items()}
 
 
 def resolve_device(spec: Spec) -> torch.device:
@@ -117,6 +126,12 @@ class Engine:
                 options=dict(c.options) or None,
                 mode=c.mode,
             )
+        # The predict step runs through a backend (tasks/backends): PyTorch here; the flow may
+        # swap in ONNX Runtime before predicting. run.compile.model compiles the whole model.
+        self.forward: Callable[..., dict[str, torch.Tensor]] = (
+            whole_model(self.model, c.backend, dict(c.options) or None, c.mode) if c.model else self.model
+        )
+        self.backend: Backend = PyTorchBackend(self.model, self.forward, self._autocast)
         # The model package's AdamW factory: fused by default (torch 2.13 has a CPU fused kernel).
         self.model.optimizer = optimizer_settings(spec)
         # Resuming (train+predict with run.checkpoint): the saved optimizer state, whose
@@ -143,6 +158,9 @@ class Engine:
         self.frames_at_start = compiled_frames()
         self.steady_frames: dict[str, int] = {"train": 0, "predict": 0}
         self.steady_breaks: dict[str, int] = {"train": 0, "predict": 0}
+        # Breaks while a phase compiled (first call and warm-up batches): a whole-model
+        # compile's breaks show here, since they happen before the steady window.
+        self.warmup_breaks: dict[str, int] = {"train": 0, "predict": 0}
         self.worker_startup_seconds = 0.0
         self._data_module: ArrowDataModule | None = None
         self._generator = torch.Generator().manual_seed(spec.run.seed)
@@ -184,6 +202,10 @@ class Engine:
 
     def graph_breaks_after_warmup(self, phase: str) -> int:
         return self.steady_breaks[phase]
+
+    def graph_breaks_in_warmup(self, phase: str) -> int:
+        """Breaks while the phase compiled (first call and warm-up batches)."""
+        return self.warmup_breaks[phase]
 
     def close(self) -> None:
         if self._data_module is not None:
@@ -294,7 +316,7 @@ class Engine:
         """Yield batches, charging the wait for each one to ``t.input_seconds``."""
         while True:
             steady = t.in_steady_state
-            frames, breaks = (compiled_frames(), graph_breaks()) if steady else (0, 0)
+            frames, breaks = compiled_frames(), graph_breaks()
             with self.clock.measure() as wait:
                 item = next(batches, None)
             t.input_seconds += wait.seconds
@@ -304,6 +326,8 @@ class Engine:
             if steady:
                 self.steady_frames[phase] += compiled_frames() - frames
                 self.steady_breaks[phase] += graph_breaks() - breaks
+            else:
+                self.warmup_breaks[phase] += graph_breaks() - breaks
 
     def train(self, tz: Tensorized) -> None:
         """One pass over the chunk's training rows, shuffled with the run's seed."""
@@ -321,7 +345,7 @@ class Engine:
             for part, n in self._timed("train", t, self._batches(tz, order, shuffle=True)):
                 with self.profiler.batch("train", t.in_steady_state), self.clock.measure() as step:
                     with self._autocast():
-                        outs = self.model(part, outputs=("prediction",))
+                        outs = self.forward(part, outputs=("prediction",))
                         loss = self.model.loss(part, outs)
                     self.optimizer.zero_grad(set_to_none=True)
                     if self.scaler is not None:
@@ -361,8 +385,7 @@ class Engine:
             bucketed = self.spec.run.bucketing == "by_length"
             for part, n in self._timed("predict", t, self._batches(tz, torch.arange(tz.root_rows))):
                 with self.profiler.batch("predict", t.in_steady_state), self.clock.measure() as step:
-                    with self._autocast():
-                        outs = self.model(part, outputs=need)
+                    outs = self.backend.step(part, need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
                 self._record("predict", t, step.seconds, n)
                 self._count_batch(part)
@@ -374,7 +397,7 @@ class Engine:
                     part = part.to("cpu")
                     inputs.append(bucketing.pad_batch_back(part, self.schema) if bucketed else part)
         self.wall_seconds += wall.seconds
-        self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
+        self.paths_seen.add(self.backend.encoder_path())
         tensors = {k: torch.cat(v) for k, v in parts.items()}
         ran = torch.cat(self._ran_rows) if bucketed else None
         if ran is not None:  # rows ran grouped by length: back to the chunk's key order

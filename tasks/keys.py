@@ -177,6 +177,27 @@ DDP_THREADS_PER_PROCESS = "compute.train.threads_per_process"
 DDP_REFERENCE_ROWS_PER_S = "compute.train.reference_rows_per_s"
 DDP_SCALING_EFFICIENCY = "compute.train.scaling_efficiency"
 
+# Deployment backends (tasks/backends/, run.backend, quantized checkpoints).
+CHECKPOINT_BYTES = "checkpoint.bytes"
+CHECKPOINT_LOAD_SECONDS = "checkpoint.load_seconds"
+HOST_AFTER_LOAD_BYTES = "memory.host_after_load_bytes"
+MODEL_BYTES_AFTER_LOAD = "memory.model_bytes_after_load"
+MODEL_BYTES_FP32 = "memory.model_bytes_fp32"
+EXPORT_SECONDS = "export.seconds"
+EXPORT_BYTES = "export.bytes"
+EXPORT_QUANTIZE_SECONDS = "export.quantize_seconds"
+BACKEND_LOAD_SECONDS = "backend.load_seconds"
+BACKEND_MODEL_BYTES = "backend.model_bytes"
+GRAPH_BREAKS_WARMUP = "graph_breaks_warmup"  # compute(phase, GRAPH_BREAKS_WARMUP)
+QUALITY_DELTA_VS_REFERENCE = "quality.delta_vs_reference"
+QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
+
+
+def quality_reference(name: str) -> str:
+    """The reference checkpoint's held-out ``quality.<name>`` (run.reference_checkpoint)."""
+    return f"quality.reference.{name}"
+
+
 HOST_LOAD_PER_CORE_START = "host.load_per_core_start"
 HOST_OTHER_CPU_FRACTION_BEFORE = "host.other_cpu_fraction_before"
 HOST_OTHER_CPU_FRACTION = "host.other_cpu_fraction"
@@ -219,7 +240,7 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "compute.predict.<what>",
         "predict compute: first_call_seconds, compile_overhead_seconds, "
         "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, recompiles, "
-        "graph_breaks",
+        "graph_breaks, graph_breaks_warmup (breaks counted from the first call on, warm-up included)",
     ),
     ("compute.train.<what>", "the same for training, plus updates and updates_per_epoch"),
     (
@@ -328,6 +349,32 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "accuracy, majority_rate (category, binary), auc (binary); mae, rmse, "
         "mae_of_mean (regression, in the target's own units)",
     ),
+    (
+        "quality.reference.<name>",
+        "run.reference_checkpoint: the reference weights' held-out quality.<name> "
+        "(PyTorch eager, untimed, after the timed passes)",
+    ),
+    (
+        QUALITY_DELTA_VS_REFERENCE,
+        "headline quality minus the reference's (accuracy/auc: higher is better; mae: lower is better)",
+    ),
+    (
+        QUALITY_DROP_VS_REFERENCE,
+        "how much worse than the reference (positive = worse), checked against run.max_quality_drop",
+    ),
+    (CHECKPOINT_BYTES, "bytes of the run.checkpoint file loaded (any weight format)"),
+    (CHECKPOINT_LOAD_SECONDS, "seconds to read and expand run.checkpoint to full precision (before the timed region)"),
+    (HOST_AFTER_LOAD_BYTES, "resident memory of the process right after loading run.checkpoint"),
+    (MODEL_BYTES_AFTER_LOAD, "bytes of the model's tensors as loaded (int8/int4 expand: equals fp32)"),
+    (MODEL_BYTES_FP32, "bytes the same tensors take in fp32"),
+    (EXPORT_SECONDS, "run.backend onnxruntime without a bundle: seconds exporting the served checkpoint (not in e2e)"),
+    (EXPORT_BYTES, "bytes of the exported model.onnx"),
+    (
+        EXPORT_QUANTIZE_SECONDS,
+        "run.onnxruntime.quantization dynamic_int8: seconds of ONNX Runtime's quantize_dynamic (once per bundle)",
+    ),
+    (BACKEND_LOAD_SECONDS, "seconds creating the serving backend (ONNX Runtime session; 0 for PyTorch)"),
+    (BACKEND_MODEL_BYTES, "bytes of the model file the backend serves (ONNX file, or the checkpoint)"),
     (HARNESS_DATA_SECONDS, "seconds to check inputs and generate data before the run"),
     (HARNESS_STARTUP_SECONDS, "Prefect + MLflow start-up (never inside e2e)"),
     (HARNESS_MLFLOW_STARTUP_SECONDS, "MLflow run start"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -264,3 +265,52 @@ def describe_repeats(m: dict[str, float], key: str, unit: str = "rows/s") -> str
             f" (order statistics, exact level {level:.1%})"
         )
     return text + f" (no 95% CI: needs run.repeats >= {MIN_CI_SAMPLES})"
+
+
+@dataclass
+class CheckpointLoad:
+    """What loading ``run.checkpoint`` cost: int8/int4 files save disk and load time, and
+    expand to full precision in memory (``model_bytes_after_load`` vs ``model_bytes_fp32``)."""
+
+    path: str
+    weights_format: str
+    bytes: int
+    load_seconds: float
+    host_after_load_bytes: int
+    model_bytes_after_load: int
+    model_bytes_fp32: int
+    source_sha256: str | None = None
+    quantized: dict[str, Any] | None = None  # the stored payload (fp8 native use); never logged
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.CHECKPOINT_BYTES: float(self.bytes),
+            K.CHECKPOINT_LOAD_SECONDS: self.load_seconds,
+            K.HOST_AFTER_LOAD_BYTES: float(self.host_after_load_bytes),
+            K.MODEL_BYTES_AFTER_LOAD: float(self.model_bytes_after_load),
+            K.MODEL_BYTES_FP32: float(self.model_bytes_fp32),
+        }
+
+
+@dataclass
+class BackendSetup:
+    """The serving backend's set-up, outside every timed stage: export (when the run exports
+    its own checkpoint), ONNX Runtime's int8 quantization, session creation."""
+
+    export_seconds: float | None = None
+    export_bytes: int | None = None
+    quantize_seconds: float | None = None
+    load_seconds: float = 0.0
+    model_bytes: int = 0
+    graph_breaks_warmup: dict[str, int] = field(default_factory=dict)  # phase -> breaks
+
+    def metrics(self) -> dict[str, float]:
+        m = {K.BACKEND_LOAD_SECONDS: self.load_seconds, K.BACKEND_MODEL_BYTES: float(self.model_bytes)}
+        for phase, n in self.graph_breaks_warmup.items():
+            m[K.compute(phase, K.GRAPH_BREAKS_WARMUP)] = float(n)
+        if self.export_seconds is not None:
+            m[K.EXPORT_SECONDS] = self.export_seconds
+            m[K.EXPORT_BYTES] = float(self.export_bytes or 0)
+        if self.quantize_seconds is not None:
+            m[K.EXPORT_QUANTIZE_SECONDS] = self.quantize_seconds
+        return m

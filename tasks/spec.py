@@ -242,6 +242,11 @@ class ModelSize(Strict):
 class CompileSettings(Strict):
     encoders: bool = False
     pools: bool = False
+    model: bool = Field(
+        False,
+        description="whole model under torch.compile(dynamic=True); graph "
+        "breaks allowed and counted (not with encoders/pools)",
+    )
     backend: str = "inductor"
     dynamic: bool | None = None
     mode: str | None = Field(None, description="torch.compile mode, e.g. max-autotune-no-cudagraphs")
@@ -250,10 +255,32 @@ class CompileSettings(Strict):
         description="torch.compile options (Inductor config keys), applied over the harness defaults",
     )
 
+    @model_validator(mode="after")
+    def _whole_or_regions(self) -> CompileSettings:
+        if self.model and (self.encoders or self.pools):
+            raise ValueError(
+                "run.compile.model compiles the whole model; set encoders and pools "
+                "to false with it (regions inside a compiled model are not separate)"
+            )
+        return self
+
 
 class AdamWSettings(Strict):
     fused: bool | None = Field(True, description="fused kernel (true), for-each (false), torch's choice (null)")
     weight_decay: float = Field(0.01, ge=0, description="decoupled weight decay (not on biases/norms)")
+
+
+class OnnxRuntime(Strict):
+    model: str | None = Field(
+        None, description="bundle folder from relflow-bench export; null: the run exports the checkpoint it uses first"
+    )
+    providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
+    intra_op_threads: int = Field(0, ge=0, description="0 = ONNX Runtime's default (one per core)")
+    inter_op_threads: int = Field(0, ge=0)
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    quantization: Literal["dynamic_int8"] | None = Field(
+        None, description="serve ONNX Runtime's dynamic int8 quantization of the bundle's model"
+    )
 
 
 class Loader(Strict):
@@ -371,8 +398,8 @@ class Run(Strict):
     profile_batches: int = Field(5, ge=1)
     checkpoint: str | None = Field(
         None,
-        description="checkpoint to load: predict uses its weights; "
-        "train+predict resumes training from it (optimizer state and settings)",
+        description="checkpoint to load: predict uses its weights (any weight format: fp32, fp16, "
+        "int8, int4, fp8); train+predict resumes training from it (optimizer state and settings)",
     )
     output_dir: str = "outputs"
     max_memory_bytes: int | None = Field(
@@ -382,6 +409,19 @@ class Run(Strict):
         "(default: half of the memory available at start; tasks/memory_budget.py)",
     )
     distributed: Distributed | None = Field(None, description="train with DDP over several processes")
+    backend: Literal["pytorch", "onnxruntime"] = "pytorch"
+    onnxruntime: OnnxRuntime = Field(default_factory=OnnxRuntime)
+    reference_checkpoint: str | None = Field(
+        None,
+        description="checkpoint whose held-out quality is the reference (the fp16 version "
+        "of the same trained checkpoint): logs quality.delta_vs_reference",
+    )
+    max_quality_drop: float | None = Field(
+        None,
+        ge=0,
+        description="validity: INVALID when the headline quality is worse than the "
+        "reference's by more than this (needs run.reference_checkpoint)",
+    )
 
     @model_validator(mode="after")
     def _repeats_are_offline(self) -> Run:
@@ -389,6 +429,37 @@ class Run(Strict):
             raise ValueError(
                 f"run.repeats ({self.repeats}) repeats offline predict passes; a {self.scenario} "
                 "run measures many requests instead: set run.repeats: 1 or run.scenario: offline"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _backend_settings(self) -> Run:
+        if self.backend == "onnxruntime":
+            c = self.compile
+            if c.encoders or c.pools or c.model:
+                raise ValueError(
+                    "run.compile applies to the PyTorch backend; with run.backend "
+                    "onnxruntime set run.compile.* to false"
+                )
+            if self.precision != "fp32":
+                raise ValueError(
+                    "run.backend onnxruntime serves the fp32 export; set run.precision "
+                    "fp32 (or use run.onnxruntime.quantization: dynamic_int8)"
+                )
+            if self.onnxruntime.model and self.mode == "train+predict":
+                raise ValueError(
+                    "run.onnxruntime.model serves an exported bundle, so the run cannot "
+                    "train; set run.mode predict, or drop run.onnxruntime.model to "
+                    "export the trained checkpoint"
+                )
+        if self.reference_checkpoint and self.mode != "predict":
+            raise ValueError(
+                "run.reference_checkpoint compares the served checkpoint with its fp16 "
+                "version, so it needs run.mode predict with run.checkpoint (or a bundle)"
+            )
+        if self.max_quality_drop is not None and not self.reference_checkpoint:
+            raise ValueError(
+                "run.max_quality_drop needs run.reference_checkpoint (the checkpoint the drop is measured against)"
             )
         return self
 

@@ -34,7 +34,7 @@ atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 
 os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect-home")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # more on a loaded host
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["RELFLOW_DATA_DIR"] = str(_SESSION_DIR / "data")

@@ -1,0 +1,166 @@
+"""Export bundles: one exported ONNX model, versioned beside the config that produced it.
+
+    <out>/<spec name>-<content hash>/
+        model.onnx       the padded forward, dynamic batch and per-branch length axes
+        config.json      model config, model schema, fitted encoding, calibration
+                         temperature, outputs, signature
+        spec.yaml        the validated spec
+        manifest.json    content hash, spec hash, checkpoint sha256 and weight format,
+                         opset, torch / onnx / onnxscript versions, export seconds, bytes
+
+The content hash covers ``model.onnx``, ``config.json`` and ``spec.yaml``; exports of two
+different checkpoints land in two folders, and an identical re-export reuses the folder.
+The folder is written under a temporary name and renamed, so a failed export leaves nothing.
+Derived files (ONNX Runtime's dynamic int8 model) are added beside ``model.onnx`` later,
+each named for how it was derived.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from model.checkpoint import file_sha256, load_checkpoint, schema_from_dict, schema_to_dict
+from model.schema import ModelSchema
+from tasks.clock import Clock
+from tasks.errors import UserError
+from tasks.spec import Spec, parse_spec
+
+MODEL_FILE = "model.onnx"
+DYNAMIC_INT8_FILE = "model.dynamic_int8.onnx"
+
+
+def _version(pkg: str) -> str:
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return "absent"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    manifest: dict[str, Any]
+    config: dict[str, Any]
+
+    @property
+    def content_hash(self) -> str:
+        return str(self.manifest["bundle_hash"])
+
+    @property
+    def model_file(self) -> Path:
+        return self.path / MODEL_FILE
+
+    @property
+    def schema(self) -> ModelSchema:
+        return schema_from_dict(self.config["schema"])
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(self.config["signature"]["outputs"])
+
+    def spec(self) -> Spec:
+        return parse_spec(yaml.safe_load((self.path / "spec.yaml").read_text()), f"'{self.path / 'spec.yaml'}'")
+
+
+def _opset(path: Path) -> int:
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    return next(int(o.version) for o in m.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def export_bundle(
+    checkpoint: Path, spec: Spec, outputs: tuple[str, ...], out_dir: Path, clock: Clock | None = None
+) -> Bundle:
+    """Export ``checkpoint`` (any weight format; expanded to fp32) to a bundle in ``out_dir``."""
+    from model.export import export_onnx
+
+    clock = clock or Clock()
+    if not checkpoint.is_file():
+        raise UserError(f"checkpoint '{checkpoint}' does not exist; pass the .ckpt a train+predict run wrote.")
+    try:
+        ckpt = load_checkpoint(checkpoint)
+    except Exception as err:  # noqa: BLE001 - an unreadable file is one user problem
+        raise UserError(f"checkpoint '{checkpoint}' cannot be loaded: {err}") from None
+    from tasks.checkpoint import check_matches_spec
+
+    check_matches_spec(ckpt.model, spec, f"checkpoint '{checkpoint}'")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-export-", dir=out_dir))
+    try:
+        with clock.measure() as span:
+            sig = export_onnx(ckpt.model, outputs, tmp / MODEL_FILE)
+        config = {
+            "model_config": ckpt.model.config.to_dict(),
+            "schema": schema_to_dict(ckpt.model.schema),
+            "encoding": ckpt.extra.get("encoding"),
+            # Output calibration fitted with the checkpoint (tasks/calibrate.py; 1.0 = none).
+            "temperature": float(ckpt.extra.get("temperature", 1.0)),
+            "outputs": list(sig.outputs),
+            "signature": sig.to_dict(),
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
+        (tmp / "spec.yaml").write_text(spec.to_yaml())
+        digest = hashlib.sha256()
+        for name in (MODEL_FILE, "config.json", "spec.yaml"):
+            digest.update(name.encode())
+            digest.update(file_sha256(tmp / name).encode())
+        content = digest.hexdigest()
+        manifest = {
+            "bundle_hash": content,
+            "spec_name": spec.name,
+            "spec_hash": spec.spec_hash,
+            "checkpoint_sha256": file_sha256(checkpoint),
+            "checkpoint_path": str(checkpoint.resolve()),
+            "checkpoint_weights_format": ckpt.weights_format,
+            "checkpoint_source_sha256": ckpt.source_sha256,
+            "opset": _opset(tmp / MODEL_FILE),
+            "torch_version": torch.__version__,
+            "onnx_version": _version("onnx"),
+            "onnxscript_version": _version("onnxscript"),
+            "exporter": "torch.onnx.export(dynamo=True)",
+            "export_seconds": span.seconds,
+            "model_bytes": (tmp / MODEL_FILE).stat().st_size,
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        final = out_dir / f"{spec.name}-{content[:16]}"
+        if final.exists():  # the same content exported before: keep the first copy
+            shutil.rmtree(tmp)
+            return read_bundle(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Bundle(final, manifest, config)
+
+
+def read_bundle(path: Path) -> Bundle:
+    """A bundle folder, checked: every file present and the content hash matching."""
+    missing = [n for n in (MODEL_FILE, "config.json", "spec.yaml", "manifest.json") if not (path / n).is_file()]
+    if not path.is_dir() or missing:
+        raise UserError(
+            f"run.onnxruntime.model '{path}' is not an export bundle (missing {missing or 'the folder'}); "
+            "pass a folder written by 'relflow-bench export SPEC --checkpoint CKPT'."
+        )
+    manifest = json.loads((path / "manifest.json").read_text())
+    digest = hashlib.sha256()
+    for name in (MODEL_FILE, "config.json", "spec.yaml"):
+        digest.update(name.encode())
+        digest.update(file_sha256(path / name).encode())
+    if digest.hexdigest() != manifest.get("bundle_hash"):
+        raise UserError(
+            f"export bundle '{path}' does not match its manifest's content hash (a file was changed "
+            "after export); export the checkpoint again."
+        )
+    return Bundle(path, manifest, json.loads((path / "config.json").read_text()))

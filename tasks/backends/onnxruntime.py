@@ -1,0 +1,121 @@
+"""The ONNX Runtime backend: an export bundle's model in an ``InferenceSession``.
+
+Providers are chosen at load time (``run.onnxruntime.providers``), so one bundle serves CPU
+and GPU hosts; a provider this onnxruntime build lacks is a ``UserError`` naming the ones it
+has, raised by ``check_providers`` before any work. ``step`` feeds the batch's tensors as
+NumPy arrays (zero-copy views of CPU tensors) and returns torch tensors, so conversions are
+inside the timed step just as PyTorch's device-to-host copy is.
+
+ONNX Runtime's own dynamic int8 quantization (``run.onnxruntime.quantization:
+dynamic_int8``) is derived once from ``model.onnx`` into the bundle folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from model.batch import Batch
+from model.export import output_name
+from tasks.backends.bundle import DYNAMIC_INT8_FILE, Bundle
+from tasks.clock import Clock
+from tasks.errors import UserError
+from tasks.spec import OnnxRuntime
+
+LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+
+
+def version() -> str:
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
+
+
+def check_providers(settings: OnnxRuntime) -> None:
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    missing = [p for p in settings.providers if p not in available]
+    if missing:
+        raise UserError(
+            f"run.onnxruntime.providers {missing} not available in this onnxruntime "
+            f"{onnxruntime.__version__} build; available here: {available}. Choose from those "
+            "(e.g. [CPUExecutionProvider]) or install the onnxruntime build that has it."
+        )
+
+
+def dynamic_int8(bundle: Bundle, clock: Clock) -> tuple[Path, float | None]:
+    """The bundle's model quantized by ONNX Runtime (dynamic int8 weights), made once."""
+    target = bundle.path / DYNAMIC_INT8_FILE
+    if target.is_file():
+        return target, None
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = target.with_name(f".{target.name}.tmp")
+    with clock.measure() as span:
+        quantize_dynamic(str(bundle.model_file), str(tmp), weight_type=QuantType.QInt8)
+    tmp.replace(target)
+    return target, span.seconds
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def __init__(self, bundle: Bundle, model_file: Path, settings: OnnxRuntime) -> None:
+        import onnxruntime
+
+        check_providers(settings)
+        opts = onnxruntime.SessionOptions()
+        opts.intra_op_num_threads = settings.intra_op_threads
+        opts.inter_op_num_threads = settings.inter_op_threads
+        opts.graph_optimization_level = getattr(
+            onnxruntime.GraphOptimizationLevel, LEVELS[settings.graph_optimization_level]
+        )
+        self.bundle, self.model_file, self.settings = bundle, model_file, settings
+        self.session = onnxruntime.InferenceSession(
+            str(model_file), sess_options=opts, providers=list(settings.providers)
+        )
+        sig = bundle.config["signature"]
+        self.nodes = sig["nodes"]
+        self.outputs = tuple(sig["outputs"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def encoder_path(self) -> str:
+        return "padded"
+
+    def step(self, batch: Batch, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        missing = [o for o in outputs if o not in self.outputs]
+        if missing:
+            raise UserError(
+                f"export bundle '{self.bundle.path}' has outputs {list(self.outputs)}, "
+                f"not {missing}; export again with the spec's task.outputs."
+            )
+        feeds = {}
+        for name in self.input_names:  # "<node>.<field>", the exported signature's inputs
+            node, f = name.rsplit(".", 1)
+            feeds[name] = getattr(batch.nodes[node], f).detach().cpu().numpy()
+        names = [output_name(o) for o in outputs]
+        values = self.session.run(names, feeds)
+        return {o: torch.from_numpy(v) for o, v in zip(outputs, values, strict=True)}
+
+    def tags(self) -> dict[str, str]:
+        m = self.bundle.manifest
+        return {
+            "relflow.backend": self.name,
+            "relflow.providers": ",".join(self.session.get_providers()),
+            "relflow.onnxruntime_version": version(),
+            "relflow.bundle_hash": m["bundle_hash"],
+            "relflow.bundle_path": str(self.bundle.path),
+            "relflow.onnx_model_file": self.model_file.name,
+            "relflow.onnxruntime.quantization": self.settings.quantization or "none",
+            "relflow.weights_format": (
+                "dynamic_int8" if self.settings.quantization else m.get("checkpoint_weights_format", "fp32")
+            ),
+            "relflow.opset": str(m["opset"]),
+        }

@@ -1,0 +1,122 @@
+"""Choosing and starting the serving backend for a run.
+
+``check_backend`` runs in ``plan()`` (before any work or MLflow run): provider availability,
+the bundle's integrity, schema, outputs and checkpoint. ``start_backend`` runs after
+training and before the first predict pass, outside every timed stage: it exports the
+run's checkpoint when no bundle was given, derives ONNX Runtime's int8 model when asked,
+creates the session, and for PyTorch decides whether fp8 weights stay native.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from model.arrow import Encoding
+from model.checkpoint import file_sha256
+from model.config import ModelConfig
+from model.quantize import fp8_native_supported
+from tasks.backends.bundle import Bundle, export_bundle, read_bundle
+from tasks.clock import Clock
+from tasks.errors import UserError
+from tasks.records import BackendSetup, CheckpointLoad
+from tasks.spec import Spec
+
+
+@dataclass
+class BackendPlan:
+    bundle: Bundle | None = None
+
+
+def needed_outputs(spec: Spec) -> tuple[str, ...]:
+    from tasks.compute import Engine
+
+    return Engine.needed_outputs(tuple(spec.task.outputs))
+
+
+def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[BackendPlan, dict[str, Any] | None]:
+    """Checks before any work; returns the plan and the checkpoint-like inputs (a bundle
+    given as ``run.onnxruntime.model`` supplies the schema and the fitted encoding)."""
+    r = spec.run
+    if r.backend != "onnxruntime":
+        return BackendPlan(), checkpoint
+    from tasks.backends.onnxruntime import check_providers
+    from tasks.checkpoint import check_matches_spec
+
+    check_providers(r.onnxruntime)
+    if not r.onnxruntime.model:
+        if r.mode == "predict" and not r.checkpoint:
+            raise UserError(
+                "run.backend onnxruntime in predict mode needs weights to export: set "
+                "run.checkpoint (the run exports it first) or run.onnxruntime.model (a bundle)."
+            )
+        return BackendPlan(), checkpoint
+    bundle = read_bundle(Path(r.onnxruntime.model))
+    where = f"run.onnxruntime.model '{bundle.path}'"
+    check_matches_spec(
+        SimpleNamespace(schema=bundle.schema, config=ModelConfig(**bundle.config["model_config"])), spec, where
+    )
+    missing = [o for o in needed_outputs(spec) if o not in bundle.outputs]
+    if missing:
+        raise UserError(
+            f"{where} was exported with outputs {list(bundle.outputs)}, the spec needs {missing}; "
+            "export again with this spec's task.outputs."
+        )
+    if r.checkpoint and file_sha256(r.checkpoint) != bundle.manifest["checkpoint_sha256"]:
+        raise UserError(
+            f"{where} was exported from another checkpoint than run.checkpoint "
+            f"'{r.checkpoint}'; drop one of the two or export that checkpoint."
+        )
+    if checkpoint is None:
+        checkpoint = {
+            "model": None,  # ONNX Runtime serves the bundle; the engine's own model stays unused
+            "schema": bundle.schema,
+            "encoding": Encoding.from_dict(bundle.config["encoding"]),
+            "optimizer": None,
+            "temperature": float(bundle.config.get("temperature", 1.0)),
+            "load": None,
+        }
+    return BackendPlan(bundle), checkpoint
+
+
+def start_backend(
+    spec: Spec, engine: Any, plan: BackendPlan, checkpoint_path: Path | None, load: CheckpointLoad | None, clock: Clock
+) -> tuple[BackendSetup, dict[str, str]]:
+    """Swap the engine's backend for the run's choice; returns its set-up costs and tags."""
+    from tasks.backends.pytorch import PyTorchBackend
+
+    setup = BackendSetup()
+    r = spec.run
+    if r.backend == "pytorch":
+        fmt = load.weights_format if load else "fp32"
+        native = fmt == "fp32"  # every other format is expanded to fp32 at load, except native fp8
+        if load is not None and load.quantized is not None and fmt == "fp8" and fp8_native_supported(engine.device):
+            from model.quantize import use_native_fp8
+
+            with clock.measure() as span:
+                use_native_fp8(engine.model, load.quantized)
+            setup.load_seconds = span.seconds
+            native = True
+        engine.backend = PyTorchBackend(engine.model, engine.forward, engine._autocast, fmt, native)
+        return setup, engine.backend.tags()
+    from tasks.backends.onnxruntime import OnnxRuntimeBackend, dynamic_int8
+
+    bundle = plan.bundle
+    if bundle is None:
+        assert checkpoint_path is not None
+        with clock.measure() as span:
+            bundle = export_bundle(
+                checkpoint_path, spec, needed_outputs(spec), Path(r.output_dir).resolve() / "bundles", clock
+            )
+        setup.export_seconds = span.seconds
+        setup.export_bytes = bundle.model_file.stat().st_size
+    model_file = bundle.model_file
+    if r.onnxruntime.quantization == "dynamic_int8":
+        model_file, setup.quantize_seconds = dynamic_int8(bundle, clock)
+    with clock.measure() as span:
+        engine.backend = OnnxRuntimeBackend(bundle, model_file, r.onnxruntime)
+    setup.load_seconds = span.seconds
+    setup.model_bytes = model_file.stat().st_size
+    return setup, engine.backend.tags()

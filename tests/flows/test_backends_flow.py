@@ -1,0 +1,106 @@
+"""``run.backend: onnxruntime`` end to end through the benchmark flow (Prefect harness, temp
+MLflow store): train with PyTorch, export the trained checkpoint outside e2e, serve the
+predict pass from ONNX Runtime; then a predict run from an int8 checkpoint judged against
+its fp16 reference."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from mlflow.tracking import MlflowClient
+
+from model.checkpoint import file_sha256, quantize_checkpoint
+from tasks.keys import STAGES, documented
+from tasks.spec import parse_spec
+
+
+@pytest.fixture
+def shop4_files(write_tables, shop_tables):
+    """Four copies of the shop tables under shifted keys: 20 customers, so the hash split
+    holds out 5 (both classes, as does the training side); the single shop holds out none."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    shift = {"customers": {"c_id": 100}, "orders": {"o_id": 1000, "o_cust": 100}, "lines": {"l_order": 1000}}
+    out = {}
+    for name, table in shop_tables.items():
+        copies = []
+        for k in range(4):
+            t = table
+            for col, step in shift[name].items():
+                i = t.schema.get_field_index(col)
+                t = t.set_column(i, col, pc.add(t[col], pa.scalar(step * k, pa.int64())))
+            copies.append(t)
+        out[name] = pa.concat_tables(copies)
+    return write_tables(out)
+
+
+@pytest.mark.slow
+def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp_path, monkeypatch):
+    from flows.benchmark import benchmark
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    raw = copy.deepcopy(shop_spec)
+    raw["run"].update(
+        backend="onnxruntime",
+        system_metrics_interval_s=0,
+        min_steady_batches=0,
+        min_steady_seconds=0,
+        onnxruntime={"intra_op_threads": 1},
+    )
+    s = parse_spec(raw)
+    summary = benchmark(spec=s.to_dict(), spec_dir=str(shop4_files))
+    run = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
+    m, tags = run.data.metrics, run.data.tags
+    assert run.info.status == "FINISHED"
+    assert tags["relflow.backend"] == "onnxruntime"
+    assert tags["relflow.providers"] == "CPUExecutionProvider"
+    assert tags["relflow.onnxruntime_version"] == __import__("onnxruntime").__version__
+    assert len(tags["relflow.bundle_hash"]) == 64
+    # training ran PyTorch (packed: no dropout), the predict pass ONNX Runtime's padded graph
+    assert tags["relflow.encoder_path"] == "packed,padded"
+    # export happened outside the predict stages: logged on its own, e2e is still their sum
+    assert m["export.seconds"] > 0 and m["export.bytes"] > 0 and m["backend.load_seconds"] > 0
+    stages = sum(m[f"stage.{st}.predict.seconds"] for st in STAGES)
+    assert m["e2e.predict.seconds"] == pytest.approx(stages, rel=1e-6)
+    assert m["harness.orchestration_seconds"] < m["export.seconds"]  # the export is not orchestration
+    assert m["data.rows_predicted"] == 20 and m["compute.first_call_seconds"] > 0
+    assert m["quality.rows"] == 5 and 0.0 <= m["quality.accuracy"] <= 1.0
+    assert pq.read_table(summary["output_path"]).num_rows == 20
+    # the bundle served is the export of the run's own checkpoint (saved before serving)
+    manifest = json.loads((Path(tags["relflow.bundle_path"]) / "manifest.json").read_text())
+    assert manifest["checkpoint_sha256"] == file_sha256(summary["checkpoint_path"])
+    assert not [k for k in m if not documented(k)]
+
+    # predict from an int8 checkpoint of that run, against its fp16 version
+    ckpt = summary["checkpoint_path"]
+    quantize_checkpoint(ckpt, tmp_path / "s.int8.ckpt", "int8")
+    quantize_checkpoint(ckpt, tmp_path / "s.fp16.ckpt", "fp16")
+    raw2 = copy.deepcopy(raw)
+    raw2["run"].update(
+        backend="pytorch",
+        mode="predict",
+        checkpoint=str(tmp_path / "s.int8.ckpt"),
+        reference_checkpoint=str(tmp_path / "s.fp16.ckpt"),
+        max_quality_drop=0.0,
+        onnxruntime={},
+    )
+    second = benchmark(spec=parse_spec(raw2).to_dict(), spec_dir=str(shop4_files))
+    run2 = MlflowClient(tracking_uri=uri).get_run(second["run_id"])
+    m2, tags2 = run2.data.metrics, run2.data.tags
+    assert tags2["relflow.backend"] == "pytorch" and tags2["relflow.weights_format"] == "int8"
+    assert m2["checkpoint.bytes"] == (tmp_path / "s.int8.ckpt").stat().st_size
+    assert m2["memory.model_bytes_after_load"] == m2["memory.model_bytes_fp32"]
+    assert "quality.delta_vs_reference" in m2 and "quality.reference.accuracy" in m2
+    drop = m2["quality.drop_vs_reference"]
+    # the drop rule's verdict (other rules may also fire on a loaded host: not this test's subject)
+    assert ("run.max_quality_drop" in tags2["relflow.invalid_reasons"]) == (drop > 0.0), tags2[
+        "relflow.invalid_reasons"
+    ]
+    assert not [k for k in m2 if not documented(k)]
