@@ -39,7 +39,7 @@ from tasks import calibrate as calibration
 from tasks import compute as compute_stage
 from tasks import distributed, interrupts, progress
 from tasks import keys as K
-from tasks.backends.setup import BackendPlan, check_backend, start_backend
+from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings, start_backend
 from tasks.baseline import no_better_than_baseline
 from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.checks import check_data_before_work, check_files, check_table_folders
@@ -183,6 +183,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     branch (tasks/checks.py); the run's params and spec hash stay the configured spec's."""
     t0 = wall_clock()
     notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs
+    check_backend_settings(spec)  # e.g. an execution provider this onnxruntime build lacks
     generated = False
     base = spec_dir
     db = spec.source.database

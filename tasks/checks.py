@@ -202,7 +202,10 @@ def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
     root_keys = _keys(root_src, root.key)
     _check_duplicates(root.table, root.key, root_keys, facts)
     _check_non_finite(spec, sources, facts)
-    parents: dict[str | None, tuple[str, str, pl.Series]] = {None: (root.table, root.key, root_keys.unique())}
+    # unique(maintain_order): the examples an error message quotes are the data's first values
+    parents: dict[str | None, tuple[str, str, pl.Series]] = {
+        None: (root.table, root.key, root_keys.unique(maintain_order=True))
+    }
     for b, parent in spec.schema_.walk():
         p_table, p_col, p_keys = parents[parent]
         child = _keys(sources[b.table], b.parent_key)
@@ -236,7 +239,7 @@ def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
         facts.observed_max_rows[b.name] = int(most) if isinstance(most, int | float) else 0
         facts.metrics[K.observed_max_rows(b.name)] = float(facts.observed_max_rows[b.name])
         if b.branches and b.key:  # the spec requires a key on a branch with branches
-            parents[b.name] = (b.table, b.key, _keys(sources[b.table], b.key).unique())
+            parents[b.name] = (b.table, b.key, _keys(sources[b.table], b.key).unique(maintain_order=True))
     if spec.run.mode == "train+predict":
         _check_target(spec, sources, root_keys, facts)
     return facts

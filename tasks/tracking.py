@@ -361,7 +361,10 @@ class Tracker:
 def end_stale_runs(uri: str | None = None) -> list[str]:
     """End KILLED every RUNNING run recorded by a process of this host that no longer exists
     (SIGKILL, out-of-memory kill), tagged ``relflow.found_stale``; returns their ids."""
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return []  # no store yet, so no runs; opening it would create it before any check ran
+    client = MlflowClient(tracking_uri=uri)
     exp_ids = [e.experiment_id for e in client.search_experiments()]
     if not exp_ids:
         return []

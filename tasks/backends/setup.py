@@ -36,6 +36,15 @@ def needed_outputs(spec: Spec) -> tuple[str, ...]:
     return Engine.needed_outputs(tuple(spec.task.outputs))
 
 
+def check_backend_settings(spec: Spec) -> None:
+    """The backend's own settings (providers present in this build): cheap, so before the data
+    is scanned."""
+    if spec.run.backend == "onnxruntime":
+        from tasks.backends.onnxruntime import check_providers
+
+        check_providers(spec.run.onnxruntime)
+
+
 def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[BackendPlan, dict[str, Any] | None]:
     """Checks before any work; returns the plan and the checkpoint-like inputs (a bundle
     given as ``run.onnxruntime.model`` supplies the schema and the fitted encoding)."""
