@@ -184,6 +184,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     t0 = wall_clock()
     notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs
     check_backend_settings(spec)  # e.g. an execution provider this onnxruntime build lacks
+    check_text(spec)  # a plug-in text encoder loads: settings first, the data scans after
     generated = False
     base = spec_dir
     db = spec.source.database
@@ -201,7 +202,6 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     device = compute_stage.resolve_device(spec)
     compute_stage.check_precision(spec, device)
     distributed.check(spec, device)
-    check_text(spec)
     ckpt = None
     if spec.run.checkpoint:  # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)

@@ -41,6 +41,11 @@ SHRINK = ["run.epochs=1", "run.system_metrics_interval_s=0", "source.generate.tp
 # configuration that used to fail, and an eager one.
 COMPARED = [(64, "off", True), (256, "auto", False)]
 FIRST_CALL_NOISE = 3.0
+# Peak RSS agreement: 10% for eager configurations (the issue's bound). A compiled CPU run's
+# peak also counts Inductor's short-lived C++ compiler processes (cc1plus, ~100-300 MB each),
+# caught or missed by the 20 ms sampler: two cold compiled runs of one configuration measured
+# 1.31 vs 1.59 GB and 1.77 vs 1.92 GB, so the compiled bound is 25%.
+RSS_TOLERANCE = {False: 0.10, True: 0.25}
 
 
 def _env(folder: Path, cache: str) -> dict[str, str]:
@@ -127,8 +132,8 @@ def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(t
             if k in c and k in s:
                 ratio = c[k] / s[k] if s[k] else float("nan")
                 print(f"{label:<45} {k:<34} {c[k]:>14,.3f} {s[k]:>14,.3f} {ratio:>7.3f}")
-    for label, c, s in rows:
-        assert abs(c["memory.host_peak_bytes"] / s["memory.host_peak_bytes"] - 1) <= 0.10, label
+    for (_, _, enc), (label, c, s) in zip(COMPARED, rows, strict=True):
+        assert abs(c["memory.host_peak_bytes"] / s["memory.host_peak_bytes"] - 1) <= RSS_TOLERANCE[enc], label
         for k in ("compute.first_call_seconds", "compute.train.first_call_seconds"):
             ratio = c[k] / s[k]
             assert 1 / FIRST_CALL_NOISE <= ratio <= FIRST_CALL_NOISE, (label, k, c[k], s[k])
