@@ -54,10 +54,16 @@ def _fix(masked: str) -> str:
 
 
 def _writable_dir(folder: Path) -> str | None:
-    """None if a file can be created in ``folder`` (created if missing), else why not."""
+    """None if a file can be created in ``folder``, else why not. A missing folder is not
+    created (a run that fails its checks leaves nothing behind): its nearest existing parent
+    must take a new folder."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"'{probe}' is not a folder"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".relflow-write-check-"):
+        with tempfile.TemporaryDirectory(dir=probe, prefix=".relflow-write-check-"):
             pass
     except OSError as err:
         return err.strerror or str(err)
