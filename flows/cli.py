@@ -215,7 +215,7 @@ def report(summary: dict[str, Any]) -> None:
     for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
         text = describe_repeats(m, key)
         if text:
-            out.print(f"{label + ' repeats':<21}{text}")
+            out.print(f"{label + ' repeats':<21} {text}")
     q = summary["quality_metric"]
     lines = [
         f"compute first call   {m[K.FIRST_CALL_SECONDS] * 1e3:,.1f} ms "
