@@ -568,6 +568,7 @@ def collect(run: Run) -> dict[str, float]:
     result.output_path = str(run.output)
     run.memory.stop()
     result.host_peak_bytes = run.memory.host_peak_bytes
+    result.host_peak_excluding_compiler_bytes = run.memory.host_peak_excluding_compiler_bytes
     result.device_peak_bytes = run.memory.device_peak_bytes
     result.train = engine.train_timings if s.run.mode == "train+predict" else None
     result.predict = engine.predict_timings

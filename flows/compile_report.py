@@ -135,6 +135,8 @@ def summarize(samples: list[Sample]) -> list[dict[str, Any]]:
                         + pick(variant, cache, K.compute("train", "recompiles"))
                     ),
                     "host_peak_mib": max(pick(variant, cache, K.HOST_PEAK_BYTES)) / 2**20,
+                    "host_peak_excluding_compiler_mib": max(pick(variant, cache, K.HOST_PEAK_EXCLUDING_COMPILER_BYTES))
+                    / 2**20,
                 }
             )
     return rows
@@ -150,9 +152,10 @@ def _interval(low: float | None, high: float | None, n: int) -> str:
 def to_markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| variant | cache | predict first call s | predict steady rows/s [95% CI] | speedup | "
-        "train first call s | train steady rows/s [95% CI] | speedup | recompiles | peak RSS MiB |"
+        "train first call s | train steady rows/s [95% CI] | speedup | recompiles | peak RSS MiB | "
+        "without compiler MiB |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['cache']} | {r['predict_first_call_s']:.2f} | "
@@ -160,6 +163,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
             f"[{_interval(r['predict_ci_low'], r['predict_ci_high'], r['rounds'])}] | "
             f"{r['predict_speedup_vs_eager']:.2f}x | {r['train_first_call_s']:.2f} | "
             f"{r['train_steady_rows_per_s']:,.0f} [{_interval(r['train_ci_low'], r['train_ci_high'], r['rounds'])}] | "
-            f"{r['train_speedup_vs_eager']:.2f}x | {int(r['recompiles'])} | {r['host_peak_mib']:,.0f} |"
+            f"{r['train_speedup_vs_eager']:.2f}x | {int(r['recompiles'])} | {r['host_peak_mib']:,.0f} | "
+            f"{r['host_peak_excluding_compiler_mib']:,.0f} |"
         )
     return "\n".join(lines)

@@ -137,6 +137,7 @@ def non_finite(table: str, column: str) -> str:
 INPUT_WAIT_FRACTION = "device.input_wait_fraction"
 WORKER_STARTUP_SECONDS = "device.worker_startup_seconds"
 HOST_PEAK_BYTES = "memory.host_peak_bytes"
+HOST_PEAK_EXCLUDING_COMPILER_BYTES = "memory.host_peak_excluding_compiler_bytes"
 DEVICE_PEAK_BYTES = "memory.device_peak_bytes"
 OUTPUT_BYTES = "output.bytes"
 OUTPUT_BYTES_PER_ROW = "output.bytes_per_row"
@@ -338,7 +339,13 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         HOST_PEAK_BYTES,
         "peak resident memory of the benchmark process plus its child processes "
-        "(DataLoader workers), sampled every 20 ms; shared pages count once per process",
+        "(DataLoader workers, Inductor's compiler processes), sampled every 20 ms; shared pages "
+        "count once per process",
+    ),
+    (
+        HOST_PEAK_EXCLUDING_COMPILER_BYTES,
+        "memory.host_peak_bytes without Inductor's short-lived compiler processes (compile "
+        "workers, g++/cc1plus): the repeatable figure to compare compiled runs on",
     ),
     (DEVICE_PEAK_BYTES, "peak CUDA allocator memory (0 on CPU)"),
     (OUTPUT_BYTES, "bytes of the kept prediction file"),

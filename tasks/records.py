@@ -117,6 +117,7 @@ class RunResult:
     output_bytes: int = 0
     output_path: str = ""
     host_peak_bytes: int = 0
+    host_peak_excluding_compiler_bytes: int = 0
     device_peak_bytes: int = 0
     chunks: int = 0
     recompiles: dict[str, int] = field(default_factory=dict)  # phase -> in its steady window
@@ -204,6 +205,7 @@ class RunResult:
         m[K.INPUT_WAIT_FRACTION] = input_s / self.compute_seconds if self.compute_seconds else 0.0
         m[K.WORKER_STARTUP_SECONDS] = self.worker_startup_seconds
         m[K.HOST_PEAK_BYTES] = float(self.host_peak_bytes)
+        m[K.HOST_PEAK_EXCLUDING_COMPILER_BYTES] = float(self.host_peak_excluding_compiler_bytes)
         m[K.DEVICE_PEAK_BYTES] = float(self.device_peak_bytes)
         m[K.OUTPUT_BYTES] = float(self.output_bytes)
         m[K.DATA_ROWS_WRITTEN] = float(self.rows_written)

@@ -8,7 +8,8 @@ the padded + compiled ones, and compiled first calls taken on a warm in-process 
 
 run through the real CLI (one training epoch at TPC-H scale 0.002 to keep it affordable:
 every padded + compiled configuration is kept). It must finish 8/8, and two of its children must agree with
-standalone ``relflow-bench run``s of the same configurations: peak RSS within 10%, and first
+standalone ``relflow-bench run``s of the same configurations: peak RSS (without Inductor's
+short-lived compiler processes, which a 20 ms sampler catches or misses) within 10%, and first
 call within the noise of a first call on this shared host (a factor of 3; a warm in-process
 compile cache makes a compiled first call 10x+ faster, which this catches). Each side gets
 its own empty Inductor cache folder, so both measure a cold compile.
@@ -41,11 +42,13 @@ SHRINK = ["run.epochs=1", "run.system_metrics_interval_s=0", "source.generate.tp
 # configuration that used to fail, and an eager one.
 COMPARED = [(64, "off", True), (256, "auto", False)]
 FIRST_CALL_NOISE = 3.0
-# Peak RSS agreement: 10% for eager configurations (the issue's bound). A compiled CPU run's
-# peak also counts Inductor's short-lived C++ compiler processes (cc1plus, ~100-300 MB each),
-# caught or missed by the 20 ms sampler: two cold compiled runs of one configuration measured
-# 1.31 vs 1.59 GB and 1.77 vs 1.92 GB, so the compiled bound is 25%.
-RSS_TOLERANCE = {False: 0.10, True: 0.25}
+# Peak RSS agreement, the issue's 10%, on memory.host_peak_excluding_compiler_bytes. The full
+# memory.host_peak_bytes of a compiled CPU run also counts Inductor's compiler processes
+# (cc1plus, compile workers: ~100-300 MB each, alive for milliseconds), caught or missed by the
+# 20 ms sampler: CI measured 1.90 GB in the sweep child against 1.37 GB standalone for one
+# configuration, so that figure is printed but not compared.
+RSS_TOLERANCE = 0.10
+RSS = "memory.host_peak_excluding_compiler_bytes"
 
 
 def _env(folder: Path, cache: str) -> dict[str, str]:
@@ -119,6 +122,7 @@ def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(t
         assert c.get("compute.recompiles", 0) == s.get("compute.recompiles", 0) == 0
         rows.append((f"batch_size={batch} packing={packing} encoders={enc}", c, s))
     keys = [
+        RSS,
         "memory.host_peak_bytes",
         "compute.first_call_seconds",
         "compute.train.first_call_seconds",
@@ -132,8 +136,9 @@ def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(t
             if k in c and k in s:
                 ratio = c[k] / s[k] if s[k] else float("nan")
                 print(f"{label:<45} {k:<34} {c[k]:>14,.3f} {s[k]:>14,.3f} {ratio:>7.3f}")
-    for (_, _, enc), (label, c, s) in zip(COMPARED, rows, strict=True):
-        assert abs(c["memory.host_peak_bytes"] / s["memory.host_peak_bytes"] - 1) <= RSS_TOLERANCE[enc], label
+    for label, c, s in rows:
+        assert abs(c[RSS] / s[RSS] - 1) <= RSS_TOLERANCE, label
+        assert c["memory.host_peak_bytes"] >= c[RSS] and s["memory.host_peak_bytes"] >= s[RSS], label
         for k in ("compute.first_call_seconds", "compute.train.first_call_seconds"):
             ratio = c[k] / s[k]
             assert 1 / FIRST_CALL_NOISE <= ratio <= FIRST_CALL_NOISE, (label, k, c[k], s[k])
