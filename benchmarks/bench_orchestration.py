@@ -46,6 +46,8 @@ def one_run(spec: Path, scale: float, extra: list[str], folder: Path) -> dict[st
         "orchestration_seconds": orchestration,
         "share": orchestration / e2e,
         "per_task_call_ms": 1e3 * orchestration / calls,
+        # building the model once the schema is known: timed region, but neither orchestration nor e2e
+        "engine_setup_seconds": m.get(K.HARNESS_ENGINE_SETUP_SECONDS, float("nan")),
         "chunks": m[K.DATA_CHUNKS],
     }
 
@@ -70,7 +72,8 @@ def main() -> None:
         print(
             f"round {i + 1}  e2e {r['e2e_predict_seconds']:7.2f} s  "
             f"orchestration {r['orchestration_seconds']:6.3f} s "
-            f"{r['share']:6.1%}  {r['per_task_call_ms']:6.1f} ms/task call  |{bar:<20}| 5%=|{'#' * 10}"
+            f"{r['share']:6.1%}  {r['per_task_call_ms']:6.1f} ms/task call  |{bar:<20}| 5%=|{'#' * 10}  "
+            f"(engine set-up {r['engine_setup_seconds']:.3f} s, not orchestration)"
         )
     share = statistics.median(r["share"] for r in runs)
     print(f"median orchestration share {share:.1%} ({'meets' if share <= 0.05 else 'misses'} the 5% goal)")

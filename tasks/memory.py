@@ -21,10 +21,11 @@ changes what a process is under the same pid.
 from __future__ import annotations
 
 import threading
-import time
 
 import psutil
 import torch
+
+from tasks.clock import wall_clock
 
 PREFECT_SERVER = "prefect.server.api.server"  # in the temporary server's uvicorn command line
 # Inductor's compiler: the GCC driver and the tools it runs, by process name
@@ -61,7 +62,7 @@ class PeakMemory:
         self._proc = psutil.Process()
         # (pid, create time, name) -> role: a reused pid or an exec gets a fresh look
         self._roles: dict[tuple[int, float, str], str] = {}
-        # (pid, create time) -> when first seen, on the monotonic clock (psutil's create_time
+        # (pid, create time) -> when first seen, on the harness's wall clock (psutil's create_time
         # is derived from a whole-second boot time, too coarse to age a child by)
         self._first_seen: dict[tuple[int, float], float] = {}
 
@@ -74,7 +75,7 @@ class PeakMemory:
     def _sample(self) -> None:
         workload = self._proc.memory_info().rss
         compiler = 0
-        now = time.monotonic()
+        now = wall_clock()
         for child in self._proc.children(recursive=True):
             try:
                 if now - self._first_seen.setdefault((child.pid, child.create_time()), now) < MIN_CHILD_AGE_S:
