@@ -140,6 +140,7 @@ def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
         # 1. four configurations over two hosts
         first = sweep("0,1,2,3")
         out, _ = first.communicate(timeout=1500)
+        print(out)  # the sweep summary, with each configuration's worker (pytest -s)
         assert first.returncode == 0, out[-4000:]
         client = MlflowClient(tracking_uri=uri)
         kids = _children(client, {"0", "1", "2", "3"})
@@ -174,6 +175,7 @@ def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
         workers["host-b"].wait(timeout=30)
         killed_run = busy[0].info.run_id
         out2, _ = second.communicate(timeout=1500)
+        print(out2)
         assert second.returncode == 1, out2[-4000:]
         assert "FAILED" in out2 and "CRASHED" in out2 and "host-b" in out2, out2[-3000:]
         kids = _children(client, {"10", "11", "12", "13"})
@@ -198,6 +200,7 @@ def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
         # 3. rerun: only the missing configuration runs (on the surviving host)
         third = sweep("10,11,12,13")
         out3, _ = third.communicate(timeout=1500)
+        print(out3)
         assert third.returncode == 0, out3[-4000:]
         assert out3.count("skipped, already FINISHED") == 3, out3[-3000:]
         assert "1 ran, 3 skipped" in out3

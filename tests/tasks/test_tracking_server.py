@@ -158,6 +158,7 @@ def test_load_test_loses_nothing_on_the_server():
             text=True,
             timeout=900,
         )
+    print(done.stdout)  # the concurrent-logging table (pytest -s)
     assert done.returncode == 0, done.stderr[-3000:]
     results = {r["store"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])["results"]}
     server = results["server"]
