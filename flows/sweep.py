@@ -189,41 +189,13 @@ def sweep(
     configs = expand(base, grid)
     shash = sweep_hash(base, configs)
     attempt = uuid.uuid4().hex[:12]
-    tracker = Tracker(base.name)
-    parent = _find_parent(base.name, shash)
-    reused = parent is not None
-    if reused:
-        tracker.reopen(parent)
-    else:
-        parent = tracker.start(
-            f"{base.name}-sweep",
-            {
-                "relflow.sweep_hash": shash,
-                "relflow.sweep.role": "parent",
-                "relflow.spec_hash": base.spec_hash,
-                "relflow.spec_name": base.name,
-                **(tags or {}),
-            },
-        )
-        tracker.log_params(
-            {
-                "sweep.keys": ",".join(grid),
-                "sweep.configurations": len(configs),
-                **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()},
-            }
-        )
-        tracker.log_text(json.dumps({"base": base_spec, "grid": grid}, indent=2), "sweep.json")
+    tracker, parent, reused = open_parent(base, base_spec, grid, len(configs), shash, tags)
     rows: list[Row] = []
     workdir = tempfile.TemporaryDirectory(prefix="relflow-sweep-")
     try:
         api_url = prefect_api_url()
         progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash, total=len(configs))
-        done = {
-            r.tags.get("relflow.spec_hash"): r
-            for r in search_runs(
-                base.name, status="FINISHED", filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'"
-            )
-        }
+        done = finished_children(base.name, parent)
         for c in configs:
             if c.spec_hash in done:
                 row = _row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
@@ -231,14 +203,7 @@ def sweep(
                 progress.emit("sweep", kind="skipped", row=row, total=len(configs))
                 continue
             progress.emit("sweep", kind="start", index=c.index, config=c.label, total=len(configs))
-            child_tags = {
-                "relflow.sweep_hash": shash,
-                "relflow.sweep.role": "child",
-                "relflow.sweep.attempt": attempt,
-                "relflow.sweep.index": str(c.index),
-                **{f"relflow.sweep.{k}": v for k, v in c.values.items()},
-                **(tags or {}),
-            }
+            child_tags = child_run_tags(shash, attempt, c, tags)
             launched = run_configuration(
                 c.index, c.spec, spec_dir, parent, child_tags, workdir.name, tracker.uri, api_url
             )
@@ -263,16 +228,7 @@ def sweep(
             tracker.log_text(launched.log, f"configurations/{attempt}/config-{c.index}.log")
             rows.append(row)
             progress.emit("sweep", kind="done", row=row, total=len(configs))
-        failed = [r for r in rows if r.status == "FAILED"]
-        tracker.set_tags(
-            {
-                "relflow.sweep.failed": str(len(failed)),
-                "relflow.sweep.skipped": str(sum(r.status == "SKIPPED" for r in rows)),
-                "relflow.sweep.ran": str(sum(r.status == "FINISHED" for r in rows)),
-            }
-        )
-        tracker.log_dict([asdict(r) | {"stages": None} for r in rows], f"sweep_summary_{attempt}.json")
-        tracker.finish()
+        close_parent(tracker, rows, attempt)
     except BaseException as err:
         tracker.fail(err)
         raise
@@ -286,6 +242,73 @@ def sweep(
         "tracking_uri": tracker.uri,
         "rows": [asdict(r) for r in rows],
     }
+
+
+def open_parent(
+    base: Spec, base_spec: dict[str, Any], grid: dict[str, list[Any]], n: int, shash: str, tags: dict[str, str] | None
+) -> tuple[Tracker, str, bool]:
+    """The sweep's parent MLflow run: reopened when an earlier sweep of the same grid left one
+    (its FINISHED children are then skipped), else started with the grid as params."""
+    tracker = Tracker(base.name)
+    parent = _find_parent(base.name, shash)
+    if parent is not None:
+        tracker.reopen(parent)
+        return tracker, parent, True
+    parent = tracker.start(
+        f"{base.name}-sweep",
+        {
+            "relflow.sweep_hash": shash,
+            "relflow.sweep.role": "parent",
+            "relflow.spec_hash": base.spec_hash,
+            "relflow.spec_name": base.name,
+            **(tags or {}),
+        },
+    )
+    tracker.log_params(
+        {
+            "sweep.keys": ",".join(grid),
+            "sweep.configurations": n,
+            **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()},
+        }
+    )
+    tracker.log_text(json.dumps({"base": base_spec, "grid": grid}, indent=2), "sweep.json")
+    return tracker, parent, False
+
+
+def finished_children(experiment: str, parent: str) -> dict[str | None, Any]:
+    """The parent's FINISHED child runs by spec hash: configurations a rerun skips."""
+    return {
+        r.tags.get("relflow.spec_hash"): r
+        for r in search_runs(experiment, status="FINISHED", filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'")
+    }
+
+
+def child_run_tags(
+    shash: str, attempt: str, c: Config, tags: dict[str, str] | None, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    return {
+        "relflow.sweep_hash": shash,
+        "relflow.sweep.role": "child",
+        "relflow.sweep.attempt": attempt,
+        "relflow.sweep.index": str(c.index),
+        **(extra or {}),
+        **{f"relflow.sweep.{k}": v for k, v in c.values.items()},
+        **(tags or {}),
+    }
+
+
+def close_parent(tracker: Tracker, rows: list[Row], attempt: str, workers: dict[int, str] | None = None) -> None:
+    """Counts as tags and this attempt's summary as an artifact, then the parent ends FINISHED."""
+    tracker.set_tags(
+        {
+            "relflow.sweep.failed": str(sum(r.status == "FAILED" for r in rows)),
+            "relflow.sweep.skipped": str(sum(r.status == "SKIPPED" for r in rows)),
+            "relflow.sweep.ran": str(sum(r.status == "FINISHED" for r in rows)),
+        }
+    )
+    summary = [asdict(r) | {"stages": None} | ({"worker": workers.get(r.index)} if workers else {}) for r in rows]
+    tracker.log_dict(summary, f"sweep_summary_{attempt}.json")
+    tracker.finish()
 
 
 def _record_failure(

@@ -22,7 +22,6 @@ and its MLflow child FAILED, so nothing is left RUNNING.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import asdict
@@ -100,36 +99,24 @@ def sweep_pool(
     from prefect.deployments import run_deployment
     from prefect.states import Crashed
 
-    from flows.sweep import HEADLINE, Row, _find_parent, _row_from_record, expand, sweep_hash
+    from flows.sweep import (
+        HEADLINE,
+        Row,
+        _row_from_record,
+        child_run_tags,
+        close_parent,
+        expand,
+        finished_children,
+        open_parent,
+        sweep_hash,
+    )
     from tasks.clock import wall_clock
 
     base = parse_spec(base_spec, "(sweep parameter 'base_spec')")
     configs = expand(base, grid)
     shash = sweep_hash(base, configs)
     attempt = uuid.uuid4().hex[:12]
-    tracker = Tracker(base.name)
-    parent = _find_parent(base.name, shash)
-    reused = parent is not None
-    if reused:
-        tracker.reopen(parent)
-    else:
-        parent = tracker.start(
-            f"{base.name}-sweep",
-            {
-                "relflow.sweep_hash": shash,
-                "relflow.sweep.role": "parent",
-                "relflow.spec_hash": base.spec_hash,
-                "relflow.spec_name": base.name,
-                **(tags or {}),
-            },
-        )
-        tracker.log_params(
-            {
-                "sweep.keys": ",".join(grid),
-                "sweep.configurations": len(configs),
-                **{f"sweep.grid.{k}": json.dumps(v) for k, v in grid.items()},
-            }
-        )
+    tracker, parent, reused = open_parent(base, base_spec, grid, len(configs), shash, tags)
     tracker.set_tags(
         {
             "relflow.sweep.pool": pool,
@@ -141,12 +128,7 @@ def sweep_pool(
     workers: dict[int, str] = {}  # config index -> worker that ran it
     try:
         progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash, total=len(configs))
-        done = {
-            r.tags.get("relflow.spec_hash"): r
-            for r in search_runs(
-                base.name, status="FINISHED", filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'"
-            )
-        }
+        done = finished_children(base.name, parent)
         pending: dict[int, Any] = {}  # config index -> flow run id
         for c in configs:
             if c.spec_hash in done:
@@ -154,15 +136,7 @@ def sweep_pool(
                 workers[c.index] = done[c.spec_hash].tags.get("relflow.worker", "-")
                 progress.emit("sweep", kind="skipped", row=rows[c.index], total=len(configs))
                 continue
-            child_tags = {
-                "relflow.sweep_hash": shash,
-                "relflow.sweep.role": "child",
-                "relflow.sweep.attempt": attempt,
-                "relflow.sweep.index": str(c.index),
-                "relflow.pool": pool,
-                **{f"relflow.sweep.{k}": v for k, v in c.values.items()},
-                **(tags or {}),
-            }
+            child_tags = child_run_tags(shash, attempt, c, tags, {"relflow.pool": pool})
             fr = run_deployment(
                 deployment,
                 timeout=0,
@@ -228,19 +202,7 @@ def sweep_pool(
                     # Wait between polls (Prefect's own runner polls the same way).
                     time.sleep(max(0.0, POLL_SECONDS - (wall_clock() - t0)))
         ordered = [rows[c.index] for c in configs]
-        failed = [r for r in ordered if r.status == "FAILED"]
-        tracker.set_tags(
-            {
-                "relflow.sweep.failed": str(len(failed)),
-                "relflow.sweep.skipped": str(sum(r.status == "SKIPPED" for r in ordered)),
-                "relflow.sweep.ran": str(sum(r.status == "FINISHED" for r in ordered)),
-            }
-        )
-        tracker.log_dict(
-            [asdict(r) | {"stages": None, "worker": workers.get(r.index)} for r in ordered],
-            f"sweep_summary_{attempt}.json",
-        )
-        tracker.finish()
+        close_parent(tracker, ordered, attempt, workers)
     except BaseException as err:
         tracker.fail(err)
         raise
