@@ -30,49 +30,21 @@ def test_children_count_in_host_peak_bytes():
 
 
 # Run in a fresh interpreter: pytest's own process tree holds session services (MLflow servers,
-# browsers) whose memory would swamp the 300 MiB this test tells apart.
-SERVER_VS_WORKER = """
+# browsers) whose memory would swamp the 300 MiB these tests tell apart. Two children hold
+# 300 MiB each: a plain worker, and the other one given as argv[1], either Prefect's temporary
+# server (its command line) or a cc1plus stand-in (a process that names itself so: its comm).
+WORKER_AND_OTHER = """
 import subprocess, sys, time
 import psutil
 from tasks.memory import PREFECT_SERVER, PeakMemory
 code = "import time; b = bytearray(300 * 2**20); time.sleep(60)"
-server = subprocess.Popen([sys.executable, "-c", code, PREFECT_SERVER + ":create_app"])
-worker = subprocess.Popen([sys.executable, "-c", code])
+other = {
+    "server": [sys.executable, "-c", code, PREFECT_SERVER + ":create_app"],
+    "compiler": [sys.executable, "-c", "open('/proc/self/comm', 'w').write('cc1plus'); " + code],
+}[sys.argv[1]]
+children = [subprocess.Popen(other), subprocess.Popen([sys.executable, "-c", code])]
 try:
-    for p in (server, worker):  # wait until each holds its 300 MiB
-        while psutil.Process(p.pid).memory_info().rss < 300 * 2**20:
-            time.sleep(0.05)
-    mem = PeakMemory()
-    own = psutil.Process().memory_info().rss
-    mem.start()
-    time.sleep(0.2)  # children count from their second sight, 50 ms on
-    mem.stop()
-    print(mem.host_peak_bytes - own)
-finally:
-    server.kill()
-    worker.kill()
-"""
-
-
-def test_prefects_temporary_server_is_not_counted():
-    """A standalone run's child uvicorn (Prefect's temporary server) is harness, not workload:
-    a sweep child that uses the sweep's server must measure the same."""
-    out = subprocess.run([sys.executable, "-c", SERVER_VS_WORKER], capture_output=True, text=True, check=True)
-    counted = int(out.stdout.split()[-1])
-    assert 300 * MIB <= counted < 500 * MIB  # the worker, not the server
-
-
-# A cc1plus stand-in: a process that names itself like the compiler (its comm) holding 300 MiB.
-COMPILER_VS_WORKER = """
-import subprocess, sys, time
-import psutil
-from tasks.memory import PeakMemory
-code = "import time; b = bytearray(300 * 2**20); time.sleep(60)"
-named = "open('/proc/self/comm', 'w').write('cc1plus'); " + code
-compiler = subprocess.Popen([sys.executable, "-c", named])
-worker = subprocess.Popen([sys.executable, "-c", code])
-try:
-    for p in (compiler, worker):
+    for p in children:  # wait until each holds its 300 MiB
         while psutil.Process(p.pid).memory_info().rss < 300 * 2**20:
             time.sleep(0.05)
     mem = PeakMemory()
@@ -82,14 +54,27 @@ try:
     mem.stop()
     print(mem.host_peak_bytes - own, mem.host_peak_excluding_compiler_bytes - own)
 finally:
-    compiler.kill()
-    worker.kill()
+    for p in children:
+        p.kill()
 """
 
 
-def test_compiler_processes_count_in_the_peak_but_not_in_the_peak_without_them():
-    out = subprocess.run([sys.executable, "-c", COMPILER_VS_WORKER], capture_output=True, text=True, check=True)
+def _worker_and(other: str) -> tuple[int, int]:
+    """(host_peak_bytes, host_peak_excluding_compiler_bytes) above the sampling process's own."""
+    out = subprocess.run([sys.executable, "-c", WORKER_AND_OTHER, other], capture_output=True, text=True, check=True)
     total, without = (int(v) for v in out.stdout.split()[-2:])
+    return total, without
+
+
+def test_prefects_temporary_server_is_not_counted():
+    """A standalone run's child uvicorn (Prefect's temporary server) is harness, not workload:
+    a sweep child that uses the sweep's server must measure the same."""
+    counted, _ = _worker_and("server")
+    assert 300 * MIB <= counted < 500 * MIB  # the worker, not the server
+
+
+def test_compiler_processes_count_in_the_peak_but_not_in_the_peak_without_them():
+    total, without = _worker_and("compiler")
     assert 600 * MIB <= total < 800 * MIB  # worker and compiler
     assert 300 * MIB <= without < 500 * MIB  # the worker only
 
