@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 from model import ModelConfig, RelationalTransformer
-from tasks.data import ensure_tpch
-from tasks.preprocess import preprocess
-from tasks.retrieve import list_root_keys, retrieve
-from tasks.sources import resolve_sources
+from tasks.sources.files import resolve_sources
+from tasks.sources.tpch import ensure_tpch
 from tasks.spec import Spec, load_spec
-from tasks.tensorize import fit, tensorize
+from tasks.stages.preprocess import preprocess
+from tasks.stages.retrieve import list_root_keys, retrieve
+from tasks.stages.tensorize import fit, tensorize
 
 
 def load(spec_path: Path, overrides: list[str] | None = None):

@@ -24,13 +24,13 @@ import torch
 
 from model import ModelConfig, RelationalTransformer
 from model.export import ExportForward, export_onnx, output_name
-from tasks.clock import Clock
-from tasks.data import ensure_tpch
-from tasks.preprocess import preprocess
-from tasks.retrieve import list_root_keys, retrieve
-from tasks.sources import resolve_sources
+from tasks.measure.clock import Clock
+from tasks.sources.files import resolve_sources
+from tasks.sources.tpch import ensure_tpch
 from tasks.spec import load_spec
-from tasks.tensorize import fit, tensorize
+from tasks.stages.preprocess import preprocess
+from tasks.stages.retrieve import list_root_keys, retrieve
+from tasks.stages.tensorize import fit, tensorize
 
 
 def main() -> None:

@@ -34,13 +34,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from tasks.compute import Engine
-from tasks.data import ensure_tpch
-from tasks.preprocess import preprocess
-from tasks.retrieve import list_root_keys, retrieve
-from tasks.sources import resolve_sources
+from tasks.sources.files import resolve_sources
+from tasks.sources.tpch import ensure_tpch
 from tasks.spec import Spec, load_spec, parse_spec
-from tasks.tensorize import Tensorized, fit, tensorize
+from tasks.stages.compute import Engine
+from tasks.stages.preprocess import preprocess
+from tasks.stages.retrieve import list_root_keys, retrieve
+from tasks.stages.tensorize import Tensorized, fit, tensorize
 
 ROOT = Path(__file__).resolve().parent
 DEVICE = torch.device("cpu")

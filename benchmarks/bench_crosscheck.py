@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tasks import keys as K
+from tasks.measure import keys as K
 
 ROOT = Path(__file__).resolve().parent
 
@@ -37,7 +37,7 @@ def outside(spec_path: Path, threads: int | None) -> float:
     sys.path.insert(0, str(ROOT))
     from batches import build_model, load
 
-    from tasks.clock import Clock
+    from tasks.measure.clock import Clock
 
     spec, schema, parts = load(spec_path, ["run.mode=predict"])
     model = build_model(spec, schema)

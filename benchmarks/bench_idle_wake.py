@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 import torch
 
-from tasks.clock import Clock, wall_clock
+from tasks.measure.clock import Clock, wall_clock
 
 GAPS_MS = (0, 5, 20, 50, 200)
 

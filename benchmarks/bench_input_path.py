@@ -33,13 +33,13 @@ import torch
 
 from model.batch import Batch
 from model.schema import NULL_INDEX, RESERVED_CATEGORY_SLOTS, UNKNOWN_INDEX
-from tasks.clock import Clock
-from tasks.data import ensure_tpch
-from tasks.preprocess import preprocess
-from tasks.retrieve import ROOT, list_root_keys, retrieve
-from tasks.sources import resolve_sources
+from tasks.measure.clock import Clock
+from tasks.sources.files import resolve_sources
+from tasks.sources.tpch import ensure_tpch
 from tasks.spec import load_spec
-from tasks.tensorize import fit, tensorize
+from tasks.stages.preprocess import preprocess
+from tasks.stages.retrieve import ROOT, list_root_keys, retrieve
+from tasks.stages.tensorize import fit, tensorize
 
 ROOT_DIR = Path(__file__).resolve().parent
 EPOCH = dt.date(1970, 1, 1)

@@ -24,7 +24,7 @@ import json
 import os
 from pathlib import Path
 
-from tasks import keys as K
+from tasks.measure import keys as K
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "benchmarks" / "tpch_orders.yaml"
@@ -52,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.benchmark import benchmark
-    from tasks.environment import host_load_per_core
+    from tasks.measure.environment import host_load_per_core
     from tasks.spec import load_spec
 
     def go(sets: list[str]) -> dict:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tasks import keys as K
+from tasks.measure import keys as K
 
 ROOT = Path(__file__).resolve().parent.parent
 

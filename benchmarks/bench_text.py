@@ -27,15 +27,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from tasks.clock import Clock
-from tasks.compute import Engine
-from tasks.data import ensure_tpch
-from tasks.encode import encode, load_encoder
-from tasks.preprocess import preprocess
-from tasks.retrieve import list_root_keys, retrieve
-from tasks.sources import resolve_sources
+from tasks.measure.clock import Clock
+from tasks.sources.files import resolve_sources
+from tasks.sources.tpch import ensure_tpch
 from tasks.spec import load_spec
-from tasks.tensorize import fit, tensorize
+from tasks.stages.compute import Engine
+from tasks.stages.encode import encode, load_encoder
+from tasks.stages.preprocess import preprocess
+from tasks.stages.retrieve import list_root_keys, retrieve
+from tasks.stages.tensorize import fit, tensorize
 
 ROOT = Path(__file__).resolve().parent
 

@@ -48,7 +48,7 @@ def child(spec: Path, threads: int | None, batches: int) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
     from batches import build_model, load
 
-    from tasks.clock import Clock
+    from tasks.measure.clock import Clock
 
     s, schema, parts = load(spec)
     model = build_model(s, schema)

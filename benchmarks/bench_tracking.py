@@ -2,7 +2,7 @@
 
 A team shares one MLflow. This starts ``--processes`` fresh processes at the same moment
 (a barrier file), each logging ``--runs`` runs exactly the way a benchmark run does through
-``tasks.tracking.Tracker``: create the run, the flattened spec as params (batches of 100),
+``tasks.tracking.store.Tracker``: create the run, the flattened spec as params (batches of 100),
 ``spec.yaml``, the contract metrics in one batch, the fingerprint tags, ``stages.json``,
 FINISHED. Afterwards it reads the store back and counts, per store URI:
 
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tasks import keys as K  # noqa: E402 - after the sys.path line above
+from tasks.measure import keys as K  # noqa: E402 - after the sys.path line above
 
 CONTRACT_METRICS = [
     *(f(s, phase) for phase in K.PHASES for s in K.PHASE_STAGES[phase] for f in (K.stage_seconds, K.stage_rows_per_s)),
@@ -53,9 +53,9 @@ ARTIFACTS = {"spec.yaml", "stages.json"}
 
 def _one_process(uri: str, experiment: str, runs: int, barrier: str, tag: str, out: str) -> None:
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    from tasks.clock import wall_clock
+    from tasks.measure.clock import wall_clock
     from tasks.spec import load_spec
-    from tasks.tracking import Tracker, flatten
+    from tasks.tracking.store import Tracker, flatten
 
     spec = load_spec(ROOT / "benchmarks" / "tpch_orders.yaml")
     params = flatten(spec.to_dict())
@@ -82,8 +82,8 @@ def _one_process(uri: str, experiment: str, runs: int, barrier: str, tag: str, o
 def measure(uri: str, processes: int, runs: int) -> dict:
     from mlflow.tracking import MlflowClient
 
-    from tasks.clock import wall_clock
-    from tasks.tracking import Tracker, search_runs
+    from tasks.measure.clock import wall_clock
+    from tasks.tracking.store import Tracker, search_runs
 
     experiment = f"load-test-{uuid.uuid4().hex[:8]}"
     Tracker(experiment, uri)  # the experiment exists before the burst, as in a team's store

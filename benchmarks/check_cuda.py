@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def check_clock(results: dict) -> None:
-    from tasks.clock import Clock, wall_clock
+    from tasks.measure.clock import Clock, wall_clock
 
     dev = torch.device("cuda")
     a = torch.randn(8192, 8192, device=dev)
@@ -54,8 +54,8 @@ def check_clock(results: dict) -> None:
 
 def engine_run(spec, schema, enc, tz, device, precision: str, weights: dict | None = None) -> dict:
     """Train then predict; with ``weights``, no training: predict with exactly those weights."""
-    from tasks.clock import Clock
-    from tasks.compute import Engine
+    from tasks.measure.clock import Clock
+    from tasks.stages.compute import Engine
 
     s = spec.model_copy(
         update={
@@ -124,7 +124,7 @@ def check_engine(results: dict) -> None:
 def check_packing(results: dict) -> None:
     from batches import build_model, load
 
-    from tasks.clock import Clock
+    from tasks.measure.clock import Clock
 
     spec, schema, parts = load(ROOT / "tpch_customer.yaml", ["run.batch_size=256"])
     dev = torch.device("cuda")
@@ -156,7 +156,7 @@ def check_packing(results: dict) -> None:
 def check_compile(results: dict) -> None:
     from batches import build_model, load
 
-    from tasks.clock import Clock
+    from tasks.measure.clock import Clock
 
     spec, schema, parts = load(ROOT / "tpch_orders.yaml", [])
     dev = torch.device("cuda")
@@ -178,7 +178,7 @@ def check_compile(results: dict) -> None:
 
 
 def check_peak(results: dict) -> None:
-    from tasks.peak import measure
+    from tasks.measure.peak import measure
 
     dev = torch.device("cuda")
     results["peak"] = {d: measure(dev, d).flops_per_s / 1e12 for d in ("fp32", "bf16")}

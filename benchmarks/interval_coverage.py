@@ -6,7 +6,7 @@ with sigma 0.5, like timing noise; true median 1.0) and we count how often each 
 
 - percentile bootstrap of the median (what the harness used before; reimplemented here as
   the reference): with 2-3 samples it is just [min, max];
-- the order-statistic interval (``tasks.stats.median_interval``, what the harness uses):
+- the order-statistic interval (``tasks.measure.stats.median_interval``, what the harness uses):
   none below 6 samples, and an exact, stated level from 6 on.
 
     python benchmarks/interval_coverage.py [--draws 2000]
@@ -21,7 +21,7 @@ import json
 
 import numpy as np
 
-from tasks.stats import median_interval
+from tasks.measure.stats import median_interval
 
 
 def bootstrap_median_ci(x: np.ndarray, rng: np.random.Generator, resamples: int = 2000) -> tuple[float, float]:

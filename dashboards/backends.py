@@ -13,15 +13,15 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tasks import keys as K
-from tasks.tracking import RunRecord
+from tasks.measure import keys as K
+from tasks.tracking.store import RunRecord
 
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=130))
 
 
 def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """Report rows from FINISHED predict-mode children tagged ``relflow.variant`` (medians)."""
-    from flows.backends_report import HEADLINE, Sample, summarize
+    from flows.sweeps.backends_report import HEADLINE, Sample, summarize
 
     kids = [
         r

@@ -7,7 +7,7 @@ A side is one run or a group of runs. For each key metric a side yields an ``Est
 - one run with repeats (``run.repeats >= 2`` logs ``<key>.median`` for
   ``e2e.predict.rows_per_s`` and ``compute.steady_rows_per_s``; from 6 repeats also
   ``<key>.median_ci_low/high``): the median of the repeats and its order-statistic 95%
-  interval (``tasks.stats``; below 6 samples there is no 95% interval and none is used);
+  interval (``tasks.measure.stats``; below 6 samples there is no 95% interval and none is used);
 - a group of runs: one sample per run (the run's repeat median when logged, else its value),
   the median over runs and, from 6 runs, the order-statistic 95% interval of that median;
 - one run without repeats (or a metric without an interval): a single value, no spread.
@@ -37,10 +37,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tasks import keys as K
-from tasks.errors import UserError
-from tasks.stats import MIN_CI_SAMPLES, median_interval
-from tasks.tracking import RunRecord
+from tasks.measure import keys as K
+from tasks.measure.stats import MIN_CI_SAMPLES, median_interval
+from tasks.runtime.errors import UserError
+from tasks.tracking.store import RunRecord
 
 # (metric key, direction): +1 higher is better, -1 lower is better, 0 neither.
 KEY_METRICS: tuple[tuple[str, int], ...] = (

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S
-from tasks.tracking import RunRecord
+from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S
+from tasks.tracking.store import RunRecord
 
 # Metrics the history walks: throughput (higher is better) and, for request scenarios
 # (single_stream / server runs), request latency (lower is better).

@@ -20,7 +20,7 @@ from plotly.offline import get_plotlyjs
 from dashboards import figures
 from dashboards.backends import backends_figure, rows_from_runs
 from dashboards.history import HISTORY_METRICS, HistoryStep, history, select_history_runs
-from tasks.tracking import RunRecord
+from tasks.tracking.store import RunRecord
 
 SYSTEM_CHROMIUM = "/usr/bin/chromium"
 PNG_SIZE = dict(width=1200, height=560)
@@ -54,7 +54,7 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
         figs["backends"] = backends_figure(backend_rows)
     latency_runs = [r for r in bench if r.metrics.get("latency.requests", 0) > 0]
     if latency_runs:  # request scenarios: the CDF series each run logged
-        from tasks.tracking import metric_history
+        from tasks.tracking.store import metric_history
 
         cdfs = {r.run_id: metric_history(r.run_id, "latency.cdf_ms") for r in latency_runs}
         figs["latency_cdf"] = figures.latency_cdf(latency_runs, cdfs)

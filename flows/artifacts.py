@@ -30,7 +30,7 @@ def artifact_key(experiment: str) -> str:
 
 def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The stage table as rows (rounded for display), end-to-end last."""
-    from tasks import keys as K
+    from tasks.measure import keys as K
 
     m = summary["metrics"]
     rows = []

@@ -35,44 +35,45 @@ from prefect.utilities.annotations import quote
 from flows.artifacts import publish_run_artifact
 from model.arrow import Encoding
 from model.meta import inspect_on_meta
-from tasks import calibrate as calibration
-from tasks import compute as compute_stage
-from tasks import distributed, interrupts, progress
-from tasks import keys as K
+from tasks.backends.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings, start_backend
-from tasks.baseline import no_better_than_baseline
-from tasks.checkpoint import load_run_checkpoint, save_run_checkpoint
-from tasks.checks import check_data_before_work, check_files, check_table_folders
-from tasks.clock import Clock, unix_time, wall_clock
-from tasks.data import ensure_tpch
-from tasks.databases import close_all as close_databases
-from tasks.databases import kind_of, resolve_database
-from tasks.datasets import describe_sources, model_interface
-from tasks.encode import check_text
-from tasks.encode import encode as encode_text
-from tasks.environment import fingerprint, host_load_per_core
-from tasks.hostload import OtherCpu, other_cpu_fraction_before
-from tasks.hostlock import host_lock, lock_path
-from tasks.memory import PeakMemory
-from tasks.peak import peak_flops
-from tasks.preflight import check_before_work
-from tasks.preprocess import Preprocessed, preprocess
-from tasks.profiling import to_markdown as profile_markdown
-from tasks.records import PHASES, BackendSetup, RunResult, StageTiming, batch_coordinate_metrics
-from tasks.reference import check_reference, drop_reasons, quality_delta, reference_quality
-from tasks.retrieve import Retrieved, list_root_keys, retrieve
-from tasks.run_note import run_description
+from tasks.checks.data import check_data_before_work, check_files, check_table_folders
+from tasks.checks.preflight import check_before_work
+from tasks.distributed import launch as distributed
+from tasks.measure import keys as K
+from tasks.measure.baseline import no_better_than_baseline
+from tasks.measure.clock import Clock, unix_time, wall_clock
+from tasks.measure.environment import fingerprint, host_load_per_core
+from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
+from tasks.measure.memory import PeakMemory
+from tasks.measure.peak import peak_flops
+from tasks.measure.profiling import to_markdown as profile_markdown
+from tasks.measure.records import PHASES, BackendSetup, RunResult, StageTiming, batch_coordinate_metrics
+from tasks.measure.reference import check_reference, drop_reasons, quality_delta, reference_quality
+from tasks.measure.stats import CI_METHOD
+from tasks.measure.utilisation import mfu_metrics
+from tasks.measure.validity import verdict
+from tasks.runtime import interrupts, progress
+from tasks.runtime.hostlock import host_lock, lock_path
+from tasks.runtime.threads import apply_threads
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.runner import run_requests
-from tasks.sources import SourceTable, check_sources, resolve_sources
+from tasks.sources.databases import close_all as close_databases
+from tasks.sources.databases import kind_of, resolve_database
+from tasks.sources.files import SourceTable, check_sources, resolve_sources
+from tasks.sources.tpch import ensure_tpch
 from tasks.spec import Spec, parse_spec
-from tasks.stats import CI_METHOD
-from tasks.tensorize import Tensorized, fit, tensorize
-from tasks.threads import apply_threads
-from tasks.tracking import Tracker, flatten
-from tasks.utilisation import mfu_metrics
-from tasks.validity import verdict
-from tasks.write import PredictionWriter, to_table
+from tasks.stages import calibrate as calibration
+from tasks.stages import compute as compute_stage
+from tasks.stages.encode import check_text
+from tasks.stages.encode import encode as encode_text
+from tasks.stages.preprocess import Preprocessed, preprocess
+from tasks.stages.retrieve import Retrieved, list_root_keys, retrieve
+from tasks.stages.tensorize import Tensorized, fit, tensorize
+from tasks.stages.write import PredictionWriter, to_table
+from tasks.tracking.datasets import describe_sources, model_interface
+from tasks.tracking.run_note import run_description
+from tasks.tracking.store import Tracker, flatten
 
 # Stage tasks carry chunks of data: no cache key (hashing tables costs seconds), no result
 # persistence, and every argument is passed in ``quote()`` so Prefect does not walk it
@@ -170,7 +171,7 @@ class Plan:
     data_seconds: float
     generated: bool
     spec_dir: Path = Path(".")  # where relative source paths resolve (DDP ranks re-plan from it)
-    data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/checks.py counts
+    data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/checks/data.py counts
     warnings: list[str] = field(default_factory=list)
     backend: BackendPlan = field(default_factory=BackendPlan)  # run.backend (tasks/backends)
     reference: dict[str, Any] | None = None  # run.reference_checkpoint, loaded and checked
@@ -180,7 +181,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     """Validate inputs and make the data available; raises ``UserError`` before any work.
 
     The returned ``Plan.spec`` reserves at most the data's observed rows per parent in each
-    branch (tasks/checks.py); the run's params and spec hash stay the configured spec's."""
+    branch (tasks/checks/data.py); the run's params and spec hash stay the configured spec's."""
     t0 = wall_clock()
     notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs
     check_backend_settings(spec)  # e.g. an execution provider this onnxruntime build lacks
@@ -190,7 +191,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     db = spec.source.database
     if spec.source.generate is not None and (db is None or kind_of(db.url) == "duckdb"):
         base, generated = ensure_tpch(spec.source.generate.tpch.scale)
-    if db is not None:  # tables in a database (tasks/databases.py) instead of files
+    if db is not None:  # tables in a database (tasks/sources/databases.py) instead of files
         sources = resolve_database(spec, spec_dir, base if spec.source.generate else None)
     else:
         check_table_folders(spec, base)  # "holds no data files", not "does not exist"
@@ -480,7 +481,7 @@ def timed_body(run: Run) -> None:
         run.pipe = pipe = Pipeline(run.plan, run.result)
         pipe.list_keys()
         if s.run.mode == "train+predict":
-            if s.run.distributed:  # DDP ranks under torchrun (tasks/distributed.py)
+            if s.run.distributed:  # DDP ranks under torchrun (tasks/distributed/launch.py)
                 distributed.train(pipe, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
             else:
                 pipe.train()

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import UserError
-from tasks.sections import load_spec_and_sections
-from tasks.tracking import tracking_uri
+from tasks.runtime.errors import UserError
+from tasks.spec.sections import load_spec_and_sections
+from tasks.tracking.store import tracking_uri
 
 
 @dataclass

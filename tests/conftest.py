@@ -84,7 +84,7 @@ def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(scope="session")
 def tpch_small() -> Path:
     """TPC-H Parquet at scale 0.01 in the session's data folder, generated once."""
-    from tasks.data import ensure_tpch
+    from tasks.sources.tpch import ensure_tpch
 
     folder, _ = ensure_tpch(SCALE)
     return folder
@@ -258,11 +258,11 @@ def shop_files(write_tables, shop_tables) -> Path:
 def prepare_chunk():
     """``prepare_chunk(spec_dict, folder) -> (spec, encoding, schema, tensorized)``: retrieve,
     preprocess and tensorize every root key as one chunk, without Prefect."""
-    from tasks.preprocess import preprocess
-    from tasks.retrieve import list_root_keys, retrieve
-    from tasks.sources import resolve_sources
+    from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.tensorize import fit, tensorize
+    from tasks.stages.preprocess import preprocess
+    from tasks.stages.retrieve import list_root_keys, retrieve
+    from tasks.stages.tensorize import fit, tensorize
 
     def prepare(spec_dict: dict[str, Any], folder: Path):
         spec = parse_spec(spec_dict)
@@ -349,7 +349,7 @@ def postgres_server():
     try:
         yield server
     finally:
-        from tasks.databases import close_all
+        from tasks.sources.databases import close_all
 
         close_all()
         server.stop()

@@ -1,4 +1,4 @@
-"""Serving backends behind the compute stage: one small interface, so ``tasks/compute.py``
+"""Serving backends behind the compute stage: one small interface, so ``tasks/stages/compute.py``
 reads the same whatever runs the model.
 
 A backend is created once per run (``load``: session creation, weight conversion; timed

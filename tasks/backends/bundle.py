@@ -32,8 +32,8 @@ import yaml
 
 from model.checkpoint import file_sha256, load_checkpoint, schema_from_dict, schema_to_dict
 from model.schema import ModelSchema
-from tasks.clock import Clock
-from tasks.errors import UserError
+from tasks.measure.clock import Clock
+from tasks.runtime.errors import UserError
 from tasks.spec import Spec, parse_spec
 
 MODEL_FILE = "model.onnx"
@@ -93,7 +93,7 @@ def export_bundle(
         ckpt = load_checkpoint(checkpoint)
     except Exception as err:  # noqa: BLE001 - an unreadable file is one user problem
         raise UserError(f"checkpoint '{checkpoint}' cannot be loaded: {err}") from None
-    from tasks.checkpoint import check_matches_spec
+    from tasks.backends.checkpoint import check_matches_spec
 
     check_matches_spec(ckpt.model, spec, f"checkpoint '{checkpoint}'")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +105,7 @@ def export_bundle(
             "model_config": ckpt.model.config.to_dict(),
             "schema": schema_to_dict(ckpt.model.schema),
             "encoding": ckpt.extra.get("encoding"),
-            # Output calibration fitted with the checkpoint (tasks/calibrate.py; 1.0 = none).
+            # Output calibration fitted with the checkpoint (tasks/stages/calibrate.py; 1.0 = none).
             "temperature": float(ckpt.extra.get("temperature", 1.0)),
             "outputs": list(sig.outputs),
             "signature": sig.to_dict(),

@@ -19,8 +19,8 @@ import torch
 from model.batch import Batch
 from model.export import output_name
 from tasks.backends.bundle import DYNAMIC_INT8_FILE, Bundle
-from tasks.clock import Clock
-from tasks.errors import UserError
+from tasks.measure.clock import Clock
+from tasks.runtime.errors import UserError
 from tasks.spec import OnnxRuntime
 
 LEVELS = {

@@ -19,9 +19,9 @@ from model.checkpoint import file_sha256
 from model.config import ModelConfig
 from model.quantize import fp8_native_supported
 from tasks.backends.bundle import Bundle, export_bundle, read_bundle
-from tasks.clock import Clock
-from tasks.errors import UserError
-from tasks.records import BackendSetup, CheckpointLoad
+from tasks.measure.clock import Clock
+from tasks.measure.records import BackendSetup, CheckpointLoad
+from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 
 
@@ -31,7 +31,7 @@ class BackendPlan:
 
 
 def needed_outputs(spec: Spec) -> tuple[str, ...]:
-    from tasks.compute import Engine
+    from tasks.stages.compute import Engine
 
     return Engine.needed_outputs(tuple(spec.task.outputs))
 
@@ -51,8 +51,8 @@ def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[Backen
     r = spec.run
     if r.backend != "onnxruntime":
         return BackendPlan(), checkpoint
+    from tasks.backends.checkpoint import check_matches_spec
     from tasks.backends.onnxruntime import check_providers
-    from tasks.checkpoint import check_matches_spec
 
     check_providers(r.onnxruntime)
     if not r.onnxruntime.model:

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from tasks import calibrate
-from tasks import keys as K
-from tasks.compute import Engine
-from tasks.preprocess import preprocess
-from tasks.retrieve import retrieve
-from tasks.tensorize import fit, tensorize
-from tasks.write import to_table
+from tasks.measure import keys as K
+from tasks.stages import calibrate
+from tasks.stages.compute import Engine
+from tasks.stages.preprocess import preprocess
+from tasks.stages.retrieve import retrieve
+from tasks.stages.tensorize import fit, tensorize
+from tasks.stages.write import to_table
 
 
 def ensure_engine(pipe: Any) -> None:

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from tasks import calibrate
-from tasks.errors import UserError
+from tasks.runtime.errors import UserError
 from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.request import RequestPath
 from tasks.scenarios.schedule import poisson_arrivals, request_keys, validation_keys
+from tasks.stages import calibrate
 
 
 def run_requests(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tasks.preprocess import split_is_train
+from tasks.stages.preprocess import split_is_train
 
 
 def validation_keys(keys: np.ndarray, validation_fraction: float) -> np.ndarray:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tasks.clock import Clock
+from tasks.measure.clock import Clock
 from tasks.scenarios.latency import LatencyRecord
 
 Serve = Callable[[np.ndarray], dict[str, float]]

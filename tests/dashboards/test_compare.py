@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dashboards.compare import CI_LABEL, NOT_ENOUGH, Estimate, _mann_whitney_u, compare, estimate, judge, split_by
-from tasks.errors import UserError
-from tasks.tracking import RunRecord, get_run_record, search_runs
+from tasks.runtime.errors import UserError
+from tasks.tracking.store import RunRecord, get_run_record, search_runs
 
 THROUGHPUT = ("e2e.predict.rows_per_s", "compute.steady_rows_per_s")
 
@@ -47,7 +47,7 @@ def test_two_runs_of_one_configuration_are_not_flagged(bench_runs):
 
 @pytest.mark.slow
 def test_cli_compare_by_ids_and_by_param_groups(bench_runs):
-    from flows.cli import app
+    from flows.cli.app import app
 
     env = {"MLFLOW_TRACKING_URI": bench_runs.uri, "COLUMNS": "200"}
     res = CliRunner().invoke(

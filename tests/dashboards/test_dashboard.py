@@ -42,7 +42,7 @@ def non_blank_fraction(png: bytes) -> float:
 def dashboard_dir(bench_runs, chromium, tmp_path_factory):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.app import app
 
     out = tmp_path_factory.mktemp("dashboard")
     res = CliRunner().invoke(
@@ -56,7 +56,7 @@ def dashboard_dir(bench_runs, chromium, tmp_path_factory):
 
 @pytest.mark.slow
 def test_dashboard_files_and_mlflow_run(dashboard_dir, bench_runs):
-    from tasks.tracking import search_runs
+    from tasks.tracking.store import search_runs
 
     names = sorted(p.name for p in dashboard_dir.iterdir())
     assert names == [

@@ -4,8 +4,8 @@ bars are labelled by configuration (sweep tags), not by run id."""
 from __future__ import annotations
 
 from dashboards.figures import compile_groups, first_call_vs_steady, stage_breakdown
-from tasks.keys import STAGES
-from tasks.tracking import RunRecord
+from tasks.measure.keys import STAGES
+from tasks.tracking.store import RunRecord
 
 
 def rec(i: int, batch: str, packing: str, compiled: bool, steady: float, tags=None) -> RunRecord:

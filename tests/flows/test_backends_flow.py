@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from model.checkpoint import file_sha256, quantize_checkpoint
-from tasks.keys import STAGES, documented
+from tasks.measure.keys import STAGES, documented
 from tasks.spec import parse_spec
 
 

@@ -105,7 +105,7 @@ def test_run_finishes_with_every_metric_key(tpch_run):
 
 @pytest.mark.slow
 def test_every_logged_metric_is_catalogued(tpch_run):
-    from tasks.keys import documented
+    from tasks.measure.keys import documented
 
     _, run, _, _ = tpch_run
     assert not [k for k in run.data.metrics if not documented(k)]

@@ -36,7 +36,7 @@ def runs(prefect_harness, postgres_server, tpch_small, tmp_path_factory):
     """Train on Parquet, then predict from PostgreSQL (offline, single_stream) with the
     checkpoint, and a server run; returns {name: (summary, MLflow run)} and the store URI."""
     from flows.benchmark import benchmark
-    from tasks.databases import load_postgresql
+    from tasks.sources.databases import load_postgresql
 
     load_postgresql(postgres_server.url, tpch_small)
     folder = tmp_path_factory.mktemp("dbflow")

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from dashboards.history import select_history_runs
 from tasks.spec import load_spec
-from tasks.tracking import search_runs
+from tasks.tracking.store import search_runs
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [

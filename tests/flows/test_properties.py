@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
-from tasks.errors import UserError
+from tasks.runtime.errors import UserError
 
 _EXAMPLE = itertools.count()
 NAMES = st.sampled_from(["amount", "prix €", "naïve col", "col with spaces", "数量", "x"])

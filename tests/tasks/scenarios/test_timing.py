@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.clock import Clock
+from tasks.measure.clock import Clock
 from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import STEPS, LatencyRecord, verdict
 from tasks.scenarios.schedule import poisson_arrivals, request_keys

@@ -1,0 +1,1 @@
+"""The ``relflow-bench`` command line (``app``: the Typer app and ``main``)."""

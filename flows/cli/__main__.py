@@ -1,0 +1,5 @@
+"""``python -m flows.cli``: the same entry as the ``relflow-bench`` script."""
+
+from flows.cli.app import main
+
+main()

@@ -1,0 +1,417 @@
+"""``relflow-bench``: the command line (the app, ``run``, ``compile-report``, ``data``).
+
+``sweep``/``serve`` live in ``flows/cli/fleet.py``, the report commands in
+``flows/cli/reports.py``, ``export``/``quantize``/``backends-report`` in
+``flows/cli/backends.py``, the plumbing all of them share (consoles, exit codes) in
+``flows/cli/common.py``. Prefect is imported only once a command needs it, so
+``--help`` is instant and Prefect's log level can be set from ``--debug`` first.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flows.cli.backends import backends_report_cmd, export_cmd, quantize_cmd
+from flows.cli.common import (
+    DEFAULT_SPEC,
+    INTERRUPTED_EXIT,
+    console,
+    fail,
+    handle_run_error,
+    hide_user_error_logs,
+    out,
+    pairs,
+    start_run_command,
+)
+from flows.cli.fleet import serve_cmd, sweep_cmd
+from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
+from tasks.measure.clock import wall_clock
+
+app = typer.Typer(
+    help="Benchmark relational (nested-schema) transformers over the complete workload: "
+    "retrieve -> preprocess -> tensorize -> compute -> write, tracked in MLflow.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+data_app = typer.Typer(help="Generate benchmark data.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@app.command()
+def run(
+    spec: Annotated[
+        Path, typer.Argument(help="Benchmark spec YAML (default: the TPC-H orders workload).")
+    ] = DEFAULT_SPEC,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a spec key, e.g. --set run.batch_size=512 or "
+            "--set lineitem.max_length=2 (branches by name). Repeatable; validated like the file.",
+        ),
+    ] = None,
+    scale: Annotated[
+        float | None,
+        typer.Option(help="TPC-H scale factor for generated data (same as --set source.generate.tpch.scale=S)."),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option(help="Exit 3 when the run is INVALID (too little steady state, recompiles, quality floor).")
+    ] = False,
+    parent_run: Annotated[
+        str | None, typer.Option(help="Record this run as a child of an existing MLflow run id (sweeps, reports).")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Extra MLflow tag key=value on the run. Repeatable.")] = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write the run summary (metrics, stages, paths) to this JSON file."),
+    ] = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            help="Record torch.profiler over a few steady batches per phase (same as --set run.profile=true)."
+        ),
+    ] = False,
+    spec_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder that relative source.tables paths are read from (default: the spec "
+            "file's folder; sweeps pass their base spec's)."
+        ),
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
+) -> None:
+    """Run one benchmark: five timed stages as a Prefect flow, recorded as one MLflow run."""
+    overrides = start_run_command(debug, set_, scale) + (["run.profile=true"] if profile else [])
+    try:
+        summary = _run_benchmark(
+            spec,
+            overrides,
+            pairs(tag or [], "--tag"),
+            parent_run,
+            debug,
+            spec_dir.resolve() if spec_dir else spec.resolve().parent,
+        )
+    except (Exception, KeyboardInterrupt, SystemExit) as err:
+        handle_run_error(err, debug, "the MLflow run was ended KILLED and partial outputs were removed.")
+    report(summary)
+    if json_out is not None:
+        json_out.write_text(json.dumps(summary, indent=2, default=str))
+    if summary["validity"] == "INVALID" and strict:
+        raise typer.Exit(3)
+
+
+def _run_benchmark(
+    path: Path, overrides: list[str], tags: dict[str, str], parent_run: str | None, debug: bool, tables_dir: Path
+) -> dict[str, Any]:
+    """Check every input (and generate data) before Prefect starts, then run the flow with a
+    progress line; returns the flow's summary."""
+    from tasks.spec import load_spec
+
+    s = load_spec(path, overrides)
+    from flows.benchmark import benchmark, plan
+
+    if not debug:
+        hide_user_error_logs()
+    # Bad input fails in a second, not after the server's start-up; the flow repeats the cheap
+    # checks.
+    checked = plan(s, tables_dir)
+    for note in checked.warnings:
+        console.print(f"[yellow]warning:[/] {escape(note)}")
+    if checked.generated:
+        console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
+    launched = wall_clock()
+    with _progress_line(s.name):
+        return benchmark(
+            spec=s.to_dict(), spec_dir=str(tables_dir), launched_at=launched, parent_run_id=parent_run, tags=tags
+        )
+
+
+@contextmanager
+def _progress_line(name: str) -> Iterator[None]:
+    """A transient spinner on stderr naming the current phase, chunk, epoch and stage."""
+    from tasks.runtime import progress
+
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+    ) as bar:
+        job = bar.add_task(f"{name}: starting Prefect", total=None)
+
+        def show(event: str, info: dict[str, Any]) -> None:
+            if event == "phase":
+                bar.update(job, description=f"{name}: {info['name']}")
+            elif event == "stage":
+                extra = f" ({info['phase']})" if "phase" in info else ""
+                epoch = f" epoch {info['epoch'] + 1}" if "epoch" in info else ""
+                bar.update(job, description=f"{name}: chunk {info['chunk'] + 1}{epoch} {info['name']}{extra}")
+
+        unsubscribe = progress.subscribe(show)
+        try:
+            yield
+        finally:
+            unsubscribe()
+
+
+def _latency_line(m: dict[str, float]) -> str:
+    steps = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write", "queue")
+    shares = ", ".join(f"{s} {m.get(f'latency.step_share.{s}', 0.0):.0%}" for s in steps)
+    qps = (
+        f", {m['latency.achieved_qps']:.1f} QPS achieved of {m['latency.target_qps']:g}"
+        if "latency.target_qps" in m
+        else ""
+    )
+    return (
+        f"latency              {int(m['latency.requests']):,} requests in "
+        f"{m['latency.duration_seconds']:.1f} s{qps}: p50 {m.get('latency.request_ms.p50', 0):.2f} "
+        f"ms, p90 {m.get('latency.request_ms.p90', 0):.2f}, p99 "
+        f"{m.get('latency.request_ms.p99', 0):.2f}, max {m.get('latency.request_ms.max', 0):.2f}; "
+        f"cold first {m.get('latency.first_request_ms', 0):.1f} ms\n"
+        f"                     shares: {shares}"
+    )
+
+
+def report(summary: dict[str, Any]) -> None:
+    from tasks.measure import keys as K
+    from tasks.measure.records import describe_repeats
+
+    m = summary["metrics"]
+    table = Table(title="Stages (training epochs and predict passes are separate phases)", title_justify="left")
+    for col in ("phase", "stage", "seconds", "root rows", "rows/s", "share of phase"):
+        table.add_column(col, justify="left" if col in ("phase", "stage") else "right")
+    for phase in K.PHASES:
+        rows = [r for r in summary["stages"] if r["phase"] == phase]
+        if not rows:
+            continue
+        for row in rows:
+            table.add_row(
+                phase,
+                row["stage"],
+                f"{row['seconds']:.3f}",
+                f"{row['rows']:,}",
+                f"{row['rows_per_s']:,.0f}",
+                f"{row['share']:.1%}",
+            )
+        label = "end-to-end predict (headline)" if phase == "predict" else "end-to-end train (trained rows)"
+        table.add_row(
+            f"[bold]{phase}",
+            f"[bold]{label}",
+            f"[bold]{m[K.e2e(phase, 'seconds')]:.3f}",
+            f"{int(m[K.e2e(phase, 'rows')]):,}",
+            f"[bold]{m[K.e2e(phase, 'rows_per_s')]:,.0f}",
+            "100%",
+            end_section=True,
+        )
+    out.print(table)
+    for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
+        text = describe_repeats(m, key)
+        if text:
+            out.print(f"{label + ' repeats':<21} {text}")
+    q = summary["quality_metric"]
+    lines = [
+        f"compute first call   {m[K.FIRST_CALL_SECONDS] * 1e3:,.1f} ms "
+        f"(steady batch p50 {m[K.compute('predict', 'batch_ms.p50')]:.1f} ms)",
+        f"recompiles           {int(m.get(K.compute('predict', 'recompiles'), 0))} in predict's steady window"
+        + (f", {int(m[K.compute('train', 'recompiles')])} in train's" if K.compute("train", "recompiles") in m else ""),
+        f"compute steady       {m[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
+        + (f", {m[K.TRAIN_STEADY_ROWS_PER_S]:,.0f} rows/s (train)" if K.TRAIN_STEADY_ROWS_PER_S in m else ""),
+    ]
+    if K.compute("predict", K.MFU) in m:
+        train = f", {m[K.compute('train', K.MFU)]:.2%} train" if K.compute("train", K.MFU) in m else ""
+        lines.append(
+            f"compute MFU          {m[K.compute('predict', K.MFU)]:.2%} predict{train} of a "
+            f"{m[K.HOST_PEAK_FLOPS_PER_S] / 1e9:,.1f} GFLOP/s matmul peak"
+        )
+    lines += [
+        f"data                 occupancy {m[K.DATA_OCCUPANCY]:.1%} "
+        f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates), "
+        f"{int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow",
+    ]
+    if K.DATA_PADDED_COORDS in m:
+        lines.append(
+            f"batches              {int(m[K.DATA_PADDED_COORDS]):,} coordinates materialised per "
+            f"pass, batch occupancy p50 {m[K.DATA_BATCH_OCCUPANCY_P50]:.1%} "
+            f"min {m[K.DATA_BATCH_OCCUPANCY_MIN]:.1%}"
+        )
+    if K.quality(q) in m:
+        base = m.get(K.quality("majority_rate"))
+        note = f" (majority class {base:.3f})" if base is not None else ""
+        if not summary["quality_meaningful"]:
+            note += " [untrained weights: not meaningful, speed run]"
+        lines.append(f"quality              {q} {m[K.quality(q)]:.4f}{note}")
+    lines += [
+        f"memory               host peak {m[K.HOST_PEAK_BYTES] / 2**20:,.0f} MiB (with loader workers)",
+        f"host                 other processes used {m.get(K.HOST_OTHER_CPU_FRACTION_BEFORE, 0):.0%} of "
+        f"the cores just before the timed region, {m.get(K.HOST_OTHER_CPU_FRACTION, 0):.0%} during it",
+        f"predictions          {summary['output_path']} ({int(m[K.OUTPUT_BYTES]):,} bytes)",
+    ]
+    if "latency.requests" in m:  # single_stream / server (tasks/scenarios)
+        lines.append(_latency_line(m))
+    if K.quality("nll") in m:
+        lines.append(
+            f"calibration          T {m.get('calibration.temperature', 1.0):.3f}: nll "
+            f"{m[K.quality('uncalibrated.nll')]:.4f} -> {m[K.quality('nll')]:.4f}, ece "
+            f"{m[K.quality('uncalibrated.ece')]:.4f} -> {m[K.quality('ece')]:.4f}, brier "
+            f"{m[K.quality('uncalibrated.brier')]:.4f} -> {m[K.quality('brier')]:.4f}"
+        )
+    if summary.get("checkpoint_path"):
+        lines.append(f"checkpoint           {summary['checkpoint_path']}")
+    lines += [
+        f"harness start-up     {m[K.HARNESS_STARTUP_SECONDS]:.1f} s (not in e2e)",
+        (
+            "validity             VALID"
+            if summary["validity"] == "VALID"
+            else "validity             [bold red]INVALID[/]: " + "; ".join(summary["invalid_reasons"])
+        ),
+        f"MLflow               experiment '{summary['experiment']}', run {summary['run_id']}",
+        f"                     {summary['tracking_uri']}",
+    ]
+    out.print("\n".join(lines))
+    for phase, ops in (summary.get("profile") or {}).items():
+        top = Table(title=f"Top ops, {phase} (profiled steady batches)", title_justify="left")
+        for col in ("op", "calls", "self CPU ms", "self CUDA ms", "share"):
+            top.add_column(col, justify="left" if col == "op" else "right")
+        for r in ops:
+            top.add_row(
+                r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}", f"{r['share']:.1%}"
+            )
+        out.print(top)
+
+
+@app.command("compile-report")
+def compile_report(
+    spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            help="Interleaved rounds (each runs every variant); 6 is the fewest with a 95% interval of each median."
+        ),
+    ] = 6,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+) -> None:
+    """Eager vs compiled encoders/pools, each in fresh processes, cold and warm Inductor cache."""
+    from flows.sweeps.compile_report import collect, summarize, to_markdown
+    from tasks.measure import keys as K
+    from tasks.spec import load_spec
+    from tasks.tracking.store import Tracker
+
+    tracker = None
+    try:
+        s = load_spec(spec, list(set_ or []))
+        tracker = Tracker(s.name)
+        parent = tracker.start(
+            f"{s.name}-compile-report", {"relflow.spec_hash": s.spec_hash, "relflow.report": "compile"}
+        )
+        console.print(f"parent MLflow run {parent} in experiment '{s.name}'")
+        samples = collect(
+            spec.resolve(),
+            list(set_ or []),
+            repeats,
+            parent,
+            on_sample=lambda x: console.print(
+                f"  round {x.round + 1} {x.variant:<15} {x.cache:<5} steady "
+                f"{x.metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s, first call "
+                f"{x.metrics[K.FIRST_CALL_SECONDS]:.2f} s (run {x.run_id})"
+            ),
+        )
+        rows = summarize(samples)
+        md = to_markdown(rows)
+        tracker.log_dict(rows, "compile_report.json")
+        tracker.log_text(md, "compile_report.md")
+        tracker.finish()
+    except (Exception, KeyboardInterrupt) as err:
+        if tracker is not None:
+            tracker.fail(err)
+        fail(err, debug)
+    out.print(md)
+
+
+@app.command("peak")
+def peak_cmd(
+    device: Annotated[str, typer.Option(help="Device to measure (auto = cuda if available).")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16.")] = "fp32",
+    remeasure: Annotated[bool, typer.Option(help="Measure again and replace the cached value.")] = False,
+) -> None:
+    """The host's peak matmul FLOP/s (the MFU denominator), cached per host fingerprint."""
+    import torch
+
+    from tasks.measure.environment import fingerprint
+    from tasks.measure.peak import BUSY_HOST_FRACTION, DTYPES, cache_file, peak_flops
+    from tasks.runtime.errors import UserError
+
+    if precision not in DTYPES:
+        fail(UserError(f"--precision '{precision}' is not one of {sorted(DTYPES)}."), False)
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
+    fp = fingerprint(dev)["relflow.host_fingerprint"]
+    pk = peak_flops(fp, dev, precision, remeasure=remeasure)
+    how = "cached" if pk.cached else "measured now"
+    if not pk.cached and pk.other_cpu_fraction > BUSY_HOST_FRACTION:
+        how += f", NOT cached: other processes used {pk.other_cpu_fraction:.0%} of the cores"
+    out.print(
+        f"peak {pk.flops_per_s / 1e9:,.1f} GFLOP/s ({precision}, {pk.device}, {pk.threads} threads, "
+        f"{pk.size}^3 matmul, {how}; host {fp}; cache {cache_file()})"
+    )
+
+
+@data_app.command("tpch")
+def data_tpch(
+    scale: Annotated[float, typer.Option(help="TPC-H scale factor (1 = about 1 GB of CSV-equivalent).")] = 0.01,
+    into: Annotated[
+        str | None,
+        typer.Option(
+            help="Also load the tables into a database, key columns indexed: 'duckdb' (a file next "
+            "to the Parquet), 'duckdb:<path>' or 'postgresql://user@host:port/db' (password from "
+            "PGPASSWORD)."
+        ),
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+) -> None:
+    """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once."""
+    from tasks.sources.tpch import ensure_tpch
+
+    try:
+        t0 = wall_clock()
+        folder, generated = ensure_tpch(scale)
+        verb = f"generated in {wall_clock() - t0:.1f} s" if generated else "already present"
+        out.print(f"TPC-H scale {scale:g}: {folder} ({verb})")
+        if into is not None:
+            from tasks.sources.databases import load_tpch
+
+            shown, rows, seconds = load_tpch(scale, into)
+            out.print(f"loaded into {shown} in {seconds:.1f} s: " + ", ".join(f"{t} {n:,}" for t, n in rows.items()))
+    except Exception as err:  # noqa: BLE001
+        fail(err, debug)
+
+
+app.command("compare")(compare_cmd)
+app.command("history")(history_cmd)
+app.command("dashboard")(dashboard_cmd)
+app.command("ui")(ui_cmd)
+app.command("export")(export_cmd)
+app.command("quantize")(quantize_cmd)
+app.command("backends-report")(backends_report_cmd)
+app.command("sweep")(sweep_cmd)
+app.command("serve")(serve_cmd)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED_EXIT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""``relflow-bench export``, ``quantize`` and ``backends-report``: the deployment commands.
+
+Registered on the main Typer app in ``flows/cli/__init__.py``; exit codes as every command's (see
+``flows/cli/common.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import DEFAULT_SPEC, console, fail, handle_run_error, out, start_run_command
+
+
+def export_cmd(
+    spec: Annotated[Path, typer.Argument(help="The benchmark spec the checkpoint was trained with.")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="Checkpoint to export (any weight format).")],
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Folder for the bundle (default: <run.output_dir>/bundles).")
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+) -> None:
+    """Export a checkpoint to ONNX (dynamic batch and cell axes) as a content-hashed bundle."""
+    from tasks.backends.bundle import export_bundle
+    from tasks.backends.setup import needed_outputs
+    from tasks.spec import load_spec
+
+    try:
+        s = load_spec(spec, list(set_ or []))
+        folder = out_dir or Path(s.run.output_dir) / "bundles"
+        bundle = export_bundle(checkpoint, s, needed_outputs(s), folder)
+    except Exception as err:  # noqa: BLE001
+        fail(err, debug)
+    m = bundle.manifest
+    out.print(
+        f"bundle      {bundle.path}\n"
+        f"model.onnx  {m['model_bytes']:,} bytes, opset {m['opset']}, outputs {list(bundle.outputs)}\n"
+        f"checkpoint  sha256 {m['checkpoint_sha256'][:16]}... ({m['checkpoint_weights_format']})\n"
+        f"export      {m['export_seconds']:.1f} s with torch {m['torch_version']}, onnx {m['onnx_version']}"
+    )
+
+
+def quantize_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="An fp32 checkpoint (a train+predict run's .ckpt).")],
+    fmt: Annotated[str, typer.Option("--format", help="fp16 | int8 | int4 | fp8")],
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Output file (default: beside the checkpoint, <name>.<format>.ckpt).")
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+) -> None:
+    """Write a checkpoint in a quantized weight format (records the format and source hash)."""
+    from model.checkpoint import quantize_checkpoint
+    from model.quantize import FORMATS
+    from tasks.runtime.errors import UserError
+
+    try:
+        if fmt not in FORMATS:
+            raise UserError(f"--format '{fmt}' is not one of {', '.join(FORMATS)}.")
+        if not checkpoint.is_file():
+            raise UserError(f"checkpoint '{checkpoint}' does not exist; pass the .ckpt a train+predict run wrote.")
+        target = out_file or checkpoint.with_suffix(f".{fmt}.ckpt")
+        tmp = target.with_name(f".{target.name}.tmp")
+        try:
+            info = quantize_checkpoint(checkpoint, tmp, fmt)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        tmp.replace(target)
+    except Exception as err:  # noqa: BLE001
+        fail(err, debug)
+    src = checkpoint.stat().st_size
+    out.print(
+        f"{target}: {fmt}, {info['bytes']:,} bytes ({info['bytes'] / src:.2f}x the source's "
+        f"{src:,}), source sha256 {info['source_sha256'][:16]}..."
+    )
+
+
+def backends_report_cmd(
+    spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
+    repeats: Annotated[int, typer.Option(help="Interleaved rounds (each runs every variant).")] = 2,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
+    scale: Annotated[float | None, typer.Option(help="TPC-H scale factor.")] = None,
+    variant: Annotated[list[str] | None, typer.Option(help="Only these variants (repeatable).")] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+) -> None:
+    """Train once, then every backend / weight-format variant in fresh processes, interleaved."""
+    from flows.sweeps.backends_report import VARIANTS, run_report
+    from tasks.runtime.errors import UserError
+
+    # SIGTERM unwinds like Ctrl-C: the running variant is stopped (its run ends KILLED) and
+    # the parent run is ended too, never left RUNNING.
+    overrides = start_run_command(debug, set_, scale)
+    try:
+        unknown = [v for v in variant or [] if v not in VARIANTS]
+        if unknown:
+            raise UserError(f"--variant {unknown} unknown; choose from {list(VARIANTS)}.")
+        md = run_report(
+            spec.resolve(),
+            overrides,
+            repeats,
+            list(variant or VARIANTS),
+            lambda line: console.print(line, markup=False, soft_wrap=True),
+        )
+    except BaseException as err:  # noqa: BLE001
+        handle_run_error(err, debug, "the running variant and the report's parent MLflow run were ended.")
+    out.print(md, markup=False, soft_wrap=True)  # "[n=1<6, no CI]" is text, not Rich markup

@@ -1,0 +1,145 @@
+"""Run checkpoints: the model package's checkpoint plus the harness's fitted encoding.
+
+``train+predict`` saves one next to the predictions (and logs it to MLflow); ``predict``
+with ``run.checkpoint`` loads its weights; ``train+predict`` with ``run.checkpoint``
+resumes training from it: weights, fitted encoding and optimizer state, with the optimizer
+settings required to equal the saved run's (a difference is refused, naming the keys).
+A checkpoint whose schema or model size does not match
+the spec is refused up front with the difference named.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from model.arrow import Encoding, NodeLayout
+from model.checkpoint import load_checkpoint, save_checkpoint
+from model.schema import ModelSchema, NodeDef
+from tasks.measure.clock import Clock
+from tasks.measure.records import CheckpointLoad
+from tasks.runtime.errors import UserError
+from tasks.spec import Spec
+from tasks.stages.tensorize import layout
+
+
+def _shape(node: NodeDef) -> list[Any]:
+    return [node.name, [c.name for c in node.columns], node.max_length, node.reduce, [_shape(c) for c in node.children]]
+
+
+def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_checkpoint(
+            tmp,
+            engine.model,
+            optimizer=engine.optimizer,
+            optimizer_settings=engine.optimizer_settings,
+            extra={
+                "encoding": enc.to_dict(),
+                "spec_hash": spec.spec_hash,
+                "temperature": float(getattr(engine, "temperature", 1.0)),
+            },
+        )
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_matches_spec(model: Any, spec: Spec, what: str) -> None:
+    """Refuse a model whose schema or size differs from the spec's, naming the difference."""
+    schema: ModelSchema = model.schema
+    lay = layout(spec)
+
+    def spec_shape(n: NodeLayout) -> list[Any]:
+        return [n.name, list(n.columns), n.max_length, n.reduce, [spec_shape(c) for c in n.children]]
+
+    want = spec_shape(lay)
+    have = _shape(schema.root)
+    have[2], have[3] = want[2], want[3]  # the root's length and reduce carry no meaning
+    if have != want or schema.target.column != spec.task.target:
+        raise UserError(
+            f"{what} was trained on a different schema: checkpoint {have} vs "
+            f"spec {want}. Use the spec that trained it, or train a new checkpoint."
+        )
+    size = {k: getattr(spec.model, k) for k in ("d_model", "layers", "heads")}
+    saved = {k: asdict(model.config)[k] for k in size}
+    if size != saved:
+        raise UserError(
+            f"{what} has model size {saved} but the spec asks for {size}; set model.* to match the checkpoint."
+        )
+
+
+def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
+    """The checkpoint's weights (expanded to fp32 whatever the file's format), schema,
+    encoding, calibration temperature and (train+predict: resume) optimizer state, plus what
+    loading cost: file bytes, seconds, host RSS after the load."""
+    if not path.is_file():
+        raise UserError(
+            f"run.checkpoint '{path}' does not exist; pass the .ckpt file a train+predict run "
+            "wrote (its path is printed and logged as the run's 'checkpoint' artifact)."
+        )
+    try:
+        with Clock().measure() as span:
+            ckpt = load_checkpoint(path)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user problem
+        raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
+    rss = psutil.Process().memory_info().rss
+    check_matches_spec(ckpt.model, spec, f"run.checkpoint '{path}'")
+    state = ckpt.model.state_dict()
+    out = {
+        "model": state,
+        "schema": ckpt.model.schema,
+        "encoding": Encoding.from_dict(ckpt.extra["encoding"]),
+        "optimizer": None,
+        # Output calibration (tasks/stages/calibrate.py); checkpoints from before it had none.
+        "temperature": float(ckpt.extra.get("temperature", 1.0)),
+        "load": CheckpointLoad(
+            path=str(path),
+            weights_format=ckpt.weights_format,
+            bytes=path.stat().st_size,
+            load_seconds=span.seconds,
+            host_after_load_bytes=rss,
+            model_bytes_after_load=sum(t.numel() * t.element_size() for t in state.values()),
+            model_bytes_fp32=sum(
+                t.numel() * (4 if t.is_floating_point() else t.element_size()) for t in state.values()
+            ),
+            source_sha256=ckpt.source_sha256,
+            quantized=ckpt.quantized_weights,
+        ),
+    }
+    if spec.run.mode == "train+predict":
+        out["optimizer"] = _resumable_optimizer(path, ckpt, spec)
+    return out
+
+
+def _resumable_optimizer(path: Path, ckpt: Any, spec: Spec) -> dict[str, Any]:
+    """The saved optimizer state, after checking the spec keeps the saved settings."""
+    from tasks.stages.compute import optimizer_settings  # compute imports this module's neighbours
+
+    if ckpt.optimizer_state is None or ckpt.optimizer_settings is None:
+        raise UserError(
+            f"run.checkpoint '{path}' has no optimizer state, so training cannot resume from it; "
+            "use --set run.mode=predict to only predict with it, or drop run.checkpoint."
+        )
+    want = optimizer_settings(spec).settings()
+    saved = ckpt.optimizer_settings
+    diff = {k: (saved.get(k), want.get(k)) for k in sorted(set(want) | set(saved)) if saved.get(k) != want.get(k)}
+    if diff:
+        names = {
+            "learning_rate": "run.learning_rate",
+            "weight_decay": "run.adamw.weight_decay",
+            "fused": "run.adamw.fused",
+        }
+        detail = ", ".join(f"{names.get(k, k)}: saved {a!r}, spec {b!r}" for k, (a, b) in diff.items())
+        raise UserError(
+            f"run.checkpoint '{path}' was trained with other optimizer settings ({detail}); "
+            "resume with the saved settings (set those keys to the saved values) or start a "
+            "new run without run.checkpoint."
+        )
+    state: dict[str, Any] = ckpt.optimizer_state
+    return state

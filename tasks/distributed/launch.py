@@ -1,0 +1,220 @@
+"""Distributed training: ``run.distributed`` trains with PyTorch DDP over several processes.
+
+The flow stays one process; for the train phase it launches ``torchrun`` (``python -m
+torch.distributed.run --standalone``) with ``tasks.distributed.rank`` as the entry. The flow
+first fits the encoding on the first chunk (as a single-process run does), so every rank
+encodes the same way; each rank then takes its **shard of root keys** (a hash of the key, so
+a rank retrieves whole neighbourhoods: a root row with every branch row under it), runs
+retrieve -> preprocess -> tensorize on it and trains ``run.epochs`` epochs with DDP. The global
+batch stays ``run.batch_size`` (each rank takes ``batch_size / processes``), so the number of
+optimizer updates per epoch, and with it the quality, matches a one-process run.
+
+Rank 0 logs the distributed figures to the flow's MLflow run and hands the trained weights
+back; the flow predicts and writes as usual. Threads per rank are set explicitly
+(``run.distributed.threads_per_process``; torchrun would otherwise set ``OMP_NUM_THREADS=1``)
+and recorded. ``compute.train.scaling_efficiency`` = throughput(N) / (N x throughput(1)),
+where throughput(1) is a one-process torchrun of the same spec and threads, timed in the same
+flow just before (``run.distributed.reference``), so the two are measured side by side.
+
+Metric keys (``tasks/measure/keys.py``, units in its CATALOGUE): ``compute.train.rank<r>.rows_per_s``
+(steady trained rows/s of each rank), ``compute.train.total_rows_per_s`` (their sum),
+``compute.train.allreduce_seconds`` (rank 0, DDP communication hook: from each bucket's
+all-reduce launch to its completion, overlapping backward), ``compute.train.allreduce_fraction``
+(of rank 0's step time), ``compute.train.reference_rows_per_s``,
+``compute.train.scaling_efficiency``, ``compute.train.processes``,
+``compute.train.threads_per_process``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from tasks.measure import keys as K
+from tasks.measure.records import PhaseTimings
+from tasks.runtime.errors import UserError
+from tasks.spec import Spec
+
+HASH_SEED = 20_240_611  # fixed: the same key lands on the same rank in every run
+
+
+def check(spec: Spec, device: torch.device) -> None:
+    """Refuse a distributed setting that cannot run here, before any work."""
+    d = spec.run.distributed
+    if d is None:
+        return
+    if spec.run.mode != "train+predict":
+        raise UserError(
+            "run.distributed trains the model; it needs run.mode: train+predict "
+            "(remove run.distributed for a predict run)."
+        )
+    if spec.run.batch_size % d.processes:
+        raise UserError(
+            f"run.batch_size ({spec.run.batch_size}) must be divisible by "
+            f"run.distributed.processes ({d.processes}): the global batch is split evenly "
+            "across ranks."
+        )
+    if d.backend == "nccl":
+        if device.type != "cuda":
+            raise UserError("run.distributed.backend nccl needs CUDA devices; use backend: gloo on CPU.")
+        if torch.cuda.device_count() < d.processes:
+            raise UserError(
+                f"run.distributed.processes is {d.processes} but only "
+                f"{torch.cuda.device_count()} CUDA devices are visible (nccl: one per rank)."
+            )
+    elif device.type == "cuda":
+        raise UserError("run.distributed.backend gloo trains on CPU; set run.device: cpu, or use backend: nccl.")
+    if spec.run.loader.num_workers > 0:
+        raise UserError("run.distributed does not use loader workers yet; set run.loader.num_workers: 0.")
+    if spec.run.checkpoint:
+        raise UserError(
+            "run.distributed does not resume from run.checkpoint yet (ranks start from fresh "
+            "weights); remove run.checkpoint or run.distributed."
+        )
+
+
+def shard(keys: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """This rank's root keys: a stable hash of the key modulo the world size (vectorised)."""
+    if world == 1:
+        return keys
+    h = pl.Series(keys).hash(seed=HASH_SEED).to_numpy()
+    mine: np.ndarray = keys[(h % np.uint64(world)) == rank]
+    return mine
+
+
+@dataclass
+class RankReport:
+    """What one rank measured; rank 0 gathers every rank's and writes them out."""
+
+    rank: int
+    train: dict[str, Any]  # PhaseTimings fields
+    stage_seconds: dict[str, float]
+    stage_rows: dict[str, int]
+    root_keys: int
+    updates_per_epoch: int
+    allreduce_seconds: float = 0.0
+    allreduce_calls: int = 0
+    encoder_paths: list[str] = field(default_factory=list)
+
+    @property
+    def timings(self) -> PhaseTimings:
+        return PhaseTimings(**self.train)
+
+    @property
+    def steady_rows_per_s(self) -> float:
+        t = self.timings
+        secs = sum(t.steady_seconds)
+        return sum(t.steady_rows) / secs if secs > 0 else 0.0
+
+
+def metrics(reports: list[RankReport], threads: int, reference_rows_per_s: float | None) -> dict[str, float]:
+    """The distributed figures of one training job (the keys in the module docstring)."""
+    n = len(reports)
+    out = {K.ddp_rank_rows_per_s(r.rank): r.steady_rows_per_s for r in reports}
+    total = sum(r.steady_rows_per_s for r in reports)
+    r0 = reports[0]
+    step_seconds = (
+        sum(r0.timings.steady_seconds) + sum(r0.timings.warmup_seconds) + (r0.timings.first_call_seconds or 0.0)
+    )
+    out.update(
+        {
+            K.DDP_TOTAL_ROWS_PER_S: total,
+            K.DDP_ALLREDUCE_SECONDS: r0.allreduce_seconds,
+            K.DDP_ALLREDUCE_FRACTION: r0.allreduce_seconds / step_seconds if step_seconds > 0 else 0.0,
+            K.DDP_PROCESSES: float(n),
+            K.DDP_THREADS_PER_PROCESS: float(threads),
+        }
+    )
+    if reference_rows_per_s:
+        out[K.DDP_REFERENCE_ROWS_PER_S] = reference_rows_per_s
+        out[K.DDP_SCALING_EFFICIENCY] = total / (n * reference_rows_per_s)
+    return out
+
+
+def launch(job: dict[str, Any], processes: int, threads: int, workdir: Path) -> list[RankReport]:
+    """Run one torchrun job to completion; returns every rank's report (rank order)."""
+    job_file = workdir / f"job-{processes}.json"
+    out = workdir / f"reports-{processes}.json"
+    job_file.write_text(json.dumps({**job, "out": str(out)}))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "-m",
+        "tasks.distributed.rank",
+        str(job_file),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    log = workdir / f"torchrun-{processes}.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait()
+        except BaseException:
+            # Interrupted: stop the ranks (their process group) so nothing trains on unseen.
+            import signal
+
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+            raise
+    if code != 0 or not out.exists():
+        text = log.read_text()
+        first = text.find("Traceback")  # the failing rank's own traceback, before torchrun's summary
+        raise RuntimeError(f"torchrun with {processes} processes failed (exit {code}):\n{text[max(first, 0) :][:6000]}")
+    return [RankReport(**r) for r in json.loads(out.read_text())]
+
+
+def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri: str) -> dict[str, float]:
+    """The train phase of ``pipe`` (a ``flows.benchmark.Pipeline``) with DDP; fills its engine."""
+    spec: Spec = pipe.spec
+    d = spec.run.distributed
+    assert d is not None  # the flow calls this only with run.distributed set
+    pipe.prepare(0, "train", reuse=True)  # fits the encoding (and builds the engine) as a 1-process run does
+    with tempfile.TemporaryDirectory(prefix="relflow-ddp-") as tmp:
+        work = Path(tmp)
+        job = {
+            "spec": spec.to_dict(),
+            "spec_dir": str(spec_dir),
+            "encoding": pipe.enc.to_dict(),
+            "backend": d.backend,
+            "threads": d.threads_per_process,
+            "run_id": run_id,
+            "experiment": experiment,
+            "tracking_uri": tracking_uri,
+            "weights": str(work / "weights.pt"),
+        }
+        reference = None
+        if d.reference and d.processes > 1:
+            ref = launch({**job, "role": "reference", "weights": None}, 1, d.threads_per_process, work)
+            reference = ref[0].steady_rows_per_s
+        reports = launch(
+            {**job, "role": "train", "reference_rows_per_s": reference}, d.processes, d.threads_per_process, work
+        )
+        state = torch.load(work / "weights.pt", map_location=pipe.p.device, weights_only=True)
+    engine = pipe.engine
+    engine.model.load_state_dict(state)
+    r0 = reports[0]
+    engine.train_timings = r0.timings  # compute.train.* of a distributed run: rank 0's steps
+    engine.train_timings.updates = r0.timings.updates
+    engine.paths_seen.update(r0.encoder_paths)
+    result = pipe.result
+    for stage, timing in result.stages["train"].items():  # (encode too, with text columns)
+        # Ranks work in parallel: the stage took the slowest rank's time over every rank's rows.
+        timing.add(
+            max(r.stage_seconds.get(stage, 0.0) for r in reports), sum(r.stage_rows.get(stage, 0) for r in reports)
+        )
+    result.updates_per_epoch = r0.updates_per_epoch
+    result.train_epochs += spec.run.epochs
+    return metrics(reports, d.threads_per_process, reference)

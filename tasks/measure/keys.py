@@ -1,0 +1,453 @@
+"""Every metric key the harness logs, spelled once.
+
+Modules import the names (constants for fixed keys, small functions for families such as
+``stage.<stage>.<phase>.seconds``); ``CATALOGUE`` documents each key or family with its
+unit, and README.md's metric list is generated from it (a test checks that they agree, and
+that every key a real run logs matches an entry here).
+"""
+
+from __future__ import annotations
+
+import re
+
+STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
+PHASES = ("train", "predict")
+# Stages each phase runs: training epochs never write predictions.
+PHASE_STAGES = {"train": STAGES[:4], "predict": STAGES}
+
+
+def stage_seconds(stage: str, phase: str) -> str:
+    return f"stage.{stage}.{phase}.seconds"
+
+
+def stage_rows(stage: str, phase: str) -> str:
+    return f"stage.{stage}.{phase}.rows"
+
+
+def stage_rows_per_s(stage: str, phase: str) -> str:
+    return f"stage.{stage}.{phase}.rows_per_s"
+
+
+def e2e(phase: str, what: str) -> str:
+    """``e2e.<phase>.<what>``: seconds | rows | rows_per_s."""
+    return f"e2e.{phase}.{what}"
+
+
+# Headline: one retrieve..write pass over every root row.
+E2E_PREDICT_SECONDS = "e2e.predict.seconds"
+E2E_PREDICT_ROWS = "e2e.predict.rows"
+E2E_PREDICT_ROWS_PER_S = "e2e.predict.rows_per_s"
+E2E_PREDICT_PASSES = "e2e.predict.passes"
+E2E_TRAIN_SECONDS = "e2e.train.seconds"
+E2E_TRAIN_ROWS = "e2e.train.rows"
+E2E_TRAIN_ROWS_PER_S = "e2e.train.rows_per_s"
+E2E_TRAIN_EPOCHS = "e2e.train.epochs"
+
+
+def compute(phase: str, what: str) -> str:
+    """Compute-stage figures of one phase; plain ``compute.<what>`` are the predict ones."""
+    return f"compute.{what}" if phase == "predict" else f"compute.{phase}.{what}"
+
+
+def compute_phase(phase: str, what: str) -> str:
+    """Always phase-qualified: ``compute.<phase>.<what>``."""
+    return f"compute.{phase}.{what}"
+
+
+STEADY_ROWS_PER_S = "compute.steady_rows_per_s"
+TRAIN_STEADY_ROWS_PER_S = "compute.train.steady_rows_per_s"
+FIRST_CALL_SECONDS = "compute.first_call_seconds"
+TRAIN_UPDATES = "compute.train.updates"
+TRAIN_UPDATES_PER_EPOCH = "compute.train.updates_per_epoch"
+COMPILED_FRAMES = "compute.compiled_frames"
+# compute(phase, ESTIMATED_ROWS_PER_S): logged by the model's throughput callback itself
+# (model.throughput.ThroughputCallback), not by RunResult.metrics().
+ESTIMATED_ROWS_PER_S = "estimated_rows_per_s"
+
+
+# Repeat statistics (tasks/measure/stats.py): the median of per-pass samples and its interval.
+def median(key: str) -> str:
+    return f"{key}.median"
+
+
+def median_ci_low(key: str) -> str:
+    return f"{key}.median_ci_low"
+
+
+def median_ci_high(key: str) -> str:
+    return f"{key}.median_ci_high"
+
+
+def median_ci_level(key: str) -> str:
+    return f"{key}.median_ci_level"
+
+
+REPEATED = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S)  # keys with per-pass samples
+REPEATS_MEASURED = "run.repeats_measured"
+
+DATA_ROOT_ROWS = "data.root_rows"
+DATA_ROWS_PREDICTED = "data.rows_predicted"
+DATA_ROWS_WRITTEN = "data.rows_written"
+DATA_BYTES_READ = "data.bytes_read"
+DATA_COORDS_PRESENT = "data.coords_present"
+DATA_COORDS_RESERVED = "data.coords_reserved"
+DATA_OCCUPANCY = "data.occupancy"
+DATA_OVERFLOW_DROPPED = "data.overflow_dropped"
+DATA_CHUNKS = "data.chunks"
+DATA_ROWS_READ = "data.rows_read"
+DATA_PADDED_COORDS = "data.padded_coords"
+DATA_BATCH_OCCUPANCY_P50 = "data.batch_occupancy.p50"
+DATA_BATCH_OCCUPANCY_MIN = "data.batch_occupancy.min"
+DATA_BATCH_SHAPES = "data.batch_shapes"
+DATA_TEXT_CELLS = "data.text_cells"
+ENCODE_CELLS_PER_S = "encode.cells_per_s"
+
+
+def overflow_dropped(branch: str) -> str:
+    return f"{DATA_OVERFLOW_DROPPED}.{branch}"
+
+
+# Data checks before any work (tasks/checks/data.py) and the memory budget (tasks/checks/memory_budget.py).
+DATA_DUPLICATE_ROOT_KEYS = "data.duplicate_root_keys"
+DATA_LABELLED_ROWS = "data.labelled_rows"
+MEMORY_ESTIMATED_CHUNK_BYTES = "memory.estimated_chunk_bytes"
+MEMORY_BUDGET_BYTES = "memory.budget_bytes"
+
+
+def orphan_rows(branch: str) -> str:
+    return f"data.orphan_rows.{branch}"
+
+
+def roots_without_rows(branch: str) -> str:
+    return f"data.roots_without_rows.{branch}"
+
+
+def observed_max_rows(branch: str) -> str:
+    return f"data.observed_max_rows.{branch}"
+
+
+def reserved_rows(branch: str) -> str:
+    return f"data.reserved_rows.{branch}"
+
+
+def non_finite(table: str, column: str) -> str:
+    return f"data.non_finite.{table}.{column}"
+
+
+INPUT_WAIT_FRACTION = "device.input_wait_fraction"
+WORKER_STARTUP_SECONDS = "device.worker_startup_seconds"
+HOST_PEAK_BYTES = "memory.host_peak_bytes"
+HOST_PEAK_EXCLUDING_COMPILER_BYTES = "memory.host_peak_excluding_compiler_bytes"
+DEVICE_PEAK_BYTES = "memory.device_peak_bytes"
+OUTPUT_BYTES = "output.bytes"
+OUTPUT_BYTES_PER_ROW = "output.bytes_per_row"
+
+
+def quality(name: str) -> str:
+    return f"quality.{name}"
+
+
+QUALITY_ROWS = "quality.rows"
+
+HARNESS_DATA_SECONDS = "harness.data_seconds"
+HARNESS_STARTUP_SECONDS = "harness.startup_seconds"
+HARNESS_MLFLOW_STARTUP_SECONDS = "harness.mlflow_startup_seconds"
+HARNESS_ORCHESTRATION_SECONDS = "harness.orchestration_seconds"
+HARNESS_ENGINE_SETUP_SECONDS = "harness.engine_setup_seconds"
+HARNESS_LOCK_WAIT_SECONDS = "harness.lock_wait_seconds"
+HARNESS_REGION_START = "harness.timed_region_start_unix_s"
+HARNESS_REGION_END = "harness.timed_region_end_unix_s"
+HARNESS_FLOW_SECONDS = "harness.flow_seconds"
+HARNESS_FLOW_OVERHEAD_SECONDS = "harness.flow_overhead_seconds"
+
+HOST_PEAK_FLOPS_PER_S = "host.peak_flops_per_s"
+HOST_PEAK_CACHED = "host.peak_cached"
+MFU = "mfu"  # compute(phase, MFU)
+MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
+
+
+# Distributed training (run.distributed, tasks/distributed/launch.py); rank 0 logs them.
+def ddp_rank_rows_per_s(rank: int) -> str:
+    return f"compute.train.rank{rank}.rows_per_s"
+
+
+DDP_TOTAL_ROWS_PER_S = "compute.train.total_rows_per_s"
+DDP_ALLREDUCE_SECONDS = "compute.train.allreduce_seconds"
+DDP_ALLREDUCE_FRACTION = "compute.train.allreduce_fraction"
+DDP_PROCESSES = "compute.train.processes"
+DDP_THREADS_PER_PROCESS = "compute.train.threads_per_process"
+DDP_REFERENCE_ROWS_PER_S = "compute.train.reference_rows_per_s"
+DDP_SCALING_EFFICIENCY = "compute.train.scaling_efficiency"
+
+# Deployment backends (tasks/backends/, run.backend, quantized checkpoints).
+CHECKPOINT_BYTES = "checkpoint.bytes"
+CHECKPOINT_LOAD_SECONDS = "checkpoint.load_seconds"
+HOST_AFTER_LOAD_BYTES = "memory.host_after_load_bytes"
+MODEL_BYTES_AFTER_LOAD = "memory.model_bytes_after_load"
+MODEL_BYTES_FP32 = "memory.model_bytes_fp32"
+EXPORT_SECONDS = "export.seconds"
+EXPORT_BYTES = "export.bytes"
+EXPORT_QUANTIZE_SECONDS = "export.quantize_seconds"
+BACKEND_LOAD_SECONDS = "backend.load_seconds"
+BACKEND_MODEL_BYTES = "backend.model_bytes"
+GRAPH_BREAKS_WARMUP = "graph_breaks_warmup"  # compute(phase, GRAPH_BREAKS_WARMUP)
+QUALITY_DELTA_VS_REFERENCE = "quality.delta_vs_reference"
+QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
+
+
+def quality_reference(name: str) -> str:
+    """The reference checkpoint's held-out ``quality.<name>`` (run.reference_checkpoint)."""
+    return f"quality.reference.{name}"
+
+
+HOST_LOAD_PER_CORE_START = "host.load_per_core_start"
+HOST_OTHER_CPU_FRACTION_BEFORE = "host.other_cpu_fraction_before"
+HOST_OTHER_CPU_FRACTION = "host.other_cpu_fraction"
+
+# (key or family, meaning with unit). ``<stage>``, ``<phase>``, ``<what>``, ``<key>``,
+# ``<branch>``, ``<name>`` and ``<q>`` are placeholders; README lists exactly these.
+CATALOGUE: tuple[tuple[str, str], ...] = (
+    (
+        "stage.<stage>.<phase>.seconds",
+        "seconds in one stage, summed over chunks and over the phase's "
+        "epochs (train) or passes (predict); train has no write stage",
+    ),
+    (
+        "stage.<stage>.<phase>.rows",
+        "root rows through the stage in that phase (train: training rows "
+        "for compute, all chunk rows for the data stages)",
+    ),
+    ("stage.<stage>.<phase>.rows_per_s", "rows / seconds of that stage in that phase"),
+    (E2E_PREDICT_SECONDS, "headline: seconds of the predict passes, retrieve..write (root-key listing included, once)"),
+    (E2E_PREDICT_ROWS, "root rows predicted, summed over passes"),
+    (E2E_PREDICT_ROWS_PER_S, "headline: e2e.predict.rows / e2e.predict.seconds"),
+    (E2E_PREDICT_PASSES, "predict passes measured (run.repeats)"),
+    (E2E_TRAIN_SECONDS, "seconds of the training epochs, retrieve..compute"),
+    (E2E_TRAIN_ROWS, "training rows through the compute stage, summed over epochs"),
+    (E2E_TRAIN_ROWS_PER_S, "e2e.train.rows / e2e.train.seconds (trained rows per second)"),
+    (E2E_TRAIN_EPOCHS, "training epochs run"),
+    (
+        "<key>.median",
+        "median over predict passes of e2e.predict.rows_per_s or compute.steady_rows_per_s (run.repeats >= 2)",
+    ),
+    (
+        "<key>.median_ci_low",
+        "low end of the order-statistic interval for that median (only with run.repeats >= 6; tag relflow.ci_method)",
+    ),
+    ("<key>.median_ci_high", "high end of the same interval"),
+    ("<key>.median_ci_level", "exact coverage of that interval (>= 0.95)"),
+    (REPEATS_MEASURED, "predict passes that gave a per-pass sample"),
+    ("compute.<what>", "predict-phase compute figures (same as compute.predict.<what>)"),
+    (
+        "compute.predict.<what>",
+        "predict compute: first_call_seconds, compile_overhead_seconds, "
+        "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, recompiles, "
+        "graph_breaks, graph_breaks_warmup (breaks counted from the first call on, warm-up included)",
+    ),
+    ("compute.train.<what>", "the same for training, plus updates and updates_per_epoch"),
+    (
+        "compute.train.rank<r>.rows_per_s",
+        "run.distributed: steady trained rows/s of rank <r> (its per-rank batches of run.batch_size / processes)",
+    ),
+    (DDP_TOTAL_ROWS_PER_S, "run.distributed: sum of the ranks' steady trained rows/s"),
+    (
+        DDP_ALLREDUCE_SECONDS,
+        "run.distributed: rank 0's seconds from each gradient bucket's all-reduce "
+        "launch to its completion (overlaps backward)",
+    ),
+    (DDP_ALLREDUCE_FRACTION, "run.distributed: compute.train.allreduce_seconds / rank 0's train step seconds (0..1)"),
+    (DDP_PROCESSES, "run.distributed: training processes (ranks)"),
+    (DDP_THREADS_PER_PROCESS, "run.distributed: torch threads in every rank"),
+    (
+        DDP_REFERENCE_ROWS_PER_S,
+        "run.distributed: steady trained rows/s of a 1-process run timed in the "
+        "same flow just before (run.distributed.reference)",
+    ),
+    (
+        DDP_SCALING_EFFICIENCY,
+        "run.distributed: total_rows_per_s / (processes x reference_rows_per_s) (1.0 = linear scaling)",
+    ),
+    (
+        "compute.estimated_rows_per_s",
+        "the model's throughput callback (logged by the callback): "
+        "steady batches x run.batch_size / their seconds, so a partial last batch is over-counted "
+        "(the exact figure is compute.steady_rows_per_s); also compute.train.estimated_rows_per_s",
+    ),
+    (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
+    (
+        "compute.model_flops_per_s",
+        "predict model FLOP/s: the meta inspection's forward FLOPs per root row "
+        "(reserved coordinates) x compute.steady_rows_per_s",
+    ),
+    ("compute.mfu", "model FLOPs utilisation: compute.model_flops_per_s / host.peak_flops_per_s"),
+    ("compute.train.model_flops_per_s", "the same for training, counted as 3x forward FLOPs per row"),
+    ("compute.train.mfu", "compute.train.model_flops_per_s / host.peak_flops_per_s"),
+    (
+        HOST_PEAK_FLOPS_PER_S,
+        "the host's peak: best rate of a dense n x n x n matmul on the run's device, "
+        "precision and thread count, cached per host fingerprint (relflow-bench peak)",
+    ),
+    (HOST_PEAK_CACHED, "1 when the peak came from the cache, 0 when measured in this run (after the timed region)"),
+    (DATA_ROOT_ROWS, "distinct root rows of the workload"),
+    (DATA_ROWS_PREDICTED, "root rows predicted, summed over passes"),
+    (DATA_ROWS_WRITTEN, "rows in the kept prediction file"),
+    (DATA_BYTES_READ, "bytes read from the sources"),
+    (DATA_COORDS_PRESENT, "present (row, column) coordinates"),
+    (DATA_COORDS_RESERVED, "reserved coordinates (padded layout)"),
+    (DATA_OCCUPANCY, "present / reserved"),
+    (DATA_OVERFLOW_DROPPED, "branch rows dropped by max_length, all branches"),
+    ("data.overflow_dropped.<branch>", "the same for one branch"),
+    (DATA_CHUNKS, "retrieve..write chunks (run.chunk_rows)"),
+    (DATA_DUPLICATE_ROOT_KEYS, "root rows whose key another root row has (checked before the run; > 0 is refused)"),
+    ("data.orphan_rows.<branch>", "rows of the branch whose parent key matches no parent row (ignored)"),
+    ("data.roots_without_rows.<branch>", "parent rows with no row in the branch, at any depth"),
+    (
+        "data.non_finite.<table>.<column>",
+        "NaN and +-inf values in a floating-point input (or regression target), counted before "
+        "the run; NaN is read as null, infinities are refused",
+    ),
+    (DATA_LABELLED_ROWS, "target rows with a label (train+predict)"),
+    ("data.observed_max_rows.<branch>", "the data's maximum rows per parent row in the branch"),
+    ("data.reserved_rows.<branch>", "rows the run reserves per parent: min(max_length, observed maximum)"),
+    (
+        MEMORY_ESTIMATED_CHUNK_BYTES,
+        "estimated bytes of one chunk (encoded tensors, one batch's activations and attention "
+        "scores), from the reserved shape before any work",
+    ),
+    (MEMORY_BUDGET_BYTES, "the budget the estimate was checked against (run.max_memory_bytes or half of available)"),
+    (DATA_ROWS_READ, "source rows read (root and branch tables), summed over reads"),
+    (
+        "latency.<what>",
+        "request scenarios (run.scenario single_stream | server): requests, "
+        "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean, first_request_ms (cold, "
+        "kept apart), first_request.step_ms.<step>, step_ms.<step>.mean, step_share.<step|queue|other>, "
+        "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
+        "steps 0..100 are the percentiles, in ms",
+    ),
+    ("calibration.<what>", "temperature scaling: temperature, fit_seconds, fit_rows"),
+    (
+        DATA_PADDED_COORDS,
+        "coordinates the predict batches actually materialised, per pass (with "
+        "run.bucketing each batch is padded to its own longest context, not the schema's reserved shape)",
+    ),
+    (DATA_BATCH_OCCUPANCY_P50, "median over predict batches of present / materialised coordinates"),
+    (DATA_BATCH_OCCUPANCY_MIN, "lowest predict-batch occupancy"),
+    (DATA_BATCH_SHAPES, "distinct padded branch-length shapes the model saw in predict"),
+    (DATA_TEXT_CELLS, "text cells encoded per pass (text columns only)"),
+    (ENCODE_CELLS_PER_S, "text cells / second of the application's encode step"),
+    (INPUT_WAIT_FRACTION, "share of compute-stage wall time spent waiting for input (loader worker start-up excluded)"),
+    (WORKER_STARTUP_SECONDS, "seconds starting DataLoader workers (run.loader.num_workers > 0)"),
+    (
+        HOST_PEAK_BYTES,
+        "peak resident memory of the benchmark process plus its child processes "
+        "(DataLoader workers, Inductor's compiler processes), sampled every 20 ms; shared pages "
+        "count once per process",
+    ),
+    (
+        HOST_PEAK_EXCLUDING_COMPILER_BYTES,
+        "memory.host_peak_bytes without Inductor's short-lived compiler processes (compile "
+        "workers, g++/cc1plus): the repeatable figure to compare compiled runs on",
+    ),
+    (DEVICE_PEAK_BYTES, "peak CUDA allocator memory (0 on CPU)"),
+    (OUTPUT_BYTES, "bytes of the kept prediction file"),
+    (OUTPUT_BYTES_PER_ROW, "output.bytes / data.rows_written"),
+    (QUALITY_ROWS, "held-out rows scored (one predict pass, not multiplied by repeats)"),
+    (
+        "quality.<name>",
+        "accuracy, majority_rate (category, binary), auc (binary); mae, rmse, "
+        "mae_of_mean (regression, in the target's own units)",
+    ),
+    (
+        "quality.reference.<name>",
+        "run.reference_checkpoint: the reference weights' held-out quality.<name> "
+        "(PyTorch eager, untimed, after the timed passes)",
+    ),
+    (
+        QUALITY_DELTA_VS_REFERENCE,
+        "headline quality minus the reference's (accuracy/auc: higher is better; mae: lower is better)",
+    ),
+    (
+        QUALITY_DROP_VS_REFERENCE,
+        "how much worse than the reference (positive = worse), checked against run.max_quality_drop",
+    ),
+    (CHECKPOINT_BYTES, "bytes of the run.checkpoint file loaded (any weight format)"),
+    (CHECKPOINT_LOAD_SECONDS, "seconds to read and expand run.checkpoint to full precision (before the timed region)"),
+    (HOST_AFTER_LOAD_BYTES, "resident memory of the process right after loading run.checkpoint"),
+    (MODEL_BYTES_AFTER_LOAD, "bytes of the model's tensors as loaded (int8/int4 expand: equals fp32)"),
+    (MODEL_BYTES_FP32, "bytes the same tensors take in fp32"),
+    (EXPORT_SECONDS, "run.backend onnxruntime without a bundle: seconds exporting the served checkpoint (not in e2e)"),
+    (EXPORT_BYTES, "bytes of the exported model.onnx"),
+    (
+        EXPORT_QUANTIZE_SECONDS,
+        "run.onnxruntime.quantization dynamic_int8: seconds of ONNX Runtime's quantize_dynamic (once per bundle)",
+    ),
+    (BACKEND_LOAD_SECONDS, "seconds creating the serving backend (ONNX Runtime session; 0 for PyTorch)"),
+    (BACKEND_MODEL_BYTES, "bytes of the model file the backend serves (ONNX file, or the checkpoint)"),
+    (HARNESS_DATA_SECONDS, "seconds to check inputs and generate data before the run"),
+    (HARNESS_STARTUP_SECONDS, "Prefect + MLflow start-up (never inside e2e)"),
+    (HARNESS_MLFLOW_STARTUP_SECONDS, "MLflow run start"),
+    (
+        HARNESS_ORCHESTRATION_SECONDS,
+        "timed-region seconds outside the stages, the engine set-up and the serving back-end's "
+        "set-up: Prefect task calls, state and progress bookkeeping",
+    ),
+    (
+        HARNESS_ENGINE_SETUP_SECONDS,
+        "timed-region seconds building the model engine (model, weights, compile wrappers) once "
+        "the schema is known; in neither e2e nor harness.orchestration_seconds",
+    ),
+    (HARNESS_LOCK_WAIT_SECONDS, "seconds waiting for the host lock"),
+    (HARNESS_REGION_START, "unix time the timed region started"),
+    (HARNESS_REGION_END, "unix time the timed region ended"),
+    (HARNESS_FLOW_SECONDS, "flow seconds up to final logging"),
+    (HARNESS_FLOW_OVERHEAD_SECONDS, "flow seconds outside e2e.train + e2e.predict"),
+    (HOST_LOAD_PER_CORE_START, "1-minute load average per core before the region (context only)"),
+    (
+        HOST_OTHER_CPU_FRACTION_BEFORE,
+        "share of all cores busy with other processes over a 0.5 s window just before the timed region",
+    ),
+    (
+        HOST_OTHER_CPU_FRACTION,
+        "share of all cores' time used by other processes during the timed "
+        "region (from the OS CPU counters minus this process tree)",
+    ),
+    (
+        "system/<name>",
+        "MLflow system metrics (run.system_metrics_interval_s), sampled in memory and logged after the timed region",
+    ),
+)
+
+_PLACEHOLDER = re.compile(r"<[a-z]+>")
+
+
+def _pattern(entry: str) -> re.Pattern[str]:
+    parts = _PLACEHOLDER.split(entry)
+    holes = _PLACEHOLDER.findall(entry)
+    rx = ""
+    for i, part in enumerate(parts):
+        rx += re.escape(part)
+        if i < len(holes):
+            if holes[i] in ("<what>", "<key>", "<name>"):
+                rx += r"[A-Za-z0-9_.|:-]+"
+            elif holes[i] in ("<table>", "<column>"):  # data names: any word characters, spaces
+                rx += r"[\w -]+"
+            else:
+                rx += r"[A-Za-z0-9_-]+"
+    return re.compile(rf"^{rx}$")
+
+
+_PATTERNS = [_pattern(k) for k, _ in CATALOGUE]
+
+
+def documented(key: str) -> bool:
+    """Whether ``key`` is a catalogued key or belongs to a catalogued family."""
+    return any(p.match(key) for p in _PATTERNS)
+
+
+def readme_lines() -> list[str]:
+    """The README's metric list, one bullet per catalogue entry."""
+    return [f"- `{k}`: {text}" for k, text in CATALOGUE]
+
+
+README_BEGIN = "<!-- metric-keys:begin (generated from tasks/measure/keys.py) -->"
+README_END = "<!-- metric-keys:end -->"

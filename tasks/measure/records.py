@@ -1,0 +1,318 @@
+"""Typed measurement records, turned into metric keys here (names from ``tasks/measure/keys.py``).
+
+Stages add into one ``StageTiming`` per (phase, stage): training epochs and predict passes
+are different work and are never summed under one rows/s. The compute stage fills
+``PhaseTimings`` per phase. ``RunResult.metrics()`` is the public MLflow contract: every key
+carries its unit and is catalogued in ``tasks/measure/keys.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tasks.measure import keys as K
+from tasks.measure.keys import PHASE_STAGES, PHASES, STAGES
+from tasks.measure.stats import MIN_CI_SAMPLES, median_interval
+
+__all__ = ["PHASES", "STAGES", "PhaseTimings", "RunResult", "StageTiming", "describe_repeats"]
+
+
+@dataclass
+class StageTiming:
+    name: str
+    phase: str = "predict"
+    seconds: float = 0.0
+    rows: int = 0  # root rows through the stage (summed over chunks and passes)
+    calls: int = 0  # chunks through the stage (``RunResult.ran`` reads it)
+
+    def add(self, seconds: float, rows: int) -> None:
+        self.seconds += seconds
+        self.rows += rows
+        self.calls += 1
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class PhaseTimings:
+    """Per-batch times of one compute phase, split into first call, warm-up and steady."""
+
+    warmup_batches: int
+    first_call_seconds: float | None = None
+    warmup_seconds: list[float] = field(default_factory=list)
+    steady_seconds: list[float] = field(default_factory=list)
+    steady_rows: list[int] = field(default_factory=list)
+    input_seconds: float = 0.0  # slicing + host->device copies, i.e. waiting for input
+    updates: int = 0
+
+    def record(self, seconds: float, rows: int) -> None:
+        if self.first_call_seconds is None:
+            self.first_call_seconds = seconds
+        elif len(self.warmup_seconds) < self.warmup_batches:
+            self.warmup_seconds.append(seconds)
+        else:
+            self.steady_seconds.append(seconds)
+            self.steady_rows.append(rows)
+
+    @property
+    def in_steady_state(self) -> bool:
+        """The next batch counts as steady (first call and warm-up are done)."""
+        return self.first_call_seconds is not None and len(self.warmup_seconds) >= self.warmup_batches
+
+    @property
+    def steady_rows_per_s(self) -> float:
+        t = sum(self.steady_seconds)
+        return sum(self.steady_rows) / t if t > 0 else 0.0
+
+    def percentile_ms(self, q: float) -> float:
+        if not self.steady_seconds:
+            return 0.0
+        return float(np.percentile(np.asarray(self.steady_seconds) * 1e3, q))
+
+    def metrics(self, key: Callable[[str], str]) -> dict[str, float]:
+        """Figures under ``key(what)`` (``keys.compute`` or ``keys.compute_phase`` of a phase)."""
+        out = {
+            key("first_call_seconds"): self.first_call_seconds or 0.0,
+            key("steady_rows_per_s"): self.steady_rows_per_s,
+            key("steady_batches"): float(len(self.steady_seconds)),
+            key("steady_seconds"): float(sum(self.steady_seconds)),
+            key("batch_ms.p50"): self.percentile_ms(50),
+            key("batch_ms.p95"): self.percentile_ms(95),
+            key("batch_ms.p99"): self.percentile_ms(99),
+        }
+        if self.steady_seconds and self.first_call_seconds is not None:
+            out[key("compile_overhead_seconds")] = self.first_call_seconds - statistics.median(self.steady_seconds)
+        return out
+
+
+def _phase_stages() -> dict[str, dict[str, StageTiming]]:
+    return {ph: {s: StageTiming(s, ph) for s in PHASE_STAGES[ph]} for ph in PHASES}
+
+
+@dataclass
+class RunResult:
+    # phase -> stage -> timing; train has no write stage.
+    stages: dict[str, dict[str, StageTiming]] = field(default_factory=_phase_stages)
+    root_rows: int = 0  # distinct root rows of the workload
+    rows_predicted: int = 0  # summed over predict passes (run.repeats)
+    rows_written: int = 0  # rows in the kept prediction file
+    train_epochs: int = 0
+    predict_passes: int = 0
+    bytes_read: int = 0
+    coords_present: int = 0
+    coords_reserved: int = 0
+    overflow_dropped: dict[str, int] = field(default_factory=dict)
+    train: PhaseTimings | None = None
+    predict: PhaseTimings | None = None
+    compute_seconds: float = 0.0  # wall time inside the compute stage (for input wait share)
+    worker_startup_seconds: float = 0.0  # DataLoader worker start-up, not input wait
+    quality: dict[str, float] = field(default_factory=dict)
+    output_bytes: int = 0
+    output_path: str = ""
+    host_peak_bytes: int = 0
+    host_peak_excluding_compiler_bytes: int = 0
+    device_peak_bytes: int = 0
+    chunks: int = 0
+    recompiles: dict[str, int] = field(default_factory=dict)  # phase -> in its steady window
+    graph_breaks: dict[str, int] = field(default_factory=dict)
+    repeat_steady_rows_per_s: list[float] = field(default_factory=list)
+    repeat_predict_rows_per_s: list[float] = field(default_factory=list)  # one per predict pass
+    updates_per_epoch: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def e2e_seconds(self, phase: str) -> float:
+        return sum(s.seconds for s in self.stages[phase].values())
+
+    @property
+    def timed_stage_seconds(self) -> float:
+        """Seconds in the five stages over both phases (to split off orchestration)."""
+        return sum(self.e2e_seconds(ph) for ph in PHASES)
+
+    def ran(self, phase: str) -> bool:
+        return any(s.calls for s in self.stages[phase].values())
+
+    def _stage_metrics(self, m: dict[str, float]) -> None:
+        for phase in PHASES:
+            if not self.ran(phase):
+                continue
+            for s in self.stages[phase].values():
+                m[K.stage_seconds(s.name, phase)] = s.seconds
+                m[K.stage_rows(s.name, phase)] = float(s.rows)
+                m[K.stage_rows_per_s(s.name, phase)] = s.rows_per_s
+        if self.ran("predict"):
+            sec = self.e2e_seconds("predict")
+            m[K.E2E_PREDICT_SECONDS] = sec
+            m[K.E2E_PREDICT_ROWS] = float(self.rows_predicted)
+            m[K.E2E_PREDICT_ROWS_PER_S] = self.rows_predicted / sec if sec > 0 else 0.0
+            m[K.E2E_PREDICT_PASSES] = float(self.predict_passes)
+        if self.ran("train"):
+            sec = self.e2e_seconds("train")
+            rows = self.stages["train"]["compute"].rows
+            m[K.E2E_TRAIN_SECONDS] = sec
+            m[K.E2E_TRAIN_ROWS] = float(rows)
+            m[K.E2E_TRAIN_ROWS_PER_S] = rows / sec if sec > 0 else 0.0
+            m[K.E2E_TRAIN_EPOCHS] = float(self.train_epochs)
+
+    def _repeat_metrics(self, m: dict[str, float]) -> None:
+        for key, samples in (
+            (K.E2E_PREDICT_ROWS_PER_S, self.repeat_predict_rows_per_s),
+            (K.STEADY_ROWS_PER_S, self.repeat_steady_rows_per_s),
+        ):
+            if len(samples) < 2:
+                continue
+            iv = median_interval(samples)
+            m[K.median(key)] = iv.median
+            if iv.low is not None and iv.high is not None and iv.level is not None:
+                m[K.median_ci_low(key)] = iv.low
+                m[K.median_ci_high(key)] = iv.high
+                m[K.median_ci_level(key)] = iv.level
+        m[K.REPEATS_MEASURED] = float(len(self.repeat_predict_rows_per_s))
+
+    def metrics(self) -> dict[str, float]:
+        m: dict[str, float] = {}
+        self._stage_metrics(m)
+        m[K.DATA_ROOT_ROWS] = float(self.root_rows)
+        m[K.DATA_ROWS_PREDICTED] = float(self.rows_predicted)
+        m[K.DATA_BYTES_READ] = float(self.bytes_read)
+        m[K.DATA_COORDS_PRESENT] = float(self.coords_present)
+        m[K.DATA_COORDS_RESERVED] = float(self.coords_reserved)
+        m[K.DATA_OCCUPANCY] = self.coords_present / self.coords_reserved if self.coords_reserved else 0.0
+        m[K.DATA_OVERFLOW_DROPPED] = float(sum(self.overflow_dropped.values()))
+        for name, n in self.overflow_dropped.items():
+            m[K.overflow_dropped(name)] = float(n)
+        m[K.DATA_CHUNKS] = float(self.chunks)
+        if self.predict is not None:
+            m.update(self.predict.metrics(lambda w: K.compute_phase("predict", w)))
+            m.update(self.predict.metrics(lambda w: K.compute("predict", w)))
+        if self.train is not None:
+            m.update(self.train.metrics(lambda w: K.compute("train", w)))
+            m[K.TRAIN_UPDATES] = float(self.train.updates)
+            m[K.TRAIN_UPDATES_PER_EPOCH] = float(self.updates_per_epoch)
+        for phase, n in self.recompiles.items():
+            for key in {K.compute(phase, "recompiles"), K.compute_phase(phase, "recompiles")}:
+                m[key] = float(n)
+            for key in {K.compute(phase, "graph_breaks"), K.compute_phase(phase, "graph_breaks")}:
+                m[key] = float(self.graph_breaks.get(phase, 0))
+        self._repeat_metrics(m)
+        input_s = sum(p.input_seconds for p in (self.train, self.predict) if p is not None)
+        m[K.INPUT_WAIT_FRACTION] = input_s / self.compute_seconds if self.compute_seconds else 0.0
+        m[K.WORKER_STARTUP_SECONDS] = self.worker_startup_seconds
+        m[K.HOST_PEAK_BYTES] = float(self.host_peak_bytes)
+        m[K.HOST_PEAK_EXCLUDING_COMPILER_BYTES] = float(self.host_peak_excluding_compiler_bytes)
+        m[K.DEVICE_PEAK_BYTES] = float(self.device_peak_bytes)
+        m[K.OUTPUT_BYTES] = float(self.output_bytes)
+        m[K.DATA_ROWS_WRITTEN] = float(self.rows_written)
+        m[K.OUTPUT_BYTES_PER_ROW] = self.output_bytes / self.rows_written if self.rows_written else 0.0
+        for k, v in self.quality.items():
+            m[K.quality(k)] = v
+        m.update(self.extra)
+        return m
+
+    def stage_table(self) -> list[dict[str, float | str]]:
+        """One row per (phase, stage) that ran; ``share`` is of that phase's end-to-end."""
+        rows: list[dict[str, float | str]] = []
+        for phase in PHASES:
+            if not self.ran(phase):
+                continue
+            total = self.e2e_seconds(phase) or 1.0
+            rows += [
+                {
+                    "phase": phase,
+                    "stage": s.name,
+                    "seconds": s.seconds,
+                    "rows": s.rows,
+                    "rows_per_s": s.rows_per_s,
+                    "share": s.seconds / total,
+                }
+                for s in self.stages[phase].values()
+            ]
+        return rows
+
+
+def batch_coordinate_metrics(batch_coords: list[tuple[int, int]], passes: int, shapes: int) -> dict[str, float]:
+    """What the predict batches really held (issue 13): ``data.padded_coords`` is the
+    coordinates materialised per predict pass (each batch at the shape it was padded to,
+    not the schema product unless bucketing is off), ``data.batch_occupancy.*`` the present
+    share per batch, ``data.batch_shapes`` the distinct padded branch lengths seen."""
+    if not batch_coords:
+        return {}
+    present = np.array([p for p, _ in batch_coords], dtype=np.float64)
+    padded = np.array([q for _, q in batch_coords], dtype=np.float64)
+    occupancy = present / np.maximum(padded, 1.0)
+    return {
+        K.DATA_PADDED_COORDS: float(padded.sum()) / max(passes, 1),
+        K.DATA_BATCH_OCCUPANCY_P50: float(np.median(occupancy)),
+        K.DATA_BATCH_OCCUPANCY_MIN: float(occupancy.min()),
+        K.DATA_BATCH_SHAPES: float(shapes),
+    }
+
+
+def describe_repeats(m: dict[str, float], key: str, unit: str = "rows/s") -> str | None:
+    """The median over passes and, only where the sample supports it, its 95% interval."""
+    if K.median(key) not in m:
+        return None
+    n = int(m.get(K.REPEATS_MEASURED, 0))
+    text = f"median {m[K.median(key)]:,.0f} {unit} over {n} passes"
+    if K.median_ci_low(key) in m:
+        level = m[K.median_ci_level(key)]
+        return (
+            text + f", 95% CI [{m[K.median_ci_low(key)]:,.0f}, {m[K.median_ci_high(key)]:,.0f}]"
+            f" (order statistics, exact level {level:.1%})"
+        )
+    return text + f" (no 95% CI: needs run.repeats >= {MIN_CI_SAMPLES})"
+
+
+@dataclass
+class CheckpointLoad:
+    """What loading ``run.checkpoint`` cost: int8/int4 files save disk and load time, and
+    expand to full precision in memory (``model_bytes_after_load`` vs ``model_bytes_fp32``)."""
+
+    path: str
+    weights_format: str
+    bytes: int
+    load_seconds: float
+    host_after_load_bytes: int
+    model_bytes_after_load: int
+    model_bytes_fp32: int
+    source_sha256: str | None = None
+    quantized: dict[str, Any] | None = None  # the stored payload (fp8 native use); never logged
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.CHECKPOINT_BYTES: float(self.bytes),
+            K.CHECKPOINT_LOAD_SECONDS: self.load_seconds,
+            K.HOST_AFTER_LOAD_BYTES: float(self.host_after_load_bytes),
+            K.MODEL_BYTES_AFTER_LOAD: float(self.model_bytes_after_load),
+            K.MODEL_BYTES_FP32: float(self.model_bytes_fp32),
+        }
+
+
+@dataclass
+class BackendSetup:
+    """The serving backend's set-up, outside every timed stage: export (when the run exports
+    its own checkpoint), ONNX Runtime's int8 quantization, session creation."""
+
+    export_seconds: float | None = None
+    export_bytes: int | None = None
+    quantize_seconds: float | None = None
+    load_seconds: float = 0.0
+    model_bytes: int = 0
+    graph_breaks_warmup: dict[str, int] = field(default_factory=dict)  # phase -> breaks
+
+    def metrics(self) -> dict[str, float]:
+        m = {K.BACKEND_LOAD_SECONDS: self.load_seconds, K.BACKEND_MODEL_BYTES: float(self.model_bytes)}
+        for phase, n in self.graph_breaks_warmup.items():
+            m[K.compute(phase, K.GRAPH_BREAKS_WARMUP)] = float(n)
+        if self.export_seconds is not None:
+            m[K.EXPORT_SECONDS] = self.export_seconds
+            m[K.EXPORT_BYTES] = float(self.export_bytes or 0)
+        if self.quantize_seconds is not None:
+            m[K.EXPORT_QUANTIZE_SECONDS] = self.quantize_seconds
+        return m

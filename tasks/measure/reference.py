@@ -1,0 +1,93 @@
+"""Quality against a reference checkpoint, before switching weight formats.
+
+The seed note says to compare task metrics against the reference checkpoint before
+switching formats. That reference cannot be downloaded here, so it is the fp16 version of
+the same trained checkpoint (``relflow-bench quantize CKPT --format fp16``), given as
+``run.reference_checkpoint``. After the timed passes, the reference model (PyTorch eager,
+expanded to fp32) predicts the same held-out rows; this extra pass is never inside e2e.
+
+``quality.delta_vs_reference`` = the run's headline quality minus the reference's (for
+``mae`` a positive delta is worse); ``run.max_quality_drop`` makes the run INVALID when the
+drop (the delta in the worse direction) exceeds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tasks.backends.checkpoint import load_run_checkpoint
+from tasks.measure import keys as K
+from tasks.runtime.errors import UserError
+from tasks.spec import Spec, parse_spec
+
+
+def check_reference(spec: Spec, encoding: Any) -> dict[str, Any] | None:
+    """Load and check ``run.reference_checkpoint`` up front (same schema, same encoding)."""
+    path = spec.run.reference_checkpoint
+    if not path:
+        return None
+    ref = load_run_checkpoint(Path(path), spec)
+    if encoding is not None and ref["encoding"].to_dict() != encoding.to_dict():
+        raise UserError(
+            f"run.reference_checkpoint '{path}' was fitted on other vocabularies than the served "
+            "weights, so its quality is not comparable; use the fp16 version of the same checkpoint "
+            "(relflow-bench quantize CKPT --format fp16)."
+        )
+    return ref
+
+
+def reference_spec(spec: Spec) -> Spec:
+    """The run's spec for the reference pass: PyTorch eager, in-process encoding."""
+    raw = spec.to_dict()
+    run = dict(raw["run"])
+    run.update(
+        backend="pytorch",
+        compile={},
+        loader={},
+        checkpoint=None,
+        max_quality_drop=None,
+        reference_checkpoint=None,
+        precision="fp32",
+        profile=False,
+        distributed=None,
+    )
+    return parse_spec({**raw, "run": run})
+
+
+def reference_quality(
+    spec: Spec, ref: dict[str, Any], chunks: list[Any], prepare: Any, device: Any
+) -> dict[str, float]:
+    """Held-out quality of the reference weights over ``chunks`` (``prepare(i)`` -> Tensorized,
+    untimed)."""
+    from tasks.stages.compute import Engine
+
+    rspec = reference_spec(spec)
+    engine = Engine(rspec, ref["schema"], device, ref["model"], encoding=ref["encoding"])
+    try:
+        for i in range(len(chunks)):
+            engine.predict(prepare(i), ("prediction",))
+    finally:
+        engine.close()
+    return engine.quality.metrics()
+
+
+def quality_delta(headline: str, run: dict[str, float], reference: dict[str, float]) -> dict[str, float]:
+    out = {K.quality_reference(k): v for k, v in reference.items()}
+    if headline in run and headline in reference:
+        delta = run[headline] - reference[headline]
+        out[K.QUALITY_DELTA_VS_REFERENCE] = delta
+        out[K.QUALITY_DROP_VS_REFERENCE] = delta if headline == "mae" else -delta
+    return out
+
+
+def drop_reasons(spec: Spec, metrics: dict[str, float]) -> list[str]:
+    limit = spec.run.max_quality_drop
+    if limit is None:
+        return []
+    drop = metrics.get(K.QUALITY_DROP_VS_REFERENCE)
+    if drop is None:
+        return [f"{K.QUALITY_DROP_VS_REFERENCE} missing, run.max_quality_drop cannot be checked"]
+    if drop > limit:
+        return [f"quality drop vs reference {drop:.4f} > run.max_quality_drop {limit}"]
+    return []

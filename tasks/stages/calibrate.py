@@ -1,0 +1,179 @@
+"""Output calibration: temperature scaling, fitted after training, applied when predicting.
+
+One scalar ``T`` divides the logits of category (softmax) and binary (sigmoid) targets; it
+is fitted on the validation split by minimising the negative log-likelihood over ``log T``
+(so ``T`` stays positive), stored in the run checkpoint and applied in every predict path as
+the timed step ``calibrate``. Argmax, and so accuracy and AUC, do not change; probabilities
+do. Regression targets have nothing to calibrate: the step is the identity (``T = 1``).
+
+``CalibrationQuality`` measures probability quality on held-out rows before (``T = 1``) and
+after calibration: NLL, ECE (15 equal-width confidence bins) and Brier score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ECE_BINS = 15
+CALIBRATED_KINDS = ("category", "binary")
+
+
+def apply(logits: torch.Tensor, temperature: float, kind: str) -> torch.Tensor:
+    """Calibrated logits (the identity for regression or ``T = 1``)."""
+    if kind not in CALIBRATED_KINDS or temperature == 1.0:
+        return logits
+    return logits / temperature
+
+
+def probabilities(logits_N: torch.Tensor, kind: str) -> torch.Tensor:
+    """[N, C] class probabilities; a binary logit becomes [N, 2] (negative, positive)."""
+    if kind == "binary":
+        p = torch.sigmoid(logits_N.double())
+        return torch.stack([1 - p, p], dim=-1)
+    return torch.softmax(logits_N.double(), dim=-1)
+
+
+def _labels(labels_N: torch.Tensor, kind: str) -> torch.Tensor:
+    return (labels_N > 0.5).long() if kind == "binary" else labels_N.long()
+
+
+def nll(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str, temperature: float = 1.0) -> float:
+    x = logits_N.double() / temperature
+    if kind == "binary":
+        return float(torch.nn.functional.binary_cross_entropy_with_logits(x, (labels_N > 0.5).double()))
+    return float(torch.nn.functional.cross_entropy(x, labels_N.long()))
+
+
+def ece(probs_NC: torch.Tensor, labels_N: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """Expected calibration error: |accuracy - confidence| per confidence bin, weighted."""
+    conf, pred = probs_NC.max(dim=-1)
+    correct = (pred == labels_N).double()
+    # Bins (k/bins, (k+1)/bins]; a confidence of exactly 0 cannot occur for a max probability.
+    idx = (torch.ceil(conf * bins).long() - 1).clamp(0, bins - 1)
+    n = torch.bincount(idx, minlength=bins).double()
+    gap = torch.bincount(idx, weights=correct - conf, minlength=bins).abs()
+    return float(gap.sum() / n.sum()) if n.sum() > 0 else float("nan")
+
+
+def brier(probs_NC: torch.Tensor, labels_N: torch.Tensor) -> float:
+    """Brier score: mean squared error of the probabilities; multi-class sums over classes,
+    binary is the usual ``(p - y)^2`` of the positive class."""
+    if probs_NC.shape[-1] == 2:
+        return float(((probs_NC[:, 1] - labels_N.double()) ** 2).mean())
+    onehot = torch.nn.functional.one_hot(labels_N, probs_NC.shape[-1]).double()
+    return float(((probs_NC - onehot) ** 2).sum(-1).mean())
+
+
+def scores(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str, temperature: float) -> dict[str, float]:
+    probs = probabilities(logits_N.double() / temperature, kind)
+    y = _labels(labels_N, kind)
+    return {"nll": nll(logits_N, labels_N, kind, temperature), "ece": ece(probs, y), "brier": brier(probs, y)}
+
+
+def fit_temperature(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str, max_iter: int = 100) -> float:
+    """The ``T`` that minimises NLL on these rows (1.0 when there is nothing to fit)."""
+    if kind not in CALIBRATED_KINDS or logits_N.shape[0] == 0:
+        return 1.0
+    x = logits_N.detach().double()
+    y = labels_N.detach()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        z = x / log_t.exp()
+        if kind == "binary":
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(z, (y > 0.5).double())
+        else:
+            loss = torch.nn.functional.cross_entropy(z, y.long())
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    t = float(log_t.detach().exp())
+    # Guard against a degenerate fit (e.g. all rows one class and separable): never worse.
+    return t if nll(x, y, kind, t) <= nll(x, y, kind, 1.0) else 1.0
+
+
+@torch.no_grad()
+def validation_logits(engine: Any, tz: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw prediction logits and labels of a chunk's held-out, labelled cells, computed
+    with the engine's model but outside its timings (this is fitting, not serving)."""
+    rows = torch.nonzero(~tz.is_train).flatten()
+    xs, ys = [], []
+    if rows.numel() == 0:
+        return torch.empty(0), torch.empty(0)
+    engine.model.eval()
+    for part, _ in engine._batches(tz, rows):
+        with engine._autocast():
+            logits = engine.model(part, outputs=("prediction",))["prediction"]
+        mask = part.label_present.bool()
+        xs.append(logits.float()[mask].cpu())
+        ys.append(part.labels[mask].cpu())
+    return torch.cat(xs), torch.cat(ys)
+
+
+@dataclass
+class CalibrationQuality:
+    """Held-out logits and labels over chunks/requests -> before/after quality metrics."""
+
+    kind: str
+    temperature: float = 1.0
+    _logits: list[torch.Tensor] = field(default_factory=list)
+    _labels: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, raw_logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> None:
+        """``raw_logits`` before calibration; ``mask`` selects held-out, labelled cells."""
+        if self.kind not in CALIBRATED_KINDS:
+            return
+        mask = mask.bool()
+        self._logits.append(raw_logits.detach().float()[mask].cpu())
+        self._labels.append(labels[mask].cpu())
+
+    def metrics(self) -> dict[str, float]:
+        """``quality.*`` suffixes: ``nll|ece|brier`` calibrated (what is served) and
+        ``uncalibrated.nll|ece|brier`` (``T = 1``)."""
+        if not self._logits:
+            return {}
+        x, y = torch.cat(self._logits), torch.cat(self._labels)
+        if x.shape[0] == 0:
+            return {}
+        out = {f"uncalibrated.{k}": v for k, v in scores(x, y, self.kind, 1.0).items()}
+        out.update(scores(x, y, self.kind, self.temperature))
+        return out
+
+
+def calibrate_outputs(outs: Any, temperature: float, kind: str) -> Any:
+    """The ``calibrate`` step: the served prediction logits divided by ``T``."""
+    if kind not in CALIBRATED_KINDS or temperature == 1.0:
+        return outs
+    outs.tensors["prediction"] = apply(outs.tensors["prediction"], temperature, kind)
+    return outs
+
+
+def fit_on_validation(pipe: Any) -> tuple[float, int]:
+    """Fit ``T`` on the validation rows of every chunk after training; (T, rows used).
+
+    Chunks kept from training are reused; others are read again with the stage functions
+    directly, so fitting never counts in the stage table (the flow times it separately)."""
+    from tasks.stages.preprocess import preprocess
+    from tasks.stages.retrieve import retrieve
+    from tasks.stages.tensorize import tensorize
+
+    spec = pipe.spec
+    if spec.task.kind not in CALIBRATED_KINDS or pipe.engine is None:
+        return 1.0, 0
+    xs, ys = [], []
+    for i, keys in enumerate(pipe.chunks):
+        tz = pipe._cache.get(i)
+        if tz is None:
+            pre = preprocess(spec, retrieve(spec, pipe.p.sources, keys))
+            tz = tensorize(spec, pre, pipe.enc, pipe.schema)
+        x, y = validation_logits(pipe.engine, tz)
+        xs.append(x)
+        ys.append(y)
+    x, y = torch.cat(xs), torch.cat(ys)
+    return fit_temperature(x, y, spec.task.kind), int(x.shape[0])

@@ -1,0 +1,416 @@
+"""Stage 4, compute: train on the training split, then predict every root row.
+
+``Engine`` holds the model, optimizer and per-phase timings for the whole run, so the
+first call (lazy compilation included) and warm-up batches are counted once per phase, not
+once per chunk. Each batch is timed in two parts with the synchronising clock: getting the
+input ready (slicing the chunk, host->device copy) and the model step. The first part is
+time the device waits for input (``device.input_wait_fraction``).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+# Dynamo's counters, imported here (~1 s) so that the import lands in harness start-up, not in
+# the timed region the first Engine is built in.
+from torch._dynamo.utils import counters
+
+from model import ModelConfig, RelationalTransformer, adamw, bucketing
+from model.arrow import Encoding, coordinate_counts, encode_trimmed, flatten
+from model.batch import Batch
+from model.data import ArrowDataModule
+from model.optim import AdamW
+from model.precision import autocast_context
+from model.schema import ModelSchema
+from model.throughput import Logger, ThroughputCallback
+from tasks.backends import Backend
+from tasks.backends.pytorch import PyTorchBackend, whole_model
+from tasks.measure import keys as K
+from tasks.measure.clock import Clock
+from tasks.measure.profiling import SteadyProfiler
+from tasks.measure.quality import Quality
+from tasks.measure.records import PhaseTimings
+from tasks.runtime.errors import UserError
+from tasks.spec import Spec
+from tasks.stages.tensorize import Tensorized, layout
+
+
+def compiled_frames() -> int:
+    """Graphs Dynamo has compiled so far in this process (each recompile adds one).
+
+    ``counters["frames"]["ok"]`` is not counted for ``fullgraph=True`` regions in torch 2.13
+    (it stayed 0 through real recompiles, so every run reported 0); ``unique_graphs`` is."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+def graph_breaks() -> int:
+    return int(sum(counters["graph_break"].values()))
+
+
+def graph_break_reasons() -> dict[str, int]:
+    """Dynamo's graph-break reasons so far in this process, with counts."""
+    return {str(k): int(v) for k, v in counters["graph_break"].items()}
+
+
+def resolve_device(spec: Spec) -> torch.device:
+    name = spec.run.device
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"run.device is '{name}' but CUDA is not available here; use run.device: cpu.")
+    return dev
+
+
+def check_precision(spec: Spec, device: torch.device) -> None:
+    if spec.run.precision == "fp16" and device.type == "cpu":
+        raise UserError(
+            "run.precision fp16 is not supported on CPU; use bf16 (supported on CPU) or fp32, or run on a CUDA device."
+        )
+
+
+def optimizer_settings(spec: Spec) -> AdamW:
+    """The run's AdamW settings (``run.learning_rate`` and ``run.adamw``)."""
+    a = spec.run.adamw
+    return adamw(learning_rate=spec.run.learning_rate, weight_decay=a.weight_decay, fused=a.fused)
+
+
+@dataclass
+class PredictOutputs:
+    """Selected outputs of one chunk, on CPU, aligned with the chunk's root rows."""
+
+    tensors: dict[str, torch.Tensor]
+    present: dict[str, torch.Tensor] = field(default_factory=dict)  # node name -> present mask
+    labels: torch.Tensor | None = None  # target labels, aligned with the prediction
+    label_mask: torch.Tensor | None = None  # held-out, labelled cells (quality counts these)
+
+
+class Engine:
+    def __init__(
+        self,
+        spec: Spec,
+        schema: ModelSchema,
+        device: torch.device,
+        state_dict: dict[str, Any] | None = None,
+        clock: Clock | None = None,
+        encoding: Encoding | None = None,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
+        self.spec, self.schema, self.device = spec, schema, device
+        self.encoding = encoding  # loader workers encode with it
+        torch.manual_seed(spec.run.seed)
+        cfg = ModelConfig(
+            d_model=spec.model.d_model, layers=spec.model.layers, heads=spec.model.heads, dropout=spec.model.dropout
+        )
+        self.model = RelationalTransformer(schema, cfg).to(device)
+        if state_dict is not None:
+            self.model.load_state_dict(state_dict)
+        self.model.packing = spec.run.packing
+        c = spec.run.compile
+        if c.encoders or c.pools:
+            self.model.compile(
+                encoders=c.encoders,
+                pools=c.pools,
+                backend=c.backend,
+                dynamic=c.dynamic,
+                options=dict(c.options) or None,
+                mode=c.mode,
+            )
+        # The predict step runs through a backend (tasks/backends): PyTorch here; the flow may
+        # swap in ONNX Runtime before predicting. run.compile.model compiles the whole model.
+        self.forward: Callable[..., dict[str, torch.Tensor]] = (
+            whole_model(self.model, c.backend, dict(c.options) or None, c.mode) if c.model else self.model
+        )
+        self.backend: Backend = PyTorchBackend(self.model, self.forward, self._autocast)
+        # The model package's AdamW factory: fused by default (torch 2.13 has a CPU fused kernel).
+        self.model.optimizer = optimizer_settings(spec)
+        # Resuming (train+predict with run.checkpoint): the saved optimizer state, whose
+        # settings tasks/backends/checkpoint.py already checked against the spec.
+        self._optimizer_state = optimizer_state
+        # fp16 gradients underflow without loss scaling; bf16 and fp32 need none.
+        self.scaler = torch.amp.GradScaler("cuda") if spec.run.precision == "fp16" and device.type == "cuda" else None
+        self.model.batch_size = spec.run.batch_size
+        self.optimizer_settings = self.model.optimizer
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.clock = clock or Clock(device)
+        bs, wu = spec.run.batch_size, spec.run.warmup_batches
+        self.train_timings = PhaseTimings(wu)
+        self.predict_timings = PhaseTimings(wu)
+        # The product's throughput callback: its batches x batch size estimate, steady batches only.
+        self.throughput = {
+            phase: ThroughputCallback(bs, K.compute(phase, K.ESTIMATED_ROWS_PER_S)) for phase in K.PHASES
+        }
+        self.wall_seconds = 0.0
+        self.paths_seen: set[str] = set()
+        self.quality = self._new_quality()
+        # Dynamo frames compiled (and graph breaks) while a phase's own steady batches ran:
+        # a recompile is charged to the phase whose batch triggered it, never to the other.
+        self.frames_at_start = compiled_frames()
+        self.steady_frames: dict[str, int] = {"train": 0, "predict": 0}
+        self.steady_breaks: dict[str, int] = {"train": 0, "predict": 0}
+        # Breaks while a phase compiled (first call and warm-up batches): a whole-model
+        # compile's breaks show here, since they happen before the steady window.
+        self.warmup_breaks: dict[str, int] = {"train": 0, "predict": 0}
+        self.worker_startup_seconds = 0.0
+        self._data_module: ArrowDataModule | None = None
+        self._generator = torch.Generator().manual_seed(spec.run.seed)
+        self.profiler = SteadyProfiler(spec.run.profile, spec.run.profile_batches, device)
+        # Length bucketing: root rows of each batch in the order they ran (outputs are put
+        # back in key order), and the coordinates of every predict batch the model received.
+        self._ran_rows: list[torch.Tensor] = []
+        self.batch_coords: list[tuple[int, int]] = []  # (present, padded) per predict batch
+        self.batch_shapes: set[tuple[int, ...]] = set()  # padded branch lengths seen (predict)
+
+    def _new_quality(self) -> Quality:
+        """Quality in the target's own units: regression errors are scaled back."""
+        enc = self.encoding
+        return Quality(
+            self.spec.task.kind, target_mean=enc.target_mean if enc else 0.0, target_std=enc.target_std if enc else 1.0
+        )
+
+    def begin_predict_pass(self) -> None:
+        """Quality is scored on one pass (the latest), not accumulated over repeats."""
+        self.quality = self._new_quality()
+
+    def _record(self, phase: str, t: PhaseTimings, seconds: float, rows: int) -> None:
+        if t.in_steady_state:
+            self.throughput[phase].on_batch_end(seconds)
+        t.record(seconds, rows)
+
+    def flush_throughput(self, logger: Logger) -> dict[str, float]:
+        """Send each phase's callback estimate to ``logger`` (phases that ran steady batches);
+        returns what was sent."""
+        sent: dict[str, float] = {}
+        for cb in self.throughput.values():
+            if cb.batches:
+                cb.logger = logger
+                sent.update(cb.flush())
+        return sent
+
+    def recompiles(self, phase: str) -> int:
+        return self.steady_frames[phase]
+
+    def graph_breaks_after_warmup(self, phase: str) -> int:
+        return self.steady_breaks[phase]
+
+    def graph_breaks_in_warmup(self, phase: str) -> int:
+        """Breaks while the phase compiled (first call and warm-up batches)."""
+        return self.warmup_breaks[phase]
+
+    def close(self) -> None:
+        if self._data_module is not None:
+            self._data_module.close()
+            self._data_module = None
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if self.spec.run.precision == "fp32":
+            return nullcontext()
+        return autocast_context(self.device, self.spec.run.precision)
+
+    def _input(self, batch: Batch, index: torch.Tensor) -> Batch:
+        part = batch.select(index)
+        if self.spec.run.loader.pin_memory and self.device.type == "cuda":
+            part = part.pin_memory()
+        return part.to(self.device, non_blocking=self.device.type == "cuda")
+
+    def _bucketed(self, tz: Tensorized, rows: torch.Tensor, shuffle: bool) -> Iterator[tuple[Batch, int]]:
+        """``run.bucketing: by_length``: batches of roots with similar context sizes, each cut
+        to its own longest instance per branch (compiled regions: its bucket's)."""
+        run = self.spec.run
+        if tz.shapes is None:  # tensorized without bucketing: measure the sizes here
+            if tz.batch is not None:
+                tz.shapes = bucketing.root_shapes(tz.batch, self.schema)
+            else:
+                assert tz.table is not None  # loader mode: the Arrow rows
+                tz.shapes = bucketing.arrow_root_shapes(
+                    flatten(tz.table, layout(self.spec)), self.schema, tz.table.num_rows
+                )
+        pad_to: bucketing.PadTo = "bucket" if (run.compile.encoders or run.compile.pools) else "batch"
+        planned = bucketing.plan(
+            tz.shapes, rows, run.batch_size, run.bucket_count, self._generator if shuffle else None, pad_to
+        )
+        if tz.batch is not None:
+            for p in planned:
+                self._ran_rows.append(p.rows)
+                part = bucketing.take(tz.batch, self.schema, p.rows, p.lengths)
+                if self.spec.run.loader.pin_memory and self.device.type == "cuda":
+                    part = part.pin_memory()
+                yield part.to(self.device, non_blocking=self.device.type == "cuda"), int(p.rows.numel())
+            return
+        assert tz.table is not None and self.encoding is not None
+        # Loader workers cut fixed-size ranges from the planned order: every batch but the
+        # last is full, so the ranges are exactly the planned batches.
+        order = torch.cat([p.rows for p in planned])
+        self._ran_rows.append(order)
+        table = tz.table.take(pa.array(order.numpy()))
+        ld = self.spec.run.loader
+        trimmed = functools.partial(encode_trimmed, schema=self.schema, layout=layout(self.spec), enc=self.encoding)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pin_memory off CUDA is a no-op, said in the README
+            dm = ArrowDataModule(
+                self.model,
+                validate=table,
+                batch_size=run.batch_size,
+                num_workers=ld.num_workers,
+                persistent_workers=ld.persistent_workers,
+                pin_memory=ld.pin_memory,
+                prefetch_factor=ld.prefetch_factor,
+                encode=trimmed,
+            )
+        for part in dm.val_dataloader():
+            yield part, part.size
+
+    def _batches(self, tz: Tensorized, rows: torch.Tensor, shuffle: bool = False) -> Iterator[tuple[Batch, int]]:
+        """Device batches over root ``rows`` in order: sliced from the chunk's tensors, or
+        encoded by ``ArrowDataModule`` workers when ``run.loader.num_workers > 0``."""
+        bs = self.spec.run.batch_size
+        if self.spec.run.bucketing == "by_length":
+            yield from self._bucketed(tz, rows, shuffle)
+            return
+        if tz.batch is not None:
+            for idx in rows.split(bs):
+                yield self._input(tz.batch, idx), int(idx.numel())
+            return
+        assert tz.table is not None and self.encoding is not None
+        table = tz.table
+        parts = (table.take(pa.array(idx.numpy())) for idx in rows.split(bs))
+        loader = self.data_module().stream(parts, count=(rows.numel() + bs - 1) // bs)
+        # Starting (or, when persistent, re-arming) the workers is not input wait.
+        with self.clock.measure() as start:
+            it = iter(loader)
+        self.worker_startup_seconds += start.seconds
+        non_blocking = bool(loader.pin_memory) and self.device.type == "cuda"
+        for part in it:
+            yield part.to(self.device, non_blocking=non_blocking), part.size
+
+    def data_module(self) -> ArrowDataModule:
+        """One data module per run, so ``persistent_workers`` keeps its workers across chunks,
+        epochs and passes (the loader is fed Arrow slices; workers only encode)."""
+        if self._data_module is None:
+            ld = self.spec.run.loader
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # pin_memory off CUDA is a no-op, said in the README
+                self._data_module = ArrowDataModule(
+                    self.model,
+                    batch_size=self.spec.run.batch_size,
+                    num_workers=ld.num_workers,
+                    persistent_workers=ld.persistent_workers,
+                    pin_memory=ld.pin_memory,
+                    prefetch_factor=ld.prefetch_factor,
+                    encoding=self.encoding,
+                    layout=layout(self.spec),
+                )
+        return self._data_module
+
+    def _timed(self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]]) -> Iterator[tuple[Batch, int]]:
+        """Yield batches, charging the wait for each one to ``t.input_seconds``."""
+        while True:
+            steady = t.in_steady_state
+            frames, breaks = compiled_frames(), graph_breaks()
+            with self.clock.measure() as wait:
+                item = next(batches, None)
+            t.input_seconds += wait.seconds
+            if item is None:
+                return
+            yield item  # the caller runs the step before asking for the next batch
+            if steady:
+                self.steady_frames[phase] += compiled_frames() - frames
+                self.steady_breaks[phase] += graph_breaks() - breaks
+            else:
+                self.warmup_breaks[phase] += graph_breaks() - breaks
+
+    def train(self, tz: Tensorized) -> None:
+        """One pass over the chunk's training rows, shuffled with the run's seed."""
+        rows = torch.nonzero(tz.is_train).flatten()
+        if rows.numel() == 0:
+            return
+        if self.optimizer is None:
+            self.optimizer = self.model.configure_optimizer()
+            if self._optimizer_state is not None:
+                self.optimizer.load_state_dict(self._optimizer_state)
+        self.model.train()
+        order = rows[torch.randperm(rows.numel(), generator=self._generator)]
+        t = self.train_timings
+        with self.clock.measure() as wall:
+            for part, n in self._timed("train", t, self._batches(tz, order, shuffle=True)):
+                with self.profiler.batch("train", t.in_steady_state), self.clock.measure() as step:
+                    with self._autocast():
+                        outs = self.forward(part, outputs=("prediction",))
+                        loss = self.model.loss(part, outs)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    if self.scaler is not None:
+                        self.scaler.scale(loss).backward()
+                        self.scaler.step(self.optimizer)
+                        self.scaler.update()
+                    else:
+                        loss.backward()
+                        self.optimizer.step()
+                self._record("train", t, step.seconds, n)
+                t.updates += 1
+        self.wall_seconds += wall.seconds
+        self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
+
+    def _count_batch(self, part: Batch) -> None:
+        """Coordinates the model received in this predict batch (``data.padded_coords``)."""
+        present, padded = coordinate_counts(part, self.schema)
+        self.batch_coords.append((present, padded))
+        self.batch_shapes.add(tuple(part.nodes[n.name].present.shape[-1] for n in self.schema.root.walk()[1:]))
+
+    @staticmethod
+    def needed_outputs(outputs: tuple[str, ...]) -> tuple[str, ...]:
+        """Model outputs to compute: the selected ones, plus the prediction head (quality
+        needs it and top-k is derived from its logits)."""
+        return tuple(dict.fromkeys(["prediction", *(o for o in outputs if not o.startswith("topk:"))]))
+
+    @torch.no_grad()
+    def predict(self, tz: Tensorized, outputs: tuple[str, ...]) -> PredictOutputs:
+        """Selected outputs for every root row; quality accumulates over validation rows."""
+        self.model.eval()
+        need = self.needed_outputs(outputs)
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in need}
+        inputs: list[Batch] = []  # loader mode: masks and labels come back with the batches
+        t = self.predict_timings
+        with self.clock.measure() as wall:
+            self._ran_rows = []
+            bucketed = self.spec.run.bucketing == "by_length"
+            for part, n in self._timed("predict", t, self._batches(tz, torch.arange(tz.root_rows))):
+                with self.profiler.batch("predict", t.in_steady_state), self.clock.measure() as step:
+                    outs = self.backend.step(part, need)
+                    outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
+                self._record("predict", t, step.seconds, n)
+                self._count_batch(part)
+                for k, v in outs.items():
+                    parts[k].append(
+                        bucketing.pad_back(v, self.schema, bucketing.output_node(k, self.schema)) if bucketed else v
+                    )
+                if tz.batch is None:
+                    part = part.to("cpu")
+                    inputs.append(bucketing.pad_batch_back(part, self.schema) if bucketed else part)
+        self.wall_seconds += wall.seconds
+        self.paths_seen.add(self.backend.encoder_path())
+        tensors = {k: torch.cat(v) for k, v in parts.items()}
+        ran = torch.cat(self._ran_rows) if bucketed else None
+        if ran is not None:  # rows ran grouped by length: back to the chunk's key order
+            tensors = {k: bucketing.restore_order(v, ran) for k, v in tensors.items()}
+        if tz.batch is not None:
+            labels, label_present = tz.batch.labels, tz.batch.label_present
+            present = {k: v.present for k, v in tz.batch.nodes.items()}
+        else:
+            labels = torch.cat([b.labels for b in inputs])
+            label_present = torch.cat([b.label_present for b in inputs])
+            present = {k: torch.cat([b.nodes[k].present for b in inputs]) for k in inputs[0].nodes}
+            if ran is not None:
+                labels, label_present = (bucketing.restore_order(x, ran) for x in (labels, label_present))
+                present = {k: bucketing.restore_order(v, ran) for k, v in present.items()}
+        holdout = ~tz.is_train
+        mask = label_present & holdout.view(-1, *([1] * (labels.dim() - 1)))
+        self.quality.add(tensors["prediction"], labels, mask)
+        return PredictOutputs(tensors, present, labels=labels, label_mask=mask)

@@ -1,0 +1,253 @@
+"""The ``encode`` step: the application's text encoder, outside the model, timed on its own.
+
+The seed note: model-only timing hides the dominant cost for small contexts, "where text
+encoding often takes longer than the forward pass". So text cells are turned into vectors
+here, between preprocess and tensorize, and the step has its own row in the stage table
+(``stage.encode.*``); request scenarios call ``encode(spec, pre)`` the same way.
+
+Design choices:
+- In place of each ``text`` column (at any depth of the nested table) the step writes a
+  ``fixed_size_list<float32, run.text.dim>`` column over the same rows, so every later
+  step (bucketing, loader workers, slices) carries the vectors with their rows. A null text
+  cell stays a null entry (the model gives it a learned null vector); an empty string is a
+  present value with its own vector.
+- The encoder sees only the non-null cells of one column of one chunk, in one call: the
+  default ``hashed`` encoder hashes them all at once over the Arrow buffers; a plug-in
+  (``run.text.encoder: module:function``) gets them as one Arrow string array, so a real
+  sentence encoder batches as it likes. No Python loop over rows anywhere in this path.
+- ``hashed``: deterministic signed feature hashing (no weights, no vocabulary) of the
+  lower-cased UTF-8 bytes: byte trigrams within each string plus whitespace-separated words,
+  each hashed with a polynomial hash over prefix sums (uint64, wrapping), finalised with
+  splitmix64, bucketed into ``dim`` slots with a sign, then L2-normalised per cell. The empty
+  string has no n-grams, so it gets a dedicated one-hot slot of its own.
+- A plug-in is loaded and probed (``["", "probe text"]`` must give float32 ``[2, dim]``)
+  before any work; a bad path or a wrong output is a ``UserError`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.runtime.errors import UserError
+from tasks.spec import Branch, Spec
+from tasks.stages.preprocess import Preprocessed
+
+TextEncoder = Callable[[pa.Array], np.ndarray]
+
+_P = np.uint64(0x100000001B3)  # odd, so it has an inverse modulo 2**64
+_P_INV = np.uint64(pow(int(_P), -1, 2**64))
+_WORD_SALT = np.uint64(0x5BD1E9955BD1E995)
+_EMPTY_SLOT_SALT = 0x9E3779B97F4A7C15
+
+
+def _splitmix(h: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = h + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _powers(base: np.uint64, n: int) -> np.ndarray:
+    """base**0 .. base**(n-1) modulo 2**64."""
+    out = np.full(n, base, dtype=np.uint64)
+    if n:
+        out[0] = 1
+    with np.errstate(over="ignore"):
+        return np.cumprod(out, dtype=np.uint64)
+
+
+def _segment_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Polynomial hash of every byte segment ``data[s:e]``, from one prefix sum (no loop)."""
+    n = data.size
+    with np.errstate(over="ignore"):
+        weighted = data.astype(np.uint64) * _powers(_P, n)
+        prefix = np.concatenate([[np.uint64(0)], np.cumsum(weighted, dtype=np.uint64)])
+        shift = _powers(_P_INV, n + 1)
+        lengths = (ends - starts).astype(np.uint64)
+        # (prefix[e] - prefix[s]) / P**s, plus the length so "ab" and "ab\0" differ
+        hashes: np.ndarray = (prefix[ends] - prefix[starts]) * shift[starts] + lengths * _P
+        return hashes
+
+
+def _buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 offsets [n+1] rebased to 0, uint8 bytes) of a non-null string array."""
+    arr = strings.cast(pa.large_string())
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    buf = arr.buffers()[2]
+    data = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
+    data = data[offsets[0] : offsets[-1]]
+    return offsets - offsets[0], data
+
+
+def hashed(strings: pa.Array, dim: int, ngram: int = 3) -> np.ndarray:
+    """Default encoder: signed hashed byte n-grams + words, L2-normalised, float32 [n, dim]."""
+    n = len(strings)
+    lower = pc.utf8_lower(strings.cast(pa.large_string()))  # view types have no lower kernel
+    offsets, data = _buffers(lower)
+    lengths = np.diff(offsets)
+    row_of_byte = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    # byte n-grams that fit inside their string
+    q = np.arange(data.size, dtype=np.int64)
+    ok = q + ngram <= offsets[1:][row_of_byte] if data.size else np.zeros(0, bool)
+    padded = np.concatenate([data, np.zeros(ngram, np.uint8)]).astype(np.uint64)
+    with np.errstate(over="ignore"):  # the same polynomial hash, fixed length: no prefix sums
+        gram_hash = np.zeros(data.size, np.uint64)
+        for k in range(ngram):  # over the n-gram's byte positions, not over rows
+            gram_hash = gram_hash * _P + padded[k : k + data.size]
+        gram_hash = gram_hash[ok] + np.uint64(ngram) * _P
+    gram_row = row_of_byte[ok]
+    # whitespace-separated words: their byte ranges come from the split's own buffers
+    words = pc.utf8_split_whitespace(lower)
+    word_counts = pc.list_value_length(words).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(words)
+    flat = flat.combine_chunks() if isinstance(flat, pa.ChunkedArray) else flat
+    w_offsets, w_data = _buffers(flat)
+    word_hash = _segment_hashes(w_data, w_offsets[:-1], w_offsets[1:]) ^ _WORD_SALT
+    word_row = np.repeat(np.arange(n, dtype=np.int64), word_counts)
+    h = _splitmix(np.concatenate([gram_hash, word_hash]))
+    rows = np.concatenate([gram_row, word_row])
+    slot = (h % np.uint64(dim)).astype(np.int64)
+    sign = 1.0 - 2.0 * (h >> np.uint64(63)).astype(np.float64)
+    out = np.bincount(rows * dim + slot, weights=sign, minlength=n * dim).reshape(n, dim)
+    empty = lengths == 0
+    out[empty, int(_splitmix(np.array([_EMPTY_SLOT_SALT], np.uint64))[0] % np.uint64(dim))] = 1.0
+    norm = np.linalg.norm(out, axis=1, keepdims=True)
+    return (out / np.where(norm > 0, norm, 1.0)).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def load_encoder(name: str, dim: int) -> TextEncoder:
+    """The encoder of ``run.text.encoder``: ``hashed`` or a probed plug-in ``module:function``."""
+    if name == "hashed":
+        return functools.partial(hashed, dim=dim)
+    module_name, _, attr = name.partition(":")
+    where = f"run.text.encoder '{name}'"
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except ImportError as err:
+        raise UserError(
+            f"{where}: cannot import module '{module_name}' ({err}). Give an importable "
+            "module (on PYTHONPATH) and a function, 'package.module:function', or "
+            "use 'hashed'."
+        ) from None
+    except AttributeError:
+        raise UserError(
+            f"{where}: module '{module_name}' has no attribute '{attr}'. Name a "
+            "function of that module, or use 'hashed'."
+        ) from None
+    if not callable(fn):
+        raise UserError(
+            f"{where}: '{attr}' is not callable; it must be a function taking an Arrow "
+            "string array and returning a float32 matrix."
+        )
+    probe = pa.array(["", "probe text"], pa.string())
+    try:
+        out = np.asarray(fn(probe))
+    except Exception as err:  # the user's code: report what it raised, as bad input
+        raise UserError(
+            f"{where} failed on a probe of 2 strings: {type(err).__name__}: {err}. It must "
+            "take an Arrow string array and return a float32 matrix [n, dim]."
+        ) from None
+    if out.shape != (2, dim) or out.dtype != np.float32:
+        raise UserError(
+            f"{where} returned {out.dtype} {tuple(out.shape)} for 2 strings; it must "
+            f"return float32 [n, run.text.dim] = [2, {dim}]. Fix the encoder or set "
+            "run.text.dim to its width."
+        )
+    encoder: TextEncoder = fn
+    return encoder
+
+
+def text_columns(spec: Spec) -> list[str]:
+    """``node.column`` of every text column of the schema."""
+    out = [f"root.{c}" for c, k in spec.schema_.root.columns.items() if k == "text"]
+    return out + [f"{b.name}.{c}" for b, _ in spec.schema_.walk() for c, k in b.columns.items() if k == "text"]
+
+
+def check_text(spec: Spec) -> None:
+    """Before any work: a plug-in encoder must load and give the right output."""
+    if text_columns(spec):
+        load_encoder(spec.run.text.encoder, spec.run.text.dim)
+
+
+def encode_column(arr: pa.Array, encoder: TextEncoder, dim: int) -> pa.FixedSizeListArray:
+    """A string column -> ``fixed_size_list<float32, dim>``; nulls stay null entries."""
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    valid = arr.is_valid()
+    values = arr.filter(valid)
+    matrix = np.zeros((len(arr), dim), dtype=np.float32)
+    if len(values):
+        got = np.asarray(encoder(values), dtype=np.float32)
+        if got.shape != (len(values), dim):
+            raise UserError(
+                f"the text encoder returned shape {got.shape} for {len(values)} cells; "
+                f"it must return [n, {dim}] (run.text.dim)."
+            )
+        matrix[valid.to_numpy(zero_copy_only=False)] = got
+    mask = arr.is_null() if arr.null_count else None
+    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), dim, mask=mask)
+
+
+@dataclass
+class Encoded:
+    pre: Preprocessed  # the same rows, each text column replaced by its vectors
+    cells: int  # text cells encoded (nulls included: they are present cells)
+
+
+Children = dict[str, tuple[Mapping[str, str], "Children"]]  # branch name -> (its columns, its children)
+
+
+def _rebuild(
+    values: pa.Table | pa.StructArray,
+    columns: Mapping[str, str],
+    children: Children,
+    fn: Callable[[pa.Array], pa.Array],
+) -> tuple[pa.Table | pa.StructArray, int]:
+    """Replace text columns of one node, then recurse into its list<struct> children."""
+    is_table = isinstance(values, pa.Table)
+    names = values.column_names if is_table else [f.name for f in values.type]
+    arrays = [values.column(i).combine_chunks() for i in range(len(names))] if is_table else values.flatten()
+    cells = 0
+    for i, name in enumerate(names):
+        if columns.get(name) == "text":
+            arrays[i] = fn(arrays[i])
+            cells += len(arrays[i])
+        elif name in children:
+            lists = arrays[i]
+            inner, n = _rebuild(lists.values, *children[name], fn)
+            arrays[i] = type(lists).from_arrays(
+                lists.offsets, inner, mask=lists.is_null() if lists.null_count else None
+            )
+            cells += n
+    if is_table:
+        return pa.table(dict(zip(names, arrays, strict=True))), cells
+    mask = values.is_null() if values.null_count else None
+    return pa.StructArray.from_arrays(arrays, names=names, mask=mask), cells
+
+
+def encode(spec: Spec, pre: Preprocessed) -> Encoded:
+    """The encode step: every text cell of the chunk -> a vector, by the application's encoder."""
+    if not text_columns(spec):
+        return Encoded(pre, 0)
+    dim = spec.run.text.dim
+    encoder = load_encoder(spec.run.text.encoder, dim)
+
+    def tree(branches: list[Branch]) -> Children:
+        return {b.name: (b.columns, tree(b.branches)) for b in branches if _has_text(b)}
+
+    table, cells = _rebuild(
+        pre.table, spec.schema_.root.columns, tree(spec.schema_.branches), lambda arr: encode_column(arr, encoder, dim)
+    )
+    return Encoded(replace(pre, table=table), cells)
+
+
+def _has_text(branch: Branch) -> bool:
+    return "text" in branch.columns.values() or any(_has_text(b) for b in branch.branches)

@@ -1,0 +1,134 @@
+"""Stage 2, preprocess: flat source rows -> one nested row per root key.
+
+A Polars plan per branch, top-down: keep only rows under surviving parent rows (children of
+rows that an overflow rule dropped are structurally skipped, not counted as overflow),
+order them, number them within their parent and apply the overflow rule against
+``max_length``. Then bottom-up: each branch becomes a ``list<struct>`` column on its parent,
+so the result has one row per root key with nested lists to any depth. A root row with no
+children gets an empty (null) list: it still flows through.
+
+The train/validation split is a hash of the root key, so it is the same in every chunk,
+run and mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from tasks.runtime.errors import UserError
+from tasks.spec import Branch, Spec
+from tasks.stages.retrieve import ROOT, Retrieved
+
+TRAIN = "__train"
+
+
+@dataclass
+class Preprocessed:
+    table: pa.Table  # one row per root key: key, root columns, branch lists, __train
+    root_rows: int
+    overflow_dropped: dict[str, int] = field(default_factory=dict)
+    child_rows: dict[str, int] = field(default_factory=dict)  # kept rows per branch
+
+
+def split_is_train(keys: pl.Series, validation_fraction: float) -> pl.Series:
+    """Deterministic split by root key: splitmix64 for integer keys, Polars hash otherwise."""
+    if keys.dtype.is_integer():
+        z = keys.cast(pl.Int64).to_numpy().astype(np.uint64)
+        with np.errstate(over="ignore"):
+            z = z + np.uint64(0x9E3779B97F4A7C15)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z = z ^ (z >> np.uint64(31))
+        bucket = z % np.uint64(10_000)
+    else:
+        bucket = keys.hash(seed=0).to_numpy() % np.uint64(10_000)
+    return pl.Series(TRAIN, bucket >= np.uint64(round(validation_fraction * 10_000)))
+
+
+def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFrame, int]:
+    """Order children within their parent and keep at most ``max_length`` of them."""
+    if b.order_by is not None:
+        lf = lf.sort(
+            [b.parent_key, b.order_by.column],
+            descending=[False, b.order_by.descending],
+            nulls_last=True,
+            maintain_order=True,
+        )
+    else:
+        lf = lf.sort(b.parent_key, maintain_order=True)
+    n = pl.len().over(b.parent_key)
+    pos = pl.int_range(pl.len()).over(b.parent_key)
+    if b.overflow == "keep_first" or b.overflow == "error":
+        keep = pos < b.max_length
+    elif b.overflow == "keep_last":
+        keep = pos + b.max_length >= n  # not n - max_length: pl.len() is unsigned
+    else:  # sample: a seeded random subset, still in order
+        keep = pl.int_range(pl.len()).shuffle(seed=seed).over(b.parent_key) < b.max_length
+    df = lf.with_columns(__keep=keep, __n=n).collect()
+    dropped = int(df.height - df["__keep"].sum())
+    if dropped and b.overflow == "error":
+        worst = df.filter(pl.col("__n") > b.max_length).sort("__n", descending=True).row(0, named=True)
+        raise UserError(
+            f"Branch '{b.name}' has overflow: error, but parent key {worst[b.parent_key]!r} has "
+            f"{worst['__n']} rows in table '{b.table}' (max_length {b.max_length}). Raise "
+            f"max_length to at least {worst['__n']}, or choose overflow keep_first, keep_last "
+            "or sample."
+        )
+    return df.filter("__keep").drop("__keep", "__n"), dropped
+
+
+def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
+    root = spec.schema_.root
+    frames = {name: cast(pl.DataFrame, pl.from_arrow(t)) for name, t in retrieved.tables.items()}
+    target_node = spec.task.branch or ROOT
+    kept: dict[str, pl.DataFrame] = {ROOT: frames[ROOT].unique(root.key, keep="first").sort(root.key)}
+    dropped: dict[str, int] = {}
+
+    def down(branches: list[Branch], parent: str, parent_key: str) -> None:
+        parents = kept[parent].select(parent_key).lazy()
+        for b in branches:
+            lf = (
+                frames[b.name]
+                .lazy()
+                .join(
+                    parents.select(pl.col(parent_key).cast(frames[b.name].schema[b.parent_key]).alias(b.parent_key)),
+                    on=b.parent_key,
+                    how="semi",
+                )
+            )
+            kept[b.name], dropped[b.name] = _apply_overflow(lf, b, spec.run.seed)
+            if b.branches:
+                assert b.key is not None  # the spec requires a key on branches with branches
+                down(b.branches, b.name, b.key)
+
+    down(spec.schema_.branches, ROOT, root.key)
+
+    def up(b: Branch) -> pl.DataFrame:
+        """This branch's rows as one list<struct> per parent key."""
+        df = kept[b.name]
+        payload = [*b.columns]
+        if target_node == b.name and spec.task.target not in payload:
+            payload.append(spec.task.target)
+        for child in b.branches:
+            assert b.key is not None  # the spec requires a key on branches with branches
+            agg = up(child).with_columns(pl.col(child.parent_key).cast(df.schema[b.key]))
+            df = df.join(agg, left_on=b.key, right_on=child.parent_key, how="left", maintain_order="left")
+            payload.append(child.name)
+        return df.group_by(b.parent_key, maintain_order=True).agg(pl.struct(payload).alias(b.name))
+
+    out = kept[ROOT]
+    for b in spec.schema_.branches:
+        agg = up(b).with_columns(pl.col(b.parent_key).cast(out.schema[root.key]))
+        out = out.join(agg, left_on=root.key, right_on=b.parent_key, how="left", maintain_order="left")
+    out = out.with_columns(split_is_train(out[root.key], spec.task.validation_fraction))
+    return Preprocessed(
+        table=out.to_arrow(),
+        root_rows=out.height,
+        overflow_dropped=dropped,
+        child_rows={name: df.height for name, df in kept.items() if name != ROOT},
+    )

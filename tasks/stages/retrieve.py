@@ -1,0 +1,203 @@
+"""Stage 1, retrieve: read the rows of one chunk of root keys, and only the needed columns.
+
+Projection pushdown: each table is read with just the columns the schema names. Row
+selection walks the schema top-down: the root rows of the chunk, then each branch's rows
+whose ``parent_key`` is among the parent rows just read. Parquet row groups whose key
+statistics cannot overlap the wanted keys are skipped, and every row group is filtered as
+it is read, so memory holds one row group plus the kept rows, not the whole table.
+
+``bytes_read`` is exact for what was read: the compressed size of the projected column
+chunks of the row groups read (Parquet), the projected buffers (Arrow IPC), the whole
+file (CSV, which has no projection at the storage level), or the Arrow bytes of the query
+result (a database, ``tasks.sources.databases``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from tasks.sources.databases import DB_FORMATS
+from tasks.sources.files import SourceTable
+from tasks.spec import Branch, Spec
+
+ROOT = "root"
+
+
+@dataclass
+class Retrieved:
+    tables: dict[str, pa.Table]  # node name ("root" or branch name) -> rows of this chunk
+    bytes_read: int
+    root_rows: int
+    rows_read: dict[str, int] = field(default_factory=dict)
+
+
+def node_columns(spec: Spec) -> dict[str, list[str]]:
+    """Columns each node needs from its table: keys, ordering, inputs, target."""
+    root = spec.schema_.root
+    out: dict[str, list[str]] = {ROOT: [root.key, *root.columns]}
+    for branch, _ in spec.schema_.walk():
+        cols = [branch.parent_key]
+        if branch.key:
+            cols.append(branch.key)
+        if branch.order_by:
+            cols.append(branch.order_by.column)
+        out[branch.name] = cols + list(branch.columns)
+    out[spec.task.branch or ROOT].append(spec.task.target)
+    return {k: list(dict.fromkeys(v)) for k, v in out.items()}
+
+
+def _overlaps(stats: Any, lo: Any, hi: Any) -> bool:
+    if stats is None or not stats.has_min_max:
+        return True
+    try:
+        return not (stats.max < lo or stats.min > hi)
+    except TypeError:
+        return True
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """View types (string_view, binary_view) -> plain ones, which every kernel accepts."""
+    fields = [
+        f.with_type(pa.string())
+        if pa.types.is_string_view(f.type)
+        else f.with_type(pa.binary())
+        if pa.types.is_binary_view(f.type)
+        else f
+        for f in table.schema
+    ]
+    schema = pa.schema(fields)
+    return table if schema.equals(table.schema) else table.cast(schema)
+
+
+def _read_parquet(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
+    lo, hi = pc.min(keys).as_py(), pc.max(keys).as_py()
+    parts, nbytes = [], 0
+    for path in src.files:
+        pf = pq.ParquetFile(path)
+        meta = pf.metadata
+        names = pf.schema_arrow.names
+        key_idx = names.index(key)
+        wanted = {names.index(c) for c in columns}
+        for rg in range(meta.num_row_groups):
+            rgm = meta.row_group(rg)
+            if not _overlaps(rgm.column(key_idx).statistics, lo, hi):
+                continue
+            nbytes += sum(rgm.column(i).total_compressed_size for i in wanted)
+            table = _plain(pf.read_row_group(rg, columns=columns))
+            parts.append(table.filter(pc.is_in(table[key], value_set=keys)))
+    return _concat(parts, columns, src), nbytes
+
+
+def _read_ipc(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
+    parts, nbytes = [], 0
+    for path in src.files:
+        with pa.memory_map(str(path)) as f:
+            reader = ipc.open_file(f)
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i).select(columns)
+                nbytes += batch.nbytes
+                table = _plain(pa.Table.from_batches([batch]))
+                parts.append(table.filter(pc.is_in(table[key], value_set=keys)))
+    return _concat(parts, columns, src), nbytes
+
+
+def _read_csv(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
+    wanted = cast(pl.Series, pl.from_arrow(keys))
+    # The settings and pinned column types of the up-front check (source.csv), so every
+    # chunk reads the same types the check verified.
+    frames = [src.scan_csv(p).select(columns).filter(pl.col(key).is_in(wanted.implode())) for p in src.files]
+    nbytes = sum(p.stat().st_size for p in src.files)
+    return _plain(pl.concat(frames).collect().to_arrow()), nbytes
+
+
+def _concat(parts: list[pa.Table], columns: list[str], src: SourceTable) -> pa.Table:
+    if not parts:
+        schema = src.schema
+        return _plain(pa.schema([schema.field(c) for c in columns]).empty_table())
+    return pa.concat_tables(parts).combine_chunks()
+
+
+READERS = {"parquet": _read_parquet, "ipc": _read_ipc, "csv": _read_csv}
+
+
+def read_rows(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
+    """Rows of ``src`` whose ``key`` is in ``keys``, projected to ``columns``."""
+    if src.format in DB_FORMATS:  # a database table (tasks.sources.databases): SQL with bound keys
+        db_table: Any = src  # tasks.sources.databases.DatabaseTable (duck-types SourceTable)
+        rows: tuple[pa.Table, int] = db_table.read(columns, key, keys)
+        return rows
+    return READERS[src.format](src, columns, key, keys)
+
+
+def list_root_keys(spec: Spec, sources: dict[str, SourceTable]) -> tuple[np.ndarray, int]:
+    """All root keys, sorted (contiguous chunks prune row groups of key-sorted tables)."""
+    root = spec.schema_.root
+    src = sources[root.table]
+    if src.format in DB_FORMATS:
+        db_table: Any = src  # tasks.sources.databases.DatabaseTable
+        arr, nbytes = db_table.distinct(root.key)
+        return arr.to_numpy(zero_copy_only=False), nbytes
+    if src.format == "csv":
+        keys = pl.concat([src.scan_csv(p).select(root.key) for p in src.files]).collect().to_series()
+        nbytes = sum(p.stat().st_size for p in src.files)
+        arr = keys.to_numpy()
+    else:
+        if src.format == "parquet":
+            table = pa.concat_tables(pq.read_table(p, columns=[root.key]) for p in src.files)
+            nbytes = 0
+            for p in src.files:
+                meta = pq.ParquetFile(p).metadata
+                idx = meta.schema.to_arrow_schema().names.index(root.key)
+                nbytes += sum(meta.row_group(i).column(idx).total_compressed_size for i in range(meta.num_row_groups))
+        else:
+            table = pa.concat_tables(
+                ipc.open_file(pa.memory_map(str(p))).read_all().select([root.key]) for p in src.files
+            )
+            nbytes = table.nbytes
+        arr = table[root.key].to_numpy()
+    return np.unique(arr), nbytes  # unique also sorts; duplicate root keys collapse
+
+
+def retrieve(spec: Spec, sources: dict[str, SourceTable], root_keys: np.ndarray) -> Retrieved:
+    """Read the chunk's root rows and, top-down, the branch rows that hang under them."""
+    cols = node_columns(spec)
+    root = spec.schema_.root
+    keys = pa.array(root_keys)
+    tables: dict[str, pa.Table] = {}
+    total = 0
+    tables[ROOT], n = read_rows(sources[root.table], cols[ROOT], root.key, keys)
+    total += n
+
+    def visit(branches: list[Branch], parent_keys: pa.Array) -> None:
+        nonlocal total
+        for b in branches:
+            table, n = read_rows(
+                sources[b.table],
+                cols[b.name],
+                b.parent_key,
+                parent_keys.cast(_key_type(sources[b.table], b.parent_key)),
+            )
+            tables[b.name] = table
+            total += n
+            if b.branches:
+                visit(b.branches, pc.unique(table[b.key]))
+
+    visit(spec.schema_.branches, keys)
+    return Retrieved(
+        tables=tables,
+        bytes_read=total,
+        root_rows=tables[ROOT].num_rows,
+        rows_read={k: v.num_rows for k, v in tables.items()},
+    )
+
+
+def _key_type(src: SourceTable, column: str) -> pa.DataType:
+    return src.schema.field(column).type

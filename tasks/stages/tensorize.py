@@ -1,0 +1,105 @@
+"""Stage 3, tensorize: nested Arrow rows -> padded model tensors.
+
+The vectorised conversion lives in ``model.arrow`` (the model's data module uses the same
+code); this stage adds the harness's bookkeeping: fitting the encoding on the training
+split when no checkpoint provides one, and counting present vs reserved coordinates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from model.arrow import (
+    Encoding,
+    NodeLayout,
+    arrow_coordinate_counts,
+    coordinate_counts,
+    encode,
+    fit_encoding,
+    flatten,
+    model_schema,
+)
+from model.batch import Batch
+from model.bucketing import RootShapes, arrow_root_shapes, root_shapes
+from model.schema import ModelSchema, TargetDef
+from tasks.spec import Branch, Spec
+from tasks.stages.preprocess import TRAIN, Preprocessed
+from tasks.stages.retrieve import ROOT
+
+
+@dataclass
+class Tensorized:
+    """A chunk ready for compute: encoded in-process (``batch``) or, when loader workers
+    encode batch by batch (``run.loader.num_workers > 0``), the Arrow rows (``table``)."""
+
+    batch: Batch | None  # every root row of the chunk (None in loader mode)
+    keys: pa.Array  # root keys, aligned with the batch
+    is_train: torch.Tensor  # bool [B]
+    coords_present: int
+    coords_reserved: int
+    root_rows: int
+    table: pa.Table | None = None  # loader mode: nested Arrow rows, encoded by the workers
+    shapes: RootShapes | None = None  # run.bucketing by_length: context size per root row
+
+
+def layout(spec: Spec) -> NodeLayout:
+    """The spec's schema tree as the model's Arrow layout (target column included)."""
+
+    def columns(node: str, cols: Mapping[str, str]) -> dict[str, str]:
+        out = dict(cols)
+        if (spec.task.branch or ROOT) == node:
+            out[spec.task.target] = "numeric"  # masked target cell; kind is irrelevant
+        return out
+
+    def branch(b: Branch) -> NodeLayout:
+        return NodeLayout(
+            b.name, columns(b.name, b.columns), b.max_length, b.reduce, tuple(branch(c) for c in b.branches)
+        )
+
+    root = spec.schema_.root
+    return NodeLayout(ROOT, columns(ROOT, root.columns), 1, "mean", tuple(branch(b) for b in spec.schema_.branches))
+
+
+def target(spec: Spec) -> TargetDef:
+    return TargetDef(spec.task.branch or ROOT, spec.task.target, spec.task.kind)
+
+
+def fit(spec: Spec, pre: Preprocessed) -> tuple[Encoding, ModelSchema]:
+    """Fit vocabularies and standardisation on the chunk's training rows."""
+    lay = layout(spec)
+    train = pre.table.filter(pre.table[TRAIN])
+    enc = fit_encoding(train if train.num_rows else pre.table, lay, target(spec))
+    return enc, model_schema(lay, target(spec), enc)
+
+
+def tensorize(spec: Spec, pre: Preprocessed, enc: Encoding, schema: ModelSchema) -> Tensorized:
+    if spec.run.loader.num_workers > 0:
+        # Loader workers encode each batch; here only the (offset-only) coordinate counts.
+        batch = None
+        present, reserved = arrow_coordinate_counts(pre.table, schema, layout(spec))
+    else:
+        batch = encode(pre.table, schema, layout(spec), enc)
+        present, reserved = coordinate_counts(batch, schema)
+    is_train = torch.from_numpy(np.asarray(pre.table[TRAIN].to_numpy(zero_copy_only=False), dtype=bool))
+    shapes = None
+    if spec.run.bucketing == "by_length":  # per-root sizes the compute stage groups batches by
+        shapes = (
+            root_shapes(batch, schema)
+            if batch is not None
+            else arrow_root_shapes(flatten(pre.table, layout(spec)), schema, pre.table.num_rows)
+        )
+    return Tensorized(
+        batch=batch,
+        keys=pre.table[spec.schema_.root.key].combine_chunks(),
+        is_train=is_train,
+        coords_present=present,
+        coords_reserved=reserved,
+        root_rows=pre.root_rows,
+        table=pre.table if batch is None else None,
+        shapes=shapes,
+    )

@@ -1,0 +1,588 @@
+"""The one module that talks to MLflow.
+
+Logging goes through ``MlflowClient`` by run id (MLflow's active run is per thread; Prefect
+may run task code on other threads). Metrics and params are sent in batches, after the
+timed regions. A run always ends: ``FINISHED``, ``FAILED`` (with the error as a tag and an
+artifact) or ``KILLED`` (Ctrl-C, SIGTERM).
+
+Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlartifacts``,
+unless ``MLFLOW_TRACKING_URI`` is set.
+
+What the MLflow UI shows a user: every benchmark experiment is tagged
+``mlflow.experimentKind=custom_model_development`` (the UI opens on its runs table, not on
+the GenAI traces overview); a run lists the tables it read as dataset inputs, the trained
+model as an MLflow PyTorch model with a signature, and a markdown description (stage table
+and verdict, tag ``mlflow.note.content``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow  # noqa: E402
+from mlflow.data.dataset_source import DatasetSource  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from tasks.measure.clock import unix_time  # noqa: E402
+from tasks.runtime import interrupts, liveness  # noqa: E402
+from tasks.runtime.errors import UserError  # noqa: E402
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import torch
+
+    from tasks.tracking.datasets import DatasetInfo, ModelInterface
+
+MAX_PARAMS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"  # a model-development experiment: the UI opens on runs
+RUN_NOTE_TAG = "mlflow.note.content"  # the run page's description (markdown)
+MAX_NOTE_CHARS = 8000
+
+
+@contextmanager
+def _fluent_uri(uri: str) -> Iterator[None]:
+    """Points MLflow's fluent API at ``uri`` and afterwards restores both its global and
+    MLFLOW_TRACKING_URI exactly. ``set_tracking_uri(previous)`` would pin the process to the
+    URI in effect at the first call, and MLflow's own scoped setter deletes the variable."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    previous = utils._tracking_uri
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)  # type: ignore[arg-type]  # None means "unset", as in MLflow's own scoped setter
+        if env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = env
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith(("http://", "https://")) and "@" in uri.split("//", 1)[1].split("/", 1)[0]:
+        # The URI is printed, logged and stored in deployments: credentials never go in it.
+        from tasks.runtime.errors import UserError
+
+        raise UserError(
+            "MLFLOW_TRACKING_URI carries credentials (user:password@host); remove them and "
+            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead."
+        )
+    return uri
+
+
+def is_server(uri: str) -> bool:
+    """A tracking server (``mlflow server``) rather than a store this process opens itself."""
+    return uri.startswith(("http://", "https://"))
+
+
+def default_artifact_root(uri: str) -> str | None:
+    """Artifacts beside a local SQLite store; a server or other store decides for itself."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    return None
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, str]:
+    """Nested spec -> dotted params; list items named by their ``name`` (branches)."""
+    out: dict[str, str] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(d, list) and d and all(isinstance(x, dict) and "name" in x for x in d):
+        for x in d:
+            out.update(flatten(x, f"{prefix}{x['name']}."))
+    else:
+        out[prefix[:-1]] = str(d)
+    return out
+
+
+class SystemSampler:
+    """MLflow's system-metric collectors on a thread, kept in memory (no store access)."""
+
+    def __init__(self, interval_s: float, uri: str) -> None:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        # Only for its collector list (CPU, disk, network, GPU when present); its own thread,
+        # which logs to the store, is never started.
+        monitor: Any = SystemMetricsMonitor  # untyped in MLflow
+        self.monitors: list[Any] = monitor("unused", sampling_interval=interval_s, tracking_uri=uri).monitors
+        self.interval_s = interval_s
+        self.samples: list[tuple[int, dict[str, float]]] = []  # (unix ms, metrics)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        metrics: dict[str, float] = {}
+        for m in self.monitors:
+            m.collect_metrics()
+            metrics.update(m.aggregate_metrics())
+            m.clear_metrics()
+        self.samples.append((int(unix_time() * 1000), metrics))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> None:
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="relflow-system-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+class Tracker:
+    def __init__(self, experiment: str, uri: str | None = None) -> None:
+        self.uri = uri or tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            try:
+                self.experiment_id = self.client.create_experiment(
+                    experiment,
+                    artifact_location=default_artifact_root(self.uri),
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+                )
+            except mlflow.exceptions.MlflowException:
+                # Another process created it between our lookup and create: use theirs.
+                exp = self.client.get_experiment_by_name(experiment)
+                if exp is None:
+                    raise
+                self.experiment_id = exp.experiment_id
+        else:
+            self.experiment_id = exp.experiment_id
+        if exp is not None and exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+            # Stores written before the tag existed (or created elsewhere) get it on next use.
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        self.experiment = experiment
+        self.run_id: str | None = None
+
+    @property
+    def _id(self) -> str:
+        if self.run_id is None:
+            raise RuntimeError("Tracker.start() first: there is no run to log to")
+        return self.run_id
+
+    def start(self, run_name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+        tags = {**tags, **liveness.process_tags()}  # lets a later run find this one stale
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        try:
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        except mlflow.exceptions.MlflowException as err:
+            if err.error_code != "PERMISSION_DENIED":
+                raise
+            from tasks.runtime.errors import UserError
+
+            user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(no MLFLOW_TRACKING_USERNAME set)"
+            raise UserError(
+                f"The MLflow server at {self.uri} refused user '{user}' creating a run in "
+                f"experiment '{self.experiment}' (PERMISSION_DENIED): ask its admin for "
+                "EDIT permission on that experiment, or run as a user who has it."
+            ) from None
+        self.run_id = run.info.run_id
+        interrupts.track_run(self.run_id, self)
+        return self.run_id
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(self._id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        now = int(unix_time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """The logger interface of ``model.throughput.ThroughputCallback``."""
+        self.log_metrics(metrics, step)
+
+    def log_metric_steps(self, key: str, values: list[float]) -> None:
+        """One metric as a series over steps 0..n-1 (e.g. a latency CDF), in one batch."""
+        now = int(unix_time() * 1000)
+        items = [Metric(key, float(v), now, step) for step, v in enumerate(values)]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.client.log_batch(self._id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+
+    def set_description(self, markdown: str) -> None:
+        """The run page's description (MLflow renders it as markdown)."""
+        self.client.set_tag(self._id, RUN_NOTE_TAG, markdown[:MAX_NOTE_CHARS])
+
+    def log_datasets(self, datasets: Sequence[DatasetInfo]) -> None:
+        """The tables the run read, as MLflow dataset inputs (the runs table's Dataset column)."""
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        inputs = []
+        for d in datasets:
+            # MLflow's stubs call MetaDataset abstract (profile); it is the documented class.
+            meta = MetaDataset(
+                _dataset_source(d.source),
+                name=d.name,
+                digest=d.digest,  # type: ignore[abstract]
+                schema=_mlflow_schema(d.schema),
+            )
+            inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, d.context)]))
+        self.client.log_inputs(self._id, datasets=inputs)
+
+    def log_model(self, model: torch.nn.Module, interface: ModelInterface) -> str:
+        """``model`` as an MLflow PyTorch model named ``model`` of this run, with a signature
+        (the nested rows it takes, its outputs' dtypes and shapes). The model's package travels
+        with it, so ``mlflow.pytorch.load_model`` needs no checkout. Pickled, not ``pt2``: the
+        model takes a ``Batch`` of nested tensors, which ``torch.export`` cannot trace from the
+        array examples that format requires. Returns the model URI."""
+        import mlflow.pytorch
+        import numpy as np
+        from mlflow.models.signature import ModelSignature
+        from mlflow.types.schema import Schema, TensorSpec
+
+        signature = ModelSignature(
+            inputs=_mlflow_schema(interface.inputs),
+            outputs=Schema(
+                [TensorSpec(np.dtype(dtype), shape, name) for name, (dtype, shape) in interface.outputs.items()]
+            ),
+        )
+        # Created here so it belongs to this run's experiment (the flavour alone would put it in
+        # the fluent API's current experiment, "Default").
+        logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=self._id)
+        flavour_log = logging.getLogger("mlflow.pytorch")
+        level = flavour_log.level
+        flavour_log.setLevel(logging.ERROR)  # its pickle-format warning: chosen deliberately, said above
+        try:
+            with _fluent_uri(self.uri):  # the flavour logs through the fluent API's store
+                info = mlflow.pytorch.log_model(
+                    model,
+                    name="model",
+                    signature=signature,
+                    run_id=self._id,
+                    model_id=logged.model_id,
+                    code_paths=[str(interface.code_dir)],
+                    serialization_format="pickle",
+                    pip_requirements=interface.requirements,
+                )
+        finally:
+            flavour_log.setLevel(level)
+        return str(info.model_uri)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self._id, str(path), artifact_path)
+
+    def log_text(self, text: str, name: str) -> None:
+        self.client.log_text(self._id, text, name)
+
+    def log_dict(self, data: Any, name: str) -> None:
+        self.client.log_dict(self._id, data, name)
+
+    def start_system_metrics(self, interval_s: float) -> None:
+        """Sample MLflow's system metrics (CPU, memory, disk, network, GPU) into memory.
+
+        Nothing reaches the store while sampling (MLflow's own monitor thread writes and
+        reads the store every interval, which would put store traffic inside the timed
+        region); ``flush_system_metrics`` logs the samples, with their times, afterwards."""
+        self._monitor: SystemSampler | None = SystemSampler(interval_s, self.uri)
+        self._monitor.start()
+
+    def stop_system_metrics(self) -> None:
+        monitor = getattr(self, "_monitor", None)
+        if monitor is not None:
+            monitor.stop()
+
+    def flush_system_metrics(self) -> None:
+        """Log the buffered samples (``system/<name>``, one step per sample)."""
+        monitor = getattr(self, "_monitor", None)
+        if monitor is None:
+            return
+        monitor.stop()
+        self._monitor = None
+        items = [
+            Metric(f"system/{k}", float(v), ts, step)
+            for step, (ts, sample) in enumerate(monitor.samples)
+            for k, v in sample.items()
+        ]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+
+    def finish(self) -> None:
+        self.client.set_terminated(self._id, "FINISHED")
+        interrupts.untrack_run(self._id)
+
+    def fail(self, error: BaseException) -> None:
+        """End the run FAILED (KILLED for interrupts), with the error recorded."""
+        if self.run_id is None:
+            return
+        # Prefect turns SIGTERM inside a flow into its TerminationSignal (an ExternalSignal).
+        killed = isinstance(error, KeyboardInterrupt | SystemExit) or any(
+            c.__name__ == "ExternalSignal" for c in type(error).__mro__
+        )
+        interrupts.untrack_run(self.run_id)
+        try:
+            self.stop_system_metrics()
+            self.set_tags({"relflow.error": f"{type(error).__name__}: {error}"})
+            self.log_text("".join(traceback.format_exception(error)), "error.txt")
+        finally:
+            self.client.set_terminated(self._id, "KILLED" if killed else "FAILED")
+
+    def reopen(self, run_id: str) -> str:
+        """Continue an existing run of this experiment (a resumed sweep's parent): RUNNING again."""
+        self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+        self.set_tags(liveness.process_tags())  # this process holds it now
+        interrupts.track_run(run_id, self)
+        return run_id
+
+
+def end_stale_runs(uri: str | None = None) -> list[str]:
+    """End KILLED every RUNNING run recorded by a process of this host that no longer exists
+    (SIGKILL, out-of-memory kill), tagged ``relflow.found_stale``; returns their ids."""
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return []  # no store yet, so no runs; opening it would create it before any check ran
+    client = MlflowClient(tracking_uri=uri)
+    exp_ids = [e.experiment_id for e in client.search_experiments()]
+    if not exp_ids:
+        return []
+    host = liveness.process_host()
+    found = []
+    for run in client.search_runs(
+        exp_ids,
+        filter_string=(f"attributes.status = 'RUNNING' and tags.\"relflow.process_host\" = '{host}'"),
+        max_results=1000,
+    ):
+        tags = run.data.tags
+        if liveness.is_alive(tags):
+            continue
+        try:
+            client.log_batch(
+                run.info.run_id,
+                tags=[
+                    RunTag("relflow.found_stale", "true"),
+                    RunTag(
+                        "relflow.error",
+                        f"process {tags.get('relflow.pid')} ended without ending "
+                        f"this run (SIGKILL or out-of-memory); found stale by process {os.getpid()}",
+                    ),
+                ],
+            )
+            client.set_terminated(run.info.run_id, "KILLED")
+        except mlflow.exceptions.MlflowException:
+            continue  # another user's run this user may not edit (an auth server): theirs to end
+        found.append(run.info.run_id)
+    return found
+
+
+def _dataset_source(location: str) -> Any:
+    """A local path as MLflow's local source; a URL (database) as a source of its scheme."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    if "://" not in location:
+        location = Path(location).resolve().as_uri()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "can be interpreted in multiple ways": all local ones agree
+        try:
+            return resolve_dataset_source(location)
+        except mlflow.exceptions.MlflowException:
+            return UrlSource(location)
+
+
+def _mlflow_type(t: pa.DataType) -> Any:
+    import pyarrow as pa
+    from mlflow.types.schema import Array, DataType, Object, Property
+
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return Array(_mlflow_type(t.value_type))
+    if pa.types.is_struct(t):
+        return Object([Property(f.name, _mlflow_type(f.type)) for f in t])
+    if pa.types.is_boolean(t):
+        return DataType.boolean
+    if pa.types.is_integer(t):
+        return DataType.integer if t.bit_width <= 32 and pa.types.is_signed_integer(t) else DataType.long
+    if pa.types.is_float32(t):
+        return DataType.float
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return DataType.double
+    if pa.types.is_temporal(t):
+        return DataType.datetime
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return DataType.binary
+    return DataType.string  # strings, dictionaries of strings, anything else shown as text
+
+
+def _mlflow_schema(schema: pa.Schema) -> Any:
+    from mlflow.types.schema import ColSpec, Schema
+
+    return Schema([ColSpec(_mlflow_type(f.type), f.name) for f in schema])
+
+
+class UrlSource(DatasetSource):
+    """Where a table was read from when that is a database URL (password already removed)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    @staticmethod
+    def _get_source_type() -> str:
+        return "url"
+
+    def load(self, **kwargs: Any) -> Any:
+        raise mlflow.exceptions.MlflowException(
+            f"{self.url} records where the benchmark read its data; read it with the database's client."
+        )
+
+    @staticmethod
+    def _can_resolve(raw_source: Any) -> bool:
+        return False
+
+    @classmethod
+    def _resolve(cls, raw_source: Any) -> UrlSource:
+        return cls(str(raw_source))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+    @classmethod
+    def from_dict(cls, source_dict: dict[Any, Any]) -> UrlSource:
+        return cls(source_dict["url"])
+
+
+# --- reading runs back (compare, history, dashboards) ----------------------------------
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One MLflow run as plain data: what reports read, with no MLflow types inside."""
+
+    run_id: str
+    run_name: str
+    experiment: str
+    status: str  # FINISHED | FAILED | KILLED | RUNNING | SCHEDULED
+    start_time_ms: int
+    end_time_ms: int | None
+    metrics: dict[str, float]
+    params: dict[str, str]
+    tags: dict[str, str]
+
+    @property
+    def started_at(self) -> dt.datetime:
+        """Start time in UTC (what reports put on a time axis)."""
+        return dt.datetime.fromtimestamp(self.start_time_ms / 1000, tz=dt.UTC)
+
+    @property
+    def label(self) -> str:
+        """A short name for tables and chart axes: run name plus the id's first 8 characters."""
+        return f"{self.run_name} {self.run_id[:8]}"
+
+
+def _record(run: Any, experiment: str) -> RunRecord:
+    return RunRecord(
+        run_id=run.info.run_id,
+        run_name=run.info.run_name or "",
+        experiment=experiment,
+        status=run.info.status,
+        start_time_ms=int(run.info.start_time or 0),
+        end_time_ms=int(run.info.end_time) if run.info.end_time else None,
+        metrics=dict(run.data.metrics),
+        params=dict(run.data.params),
+        tags={k: v for k, v in run.data.tags.items()},
+    )
+
+
+def experiment_ids(uri: str | None = None) -> dict[str, str]:
+    """Active experiments by name -> id, oldest first."""
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    return {e.name: e.experiment_id for e in client.search_experiments(order_by=["creation_time ASC"])}
+
+
+def runs_page(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI's page of one experiment's runs table.
+
+    MLflow 3.17's UI picks its landing page from a browser-side "workflow type" (default GenAI:
+    a traces overview) rather than from the experiment's kind tag, so the link names the
+    model-training view explicitly."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def experiment_names(uri: str | None = None) -> list[str]:
+    """Names of the active experiments in the store, oldest first."""
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    exps = client.search_experiments(order_by=["creation_time ASC"])
+    return [e.name for e in exps]
+
+
+def search_runs(
+    experiment: str,
+    *,
+    status: str | None = "FINISHED",
+    filter_string: str = "",
+    uri: str | None = None,
+    max_results: int = 5000,
+) -> list[RunRecord]:
+    """Runs of one experiment (by name) as ``RunRecord``s, oldest start time first.
+
+    ``status`` keeps only runs in that state (``None``: all). ``filter_string`` is MLflow's
+    search syntax, e.g. ``tags."relflow.host_fingerprint" = 'abc'``. An unknown experiment
+    yields an empty list.
+    """
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    clauses = [c for c in (filter_string, f"attributes.status = '{status}'" if status else "") if c]
+    records: list[RunRecord] = []
+    token = None
+    while len(records) < max_results:
+        page = client.search_runs(
+            [exp.experiment_id],
+            filter_string=" and ".join(clauses),
+            max_results=min(1000, max_results - len(records)),
+            order_by=["attributes.start_time ASC"],
+            page_token=token,
+        )
+        records += [_record(r, experiment) for r in page]
+        token = page.token
+        if not token:
+            break
+    return records
+
+
+def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
+    """One run by id (any status); raises ``UserError`` naming the id when it is absent."""
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri or tracking_uri())
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as err:
+        raise UserError(
+            f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}: copy the id from "
+            "`relflow-bench run` or the MLflow UI."
+        ) from err
+    return _record(run, client.get_experiment(run.info.experiment_id).name)

@@ -1,0 +1,59 @@
+"""The backends report's table and chart from measured samples (no processes started)."""
+
+from __future__ import annotations
+
+import math
+
+from dashboards.backends import backends_figure
+from flows.sweeps.backends_report import VARIANTS, Sample, summarize, to_markdown
+
+
+def sample(variant: str, r: int, steady: float, **extra: float) -> Sample:
+    m = {
+        "compute.steady_rows_per_s": steady,
+        "e2e.predict.rows_per_s": steady / 10,
+        "compute.first_call_seconds": 0.5,
+        "compute.batch_ms.p99": 9.0,
+        "quality.accuracy": 0.9,
+        "quality.delta_vs_reference": -0.01,
+        "checkpoint.bytes": 1000.0,
+        "checkpoint.load_seconds": 0.02,
+        "backend.model_bytes": 700.0,
+        "backend.load_seconds": 0.3,
+        "memory.host_peak_bytes": 2**30,
+        **extra,
+    }
+    return Sample(variant, r, m, {}, f"id-{variant}-{r}", "VALID")
+
+
+def test_every_variant_overrides_the_predict_run():
+    files = {"fp32": "a.ckpt", "fp16": "a.fp16.ckpt", "int8": "a.int8.ckpt", "int4": "a.int4.ckpt", "bundle": "b"}
+    got = {name: make(files) for name, make in VARIANTS.items()}
+    assert got["pytorch_int4"] == ["run.checkpoint=a.int4.ckpt"]
+    assert "run.compile.model=true" in got["pytorch_compiled"]
+    assert got["onnxruntime_int8"][-1] == "run.onnxruntime.quantization=dynamic_int8"
+    assert all("run.backend=onnxruntime" in v for k, v in got.items() if k.startswith("onnxruntime"))
+
+
+def test_summary_takes_medians_and_the_right_file_per_backend():
+    samples = [sample("pytorch_int8", r, s) for r, s in enumerate((100.0, 300.0, 200.0))]
+    samples += [sample("onnxruntime_fp32", r, 50.0 + r) for r in range(6)]
+    samples.append(Sample("pytorch_compiled", 0, {}, {}, "", "FAILED"))
+    rows = {r["variant"]: r for r in summarize(samples, "accuracy")}
+    assert rows["pytorch_int8"]["steady_rows_per_s"] == 200.0
+    # 3 rounds support no 95% interval of the median; 6 do (order statistics)
+    assert rows["pytorch_int8"]["steady_ci_low"] is None and rows["pytorch_int8"]["steady_ci_high"] is None
+    ort = rows["onnxruntime_fp32"]
+    assert (
+        ort["steady_ci_low"] is not None and ort["steady_ci_low"] <= ort["steady_rows_per_s"] <= ort["steady_ci_high"]
+    )
+    assert rows["pytorch_int8"]["file_bytes"] == 1000.0  # the checkpoint file
+    assert rows["onnxruntime_fp32"]["file_bytes"] == 700.0  # the served ONNX file
+    assert rows["onnxruntime_fp32"]["load_s"] == 0.3
+    assert rows["pytorch_compiled"]["validity"] == "FAILED"
+    assert math.isnan(rows["pytorch_compiled"]["steady_rows_per_s"])
+    md = to_markdown(list(rows.values()), "accuracy")
+    assert md.count("\n") == 2 + len(rows) - 1 and "| pytorch_int8 | 0.50 | 200 [n=3<6, no CI] |" in md
+    fig = backends_figure(list(rows.values()))
+    assert [t.name for t in fig.data] == ["steady compute", "end-to-end predict", "accuracy delta"]
+    assert list(fig.data[0].x) == list(rows)

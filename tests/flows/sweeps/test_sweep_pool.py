@@ -1,0 +1,208 @@
+"""A sweep fanned out to two benchmark hosts, for real: ``prefect server start`` on a free
+loopback port, a process work pool, two ``prefect worker start --limit 1`` processes standing
+in for two hosts (each its own host lock), ``relflow-bench sweep ... --pool``.
+
+1. a 4-configuration sweep: every child FINISHED, tagged with the worker that ran it, both
+   workers used;
+2. another sweep, and one worker is killed (SIGKILL to the worker and its flow-run process,
+   which Prefect starts in a session of its own, as when a host dies) while it runs a configuration: that flow run
+   ends CRASHED in Prefect and its MLflow child FAILED (nothing left RUNNING), the sweep
+   reports it and exits 1;
+3. rerunning the same sweep runs only the missing configuration.
+
+Slow: server start-up plus nine small benchmark runs in worker subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from pgserver import private_dir, running_postgres, running_prefect_server
+
+REPO = Path(__file__).resolve().parents[3]
+SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
+# predict mode (untrained weights): this test is about where runs go, not about quality
+SMALL = [
+    "model.d_model=8",
+    "model.heads=2",
+    "model.layers=1",
+    "run.batch_size=2048",
+    "lineitem.max_length=2",
+    "run.mode=predict",
+    "run.min_steady_batches=0",
+    "run.min_steady_seconds=0",
+    "run.system_metrics_interval_s=0",
+]
+POOL = "relflow-hosts"
+
+
+def _worker(name: str, env: dict[str, str], tmp: Path) -> subprocess.Popen:
+    with open(tmp / f"worker-{name}.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            ["prefect", "worker", "start", "--pool", POOL, "--name", name, "--limit", "1", "--type", "process"],
+            env=dict(env, RELFLOW_LOCK_FILE=str(tmp / f"{name}.lock")),
+            cwd=tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _children(client: MlflowClient, seeds: set[str]) -> list:
+    exp = client.get_experiment_by_name("tpch-orders")
+    runs = client.search_runs([exp.experiment_id]) if exp else []
+    return [
+        r for r in runs if r.data.tags.get("relflow.sweep.role") == "child" and r.data.params.get("run.seed") in seeds
+    ]
+
+
+@pytest.mark.slow
+def test_sweep_fans_out_to_two_workers_and_survives_a_killed_one(tpch_small):
+    with ExitStack() as stack:
+        tmp_path = stack.enter_context(private_dir())
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        MlflowClient(tracking_uri=uri).search_experiments()  # create the store before several processes use it
+        # The Prefect server on PostgreSQL, as a team runs it: on its default SQLite file worker
+        # heartbeats failed with "database is locked" on this busy host.
+        pg = stack.enter_context(running_postgres(tmp_path / "pg"))
+        from pgserver import create_database
+
+        create_database(pg, "prefect")
+        api = stack.enter_context(
+            running_prefect_server(
+                tmp_path / "prefect",
+                env={"PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", driver="postgresql+asyncpg")},
+            )
+        )
+        env = dict(
+            os.environ,
+            PREFECT_API_URL=api,
+            PREFECT_HOME=str(tmp_path / "client-home"),
+            MLFLOW_TRACKING_URI=uri,
+            PYTHONPATH=str(REPO),
+            PREFECT_WORKER_QUERY_SECONDS="2",
+            PREFECT_WORKER_HEARTBEAT_SECONDS="10",
+            PREFECT_LOGGING_LEVEL="INFO",
+        )
+        made = subprocess.run(
+            ["prefect", "work-pool", "create", POOL, "--type", "process"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert made.returncode == 0, made.stdout + made.stderr
+        workers = {n: _worker(n, env, tmp_path) for n in ("host-a", "host-b")}
+        for w in workers.values():
+            stack.callback(_stop, w)
+        sets = [a for o in SMALL for a in ("--set", o)]
+
+        def sweep(seeds: str, **kw) -> subprocess.Popen:
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "flows.cli",
+                    "sweep",
+                    str(SPEC),
+                    "--grid",
+                    f"run.seed={seeds}",
+                    "--pool",
+                    POOL,
+                    *sets,
+                ],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                **kw,
+            )
+
+        # 1. four configurations over two hosts
+        first = sweep("0,1,2,3")
+        out, _ = first.communicate(timeout=1500)
+        print(out)  # the sweep summary, with each configuration's worker (pytest -s)
+        assert first.returncode == 0, out[-4000:]
+        client = MlflowClient(tracking_uri=uri)
+        kids = _children(client, {"0", "1", "2", "3"})
+        assert len(kids) == 4 and {k.info.status for k in kids} == {"FINISHED"}, out[-3000:]
+        ran_on = {k.data.tags.get("relflow.worker") for k in kids}
+        assert ran_on == {"host-a", "host-b"}, ran_on
+        assert "host-a" in out and "host-b" in out  # the summary names the worker of each configuration
+
+        # 2. kill host-b while it runs one of the next sweep's configurations
+        second = sweep("10,11,12,13")
+        deadline = time.monotonic() + 900
+        while True:
+            busy = [
+                k
+                for k in _children(client, {"10", "11", "12", "13"})
+                if k.info.status == "RUNNING" and k.data.tags.get("relflow.worker") == "host-b"
+            ]
+            if busy:
+                break
+            assert second.poll() is None and time.monotonic() < deadline, "host-b never ran a configuration"
+            time.sleep(1.0)
+        # The host dies: the worker and its flow-run process (Prefect starts that in its own session).
+        import psutil
+
+        victim = workers["host-b"].pid
+        doomed = [victim, *(c.pid for c in psutil.Process(victim).children(recursive=True))]
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        workers["host-b"].wait(timeout=30)
+        killed_run = busy[0].info.run_id
+        out2, _ = second.communicate(timeout=1500)
+        print(out2)
+        assert second.returncode == 1, out2[-4000:]
+        assert "FAILED" in out2 and "CRASHED" in out2 and "host-b" in out2, out2[-3000:]
+        kids = _children(client, {"10", "11", "12", "13"})
+        assert "RUNNING" not in {k.info.status for k in kids}
+        # The pool ends it FAILED, unless a configuration planned on this host after the kill
+        # found its process gone first and ended it KILLED (tasks/runtime/liveness.py, found stale).
+        dead = client.get_run(killed_run)
+        assert dead.info.status == "FAILED" or (
+            dead.info.status == "KILLED" and dead.data.tags.get("relflow.found_stale") == "true"
+        ), dead.info.status
+        assert sum(k.info.status == "FINISHED" for k in kids) == 3
+
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        # Prefect reads its settings once; an environment variable set now would be ignored
+        # and the query would go to this test session's own server.
+        with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as pc:
+            states = [fr.state.type.value for fr in pc.read_flow_runs() if fr.state]
+        assert "CRASHED" in states and "RUNNING" not in states, states
+
+        # 3. rerun: only the missing configuration runs (on the surviving host)
+        third = sweep("10,11,12,13")
+        out3, _ = third.communicate(timeout=1500)
+        print(out3)
+        assert third.returncode == 0, out3[-4000:]
+        assert out3.count("skipped, already FINISHED") == 3, out3[-3000:]
+        assert "1 ran, 3 skipped" in out3
+        kids = _children(client, {"10", "11", "12", "13"})
+        assert sum(k.info.status == "FINISHED" for k in kids) == 4

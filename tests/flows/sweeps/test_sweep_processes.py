@@ -1,0 +1,144 @@
+"""Sweeps run each configuration in a fresh process, so its figures are a standalone run's.
+
+The grid the shared-process sweep failed on (2 of 8 configurations ``FailOnRecompileLimitHit``,
+the padded + compiled ones, and compiled first calls taken on a warm in-process cache):
+
+    relflow-bench sweep benchmarks/tpch_orders.yaml --grid run.batch_size=64,256 \\
+        --grid run.packing=auto,off --grid run.compile.encoders=false,true
+
+run through the real CLI (one training epoch at TPC-H scale 0.002 to keep it affordable:
+every padded + compiled configuration is kept). It must finish 8/8, and two of its children must agree with
+standalone ``relflow-bench run``s of the same configurations: peak RSS (without Inductor's
+short-lived compiler processes, which a 20 ms sampler catches or misses) within 10%, and first
+call within the noise of a first call on this shared host (a factor of 3; a warm in-process
+compile cache makes a compiled first call 10x+ faster, which this catches). Each side gets
+its own empty Inductor cache folder, so both measure a cold compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+REPO = Path(__file__).resolve().parents[3]
+SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
+GRID = [
+    "--grid",
+    "run.batch_size=64,256",
+    "--grid",
+    "run.packing=auto,off",
+    "--grid",
+    "run.compile.encoders=false,true",
+]
+SHRINK = ["run.epochs=1", "run.system_metrics_interval_s=0", "source.generate.tpch.scale=0.002"]
+# (batch_size, packing, compile.encoders) compared with standalone runs: the padded + compiled
+# configuration that used to fail, and an eager one.
+COMPARED = [(64, "off", True), (256, "auto", False)]
+FIRST_CALL_NOISE = 3.0
+# Peak RSS agreement, the issue's 10%, on memory.host_peak_excluding_compiler_bytes. The full
+# memory.host_peak_bytes of a compiled CPU run also counts Inductor's compiler processes
+# (cc1plus, compile workers: ~100-300 MB each, alive for milliseconds), caught or missed by the
+# 20 ms sampler: CI measured 1.90 GB in the sweep child against 1.37 GB standalone for one
+# configuration, so that figure is printed but not compared.
+RSS_TOLERANCE = 0.10
+RSS = "memory.host_peak_excluding_compiler_bytes"
+
+
+def _env(folder: Path, cache: str) -> dict[str, str]:
+    env = dict(
+        os.environ,
+        MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'mlflow.db'}",
+        PREFECT_HOME=str(folder / "prefect-home"),
+        COLUMNS="200",
+        TORCHINDUCTOR_CACHE_DIR=str(folder / cache),
+        # a busy shared host can take minutes to start Prefect's temporary server
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
+    env.pop("PREFECT_API_URL", None)  # as a user runs it: Prefect's temporary server
+    return env
+
+
+def _sets(items: list[str]) -> list[str]:
+    return [a for o in items for a in ("--set", o)]
+
+
+@pytest.mark.slow
+def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(tmp_path):
+    sweep = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "sweep", str(SPEC), *GRID, *_sets(SHRINK)],
+        cwd=tmp_path,
+        env=_env(tmp_path, "inductor-sweep"),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    print(sweep.stdout)
+    assert sweep.returncode == 0, sweep.stderr[-4000:] + sweep.stdout[-4000:]
+    assert "8 ran, 0 skipped (FINISHED before), 0 failed" in " ".join(sweep.stdout.split())
+    parent = re.search(r"parent run ([0-9a-f]{32})", sweep.stdout)[1]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exps = [e.experiment_id for e in client.search_experiments()]
+    children = client.search_runs(exps, filter_string=f"tags.\"mlflow.parentRunId\" = '{parent}'")
+    assert len(children) == 8 and {c.info.status for c in children} == {"FINISHED"}
+    assert len({c.data.metrics["harness.timed_region_start_unix_s"] for c in children}) == 8
+
+    def child(batch: int, packing: str, enc: bool):
+        return next(
+            c
+            for c in children
+            if c.data.params["run.batch_size"] == str(batch)
+            and c.data.params["run.packing"] == packing
+            and c.data.params["run.compile.encoders"] == str(enc)
+        )
+
+    rows = []
+    for i, (batch, packing, enc) in enumerate(COMPARED):
+        sets = [
+            *SHRINK,
+            f"run.batch_size={batch}",
+            f"run.packing={packing}",
+            f"run.compile.encoders={str(enc).lower()}",
+        ]
+        out = tmp_path / f"standalone-{i}.json"
+        alone = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "run", str(SPEC), "--json", str(out), *_sets(sets)],
+            cwd=tmp_path,
+            env=_env(tmp_path, f"inductor-alone-{i}"),
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert alone.returncode == 0, alone.stderr[-4000:]
+        s = json.loads(out.read_text())["metrics"]
+        c = child(batch, packing, enc).data.metrics
+        assert c.get("compute.recompiles", 0) == s.get("compute.recompiles", 0) == 0
+        rows.append((f"batch_size={batch} packing={packing} encoders={enc}", c, s))
+    keys = [
+        RSS,
+        "memory.host_peak_bytes",
+        "compute.first_call_seconds",
+        "compute.train.first_call_seconds",
+        "compute.steady_rows_per_s",
+        "compute.recompiles",
+        "compute.train.recompiles",
+    ]
+    print(f"{'configuration':<45} {'metric':<34} {'sweep child':>14} {'standalone':>14} {'ratio':>7}")
+    for label, c, s in rows:
+        for k in keys:
+            if k in c and k in s:
+                ratio = c[k] / s[k] if s[k] else float("nan")
+                print(f"{label:<45} {k:<34} {c[k]:>14,.3f} {s[k]:>14,.3f} {ratio:>7.3f}")
+    for label, c, s in rows:
+        assert abs(c[RSS] / s[RSS] - 1) <= RSS_TOLERANCE, label
+        assert c["memory.host_peak_bytes"] >= c[RSS] and s["memory.host_peak_bytes"] >= s[RSS], label
+        for k in ("compute.first_call_seconds", "compute.train.first_call_seconds"):
+            ratio = c[k] / s[k]
+            assert 1 / FIRST_CALL_NOISE <= ratio <= FIRST_CALL_NOISE, (label, k, c[k], s[k])

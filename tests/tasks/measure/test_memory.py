@@ -1,0 +1,110 @@
+"""Host peak memory counts loader worker (child) processes too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tasks.measure.memory import PeakMemory
+
+MIB = 2**20
+# Holds 300 MiB of touched memory until the parent closes its stdin.
+HOLD = "import sys\nb = bytearray(300 * 2**20)\nprint('ready', flush=True)\nsys.stdin.read()\n"
+
+
+def test_children_count_in_host_peak_bytes():
+    mem = PeakMemory(interval=0.01).start()
+    own = mem.host_peak_bytes
+    child = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        mem._sample()  # first sight of the child
+        time.sleep(0.1)
+        mem._sample()  # one sample while the child holds its memory
+    finally:
+        child.stdin.close()
+        child.wait()
+    mem.stop()
+    assert mem.host_peak_bytes - own >= 280 * MIB
+
+
+# Run in a fresh interpreter: pytest's own process tree holds session services (MLflow servers,
+# browsers) whose memory would swamp the 300 MiB these tests tell apart. Two children hold
+# 300 MiB each: a plain worker, and the other one given as argv[1], either Prefect's temporary
+# server (its command line) or a cc1plus stand-in (a process that names itself so: its comm).
+WORKER_AND_OTHER = """
+import subprocess, sys, time
+import psutil
+from tasks.measure.memory import PREFECT_SERVER, PeakMemory
+code = "import time; b = bytearray(300 * 2**20); time.sleep(60)"
+other = {
+    "server": [sys.executable, "-c", code, PREFECT_SERVER + ":create_app"],
+    "compiler": [sys.executable, "-c", "open('/proc/self/comm', 'w').write('cc1plus'); " + code],
+}[sys.argv[1]]
+children = [subprocess.Popen(other), subprocess.Popen([sys.executable, "-c", code])]
+try:
+    for p in children:  # wait until each holds its 300 MiB
+        while psutil.Process(p.pid).memory_info().rss < 300 * 2**20:
+            time.sleep(0.05)
+    mem = PeakMemory()
+    own = psutil.Process().memory_info().rss
+    mem.start()
+    time.sleep(0.2)  # children count from their second sight, 50 ms on
+    mem.stop()
+    print(mem.host_peak_bytes - own, mem.host_peak_excluding_compiler_bytes - own)
+finally:
+    for p in children:
+        p.kill()
+"""
+
+
+def _worker_and(other: str) -> tuple[int, int]:
+    """(host_peak_bytes, host_peak_excluding_compiler_bytes) above the sampling process's own."""
+    out = subprocess.run([sys.executable, "-c", WORKER_AND_OTHER, other], capture_output=True, text=True, check=True)
+    total, without = (int(v) for v in out.stdout.split()[-2:])
+    return total, without
+
+
+def test_prefects_temporary_server_is_not_counted():
+    """A standalone run's child uvicorn (Prefect's temporary server) is harness, not workload:
+    a sweep child that uses the sweep's server must measure the same."""
+    counted, _ = _worker_and("server")
+    assert 300 * MIB <= counted < 500 * MIB  # the worker, not the server
+
+
+def test_compiler_processes_count_in_the_peak_but_not_in_the_peak_without_them():
+    total, without = _worker_and("compiler")
+    assert 600 * MIB <= total < 800 * MIB  # worker and compiler
+    assert 300 * MIB <= without < 500 * MIB  # the worker only
+
+
+# A fork of a 300 MiB process: for its first moments (the fork-to-exec window of every
+# subprocess) it reports the parent's pages as its own.
+YOUNG_FORK = """
+import os, signal, time
+import psutil
+from tasks.measure.memory import MIN_CHILD_AGE_S, PeakMemory
+b = bytearray(300 * 2**20)
+own = psutil.Process().memory_info().rss
+mem = PeakMemory()
+pid = os.fork()
+if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+try:
+    mem._sample()
+    young = mem.host_peak_bytes - own
+    time.sleep(3 * MIN_CHILD_AGE_S)
+    mem._sample()
+    print(young, mem.host_peak_bytes - own)
+finally:
+    os.kill(pid, signal.SIGKILL)
+"""
+
+
+def test_a_fresh_fork_is_not_counted_until_it_has_lived_a_sampling_moment():
+    out = subprocess.run([sys.executable, "-c", YOUNG_FORK], capture_output=True, text=True, check=True)
+    young, later = (int(v) for v in out.stdout.split()[-2:])
+    assert young < 50 * MIB  # the parent's shared pages, not counted again
+    assert later >= 280 * MIB  # a worker that lives on is counted (its shared pages too)

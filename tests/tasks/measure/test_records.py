@@ -1,0 +1,177 @@
+"""Measurement records: warm-up never mixes into steady state, exact rows, percentiles,
+one figure per phase, repeat medians and intervals, validity rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.measure import keys as K
+from tasks.measure.clock import Clock
+from tasks.measure.records import PhaseTimings, RunResult, describe_repeats
+from tasks.measure.validity import verdict
+from tasks.spec import parse_spec
+
+
+def test_first_call_and_warmup_are_kept_out_of_steady_state():
+    t = PhaseTimings(warmup_batches=2)
+    for seconds, rows in [(10.0, 4), (5.0, 4), (4.0, 4), (1.0, 4), (1.0, 4), (0.5, 2)]:
+        t.record(seconds, rows)
+    assert t.first_call_seconds == 10.0
+    assert t.warmup_seconds == [5.0, 4.0]
+    assert t.steady_seconds == [1.0, 1.0, 0.5]
+    assert t.steady_rows_per_s == pytest.approx(10 / 2.5)  # exact rows: a partial last batch of 2
+    m = t.metrics(lambda w: f"compute.{w}")
+    assert m["compute.batch_ms.p50"] <= m["compute.batch_ms.p95"] <= m["compute.batch_ms.p99"]
+    assert m["compute.compile_overhead_seconds"] == pytest.approx(10.0 - 1.0)
+
+
+def test_steady_state_flag_flips_after_warmup():
+    t = PhaseTimings(warmup_batches=1)
+    assert not t.in_steady_state
+    t.record(1.0, 1)
+    assert not t.in_steady_state
+    t.record(1.0, 1)
+    assert t.in_steady_state
+
+
+def _two_phase_result() -> RunResult:
+    r = RunResult()
+    for i, stage in enumerate(r.stages["train"].values()):  # 1+2+3+4 = 10 s over 3 epochs
+        stage.add(float(i + 1), 300 if stage.name != "compute" else 240)
+    for i, stage in enumerate(r.stages["predict"].values()):  # 0.1..0.6 = 2.1 s (calibrate too)
+        stage.add(0.1 * (i + 1), 100)
+    r.rows_predicted, r.predict_passes, r.train_epochs = 100, 1, 3
+    return r
+
+
+def test_e2e_predict_is_its_own_stages_and_never_mixes_in_training():
+    m = _two_phase_result().metrics()
+    assert m[K.E2E_PREDICT_SECONDS] == pytest.approx(2.1)
+    assert m[K.E2E_PREDICT_ROWS_PER_S] == pytest.approx(100 / 2.1)  # not 100 / 12.1
+    assert m[K.E2E_TRAIN_SECONDS] == pytest.approx(10.0)
+    assert m[K.E2E_TRAIN_ROWS_PER_S] == pytest.approx(240 / 10.0)
+    # per-phase stage rates: train compute rows are training rows, predict's are root rows
+    assert m[K.stage_rows_per_s("compute", "train")] == pytest.approx(240 / 4.0)
+    assert m[K.stage_rows_per_s("compute", "predict")] == pytest.approx(100 / 0.4)
+    assert K.stage_seconds("write", "train") not in m
+    assert not any(k in m for k in ("e2e.seconds", "e2e.rows_per_s", "stage.compute.rows_per_s"))
+
+
+def test_stage_table_shows_both_phases_with_shares_of_their_own_phase():
+    table = _two_phase_result().stage_table()
+    assert [(r["phase"], r["stage"]) for r in table] == [
+        *(("train", s) for s in K.STAGES[:4]),
+        *(("predict", s) for s in K.STAGES),
+    ]
+    for phase in K.PHASES:
+        assert sum(r["share"] for r in table if r["phase"] == phase) == pytest.approx(1.0)
+
+
+def test_a_predict_only_run_has_no_train_figures():
+    r = RunResult()
+    r.stages["predict"]["retrieve"].add(0.5, 0)  # the key listing
+    r.rows_predicted = 10
+    m = r.metrics()
+    assert K.E2E_PREDICT_SECONDS in m and K.E2E_TRAIN_SECONDS not in m
+    assert {row["phase"] for row in r.stage_table()} == {"predict"}
+
+
+def test_repeat_intervals_only_from_enough_passes():
+    r = _two_phase_result()
+    r.repeat_predict_rows_per_s = [6.0, 7.0, 8.0]
+    m = r.metrics()
+    assert m[K.median(K.E2E_PREDICT_ROWS_PER_S)] == 7.0
+    assert K.median_ci_low(K.E2E_PREDICT_ROWS_PER_S) not in m  # 3 passes support no 95% CI
+    assert "no 95% CI: needs run.repeats >= 6" in describe_repeats(m, K.E2E_PREDICT_ROWS_PER_S)
+    r.repeat_predict_rows_per_s = [6.0, 7.0, 8.0, 9.0, 5.0, 7.5]
+    m = r.metrics()
+    key = K.E2E_PREDICT_ROWS_PER_S
+    assert (m[K.median_ci_low(key)], m[K.median_ci_high(key)]) == (5.0, 9.0)
+    assert m[K.median_ci_level(key)] == pytest.approx(1 - 2 / 64)
+    assert "95% CI [5, 9]" in describe_repeats(m, key)
+
+
+def test_fake_clock_measures_exactly():
+    ticks = iter([1.0, 3.5])
+    with Clock(now=lambda: next(ticks)).measure() as span:
+        pass
+    assert span.seconds == 2.5
+
+
+def _spec(**run):
+    return parse_spec(
+        {
+            "name": "t",
+            "source": {"tables": {"a": "a.parquet"}},
+            "schema": {"root": {"table": "a", "key": "k", "columns": {"x": "numeric"}}},
+            "task": {"target": "y", "kind": "category", "min_quality": 0.9},
+            "run": run,
+        }
+    )
+
+
+STEADY = {
+    "compute.steady_batches": 200000,
+    "compute.steady_seconds": 5.0,
+    "compute.train.steady_batches": 200000,
+    "compute.train.steady_seconds": 5.0,
+}
+
+
+def test_validity_rules_name_each_failed_rule():
+    spec = _spec(min_steady_batches=100000, max_recompiles=0)
+    metrics = {
+        "compute.steady_batches": 50,
+        "compute.steady_seconds": 5.0,
+        "compute.train.steady_batches": 200000,
+        "compute.train.steady_seconds": 5.0,
+        "compute.recompiles": 2,
+        "quality.accuracy": 0.5,
+    }
+    reasons = verdict(spec, metrics, "accuracy")
+    assert any("compute.steady_batches 50 < run.min_steady_batches 100000" in r for r in reasons)
+    assert any("compute.recompiles 2" in r for r in reasons)
+    assert any("task.min_quality" in r for r in reasons)
+    ok = {**STEADY, "quality.accuracy": 0.95}
+    assert verdict(spec, ok, "accuracy") == []
+
+
+def test_a_train_phase_without_steady_batches_is_invalid():
+    metrics = {
+        "compute.steady_batches": 200000,
+        "compute.steady_seconds": 5.0,
+        "compute.train.steady_batches": 0,
+        "compute.train.steady_seconds": 0.0,
+        "quality.accuracy": 0.95,
+    }
+    reasons = verdict(_spec(), metrics, "accuracy")
+    assert "compute.train.steady_batches 0 < run.min_steady_batches 10" in reasons
+    assert any(r.startswith("compute.train.steady_seconds 0.000") for r in reasons)
+    # a predict-only run has no train phase to judge
+    assert verdict(_spec(mode="predict"), metrics, "accuracy") == []
+
+
+def test_recompiles_are_judged_per_phase():
+    metrics = {**STEADY, "compute.train.recompiles": 1, "quality.accuracy": 0.95}
+    assert verdict(_spec(), metrics, "accuracy") == ["compute.train.recompiles 1 > run.max_recompiles 0"]
+
+
+def test_nan_quality_fails_the_floor_with_a_reason():
+    reasons = verdict(_spec(), {**STEADY, "quality.accuracy": float("nan")}, "accuracy")
+    assert len(reasons) == 1 and "quality.accuracy is NaN" in reasons[0]
+    assert "task.min_quality 0.9 is not met" in reasons[0]
+
+
+def test_host_load_rule_is_on_by_default_and_reads_other_processes_cpu():
+    metrics = {
+        **STEADY,
+        "quality.accuracy": 0.95,
+        # the 1-minute load average is mostly the benchmark itself: not a rule
+        "host.load_per_core_start": 4.2,
+        "host.other_cpu_fraction_before": 0.1,
+        "host.other_cpu_fraction": 0.7,
+    }
+    assert verdict(_spec(max_host_load=None), metrics, "accuracy") == []  # turned off
+    assert verdict(_spec(max_host_load=0.8), metrics, "accuracy") == []
+    reasons = verdict(_spec(), metrics, "accuracy")  # the default, 0.5
+    assert reasons == ["host.other_cpu_fraction 0.70 > run.max_host_load 0.5 (other processes used the cores)"]

@@ -1,0 +1,78 @@
+"""The host lock works for every user of the host (tasks/runtime/hostlock.py)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_lock_file_is_created_world_writable(tmp_path, monkeypatch):
+    from tasks.runtime.hostlock import host_lock
+
+    path = tmp_path / "host.lock"
+    monkeypatch.setenv("RELFLOW_LOCK_FILE", str(path))
+    old = os.umask(0o022)
+    try:
+        with host_lock() as waited:
+            assert waited >= 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666
+
+
+@pytest.fixture
+def shared_tmp():
+    """A folder every user can reach (pytest's tmp_path is private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="relflow-lock-", dir="/tmp"))
+    os.chmod(folder, 0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two users")
+def test_another_users_read_only_lock_file_still_locks(shared_tmp):
+    """A lock file of user 'daemon' with mode 644: user 'nobody' locks it instead of failing,
+    and waits (saying where the lock is) while root holds it."""
+    import fcntl
+
+    path = shared_tmp / "shared.lock"
+    path.write_text("")
+    daemon = pwd.getpwnam("daemon")
+    os.chown(path, daemon.pw_uid, daemon.pw_gid)
+    os.chmod(path, 0o644)
+    nobody = pwd.getpwnam("nobody")
+    # Python itself lives under /root here, so the switch to 'nobody' happens after imports.
+    code = (
+        "import os\nfrom tasks.runtime.hostlock import host_lock, lock_path\n"
+        f"os.setgid({nobody.pw_gid})\nos.setuid({nobody.pw_uid})\n"
+        "with host_lock(on_wait=lambda: print('waiting for', lock_path(), flush=True)) as w:\n"
+        "    print('held after', round(w, 1))\n"
+    )
+
+    env = dict(os.environ, RELFLOW_LOCK_FILE=str(path), PYTHONPATH=str(REPO))
+    with open(path, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=shared_tmp,
+        )
+        first = proc.stdout.readline()
+        assert first.strip() == f"waiting for {path}", first + proc.stderr.read()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "held after" in out and "PermissionError" not in err

@@ -1,0 +1,216 @@
+"""The benchmark spec: every validation error names its key; --set overrides; stable hash."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.runtime.errors import UserError
+from tasks.spec import apply_overrides, load_spec, parse_spec
+
+DEFAULT = Path(__file__).resolve().parents[3] / "benchmarks" / "tpch_orders.yaml"
+
+
+def raw_default() -> dict:
+    return yaml.safe_load(DEFAULT.read_text())
+
+
+def error_of(raw: dict) -> str:
+    with pytest.raises(UserError) as info:
+        parse_spec(raw, "'spec.yaml'")
+    return str(info.value)
+
+
+def test_default_spec_is_valid():
+    spec = load_spec(DEFAULT)
+    assert spec.name == "tpch-orders"
+    assert spec.schema_.branches[0].name == "lineitem"
+    assert spec.schema_.branches[0].max_length == 8
+
+
+@pytest.mark.parametrize(
+    ("edit", "names"),
+    [
+        (lambda r: r["run"].update(batchsize=3), ["run.batchsize", "unknown key"]),
+        (lambda r: r.update(extra_section={}), ["extra_section", "unknown key"]),
+        (
+            lambda r: r["schema"]["branches"][0].update(max_lenght=3),
+            ["schema.branches.lineitem.max_lenght", "unknown key"],
+        ),
+    ],
+    ids=["run-key", "top-level", "branch-key"],
+)
+def test_unknown_key_is_named(edit, names):
+    raw = raw_default()
+    edit(raw)
+    msg = error_of(raw)
+    for part in names:
+        assert part in msg
+    assert "spec.yaml" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "shown"),
+    [
+        (lambda r: r["run"].update(batch_size="big"), "run.batch_size", "'big'"),
+        (lambda r: r["run"].update(batch_size=0), "run.batch_size", "0"),
+        (lambda r: r["schema"]["branches"][0].update(overflow="drop"), "overflow", "'drop'"),
+        (
+            lambda r: r["schema"]["root"]["columns"].update(o_comment="string"),
+            "schema.root.columns.o_comment",
+            "'string'",
+        ),
+        (lambda r: r["task"].update(kind="multiclass"), "task.kind", "'multiclass'"),
+        (lambda r: r["run"].update(mode="serve"), "run.mode", "'serve'"),
+    ],
+    ids=["int-as-text", "non-positive", "overflow-rule", "column-kind", "task-kind", "mode"],
+)
+def test_mistyped_value_names_key_and_value(edit, key, shown):
+    raw = raw_default()
+    edit(raw)
+    msg = error_of(raw)
+    assert key in msg
+    assert shown in msg
+
+
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [
+        (("task",), "'task' is required"),
+        (("schema", "root", "key"), "'schema.root.key' is required"),
+        (("schema", "branches", 0, "parent_key"), "parent_key' is required"),
+    ],
+    ids=["section", "root-key", "branch-parent-key"],
+)
+def test_missing_key_is_named(path, key):
+    raw = raw_default()
+    node = raw
+    for part in path[:-1]:
+        node = node[part]
+    del node[path[-1]]
+    assert key in error_of(raw)
+
+
+def test_cross_checks_name_what_is_wrong():
+    raw = raw_default()
+    del raw["source"]["tables"]["lineitem"]
+    assert "lineitem" in error_of(raw) and "source.tables" in error_of(raw)
+
+    raw = raw_default()
+    raw["task"]["branch"] = "lines"
+    assert "task.branch 'lines'" in error_of(raw)
+
+    raw = raw_default()
+    raw["model"]["d_model"] = 30
+    raw["model"]["heads"] = 4
+    assert "d_model (30)" in error_of(raw)
+
+
+def test_branch_keys_are_named_by_branch_name(shop_spec):
+    shop_spec["schema"]["branches"][0]["branches"][0]["max_length"] = 0
+    assert "'schema.branches.orders.branches.lines.max_length'" in error_of(shop_spec)
+
+
+def test_nested_branch_without_key_is_rejected(shop_spec):
+    del shop_spec["schema"]["branches"][0]["key"]
+    msg = error_of(shop_spec)
+    assert "'orders'" in msg and "'key'" in msg
+
+
+def test_missing_spec_file_and_bad_yaml(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_spec(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_spec(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just text\n")
+    with pytest.raises(UserError, match="mapping"):
+        load_spec(scalar)
+
+
+def test_set_overrides_are_validated_like_the_file():
+    spec = load_spec(
+        DEFAULT,
+        ["run.batch_size=512", "model.d_model=16", "run.compile.encoders=true", "source.generate.tpch.scale=0.1"],
+    )
+    assert spec.run.batch_size == 512
+    assert spec.model.d_model == 16
+    assert spec.run.compile.encoders is True
+    assert spec.source.generate.tpch.scale == 0.1
+
+
+def test_set_addresses_branches_by_name():
+    spec = load_spec(DEFAULT, ["lineitem.max_length=2", "lineitem.overflow=sample"])
+    assert spec.schema_.branches[0].max_length == 2
+    assert spec.schema_.branches[0].overflow == "sample"
+    # the long form works too
+    spec = load_spec(DEFAULT, ["schema.branches.lineitem.order_by.descending=true"])
+    assert spec.schema_.branches[0].order_by.descending is True
+
+
+def test_set_finds_a_nested_branch(shop_spec):
+    raw = apply_overrides(copy.deepcopy(shop_spec), ["lines.max_length=5", "orders.max_length=4"])
+    spec = parse_spec(raw)
+    orders = spec.schema_.branches[0]
+    assert orders.max_length == 4
+    assert orders.branches[0].max_length == 5
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("run.batch_size", ["--set 'run.batch_size'", "key.path=value"]),
+        ("nonsense.x=1", ["'nonsense'", "branch name"]),
+        ("lineitem.max_length=-1", ["schema.branches.lineitem.max_length", "-1"]),
+        ("lineitem.nope=1", ["nope", "unknown key"]),
+        ("run.batch_size=lots", ["run.batch_size", "'lots'"]),
+        ("run.batch_size.x=1", ["run.batch_size.x"]),
+    ],
+    ids=["no-equals", "unknown-section", "bad-value", "unknown-branch-key", "mistyped", "not-section"],
+)
+def test_bad_override_is_a_user_error_naming_it(override, names):
+    with pytest.raises(UserError) as info:
+        load_spec(DEFAULT, [override])
+    for part in names:
+        assert part in str(info.value)
+
+
+def test_spec_hash_is_stable_across_key_order():
+    raw = raw_default()
+    reordered = {k: raw[k] for k in reversed(list(raw))}
+    reordered["run"] = {k: raw["run"][k] for k in reversed(list(raw["run"]))}
+    a, b = parse_spec(raw), parse_spec(reordered)
+    assert a.spec_hash == b.spec_hash
+    # defaults written out or left implicit describe the same workload
+    explicit = copy.deepcopy(raw)
+    explicit["run"]["learning_rate"] = 1e-3
+    assert parse_spec(explicit).spec_hash == a.spec_hash
+    changed = copy.deepcopy(raw)
+    changed["run"]["batch_size"] = 512
+    assert parse_spec(changed).spec_hash != a.spec_hash
+
+
+def test_spec_round_trips_through_yaml(tmp_path):
+    spec = load_spec(DEFAULT)
+    path = tmp_path / "again.yaml"
+    path.write_text(spec.to_yaml())
+    again = load_spec(path)
+    assert again == spec
+    assert again.spec_hash == spec.spec_hash
+
+
+def test_bare_off_means_off(tmp_path):
+    # YAML 1.1 reads a bare `off` as false; the documented spelling must still work
+    assert load_spec(DEFAULT, ["run.packing=off"]).run.packing == "off"
+    raw = raw_default()
+    raw["run"]["packing"] = False
+    assert parse_spec(raw).run.packing == "off"
+    path = tmp_path / "spec.yaml"
+    path.write_text(DEFAULT.read_text().replace("packing: auto", "packing: off"))
+    assert load_spec(path).run.packing == "off"

@@ -1,0 +1,92 @@
+"""The MLflow module against a temp SQLite store: a run always ends, errors are recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from tasks.runtime.errors import UserError
+from tasks.tracking.store import Tracker, flatten, tracking_uri
+
+
+def test_default_store_is_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_flatten_names_branches_by_name(shop_spec):
+    params = flatten(shop_spec)
+    assert params["schema.branches.orders.max_length"] == "2"
+    assert params["schema.branches.orders.branches.lines.order_by.column"] == "l_no"
+    assert params["schema.root.columns.c_since"] == "timestamp"
+    assert params["run.batch_size"] == "4"
+
+
+def test_a_run_finishes_with_batched_metrics_params_and_tags(mlflow_uri):
+    tracker = Tracker("unit")
+    run_id = tracker.start("r", tags={"relflow.spec_hash": "abc"})
+    tracker.log_params({f"p{i}": i for i in range(250)})  # more than one batch
+    tracker.log_metrics({f"m.{i}": float(i) for i in range(1500)})
+    tracker.set_tags({"relflow.validity": "VALID"})
+    tracker.log_text("name: x\n", "spec.yaml")
+    tracker.finish()
+    run = MlflowClient(tracking_uri=mlflow_uri).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert len(run.data.params) == 250 and len(run.data.metrics) == 1500
+    assert run.data.tags["relflow.spec_hash"] == "abc"
+    assert "spec.yaml" in {a.path for a in MlflowClient(tracking_uri=mlflow_uri).list_artifacts(run_id)}
+    # the experiment is reused, artifacts beside the store
+    again = Tracker("unit")
+    assert again.experiment_id == tracker.experiment_id
+    exp = MlflowClient(tracking_uri=mlflow_uri).get_experiment(tracker.experiment_id)
+    assert exp.artifact_location == (Path(mlflow_uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+
+
+def test_a_failed_run_ends_with_the_error_recorded(mlflow_uri):
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    Tracker("unit").fail(RuntimeError("never started"))  # before start: a no-op
+    assert client.search_runs([client.get_experiment_by_name("unit").experiment_id]) == []
+    for error, status in [
+        (UserError("bad key 7"), "FAILED"),
+        (KeyboardInterrupt(), "KILLED"),
+        (SystemExit(143), "KILLED"),
+    ]:
+        tracker = Tracker("unit")
+        run_id = tracker.start("r", tags={})
+        tracker.fail(error)
+        run = client.get_run(run_id)
+        assert run.info.status == status
+        assert run.data.tags["relflow.error"].startswith(type(error).__name__)
+    assert (
+        "bad key 7"
+        in client.search_runs([tracker.experiment_id], "attributes.status = 'FAILED'")[0].data.tags["relflow.error"]
+    )
+
+
+def test_system_metrics_touch_no_store_until_flushed(mlflow_uri, monkeypatch):
+    """Sampling runs inside the timed region: it may not read or write the store there."""
+    import threading
+
+    calls: list[str] = []
+    for name in ("log_batch", "get_run", "log_metric"):
+        original = getattr(MlflowClient, name)
+
+        def spy(self, *a, _name=name, _original=original, **kw):
+            calls.append(_name)
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(MlflowClient, name, spy)
+    tracker = Tracker("unit")
+    run_id = tracker.start("r", tags={})
+    calls.clear()
+    tracker.start_system_metrics(0.02)
+    threading.Event().wait(0.3)  # the "timed region"
+    tracker.stop_system_metrics()
+    assert calls == []
+    tracker.flush_system_metrics()
+    tracker.finish()
+    history = MlflowClient(tracking_uri=mlflow_uri).get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert len(history) >= 3
+    assert [m.step for m in history] == sorted(m.step for m in history)
