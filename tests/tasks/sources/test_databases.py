@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from tasks.runtime.errors import UserError
-from tasks.sources.files import check_sources, databases, resolve_sources
+from tasks.sources import databases
+from tasks.sources.files import check_sources, resolve_sources
 from tasks.spec import parse_spec
 from tasks.stages.retrieve import list_root_keys, retrieve
 
