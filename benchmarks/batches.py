@@ -1,7 +1,7 @@
 """Real batches of a benchmark spec, built by the harness's own stage functions.
 
 Shared by the micro-benchmarks that time the model outside the harness (threads,
-cross-check): the same retrieve -> preprocess -> tensorize code the flow runs, every root row
+cross-check): the harness's own stage chain (tasks/stages/chain.py), untimed, every root row
 in key order, sliced into ``run.batch_size`` batches exactly as the compute stage slices them.
 """
 
@@ -12,12 +12,10 @@ from pathlib import Path
 import torch
 
 from model import ModelConfig, RelationalTransformer
-from tasks.sources.files import resolve_sources
-from tasks.sources.tpch import ensure_tpch
+from tasks.sources.open import open_sources
 from tasks.spec import Spec, load_spec
-from tasks.stages.preprocess import preprocess
-from tasks.stages.retrieve import list_root_keys, retrieve
-from tasks.stages.tensorize import fit, tensorize
+from tasks.stages.chain import Chain
+from tasks.stages.retrieve import list_root_keys
 
 
 def load(spec_path: Path, overrides: list[str] | None = None):
@@ -39,14 +37,16 @@ def build_model(spec: Spec, schema) -> RelationalTransformer:
     return model.eval()
 
 
+def prepared(spec: Spec, spec_dir: Path, roots: int | None = None):
+    """(spec, schema, encoding, Tensorized) of the first ``roots`` root rows (every one by
+    default), through the harness's chain, untimed: what the compute stage gets."""
+    chain = Chain(spec, open_sources(spec, spec_dir), torch.device("cpu"))
+    keys, _ = list_root_keys(spec, chain.sources)
+    tz = chain.prepare_untimed(keys[:roots])
+    assert chain.schema is not None and chain.encoding is not None  # fitted on these rows
+    return spec, chain.schema, chain.encoding, tz
+
+
 def load_chunk(spec_path: Path, overrides: list[str] | None = None):
-    """(spec, schema, encoding, Tensorized) of every root row: what the compute stage gets."""
-    spec: Spec = load_spec(spec_path, overrides or [])
-    base = spec_path.resolve().parent
-    if spec.source.generate is not None:
-        base, _ = ensure_tpch(spec.source.generate.tpch.scale)
-    sources = resolve_sources(spec, base)
-    keys, _ = list_root_keys(spec, sources)
-    pre = preprocess(spec, retrieve(spec, sources, keys))
-    enc, schema = fit(spec, pre)
-    return spec, schema, enc, tensorize(spec, pre, enc, schema)
+    """(spec, schema, encoding, Tensorized) of every root row of the spec file."""
+    return prepared(load_spec(spec_path, overrides or []), spec_path.resolve().parent)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,12 +26,10 @@ import torch
 from model import ModelConfig, RelationalTransformer
 from model.export import ExportForward, export_onnx, output_name
 from tasks.measure.clock import Clock
-from tasks.sources.files import resolve_sources
-from tasks.sources.tpch import ensure_tpch
 from tasks.spec import load_spec
-from tasks.stages.preprocess import preprocess
-from tasks.stages.retrieve import list_root_keys, retrieve
-from tasks.stages.tensorize import fit, tensorize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from batches import prepared  # noqa: E402  (the harness's chain, untimed)
 
 
 def main() -> None:
@@ -42,13 +41,8 @@ def main() -> None:
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    spec = load_spec(args.spec)
-    base, _ = ensure_tpch(spec.source.generate.tpch.scale)
-    sources = resolve_sources(spec, base)
-    keys, _ = list_root_keys(spec, sources)
-    pre = preprocess(spec, retrieve(spec, sources, keys[: args.roots]))
-    enc, schema = fit(spec, pre)
-    batch = tensorize(spec, pre, enc, schema).batch
+    spec, schema, _, tz = prepared(load_spec(args.spec), Path(args.spec).resolve().parent, args.roots)
+    batch = tz.batch
     torch.manual_seed(0)
     m = spec.model
     model = RelationalTransformer(schema, ModelConfig(m.d_model, m.layers, m.heads, m.dropout)).eval()

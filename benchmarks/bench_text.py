@@ -28,14 +28,12 @@ import pyarrow.parquet as pq
 import torch
 
 from tasks.measure.clock import Clock
-from tasks.sources.files import resolve_sources
+from tasks.sources.open import open_sources
 from tasks.sources.tpch import ensure_tpch
 from tasks.spec import load_spec
-from tasks.stages.compute import Engine
-from tasks.stages.encode import encode, load_encoder
-from tasks.stages.preprocess import preprocess
-from tasks.stages.retrieve import list_root_keys, retrieve
-from tasks.stages.tensorize import fit, tensorize
+from tasks.stages.chain import Chain
+from tasks.stages.encode import load_encoder
+from tasks.stages.retrieve import list_root_keys
 
 ROOT = Path(__file__).resolve().parent
 
@@ -80,30 +78,21 @@ def main() -> None:
         spec = load_spec(
             ROOT / f"{name}.yaml", [f"source.generate.tpch.scale={args.scale}", f"run.device={args.device}"]
         )
-        sources = resolve_sources(spec, folder)
-        keys, _ = list_root_keys(spec, sources)
+        chain = Chain(spec, open_sources(spec, folder), torch.device(args.device), clock=clock)
+        keys, _ = list_root_keys(spec, chain.sources)
         state: dict = {}
 
-        def stages(state=state, spec=spec, sources=sources, keys=keys) -> dict[str, float]:
-            out = {}
+        def stages(chain=chain, keys=keys, state=state) -> dict[str, float]:
+            """The harness's chain, each step timed into ``out`` (compute: predict only)."""
+            out: dict[str, float] = {}
+
+            def record(stage: str, seconds: float, rows: int) -> None:
+                out[stage] = seconds
+
+            prepared = chain.prepare(keys, record)
+            state["cells"] = prepared.text_cells
             with clock.measure() as s:
-                r = retrieve(spec, sources, keys)
-            out["retrieve"] = s.seconds
-            with clock.measure() as s:
-                pre = preprocess(spec, r)
-            out["preprocess"] = s.seconds
-            with clock.measure() as s:
-                enc_out = encode(spec, pre)
-            out["encode"], state["cells"] = s.seconds, enc_out.cells
-            with clock.measure() as s:
-                if "enc" not in state:
-                    state["enc"], state["schema"] = fit(spec, enc_out.pre)
-                tz = tensorize(spec, enc_out.pre, state["enc"], state["schema"])
-            out["tensorize"] = s.seconds
-            if "engine" not in state:
-                state["engine"] = Engine(spec, state["schema"], torch.device(args.device), None, encoding=state["enc"])
-            with clock.measure() as s:
-                state["engine"].predict(tz, ("prediction",))
+                chain.engine.predict(prepared.tz, ("prediction",))
             out["compute"] = s.seconds
             return out
 

@@ -20,11 +20,11 @@ each times its own work with the shared clock, never with Prefect's records.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
-import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import torch
@@ -33,7 +33,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_run_artifact
-from model.arrow import Encoding
 from model.meta import inspect_on_meta
 from tasks.backends.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings, start_backend
@@ -48,7 +47,7 @@ from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
 from tasks.measure.peak import peak_flops
 from tasks.measure.profiling import to_markdown as profile_markdown
-from tasks.measure.records import PHASES, BackendSetup, RunResult, StageTiming, batch_coordinate_metrics
+from tasks.measure.records import PHASES, BackendSetup, RunResult, batch_coordinate_metrics
 from tasks.measure.reference import check_reference, drop_reasons, quality_delta, reference_quality
 from tasks.measure.stats import CI_METHOD
 from tasks.measure.utilisation import mfu_metrics
@@ -56,24 +55,25 @@ from tasks.measure.validity import verdict
 from tasks.runtime import interrupts, progress
 from tasks.runtime.hostlock import host_lock, lock_path
 from tasks.runtime.threads import apply_threads
+from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.latency import verdict as latency_verdict
+from tasks.scenarios.offline import predict_pass
 from tasks.scenarios.runner import run_requests
+from tasks.scenarios.workload import Workload
 from tasks.sources.databases import close_all as close_databases
-from tasks.sources.databases import kind_of, resolve_database
 from tasks.sources.files import SourceTable, check_sources, resolve_sources
-from tasks.sources.tpch import ensure_tpch
+from tasks.sources.open import data_home, open_database
 from tasks.spec import Spec, parse_spec
-from tasks.stages import calibrate as calibration
 from tasks.stages import compute as compute_stage
+from tasks.stages.chain import Chain, Weights
+from tasks.stages.compute import Engine
 from tasks.stages.encode import check_text
-from tasks.stages.encode import encode as encode_text
-from tasks.stages.preprocess import Preprocessed, preprocess
-from tasks.stages.retrieve import Retrieved, list_root_keys, retrieve
-from tasks.stages.tensorize import Tensorized, fit, tensorize
-from tasks.stages.write import PredictionWriter, to_table
+from tasks.stages.write import PredictionWriter
 from tasks.tracking.datasets import describe_sources, model_interface
 from tasks.tracking.run_note import run_description
 from tasks.tracking.store import Tracker, flatten
+
+_T = TypeVar("_T")
 
 # Stage tasks carry chunks of data: no cache key (hashing tables costs seconds), no result
 # persistence, and every argument is passed in ``quote()`` so Prefect does not walk it
@@ -81,83 +81,30 @@ from tasks.tracking.store import Tracker, flatten
 STAGE_TASK = dict(cache_policy=NO_CACHE, persist_result=False, retries=0)
 
 
-@task(name="retrieve", **STAGE_TASK)
-def retrieve_task(
-    spec: Spec, sources: dict[str, SourceTable], keys: np.ndarray, clock: Clock
-) -> tuple[Retrieved, float]:
+def _run_step(step: Callable[[], Any], clock: Clock) -> tuple[Any, float]:
     with clock.measure() as span:
-        out = retrieve(spec, sources, keys)
+        out = step()
     return out, span.seconds
 
 
-@task(name="preprocess", **STAGE_TASK)
-def preprocess_task(spec: Spec, retrieved: Retrieved, clock: Clock) -> tuple[Preprocessed, float]:
-    with clock.measure() as span:
-        out = preprocess(spec, retrieved)
-    return out, span.seconds
+# One Prefect task per chain step (retrieve, preprocess, encode, tensorize, compute,
+# calibrate, write): the chain (tasks/stages/chain.py) decides the order, Prefect records it.
+_STAGE_TASKS = {
+    name: task(name=name, **STAGE_TASK)(_run_step)
+    for name in ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
+}
 
 
-@task(name="encode", **STAGE_TASK)
-def encode_task(spec: Spec, pre: Preprocessed, clock: Clock) -> tuple[Preprocessed, int, float]:
-    with clock.measure() as span:
-        out = encode_text(spec, pre)
-    return out.pre, out.cells, span.seconds
-
-
-@task(name="tensorize", **STAGE_TASK)
-def tensorize_task(
-    spec: Spec, pre: Preprocessed, enc: Encoding | None, schema: Any, clock: Clock
-) -> tuple[Tensorized, Encoding, Any, float]:
-    with clock.measure() as span:
-        if enc is None:  # no checkpoint: fit on the first chunk's training rows
-            enc, schema = fit(spec, pre)
-        out = tensorize(spec, pre, enc, schema)
-    return out, enc, schema, span.seconds
-
-
-@task(name="compute", **STAGE_TASK)
-def compute_task(
-    engine: compute_stage.Engine, tz: Tensorized, phase: str, outputs: tuple[str, ...]
-) -> tuple[compute_stage.PredictOutputs | None, float]:
-    with engine.clock.measure() as span:
-        out = engine.train(tz) if phase == "train" else engine.predict(tz, outputs)
-    return out, span.seconds
-
-
-@task(name="calibrate", **STAGE_TASK)
-def calibrate_task(
-    outs: compute_stage.PredictOutputs,
-    temperature: float,
-    kind: str,
-    quality: calibration.CalibrationQuality,
-    clock: Clock,
-) -> tuple[compute_stage.PredictOutputs, float]:
-    if outs.label_mask is not None:  # quality bookkeeping, not part of serving: untimed
-        quality.add(outs.tensors["prediction"], outs.labels, outs.label_mask)
-    with clock.measure() as span:
-        out = calibration.calibrate_outputs(outs, temperature, kind)
-    return out, span.seconds
+def run_as_prefect_task(stage: str, step: Callable[[], _T], clock: Clock) -> tuple[_T, float]:
+    """The chain's ``StageRunner`` in the flow: each step a Prefect task, timed inside it."""
+    out, seconds = _STAGE_TASKS[stage](quote(step), quote(clock))
+    return cast(_T, out), seconds
 
 
 @task(name="requests", **STAGE_TASK)
-def requests_task(pipe: Pipeline, writer: PredictionWriter) -> Any:
+def requests_task(work: Workload, writer: PredictionWriter) -> LatencyRecord:
     """single_stream / server: timed requests (tasks/scenarios)."""
-    return run_requests(pipe, writer, pipe.calibration)
-
-
-@task(name="write", **STAGE_TASK)
-def write_task(
-    spec: Spec,
-    engine: compute_stage.Engine,
-    enc: Encoding,
-    tz: Tensorized,
-    outs: compute_stage.PredictOutputs,
-    writer: PredictionWriter,
-    clock: Clock,
-) -> float:
-    with clock.measure() as span:
-        writer.write(to_table(spec, engine.schema, enc, tz.keys, outs))
-    return span.seconds
+    return run_requests(work, writer)
 
 
 @dataclass
@@ -186,16 +133,14 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs
     check_backend_settings(spec)  # e.g. an execution provider this onnxruntime build lacks
     check_text(spec)  # a plug-in text encoder loads: settings first, the data scans after
-    generated = False
-    base = spec_dir
-    db = spec.source.database
-    if spec.source.generate is not None and (db is None or kind_of(db.url) == "duckdb"):
-        base, generated = ensure_tpch(spec.source.generate.tpch.scale)
-    if db is not None:  # tables in a database (tasks/sources/databases.py) instead of files
-        sources = resolve_database(spec, spec_dir, base if spec.source.generate else None)
+    # The same opening as every rank and script (tasks/sources/open.py), with the file checks.
+    home = data_home(spec, spec_dir)
+    sources: dict[str, SourceTable]
+    if spec.source.database is not None:  # tables in a database (tasks/sources/databases.py)
+        sources = cast(dict[str, SourceTable], open_database(spec, spec_dir, home))
     else:
-        check_table_folders(spec, base)  # "holds no data files", not "does not exist"
-        sources = resolve_sources(spec, base)
+        check_table_folders(spec, home.base)  # "holds no data files", not "does not exist"
+        sources = resolve_sources(spec, home.base)
         check_files(spec, sources)  # corrupt files and folders of mixed types, named
     check_sources(spec, sources)
     # keys, duplicates, non-finite values, target, memory; the run uses the reserved lengths
@@ -214,185 +159,13 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
         device,
         ckpt,
         wall_clock() - t0,
-        generated,
+        home.generated,
         spec_dir,
         data_metrics,
         notes + data_notes,
         backend,
         reference,
     )
-
-
-class Pipeline:
-    """Runs the chunked stages for one plan and accumulates into one ``RunResult``.
-
-    Every stage second is charged to the phase that spent it (train epochs or predict
-    passes); the root-key listing, once per run, is charged to predict's retrieve."""
-
-    def __init__(self, p: Plan, result: RunResult) -> None:
-        self.p, self.spec, self.result = p, p.spec, result
-        self.clock = Clock(p.device)
-        self.enc: Encoding | None = p.checkpoint["encoding"] if p.checkpoint else None
-        self.schema = p.checkpoint["schema"] if p.checkpoint else None
-        # Output calibration: fitted after training, else the checkpoint's (1.0 = none).
-        self.temperature: float = p.checkpoint.get("temperature", 1.0) if p.checkpoint else 1.0
-        self.calibration = calibration.CalibrationQuality(self.spec.task.kind, self.temperature)
-        self.engine: compute_stage.Engine | None = None
-        self.engine_setup_seconds = 0.0
-        self.chunks: list[np.ndarray] = []
-        self._cache: dict[int, Tensorized] = {}
-        self._counted: set[int] = set()
-        self.has_text = any(
-            k == "text"
-            for c in [self.spec.schema_.root.columns] + [b.columns for b, _ in self.spec.schema_.walk()]
-            for k in c.values()
-        )
-        if self.has_text:  # the application's text encoder: an extra timed step, before tensorize
-            for phase, st in result.stages.items():
-                result.stages[phase] = (
-                    {k: st[k] for k in ("retrieve", "preprocess")}
-                    | {"encode": StageTiming("encode", phase)}
-                    | {k: v for k, v in st.items() if k not in ("retrieve", "preprocess")}
-                )
-            self.text_cells = self.text_cells_per_pass = 0
-
-    def list_keys(self) -> None:
-        with self.clock.measure() as span:
-            keys, nbytes = list_root_keys(self.spec, self.p.sources)
-        self.result.stages["predict"]["retrieve"].add(span.seconds, 0)
-        self.result.bytes_read += nbytes
-        self.result.root_rows = len(keys)
-        n = self.spec.run.chunk_rows
-        self.chunks = [keys[i : i + n] for i in range(0, len(keys), n)]
-        self.result.chunks = len(self.chunks)
-
-    def prepare(self, i: int, phase: str, reuse: bool = False) -> Tensorized:
-        """retrieve -> preprocess -> tensorize for chunk ``i``, charged to ``phase``.
-
-        With ``reuse`` (training epochs) a single-chunk workload keeps its tensors instead of
-        re-reading each epoch; predict passes always run every stage, so each pass is a full,
-        comparable measurement of the serving path."""
-        if reuse and i in self._cache:
-            return self._cache[i]
-        spec, st, clock = self.spec, self.result.stages[phase], self.clock
-        progress.emit("stage", name="retrieve", chunk=i)
-        r, sec = retrieve_task(quote(spec), quote(self.p.sources), quote(self.chunks[i]), quote(clock))
-        st["retrieve"].add(sec, r.root_rows)
-        self.result.bytes_read += r.bytes_read
-        self.result.extra[K.DATA_ROWS_READ] = self.result.extra.get(K.DATA_ROWS_READ, 0.0) + sum(r.rows_read.values())
-        progress.emit("stage", name="preprocess", chunk=i)
-        pre, sec = preprocess_task(quote(spec), quote(r), quote(clock))
-        st["preprocess"].add(sec, pre.root_rows)
-        if self.has_text:
-            progress.emit("stage", name="encode", chunk=i)
-            pre, cells, sec = encode_task(quote(spec), quote(pre), quote(clock))
-            st["encode"].add(sec, pre.root_rows)
-            self.text_cells += cells  # every call, for encode.cells_per_s
-            if i not in self._counted:
-                self.text_cells_per_pass += cells
-        progress.emit("stage", name="tensorize", chunk=i)
-        tz, self.enc, self.schema, sec = tensorize_task(
-            quote(spec), quote(pre), quote(self.enc), quote(self.schema), quote(clock)
-        )
-        st["tensorize"].add(sec, tz.root_rows)
-        if i not in self._counted:  # data figures once per chunk, not once per epoch/repeat
-            self._counted.add(i)
-            self.result.coords_present += tz.coords_present
-            self.result.coords_reserved += tz.coords_reserved
-            for name, n in pre.overflow_dropped.items():
-                self.result.overflow_dropped[name] = self.result.overflow_dropped.get(name, 0) + n
-        self.ensure_engine()
-        if reuse and len(self.chunks) == 1:
-            self._cache[i] = tz
-        return tz
-
-    def ensure_engine(self) -> None:
-        """The engine, once the schema is known (from a checkpoint or bundle, or the first
-        chunk's fit)."""
-        if self.engine is None and self.schema is not None:
-            ck = self.p.checkpoint
-            start = wall_clock()
-            self.engine = compute_stage.Engine(
-                self.spec,
-                self.schema,
-                self.p.device,
-                ck["model"] if ck else None,
-                self.clock,
-                self.enc,
-                optimizer_state=ck.get("optimizer") if ck else None,
-            )
-            # model set-up, not orchestration: kept out of harness.orchestration_seconds
-            self.engine_setup_seconds = wall_clock() - start
-
-    def prepare_untimed(self, i: int) -> Tensorized:
-        """retrieve -> (encode) -> tensorize for chunk ``i`` outside the stage timings (the
-        reference pass); the same stage functions, without Prefect tasks or stage seconds."""
-        assert self.enc is not None
-        pre = preprocess(self.spec, retrieve(self.spec, self.p.sources, self.chunks[i]))
-        if self.has_text:
-            pre = encode_text(self.spec, pre).pre
-        return tensorize(self.spec, pre, self.enc, self.schema)
-
-    def train(self) -> None:
-        st = self.result.stages["train"]
-        for epoch in range(self.spec.run.epochs):
-            before = self.engine.train_timings.updates if self.engine else 0
-            for i in range(len(self.chunks)):
-                tz = self.prepare(i, "train", reuse=True)
-                progress.emit("stage", name="compute", chunk=i, phase="train", epoch=epoch)
-                _, sec = compute_task(quote(self.engine), quote(tz), "train", ())
-                st["compute"].add(sec, int(tz.is_train.sum()))
-            if epoch == 0:
-                self.result.updates_per_epoch = self.engine.train_timings.updates - before
-            self.result.train_epochs += 1
-
-    def fit_calibration(self) -> None:
-        """Temperature scaling on the validation split, after training (not a stage)."""
-        with self.clock.measure() as span:
-            self.temperature, rows = calibration.fit_on_validation(self)
-        self.calibration.temperature = self.temperature
-        if self.engine is not None:
-            self.engine.temperature = self.temperature  # saved with the checkpoint
-        self.result.extra.update({"calibration.fit_seconds": span.seconds, "calibration.fit_rows": float(rows)})
-
-    def predict(self, writer: PredictionWriter, repeat: int) -> None:
-        """One full predict pass (retrieve..write); per-pass figures feed the repeat stats."""
-        st = self.result.stages["predict"]
-        pass_start = self.result.e2e_seconds("predict")
-        pt = self.engine.predict_timings if self.engine else None
-        steady_before = len(pt.steady_seconds) if pt else 0
-        if self.engine is not None:  # (a new engine starts with empty quality)
-            self.engine.begin_predict_pass()
-        rows = 0
-        for i in range(len(self.chunks)):
-            tz = self.prepare(i, "predict")
-            progress.emit("stage", name="compute", chunk=i, phase="predict", repeat=repeat)
-            outs, sec = compute_task(quote(self.engine), quote(tz), "predict", tuple(self.spec.task.outputs))
-            st["compute"].add(sec, tz.root_rows)
-            outs, sec = calibrate_task(outs, self.temperature, self.spec.task.kind, self.calibration, self.clock)
-            st["calibrate"].add(sec, tz.root_rows)
-            progress.emit("stage", name="write", chunk=i)
-            st["write"].add(
-                write_task(
-                    quote(self.spec),
-                    quote(self.engine),
-                    quote(self.enc),
-                    quote(tz),
-                    quote(outs),
-                    quote(writer),
-                    quote(self.clock),
-                ),
-                tz.root_rows,
-            )
-            rows += tz.root_rows
-        self.result.rows_predicted += rows
-        self.result.predict_passes += 1
-        pt = self.engine.predict_timings
-        secs = sum(pt.steady_seconds[steady_before:])
-        if secs > 0:
-            self.result.repeat_steady_rows_per_s.append(sum(pt.steady_rows[steady_before:]) / secs)
-        pass_seconds = self.result.e2e_seconds("predict") - pass_start
-        self.result.repeat_predict_rows_per_s.append(rows / max(pass_seconds, 1e-12))
 
 
 @dataclass
@@ -410,10 +183,10 @@ class Run:
     flow_start: float
     launch_seconds: float  # from the CLI's launch to the flow's start (Prefect start-up)
     mlflow_seconds: float
-    pipe: Pipeline | None = None
+    work: Workload | None = None
     region: dict[str, float] | None = None
     ckpt_path: Path | None = None
-    latency: Any = None  # LatencyRecord of a single_stream / server run
+    latency: LatencyRecord | None = None  # a single_stream / server run's
     backend_setup: BackendSetup = field(default_factory=BackendSetup)
     backend_tags: dict[str, str] = field(default_factory=dict)
     reference_quality: dict[str, float] | None = None
@@ -478,19 +251,19 @@ def timed_body(run: Run) -> None:
         other = OtherCpu().start()
         body_start = wall_clock()
         region_start_unix = unix_time()
-        run.pipe = pipe = Pipeline(run.plan, run.result)
-        pipe.list_keys()
+        run.work = work = Workload(chain_for(run.plan), run.result)
+        work.list_keys()
         if s.run.mode == "train+predict":
             if s.run.distributed:  # DDP ranks under torchrun (tasks/distributed/launch.py)
-                distributed.train(pipe, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
+                distributed.train(work, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
             else:
-                pipe.train()
-            pipe.fit_calibration()
+                work.train()
+            work.fit_calibration()
         setup_seconds = serving_backend(run)  # outside every stage (not in e2e)
         run.latency = None
         if s.run.scenario != "offline":  # single_stream / server (tasks/scenarios)
             progress.emit("phase", name=f"{s.run.scenario} requests")
-            run.latency = requests_task(pipe, run.writer)
+            run.latency = requests_task(work, run.writer)
         for repeat in range(s.run.repeats if run.latency is None else 0):
             # Every pass really writes; only the last file is kept.
             w = (
@@ -499,7 +272,7 @@ def timed_body(run: Run) -> None:
                 else PredictionWriter(run.output.with_name(f"{run.output.stem}.repeat{repeat}.parquet"))
             )
             try:
-                pipe.predict(w, repeat)
+                predict_pass(work, w, repeat)
             finally:
                 if w is not run.writer:
                     w.abort()
@@ -510,7 +283,7 @@ def timed_body(run: Run) -> None:
         if run.plan.reference is not None:  # still under the host lock, after the region
             progress.emit("phase", name="reference quality (not timed)")
             run.reference_quality = reference_quality(
-                s, run.plan.reference, pipe.chunks, pipe.prepare_untimed, run.plan.device
+                s, run.plan.reference, len(work.chunks), work.prepare_untimed, run.plan.device
             )
     run.region = {
         "waited": waited,
@@ -524,26 +297,46 @@ def timed_body(run: Run) -> None:
     }
 
 
+def chain_for(p: Plan) -> Chain:
+    """The plan's stage chain: its sources, device and starting weights, each step a Prefect task."""
+    ck = p.checkpoint
+    return Chain(
+        p.spec,
+        p.sources,
+        p.device,
+        encoding=ck["encoding"] if ck else None,
+        schema=ck["schema"] if ck else None,
+        weights=Weights.of(ck),
+        run_stage=run_as_prefect_task,
+    )
+
+
+def _engine(run: Run) -> Engine:
+    assert run.work is not None and run.work.chain.engine is not None  # after the timed body
+    return run.work.chain.engine
+
+
 def serving_backend(run: Run) -> float:
     """Between training and the first predict pass: the backend the run serves with
     (tasks/backends). ONNX Runtime after training exports the run's own checkpoint, saved
     here first. Returns the seconds it took (export, session, checkpoint), kept out of e2e and
     of the orchestration figure."""
-    s, pipe = run.spec, run.pipe
-    assert pipe is not None
-    pipe.ensure_engine()  # its own figure, harness.engine_setup_seconds
+    s, work = run.spec, run.work
+    assert work is not None
+    chain = work.chain
+    engine = chain.ensure_engine()  # its own figure, harness.engine_setup_seconds
     start = wall_clock()
-    if pipe.engine is None:  # predict with untrained weights: schema known after the first fit
+    if engine is None:  # predict with untrained weights: schema known after the first fit
         return 0.0
     served = Path(s.run.checkpoint) if s.run.checkpoint else None
     if s.run.mode == "train+predict" and s.run.backend == "onnxruntime":
-        assert pipe.enc is not None
+        assert chain.encoding is not None
         run.ckpt_path = served = run.output.with_suffix(".ckpt")  # ONNX Runtime serves the trained weights
         served.parent.mkdir(parents=True, exist_ok=True)  # the writer creates it only when committing
-        save_run_checkpoint(served, pipe.engine, pipe.enc, s)
+        save_run_checkpoint(served, engine, chain.encoding, s)
     load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
     progress.emit("phase", name=f"starting the {s.run.backend} backend")
-    run.backend_setup, run.backend_tags = start_backend(s, pipe.engine, run.plan.backend, served, load, pipe.clock)
+    run.backend_setup, run.backend_tags = start_backend(s, engine, run.plan.backend, served, load, chain.clock)
     return wall_clock() - start
 
 
@@ -551,13 +344,15 @@ def collect(run: Run) -> dict[str, float]:
     """Step 3: engine and harness figures into the result, predictions committed, checkpoint
     saved; returns the metrics."""
     s, p, result, region = run.spec, run.plan, run.result, run.region
-    engine, enc = run.pipe.engine, run.pipe.enc
+    assert run.work is not None and run.work.chain.engine is not None and run.work.chain.encoding is not None
+    work, chain = run.work, run.work.chain
+    engine, enc = chain.engine, chain.encoding
     result.extra[K.COMPILED_FRAMES] = float(compute_stage.compiled_frames() - engine.frames_at_start)
     result.extra.update(batch_coordinate_metrics(engine.batch_coords, s.run.repeats, len(engine.batch_shapes)))
-    if run.pipe.has_text:
+    if chain.has_text:
         enc_s = sum(st["encode"].seconds for st in result.stages.values())
-        result.extra[K.DATA_TEXT_CELLS] = float(run.pipe.text_cells_per_pass)
-        result.extra[K.ENCODE_CELLS_PER_S] = run.pipe.text_cells / enc_s if enc_s > 0 else 0.0
+        result.extra[K.DATA_TEXT_CELLS] = float(work.text_cells_per_pass)
+        result.extra[K.ENCODE_CELLS_PER_S] = work.text_cells / enc_s if enc_s > 0 else 0.0
     for phase in PHASES:
         result.recompiles[phase] = engine.recompiles(phase)
         result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
@@ -580,8 +375,8 @@ def collect(run: Run) -> dict[str, float]:
     result.compute_seconds = engine.wall_seconds
     result.worker_startup_seconds = engine.worker_startup_seconds
     result.quality = engine.quality.metrics()
-    result.quality.update(run.pipe.calibration.metrics())
-    result.extra["calibration.temperature"] = run.pipe.temperature
+    result.quality.update(chain.calibration.metrics())
+    result.extra["calibration.temperature"] = chain.temperature
     if run.reference_quality is not None:
         result.extra.update(quality_delta(engine.quality.headline, result.quality, run.reference_quality))
     if run.latency is not None:
@@ -594,11 +389,11 @@ def collect(run: Run) -> dict[str, float]:
             K.HARNESS_ORCHESTRATION_SECONDS: max(
                 region["body_seconds"]
                 - region["setup_seconds"]
-                - run.pipe.engine_setup_seconds
+                - chain.engine_setup_seconds
                 - result.timed_stage_seconds,
                 0.0,
             ),
-            K.HARNESS_ENGINE_SETUP_SECONDS: run.pipe.engine_setup_seconds,
+            K.HARNESS_ENGINE_SETUP_SECONDS: chain.engine_setup_seconds,
             K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
             # When this run held the host: lets anyone check that timed regions never overlap.
             K.HARNESS_REGION_START: region["start_unix"],
@@ -639,7 +434,7 @@ def collect(run: Run) -> dict[str, float]:
 
 def judge(run: Run, metrics: dict[str, float]) -> list[str]:
     """Step 4: the validity verdict (empty: VALID)."""
-    reasons = verdict(run.spec, metrics, run.pipe.engine.quality.headline)
+    reasons = verdict(run.spec, metrics, _engine(run).quality.headline)
     if run.latency is not None:
         reasons += latency_verdict(run.spec.run.scenario, run.spec.run.request, metrics)
     if not run.quality_meaningful and run.spec.task.min_quality is not None:
@@ -652,7 +447,7 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
 def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:
     """Step 5: metrics, system metrics, tags and artifacts to MLflow; the run FINISHED.
     Returns the flow's summary."""
-    engine, tracker = run.pipe.engine, run.tracker
+    engine, tracker = _engine(run), run.tracker
     tracker.log_metrics(metrics)
     metrics.update(engine.flush_throughput(tracker))  # the callback logs its own estimate
     if run.latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
@@ -724,8 +519,8 @@ def benchmark(
         summary = log_run(run, metrics, judge(run, metrics))
     except BaseException as err:
         run.memory.stop()
-        if run.pipe is not None and run.pipe.engine is not None:
-            run.pipe.engine.close()
+        if run.work is not None and run.work.chain.engine is not None:
+            run.work.chain.engine.close()
         run.writer.abort()
         _remove_outputs(run.output)  # a committed prediction file or checkpoint included
         run.tracker.fail(err)

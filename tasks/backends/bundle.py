@@ -95,7 +95,7 @@ def export_bundle(
         raise UserError(f"checkpoint '{checkpoint}' cannot be loaded: {err}") from None
     from tasks.backends.checkpoint import check_matches_spec
 
-    check_matches_spec(ckpt.model, spec, f"checkpoint '{checkpoint}'")
+    check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"checkpoint '{checkpoint}'")
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-export-", dir=out_dir))
     try:

@@ -19,11 +19,13 @@ import psutil
 
 from model.arrow import Encoding, NodeLayout
 from model.checkpoint import load_checkpoint, save_checkpoint
+from model.config import ModelConfig
 from model.schema import ModelSchema, NodeDef
 from tasks.measure.clock import Clock
 from tasks.measure.records import CheckpointLoad
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
+from tasks.stages.compute import Engine
 from tasks.stages.tensorize import layout
 
 
@@ -31,7 +33,7 @@ def _shape(node: NodeDef) -> list[Any]:
     return [node.name, [c.name for c in node.columns], node.max_length, node.reduce, [_shape(c) for c in node.children]]
 
 
-def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> None:
+def save_run_checkpoint(path: Path, engine: Engine, enc: Encoding, spec: Spec) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         save_checkpoint(
@@ -42,7 +44,7 @@ def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> N
             extra={
                 "encoding": enc.to_dict(),
                 "spec_hash": spec.spec_hash,
-                "temperature": float(getattr(engine, "temperature", 1.0)),
+                "temperature": float(engine.temperature),
             },
         )
         os.replace(tmp, path)
@@ -50,9 +52,8 @@ def save_run_checkpoint(path: Path, engine: Any, enc: Encoding, spec: Spec) -> N
         tmp.unlink(missing_ok=True)
 
 
-def check_matches_spec(model: Any, spec: Spec, what: str) -> None:
+def check_matches_spec(schema: ModelSchema, config: ModelConfig, spec: Spec, what: str) -> None:
     """Refuse a model whose schema or size differs from the spec's, naming the difference."""
-    schema: ModelSchema = model.schema
     lay = layout(spec)
 
     def spec_shape(n: NodeLayout) -> list[Any]:
@@ -67,7 +68,7 @@ def check_matches_spec(model: Any, spec: Spec, what: str) -> None:
             f"spec {want}. Use the spec that trained it, or train a new checkpoint."
         )
     size = {k: getattr(spec.model, k) for k in ("d_model", "layers", "heads")}
-    saved = {k: asdict(model.config)[k] for k in size}
+    saved = {k: asdict(config)[k] for k in size}
     if size != saved:
         raise UserError(
             f"{what} has model size {saved} but the spec asks for {size}; set model.* to match the checkpoint."
@@ -89,7 +90,7 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same user problem
         raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
     rss = psutil.Process().memory_info().rss
-    check_matches_spec(ckpt.model, spec, f"run.checkpoint '{path}'")
+    check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"run.checkpoint '{path}'")
     state = ckpt.model.state_dict()
     out = {
         "model": state,

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from model.arrow import Encoding
 from model.checkpoint import file_sha256
 from model.config import ModelConfig
 from model.quantize import fp8_native_supported
+from tasks.backends import Backend
 from tasks.backends.bundle import Bundle, export_bundle, read_bundle
+from tasks.backends.pytorch import PyTorchBackend
 from tasks.measure.clock import Clock
 from tasks.measure.records import BackendSetup, CheckpointLoad
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
+from tasks.stages.compute import Engine
 
 
 @dataclass
@@ -31,8 +33,6 @@ class BackendPlan:
 
 
 def needed_outputs(spec: Spec) -> tuple[str, ...]:
-    from tasks.stages.compute import Engine
-
     return Engine.needed_outputs(tuple(spec.task.outputs))
 
 
@@ -64,9 +64,7 @@ def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[Backen
         return BackendPlan(), checkpoint
     bundle = read_bundle(Path(r.onnxruntime.model))
     where = f"run.onnxruntime.model '{bundle.path}'"
-    check_matches_spec(
-        SimpleNamespace(schema=bundle.schema, config=ModelConfig(**bundle.config["model_config"])), spec, where
-    )
+    check_matches_spec(bundle.schema, ModelConfig(**bundle.config["model_config"]), spec, where)
     missing = [o for o in needed_outputs(spec) if o not in bundle.outputs]
     if missing:
         raise UserError(
@@ -91,11 +89,28 @@ def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[Backen
 
 
 def start_backend(
-    spec: Spec, engine: Any, plan: BackendPlan, checkpoint_path: Path | None, load: CheckpointLoad | None, clock: Clock
+    spec: Spec,
+    engine: Engine,
+    plan: BackendPlan,
+    checkpoint_path: Path | None,
+    load: CheckpointLoad | None,
+    clock: Clock,
 ) -> tuple[BackendSetup, dict[str, str]]:
-    """Swap the engine's backend for the run's choice; returns its set-up costs and tags."""
-    from tasks.backends.pytorch import PyTorchBackend
+    """The backend the run's predict passes serve through, handed to the engine; returns its
+    set-up costs and tags."""
+    backend, setup = _start(spec, engine, plan, checkpoint_path, load, clock)
+    engine.serve_with(backend)
+    return setup, backend.tags()
 
+
+def _start(
+    spec: Spec,
+    engine: Engine,
+    plan: BackendPlan,
+    checkpoint_path: Path | None,
+    load: CheckpointLoad | None,
+    clock: Clock,
+) -> tuple[Backend, BackendSetup]:
     setup = BackendSetup()
     r = spec.run
     if r.backend == "pytorch":
@@ -108,8 +123,7 @@ def start_backend(
                 use_native_fp8(engine.model, load.quantized)
             setup.load_seconds = span.seconds
             native = True
-        engine.backend = PyTorchBackend(engine.model, engine.forward, engine._autocast, fmt, native)
-        return setup, engine.backend.tags()
+        return PyTorchBackend(engine.model, engine.forward, engine.autocast, fmt, native), setup
     from tasks.backends.onnxruntime import OnnxRuntimeBackend, dynamic_int8
 
     bundle = plan.bundle
@@ -125,7 +139,7 @@ def start_backend(
     if r.onnxruntime.quantization == "dynamic_int8":
         model_file, setup.quantize_seconds = dynamic_int8(bundle, clock)
     with clock.measure() as span:
-        engine.backend = OnnxRuntimeBackend(bundle, model_file, r.onnxruntime)
+        backend = OnnxRuntimeBackend(bundle, model_file, r.onnxruntime)
     setup.load_seconds = span.seconds
     setup.model_bytes = model_file.stat().st_size
-    return setup, engine.backend.tags()
+    return backend, setup

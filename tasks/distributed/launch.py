@@ -43,6 +43,7 @@ import torch
 from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings
 from tasks.runtime.errors import UserError
+from tasks.scenarios.workload import Workload
 from tasks.spec import Spec
 
 HASH_SEED = 20_240_611  # fixed: the same key lands on the same rank in every run
@@ -105,6 +106,7 @@ class RankReport:
     allreduce_seconds: float = 0.0
     allreduce_calls: int = 0
     encoder_paths: list[str] = field(default_factory=list)
+    rows_read: int = 0  # source rows this rank read (root and branches), every epoch
 
     @property
     def timings(self) -> PhaseTimings:
@@ -121,6 +123,7 @@ def metrics(reports: list[RankReport], threads: int, reference_rows_per_s: float
     """The distributed figures of one training job (the keys in the module docstring)."""
     n = len(reports)
     out = {K.ddp_rank_rows_per_s(r.rank): r.steady_rows_per_s for r in reports}
+    out.update({K.ddp_rank_rows_read(r.rank): float(r.rows_read) for r in reports})
     total = sum(r.steady_rows_per_s for r in reports)
     r0 = reports[0]
     step_seconds = (
@@ -176,40 +179,41 @@ def launch(job: dict[str, Any], processes: int, threads: int, workdir: Path) -> 
     return [RankReport(**r) for r in json.loads(out.read_text())]
 
 
-def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri: str) -> dict[str, float]:
-    """The train phase of ``pipe`` (a ``flows.benchmark.Pipeline``) with DDP; fills its engine."""
-    spec: Spec = pipe.spec
+def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking_uri: str) -> dict[str, float]:
+    """The train phase of ``work`` with DDP; fills its engine."""
+    spec = work.spec
     d = spec.run.distributed
     assert d is not None  # the flow calls this only with run.distributed set
-    pipe.prepare(0, "train", reuse=True)  # fits the encoding (and builds the engine) as a 1-process run does
+    work.prepare(0, "train")  # fits the encoding (and builds the engine) as a 1-process run does
+    engine, enc = work.chain.engine, work.chain.encoding
+    assert engine is not None and enc is not None  # set by the first chunk
     with tempfile.TemporaryDirectory(prefix="relflow-ddp-") as tmp:
-        work = Path(tmp)
+        work_dir = Path(tmp)
         job = {
             "spec": spec.to_dict(),
             "spec_dir": str(spec_dir),
-            "encoding": pipe.enc.to_dict(),
+            "encoding": enc.to_dict(),
             "backend": d.backend,
             "threads": d.threads_per_process,
             "run_id": run_id,
             "experiment": experiment,
             "tracking_uri": tracking_uri,
-            "weights": str(work / "weights.pt"),
+            "weights": str(work_dir / "weights.pt"),
         }
         reference = None
         if d.reference and d.processes > 1:
-            ref = launch({**job, "role": "reference", "weights": None}, 1, d.threads_per_process, work)
+            ref = launch({**job, "role": "reference", "weights": None}, 1, d.threads_per_process, work_dir)
             reference = ref[0].steady_rows_per_s
         reports = launch(
-            {**job, "role": "train", "reference_rows_per_s": reference}, d.processes, d.threads_per_process, work
+            {**job, "role": "train", "reference_rows_per_s": reference}, d.processes, d.threads_per_process, work_dir
         )
-        state = torch.load(work / "weights.pt", map_location=pipe.p.device, weights_only=True)
-    engine = pipe.engine
+        state = torch.load(work_dir / "weights.pt", map_location=engine.device, weights_only=True)
     engine.model.load_state_dict(state)
     r0 = reports[0]
     engine.train_timings = r0.timings  # compute.train.* of a distributed run: rank 0's steps
     engine.train_timings.updates = r0.timings.updates
     engine.paths_seen.update(r0.encoder_paths)
-    result = pipe.result
+    result = work.result
     for stage, timing in result.stages["train"].items():  # (encode too, with text columns)
         # Ranks work in parallel: the stage took the slowest rank's time over every rank's rows.
         timing.add(
@@ -217,4 +221,5 @@ def train(pipe: Any, spec_dir: Path, run_id: str, experiment: str, tracking_uri:
         )
     result.updates_per_epoch = r0.updates_per_epoch
     result.train_epochs += spec.run.epochs
+    result.extra[K.DATA_ROWS_READ] = result.extra.get(K.DATA_ROWS_READ, 0.0) + sum(r.rows_read for r in reports)
     return metrics(reports, d.threads_per_process, reference)

@@ -27,31 +27,11 @@ from torch.nn.parallel import DistributedDataParallel
 from model.arrow import Encoding, model_schema
 from tasks.distributed.launch import RankReport, metrics, shard
 from tasks.measure.clock import Clock, wall_clock
-from tasks.measure.keys import PHASE_STAGES
-from tasks.sources.files import resolve_sources
-from tasks.sources.tpch import ensure_tpch
+from tasks.sources.open import open_sources
 from tasks.spec import parse_spec
-from tasks.stages.encode import encode as encode_text
-from tasks.stages.encode import text_columns
-from tasks.stages.preprocess import preprocess
-from tasks.stages.retrieve import list_root_keys, retrieve
-from tasks.stages.tensorize import layout, target, tensorize
-
-
-class _DDP(DistributedDataParallel):
-    """DDP that still offers the model's training helpers to ``Engine.train``."""
-
-    def loss(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        loss: torch.Tensor = self.module.loss(*args, **kwargs)
-        return loss
-
-    def configure_optimizer(self) -> torch.optim.Optimizer:
-        opt: torch.optim.Optimizer = self.module.configure_optimizer()
-        return opt
-
-    @property
-    def last_encoder_path(self) -> str:
-        return getattr(self.module, "last_encoder_path", "unknown")
+from tasks.stages.chain import Chain
+from tasks.stages.retrieve import list_root_keys
+from tasks.stages.tensorize import Tensorized, layout, target
 
 
 class _AllReduceTimer:
@@ -78,8 +58,6 @@ def _timed_allreduce(
 
 def main(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
-    from tasks.stages.compute import Engine
-
     threads = int(job["threads"])
     torch.set_num_threads(threads)
     backend = job["backend"]
@@ -94,61 +72,53 @@ def main(job_path: str) -> None:
         rank_spec = spec.model_copy(
             update={"run": spec.run.model_copy(update={"batch_size": per_rank, "distributed": None})}
         )
-        # The flow already checked the spec and made the data available: resolve the same sources.
-        base = Path(job["spec_dir"])
-        if spec.source.generate is not None:
-            base, _ = ensure_tpch(spec.source.generate.tpch.scale)
-        sources = resolve_sources(spec, base)
+        # The flow already checked the spec and made the data available: open the same sources
+        # (the database when source.database is set) and run the same chain.
         device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
         enc = Encoding.from_dict(job["encoding"])
-        schema = model_schema(layout(spec), target(spec), enc)
         clock = Clock(device)
-        keys, _ = list_root_keys(spec, sources)
+        chain = Chain(
+            rank_spec,
+            open_sources(spec, Path(job["spec_dir"])),
+            device,
+            clock=clock,
+            encoding=enc,
+            schema=model_schema(layout(spec), target(spec), enc),
+        )
+        keys, _ = list_root_keys(spec, chain.sources)
         mine = shard(keys, rank, world)
         n = spec.run.chunk_rows
         chunks = [mine[i : i + n] for i in range(0, len(mine), n)]
-        has_text = bool(text_columns(spec))  # the application's encode step, as in the flow
-        seconds = {s: 0.0 for s in (*PHASE_STAGES["train"], *(["encode"] if has_text else []))}
+        seconds = {s: 0.0 for s in (*chain.prepare_stages, "compute")}
         rows = {s: 0 for s in seconds}
-        engine = Engine(rank_spec, schema, device, None, clock, enc)
+        rows_read = 0
+
+        def add(stage: str, sec: float, n_rows: int) -> None:
+            seconds[stage] += sec
+            rows[stage] += n_rows
+
+        engine = chain.ensure_engine()
+        assert engine is not None  # the schema came with the job
         # Heads for outputs a train step does not request get no gradient: let DDP find them.
-        ddp = _DDP(engine.model, device_ids=[local] if backend == "nccl" else None, find_unused_parameters=True)
+        ddp = DistributedDataParallel(
+            engine.model, device_ids=[local] if backend == "nccl" else None, find_unused_parameters=True
+        )
         timer = _AllReduceTimer(dist.group.WORLD)
         ddp.register_comm_hook(timer, _timed_allreduce)
-        engine.model = ddp  # type: ignore[assignment]  # the loop needs only forward/loss/optimizer
-        # The train step calls engine.forward, bound to the bare model when the Engine was built:
-        # without this the ranks trained apart (no all-reduce at all; the 2-process test saw 0 s).
-        engine.forward = ddp
-        cache: dict[int, Any] = {}
+        # The train step runs the wrapped model (all-reduce in backward); without this the
+        # ranks trained apart (the 2-process test saw 0 s of all-reduce).
+        engine.train_through(ddp)
+        cache: dict[int, Tensorized] = {}
         updates_per_epoch = 0
         with ddp.join():
             for epoch in range(spec.run.epochs):
                 before = engine.train_timings.updates
                 for i, chunk in enumerate(chunks):
                     if i not in cache or len(chunks) > 1:  # one chunk stays in memory across epochs
-                        with clock.measure() as span:
-                            r = retrieve(spec, sources, chunk)
-                        seconds["retrieve"] += span.seconds
-                        rows["retrieve"] += r.root_rows
-                        with clock.measure() as span:
-                            pre = preprocess(spec, r)
-                        seconds["preprocess"] += span.seconds
-                        rows["preprocess"] += pre.root_rows
-                        if has_text:
-                            with clock.measure() as span:
-                                pre = encode_text(spec, pre).pre
-                            seconds["encode"] += span.seconds
-                            rows["encode"] += pre.root_rows
-                        with clock.measure() as span:
-                            tz = tensorize(rank_spec, pre, enc, schema)
-                        seconds["tensorize"] += span.seconds
-                        rows["tensorize"] += tz.root_rows
-                        cache = {i: tz}
-                    tz = cache[i]
-                    with clock.measure() as span:
-                        engine.train(tz)
-                    seconds["compute"] += span.seconds
-                    rows["compute"] += int(tz.is_train.sum())
+                        prepared = chain.prepare(chunk, add)
+                        rows_read += prepared.rows_read
+                        cache = {i: prepared.tz}
+                    chain.train(cache[i], add)
                 if epoch == 0:
                     updates_per_epoch = engine.train_timings.updates - before
         report = RankReport(
@@ -161,6 +131,7 @@ def main(job_path: str) -> None:
             timer.seconds,
             timer.calls,
             sorted(engine.paths_seen),
+            rows_read,
         )
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, asdict(report))

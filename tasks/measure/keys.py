@@ -171,6 +171,10 @@ def ddp_rank_rows_per_s(rank: int) -> str:
     return f"compute.train.rank{rank}.rows_per_s"
 
 
+def ddp_rank_rows_read(rank: int) -> str:
+    return f"data.train.rank{rank}.rows_read"
+
+
 DDP_TOTAL_ROWS_PER_S = "compute.train.total_rows_per_s"
 DDP_ALLREDUCE_SECONDS = "compute.train.allreduce_seconds"
 DDP_ALLREDUCE_FRACTION = "compute.train.allreduce_fraction"
@@ -248,6 +252,11 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "compute.train.rank<r>.rows_per_s",
         "run.distributed: steady trained rows/s of rank <r> (its per-rank batches of run.batch_size / processes)",
+    ),
+    (
+        "data.train.rank<r>.rows_read",
+        "run.distributed: source rows (root and branches, every epoch) rank <r> read from the run's "
+        "source (files or source.database, as the flow reads them)",
     ),
     (DDP_TOTAL_ROWS_PER_S, "run.distributed: sum of the ranks' steady trained rows/s"),
     (

@@ -13,13 +13,18 @@ drop (the delta in the worse direction) exceeds it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from tasks.backends.checkpoint import load_run_checkpoint
 from tasks.measure import keys as K
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec, parse_spec
+from tasks.stages.compute import Engine
+from tasks.stages.tensorize import Tensorized
 
 
 def check_reference(spec: Spec, encoding: Any) -> dict[str, Any] | None:
@@ -56,16 +61,14 @@ def reference_spec(spec: Spec) -> Spec:
 
 
 def reference_quality(
-    spec: Spec, ref: dict[str, Any], chunks: list[Any], prepare: Any, device: Any
+    spec: Spec, ref: dict[str, Any], chunks: int, prepare: Callable[[int], Tensorized], device: torch.device
 ) -> dict[str, float]:
-    """Held-out quality of the reference weights over ``chunks`` (``prepare(i)`` -> Tensorized,
-    untimed)."""
-    from tasks.stages.compute import Engine
-
+    """Held-out quality of the reference weights over ``chunks`` chunks (``prepare(i)``: the
+    workload's chain, untimed)."""
     rspec = reference_spec(spec)
     engine = Engine(rspec, ref["schema"], device, ref["model"], encoding=ref["encoding"])
     try:
-        for i in range(len(chunks)):
+        for i in range(chunks):
             engine.predict(prepare(i), ("prediction",))
     finally:
         engine.close()

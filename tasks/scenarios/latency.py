@@ -34,10 +34,13 @@ class LatencyRecord:
     roots: int = 1
 
     def add(self, latency: float, queue: float, steps: dict[str, float]) -> None:
+        """One steady request; a step outside ``STEPS`` (``encode`` with text columns) gets
+        its own bucket, so no step's seconds fall into ``other``."""
+        before = len(self.latency_s)
         self.latency_s.append(latency)
         self.queue_s.append(queue)
-        for s in STEPS:
-            self.steps_s[s].append(steps.get(s, 0.0))
+        for s in dict.fromkeys((*STEPS, *steps)):
+            self.steps_s.setdefault(s, [0.0] * before).append(steps.get(s, 0.0))
 
     @property
     def requests(self) -> int:
@@ -71,8 +74,8 @@ class LatencyRecord:
         m["latency.request_ms.mean"] = float(lat.mean() * 1e3)
         total = float(lat.sum()) or 1.0
         accounted = 0.0
-        for s in STEPS:
-            step_s = np.asarray(self.steps_s[s])
+        for s, seconds in self.steps_s.items():
+            step_s = np.asarray(seconds)
             m[f"latency.step_ms.{s}.mean"] = float(step_s.mean() * 1e3) if len(step_s) else 0.0
             m[f"latency.step_share.{s}"] = float(step_s.sum()) / total
             accounted += float(step_s.sum())

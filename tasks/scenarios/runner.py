@@ -1,9 +1,9 @@
-"""Run the spec's request scenario over a prepared pipeline (keys listed, model trained)."""
+"""Run the spec's request scenario over a prepared workload (keys listed, model trained)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import count
-from typing import Any
 
 import numpy as np
 
@@ -12,15 +12,14 @@ from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.request import RequestPath
 from tasks.scenarios.schedule import poisson_arrivals, request_keys, validation_keys
-from tasks.stages import calibrate
+from tasks.scenarios.workload import Workload
+from tasks.stages.write import PredictionWriter
 
 
-def run_requests(
-    pipe: Any, writer: Any, quality: calibrate.CalibrationQuality, max_requests: int | None = None
-) -> LatencyRecord:
-    spec = pipe.spec
+def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | None = None) -> LatencyRecord:
+    spec, clock = work.spec, work.chain.clock
     req, seed = spec.run.request, spec.run.seed
-    keys = np.concatenate(pipe.chunks) if pipe.chunks else np.empty(0)
+    keys = np.concatenate(work.chunks) if work.chunks else np.empty(0)
     pool = validation_keys(keys, spec.task.validation_fraction)
     if len(pool) < req.roots:
         raise UserError(
@@ -28,17 +27,17 @@ def run_requests(
             "root keys to draw requests from; lower run.request.roots or raise "
             "task.validation_fraction."
         )
-    serve = RequestPath(pipe, writer, quality)
+    serve = RequestPath(work, writer)
     if spec.run.scenario == "single_stream":
 
-        def stream() -> Any:
+        def stream() -> Iterator[np.ndarray]:
             for block in count():  # deterministic: a fresh seeded draw per 1024 requests
                 yield from request_keys(pool, 1024, req.roots, seed + 7919 * block)
 
         return single_stream.run(
             serve,
             stream(),
-            pipe.clock,
+            clock,
             min_requests=req.min_requests,
             min_duration_s=req.min_duration_s,
             roots=req.roots,
@@ -50,7 +49,7 @@ def run_requests(
         serve,
         arrivals,
         keys_of[1:],
-        pipe.clock,
+        clock,
         max_batch=req.max_batch,
         max_wait_s=req.max_wait_ms / 1e3,
         cold_keys=keys_of[0],

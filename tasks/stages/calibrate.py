@@ -13,9 +13,11 @@ after calibration: NLL, ECE (15 equal-width confidence bins) and Brier score.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
+
+from tasks.stages.compute import Engine, PredictOutputs
+from tasks.stages.tensorize import Tensorized
 
 ECE_BINS = 15
 CALIBRATED_KINDS = ("category", "binary")
@@ -99,7 +101,7 @@ def fit_temperature(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str, m
 
 
 @torch.no_grad()
-def validation_logits(engine: Any, tz: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def validation_logits(engine: Engine, tz: Tensorized) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw prediction logits and labels of a chunk's held-out, labelled cells, computed
     with the engine's model but outside its timings (this is fitting, not serving)."""
     rows = torch.nonzero(~tz.is_train).flatten()
@@ -107,8 +109,8 @@ def validation_logits(engine: Any, tz: Any) -> tuple[torch.Tensor, torch.Tensor]
     if rows.numel() == 0:
         return torch.empty(0), torch.empty(0)
     engine.model.eval()
-    for part, _ in engine._batches(tz, rows):
-        with engine._autocast():
+    for part, _ in engine.batches(tz, rows):
+        with engine.autocast():
             logits = engine.model(part, outputs=("prediction",))["prediction"]
         mask = part.label_present.bool()
         xs.append(logits.float()[mask].cpu())
@@ -146,34 +148,9 @@ class CalibrationQuality:
         return out
 
 
-def calibrate_outputs(outs: Any, temperature: float, kind: str) -> Any:
+def calibrate_outputs(outs: PredictOutputs, temperature: float, kind: str) -> PredictOutputs:
     """The ``calibrate`` step: the served prediction logits divided by ``T``."""
     if kind not in CALIBRATED_KINDS or temperature == 1.0:
         return outs
     outs.tensors["prediction"] = apply(outs.tensors["prediction"], temperature, kind)
     return outs
-
-
-def fit_on_validation(pipe: Any) -> tuple[float, int]:
-    """Fit ``T`` on the validation rows of every chunk after training; (T, rows used).
-
-    Chunks kept from training are reused; others are read again with the stage functions
-    directly, so fitting never counts in the stage table (the flow times it separately)."""
-    from tasks.stages.preprocess import preprocess
-    from tasks.stages.retrieve import retrieve
-    from tasks.stages.tensorize import tensorize
-
-    spec = pipe.spec
-    if spec.task.kind not in CALIBRATED_KINDS or pipe.engine is None:
-        return 1.0, 0
-    xs, ys = [], []
-    for i, keys in enumerate(pipe.chunks):
-        tz = pipe._cache.get(i)
-        if tz is None:
-            pre = preprocess(spec, retrieve(spec, pipe.p.sources, keys))
-            tz = tensorize(spec, pre, pipe.enc, pipe.schema)
-        x, y = validation_logits(pipe.engine, tz)
-        xs.append(x)
-        ys.append(y)
-    x, y = torch.cat(xs), torch.cat(ys)
-    return fit_temperature(x, y, spec.task.kind), int(x.shape[0])

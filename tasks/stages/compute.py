@@ -103,8 +103,10 @@ class Engine:
         clock: Clock | None = None,
         encoding: Encoding | None = None,
         optimizer_state: dict[str, Any] | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.spec, self.schema, self.device = spec, schema, device
+        self.temperature = 1.0  # output calibration, saved with the checkpoint
         self.encoding = encoding  # loader workers encode with it
         torch.manual_seed(spec.run.seed)
         cfg = ModelConfig(
@@ -124,12 +126,12 @@ class Engine:
                 options=dict(c.options) or None,
                 mode=c.mode,
             )
-        # The predict step runs through a backend (tasks/backends): PyTorch here; the flow may
-        # swap in ONNX Runtime before predicting. run.compile.model compiles the whole model.
+        # The predict step runs through a backend (tasks/backends): the one given, else PyTorch
+        # over this model. run.compile.model compiles the whole model.
         self.forward: Callable[..., dict[str, torch.Tensor]] = (
             whole_model(self.model, c.backend, dict(c.options) or None, c.mode) if c.model else self.model
         )
-        self.backend: Backend = PyTorchBackend(self.model, self.forward, self._autocast)
+        self.backend: Backend = backend or PyTorchBackend(self.model, self.forward, self.autocast)
         # The model package's AdamW factory: fused by default (torch 2.13 has a CPU fused kernel).
         self.model.optimizer = optimizer_settings(spec)
         # Resuming (train+predict with run.checkpoint): the saved optimizer state, whose
@@ -176,6 +178,16 @@ class Engine:
             self.spec.task.kind, target_mean=enc.target_mean if enc else 0.0, target_std=enc.target_std if enc else 1.0
         )
 
+    def train_through(self, forward: Callable[..., dict[str, torch.Tensor]]) -> None:
+        """Training steps call ``forward``: a DDP wrapper of this model, whose backward
+        all-reduces the gradients (the optimizer and loss stay the model's own)."""
+        self.forward = forward
+
+    def serve_with(self, backend: Backend) -> None:
+        """The backend predict passes run through from now on (chosen after training: ONNX
+        Runtime serves the weights this run trained, so it can only start then)."""
+        self.backend = backend
+
     def begin_predict_pass(self) -> None:
         """Quality is scored on one pass (the latest), not accumulated over repeats."""
         self.quality = self._new_quality()
@@ -210,7 +222,7 @@ class Engine:
             self._data_module.close()
             self._data_module = None
 
-    def _autocast(self) -> AbstractContextManager[Any]:
+    def autocast(self) -> AbstractContextManager[Any]:
         if self.spec.run.precision == "fp32":
             return nullcontext()
         return autocast_context(self.device, self.spec.run.precision)
@@ -268,7 +280,7 @@ class Engine:
         for part in dm.val_dataloader():
             yield part, part.size
 
-    def _batches(self, tz: Tensorized, rows: torch.Tensor, shuffle: bool = False) -> Iterator[tuple[Batch, int]]:
+    def batches(self, tz: Tensorized, rows: torch.Tensor, shuffle: bool = False) -> Iterator[tuple[Batch, int]]:
         """Device batches over root ``rows`` in order: sliced from the chunk's tensors, or
         encoded by ``ArrowDataModule`` workers when ``run.loader.num_workers > 0``."""
         bs = self.spec.run.batch_size
@@ -340,9 +352,9 @@ class Engine:
         order = rows[torch.randperm(rows.numel(), generator=self._generator)]
         t = self.train_timings
         with self.clock.measure() as wall:
-            for part, n in self._timed("train", t, self._batches(tz, order, shuffle=True)):
+            for part, n in self._timed("train", t, self.batches(tz, order, shuffle=True)):
                 with self.profiler.batch("train", t.in_steady_state), self.clock.measure() as step:
-                    with self._autocast():
+                    with self.autocast():
                         outs = self.forward(part, outputs=("prediction",))
                         loss = self.model.loss(part, outs)
                     self.optimizer.zero_grad(set_to_none=True)
@@ -381,7 +393,7 @@ class Engine:
         with self.clock.measure() as wall:
             self._ran_rows = []
             bucketed = self.spec.run.bucketing == "by_length"
-            for part, n in self._timed("predict", t, self._batches(tz, torch.arange(tz.root_rows))):
+            for part, n in self._timed("predict", t, self.batches(tz, torch.arange(tz.root_rows))):
                 with self.profiler.batch("predict", t.in_steady_state), self.clock.measure() as step:
                     outs = self.backend.step(part, need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}

@@ -1,0 +1,121 @@
+"""One run's work over its root keys: chunks, training epochs, the calibration fit.
+
+A ``Workload`` lists the root keys once (charged to predict's retrieve), cuts them into
+``run.chunk_rows`` chunks, and drives the plan's ``Chain`` (tasks/stages/chain.py) over them:
+training epochs here, predict passes in the scenarios (offline.py, runner.py). Every stage
+second is charged to the phase that spent it, and lands in the run's ``RunResult``.
+
+With one chunk, training keeps its tensors between epochs (a streaming trainer re-reads
+chunks; a workload that fits in one chunk need not); predict passes always run every stage,
+so each pass is a full, comparable measurement of the serving path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tasks.measure import keys as K
+from tasks.measure.records import RunResult, StageTiming
+from tasks.stages.calibrate import CALIBRATED_KINDS, fit_temperature, validation_logits
+from tasks.stages.chain import Chain, Prepared, StageSink
+from tasks.stages.retrieve import list_root_keys
+from tasks.stages.tensorize import Tensorized
+
+
+class Workload:
+    def __init__(self, chain: Chain, result: RunResult) -> None:
+        self.chain, self.result, self.spec = chain, result, chain.spec
+        self.chunks: list[np.ndarray] = []
+        self._kept: dict[int, Tensorized] = {}  # training tensors of a single-chunk workload
+        self._counted: set[int] = set()  # chunks whose data figures are in the result
+        self.text_cells = 0  # every encode call (encode.cells_per_s)
+        self.text_cells_per_pass = 0  # once per chunk (data.text_cells)
+        if chain.has_text:  # the application's text encoder: an extra timed step, before tensorize
+            for phase, st in result.stages.items():
+                result.stages[phase] = (
+                    {k: st[k] for k in ("retrieve", "preprocess")}
+                    | {"encode": StageTiming("encode", phase)}
+                    | {k: v for k, v in st.items() if k not in ("retrieve", "preprocess")}
+                )
+
+    def sink(self, phase: str) -> StageSink:
+        """Stage seconds and rows into the run's stage table, under ``phase``."""
+        stages = self.result.stages[phase]
+
+        def add(stage: str, seconds: float, rows: int) -> None:
+            stages[stage].add(seconds, rows)
+
+        return add
+
+    def list_keys(self) -> None:
+        chain = self.chain
+        with chain.clock.measure() as span:
+            keys, nbytes = list_root_keys(self.spec, chain.sources)
+        self.result.stages["predict"]["retrieve"].add(span.seconds, 0)
+        self.result.bytes_read += nbytes
+        self.result.root_rows = len(keys)
+        n = self.spec.run.chunk_rows
+        self.chunks = [keys[i : i + n] for i in range(0, len(keys), n)]
+        self.result.chunks = len(self.chunks)
+
+    def account(self, p: Prepared, chunk: int | None) -> None:
+        """What a prepared chunk or request read; data figures once per chunk (``chunk`` None:
+        a request, counted every time)."""
+        res = self.result
+        res.bytes_read += p.bytes_read
+        res.extra[K.DATA_ROWS_READ] = res.extra.get(K.DATA_ROWS_READ, 0.0) + p.rows_read
+        self.text_cells += p.text_cells
+        if chunk is not None and chunk in self._counted:
+            return
+        if chunk is not None:
+            self._counted.add(chunk)
+        self.text_cells_per_pass += p.text_cells
+        res.coords_present += p.tz.coords_present
+        res.coords_reserved += p.tz.coords_reserved
+        for name, n in p.overflow_dropped.items():
+            res.overflow_dropped[name] = res.overflow_dropped.get(name, 0) + n
+
+    def prepare(self, i: int, phase: str) -> Tensorized:
+        """Chunk ``i`` through the chain's timed steps, charged to ``phase``."""
+        if phase == "train" and i in self._kept:
+            return self._kept[i]
+        p = self.chain.prepare(self.chunks[i], self.sink(phase), {"chunk": i, "phase": phase})
+        self.account(p, i)
+        if phase == "train" and len(self.chunks) == 1:
+            self._kept[i] = p.tz
+        return p.tz
+
+    def prepare_untimed(self, i: int) -> Tensorized:
+        """Chunk ``i`` outside every timing (kept training tensors are reused)."""
+        return self._kept[i] if i in self._kept else self.chain.prepare_untimed(self.chunks[i])
+
+    def train(self) -> None:
+        sink = self.sink("train")
+        for epoch in range(self.spec.run.epochs):
+            engine = self.chain.engine
+            before = engine.train_timings.updates if engine else 0
+            for i in range(len(self.chunks)):
+                tz = self.prepare(i, "train")
+                self.chain.train(tz, sink, {"chunk": i, "phase": "train", "epoch": epoch})
+            if epoch == 0 and self.chain.engine is not None:
+                self.result.updates_per_epoch = self.chain.engine.train_timings.updates - before
+            self.result.train_epochs += 1
+
+    def fit_calibration(self) -> None:
+        """Temperature scaling on the validation rows of every chunk, after training (not a
+        stage: chunks are re-read outside the timings, through the same chain)."""
+        chain, kind = self.chain, self.spec.task.kind
+        engine = chain.engine
+        with chain.clock.measure() as span:
+            temperature, rows = 1.0, 0
+            if kind in CALIBRATED_KINDS and engine is not None:
+                xs, ys = [], []
+                for i in range(len(self.chunks)):
+                    x, y = validation_logits(engine, self.prepare_untimed(i))
+                    xs.append(x)
+                    ys.append(y)
+                x_N, y_N = torch.cat(xs), torch.cat(ys)
+                temperature, rows = fit_temperature(x_N, y_N, kind), int(x_N.shape[0])
+        chain.set_temperature(temperature)
+        self.result.extra.update({"calibration.fit_seconds": span.seconds, "calibration.fit_rows": float(rows)})

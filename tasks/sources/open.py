@@ -1,0 +1,50 @@
+"""Where a spec's tables come from: one function for every process that reads them.
+
+The flow (after its checks), each DDP rank and the benchmark scripts open a spec's sources
+the same way: generated TPC-H data made available when the spec asks for it, then either the
+database (``source.database``: DuckDB embedded, PostgreSQL) or the files. A rank that opened
+files while the flow read a database once trained on other rows than it predicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from tasks.sources.databases import DatabaseTable, kind_of, resolve_database
+from tasks.sources.files import SourceTable, resolve_sources
+from tasks.sources.tpch import ensure_tpch
+from tasks.spec import Spec
+
+Sources = dict[str, SourceTable]
+"""Table name -> its source (a ``DatabaseTable`` duck-types ``SourceTable`` for the stages)."""
+
+
+@dataclass
+class DataHome:
+    """The folder relative file paths resolve from, and whether its data was generated now."""
+
+    base: Path
+    generated: bool = False
+
+
+def data_home(spec: Spec, spec_dir: Path) -> DataHome:
+    """Generated TPC-H data is made available (once per scale) unless a server database holds it."""
+    db = spec.source.database
+    if spec.source.generate is not None and (db is None or kind_of(db.url) == "duckdb"):
+        base, generated = ensure_tpch(spec.source.generate.tpch.scale)
+        return DataHome(base, generated)
+    return DataHome(spec_dir)
+
+
+def open_database(spec: Spec, spec_dir: Path, home: DataHome) -> dict[str, DatabaseTable]:
+    return resolve_database(spec, spec_dir, home.base if spec.source.generate else None)
+
+
+def open_sources(spec: Spec, spec_dir: Path) -> Sources:
+    """The spec's tables, opened (the flow's ``plan`` adds its checks around the same calls)."""
+    home = data_home(spec, spec_dir)
+    if spec.source.database is not None:
+        return cast(Sources, open_database(spec, spec_dir, home))
+    return resolve_sources(spec, home.base)

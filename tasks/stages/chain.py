@@ -1,0 +1,233 @@
+"""The stage chain: one typed object per plan that owns the order of work.
+
+    read (a chunk's or a request's root keys) -> preprocess -> encode (text columns only)
+        -> tensorize -> compute (the engine's backend) -> calibrate -> write
+
+Every path that turns root keys into tensors or predictions goes through a ``Chain``:
+training epochs, offline predict passes, the calibration fit, the reference pass, request
+scenarios, DDP ranks and the benchmark scripts. A second hand-written copy of these steps
+drifts (one once forgot the encode step, so text specs handed raw strings to tensorize).
+
+Each step is run by a ``StageRunner``: the flow hands in one that runs the step as a Prefect
+task (``tasks/`` never imports Prefect); the default runs it directly. Either way the step is
+timed with the run's clock, and its seconds and rows go to a ``StageSink`` that the caller
+chooses (the run's stage table, one request's step times, a DDP rank's totals). Without a
+sink (``prepare_untimed``) a step is called directly and nothing is recorded: fitting and
+reference passes are never stage time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from model.arrow import Encoding
+from model.schema import ModelSchema
+from tasks.backends import Backend
+from tasks.measure.clock import Clock
+from tasks.runtime import progress
+from tasks.sources.files import SourceTable
+from tasks.spec import Spec
+from tasks.stages.calibrate import CalibrationQuality, calibrate_outputs
+from tasks.stages.compute import Engine, PredictOutputs
+from tasks.stages.encode import encode, text_columns
+from tasks.stages.preprocess import Preprocessed, preprocess
+from tasks.stages.retrieve import retrieve
+from tasks.stages.tensorize import Tensorized, fit, tensorize
+from tasks.stages.write import PredictionWriter, to_table
+
+_T = TypeVar("_T")
+
+StageSink = Callable[[str, float, int], None]
+"""(stage, seconds, root rows) of one step, for the caller's own bookkeeping."""
+
+Where = dict[str, int | str]
+"""Where a step runs (chunk, phase, epoch, repeat), for the progress line."""
+
+
+class StageRunner(Protocol):
+    """Runs one named step and returns its result and its seconds on the run's clock."""
+
+    def __call__(self, stage: str, step: Callable[[], _T], clock: Clock) -> tuple[_T, float]: ...
+
+
+def run_directly(stage: str, step: Callable[[], _T], clock: Clock) -> tuple[_T, float]:
+    """The default runner: the step in this thread, timed (the flow's runner adds a Prefect task)."""
+    with clock.measure() as span:
+        out = step()
+    return out, span.seconds
+
+
+@dataclass
+class Prepared:
+    """One chunk or request through read -> preprocess -> (encode) -> tensorize."""
+
+    tz: Tensorized
+    bytes_read: int
+    rows_read: int  # source rows over every table (root and branches)
+    overflow_dropped: dict[str, int] = field(default_factory=dict)
+    text_cells: int = 0  # cells the encode step turned into vectors
+
+
+@dataclass
+class Weights:
+    """Where the engine's starting state comes from: a checkpoint or bundle, else fresh."""
+
+    model: dict[str, Any] | None = None  # state dict
+    optimizer: dict[str, Any] | None = None
+    temperature: float = 1.0  # output calibration (1.0 = none)
+
+    @staticmethod
+    def of(checkpoint: dict[str, Any] | None) -> Weights:
+        if checkpoint is None:
+            return Weights()
+        return Weights(checkpoint.get("model"), checkpoint.get("optimizer"), checkpoint.get("temperature", 1.0))
+
+
+class Chain:
+    """The stage steps of one plan: its spec, sources, clock, encoding and engine.
+
+    The encoding and schema come from a checkpoint or bundle, or are fitted on the first chunk
+    that reaches tensorize (inside that step's time, as a first fit is real work of the run);
+    the engine is built as soon as the schema is known, with the backend it serves through."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        sources: dict[str, SourceTable],
+        device: torch.device,
+        *,
+        clock: Clock | None = None,
+        encoding: Encoding | None = None,
+        schema: ModelSchema | None = None,
+        weights: Weights | None = None,
+        run_stage: StageRunner = run_directly,
+    ) -> None:
+        self.spec, self.sources, self.device = spec, sources, device
+        self.clock = clock or Clock(device)
+        self.encoding, self.schema = encoding, schema
+        self.weights = weights or Weights()
+        self.run_stage = run_stage
+        self.has_text = bool(text_columns(spec))
+        self.temperature = self.weights.temperature
+        self.calibration = CalibrationQuality(spec.task.kind, self.temperature)
+        self.outputs = tuple(spec.task.outputs)
+        self.engine: Engine | None = None
+        self.engine_setup_seconds = 0.0  # building the model: its own figure, not a stage
+
+    @property
+    def prepare_stages(self) -> tuple[str, ...]:
+        return ("retrieve", "preprocess", *(("encode",) if self.has_text else ()), "tensorize")
+
+    # -- read -> preprocess -> (encode) -> tensorize -------------------------------------------
+
+    def _steps(self, keys: np.ndarray, run: Callable[[str, Callable[[], Any], Callable[[Any], int]], Any]) -> Prepared:
+        spec = self.spec
+        r = run("retrieve", lambda: retrieve(spec, self.sources, keys), lambda r: r.root_rows)
+        pre: Preprocessed = run("preprocess", lambda: preprocess(spec, r), lambda p: p.root_rows)
+        cells = 0
+        if self.has_text:
+            encoded = run("encode", lambda: encode(spec, pre), lambda e: e.pre.root_rows)
+            pre, cells = encoded.pre, encoded.cells
+        tz: Tensorized = run("tensorize", lambda: self._tensorize(pre), lambda t: t.root_rows)
+        return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells)
+
+    def _timed(self, stage: str, step: Callable[[], _T], where: Where | None) -> tuple[_T, float]:
+        if where is not None:  # the CLI's progress line names the chunk and stage
+            progress.emit("stage", name=stage, **where)
+        return self.run_stage(stage, step, self.clock)
+
+    def prepare(self, keys: np.ndarray, sink: StageSink, where: Where | None = None) -> Prepared:
+        """The timed steps for ``keys``; each step's seconds and rows go to ``sink``."""
+
+        def run(stage: str, step: Callable[[], Any], rows: Callable[[Any], int]) -> Any:
+            out, seconds = self._timed(stage, step, where)
+            sink(stage, seconds, rows(out))
+            return out
+
+        prepared = self._steps(keys, run)
+        self.ensure_engine()
+        return prepared
+
+    def prepare_untimed(self, keys: np.ndarray) -> Tensorized:
+        """The same steps outside every timing (calibration fit, reference pass, scripts)."""
+        tz = self._steps(keys, lambda stage, step, rows: step()).tz
+        self.ensure_engine()
+        return tz
+
+    def _tensorize(self, pre: Preprocessed) -> Tensorized:
+        if self.encoding is None or self.schema is None:  # no checkpoint: fit on this chunk
+            self.encoding, self.schema = fit(self.spec, pre)
+        return tensorize(self.spec, pre, self.encoding, self.schema)
+
+    # -- the engine -------------------------------------------------------------------------
+
+    def ensure_engine(self, backend: Backend | None = None) -> Engine | None:
+        """The engine, built once the schema is known; ``backend`` None serves with PyTorch."""
+        if self.engine is None and self.schema is not None:
+            with self.clock.measure() as span:
+                self.engine = Engine(
+                    self.spec,
+                    self.schema,
+                    self.device,
+                    self.weights.model,
+                    self.clock,
+                    self.encoding,
+                    optimizer_state=self.weights.optimizer,
+                    backend=backend,
+                )
+            self.engine.temperature = self.temperature
+            self.engine_setup_seconds += span.seconds
+        return self.engine
+
+    def ready_engine(self, first_keys: np.ndarray) -> Engine:
+        """The engine before a request scenario: a run without a checkpoint fits its encoding on
+        ``first_keys`` outside every timing (a pure speed run, as in the offline scenario)."""
+        if self.schema is None:
+            self.prepare_untimed(first_keys)
+        engine = self.ensure_engine()
+        assert engine is not None  # the fit above set the schema
+        return engine
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("compute before any chunk was prepared: the model's schema is unknown")
+        return self.engine
+
+    def set_temperature(self, temperature: float) -> None:
+        """The fitted output calibration: applied by ``calibrate``, saved with the checkpoint."""
+        self.temperature = self.calibration.temperature = temperature
+        if self.engine is not None:
+            self.engine.temperature = temperature
+
+    # -- compute -> calibrate -> write ------------------------------------------------------
+
+    def train(self, tz: Tensorized, sink: StageSink, where: Where | None = None) -> None:
+        """One chunk of a training epoch (the compute stage of the train phase)."""
+        engine = self._engine()
+        _, seconds = self._timed("compute", lambda: engine.train(tz), where)
+        sink("compute", seconds, int(tz.is_train.sum()))
+
+    def serve(
+        self, tz: Tensorized, writer: PredictionWriter, sink: StageSink, where: Where | None = None
+    ) -> PredictOutputs:
+        """compute (predict) -> calibrate -> write for one prepared chunk or request."""
+        engine, spec, rows = self._engine(), self.spec, tz.root_rows
+        outs, seconds = self._timed("compute", lambda: engine.predict(tz, self.outputs), where)
+        sink("compute", seconds, rows)
+        if outs.label_mask is not None and outs.labels is not None:  # quality bookkeeping: untimed
+            self.calibration.add(outs.tensors["prediction"], outs.labels, outs.label_mask)
+        t = self.temperature
+        outs, seconds = self._timed("calibrate", lambda: calibrate_outputs(outs, t, spec.task.kind), None)
+        sink("calibrate", seconds, rows)
+        assert self.encoding is not None  # set with the schema
+        enc = self.encoding
+        _, seconds = self._timed(
+            "write", lambda: writer.write(to_table(spec, engine.schema, enc, tz.keys, outs)), where
+        )
+        sink("write", seconds, rows)
+        return outs
