@@ -256,21 +256,21 @@ def shop_files(write_tables, shop_tables) -> Path:
 
 @pytest.fixture
 def prepare_chunk():
-    """``prepare_chunk(spec_dict, folder) -> (spec, encoding, schema, tensorized)``: retrieve,
-    preprocess and tensorize every root key as one chunk, without Prefect."""
+    """``prepare_chunk(spec_dict, folder) -> (spec, encoding, schema, tensorized)``: every root
+    key as one chunk through the harness's chain (tasks/stages/chain.py), untimed, no Prefect."""
+    import torch
+
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.preprocess import preprocess
-    from tasks.stages.retrieve import list_root_keys, retrieve
-    from tasks.stages.tensorize import fit, tensorize
+    from tasks.stages.chain import Chain
+    from tasks.stages.retrieve import list_root_keys
 
     def prepare(spec_dict: dict[str, Any], folder: Path):
         spec = parse_spec(spec_dict)
-        sources = resolve_sources(spec, folder)
-        keys, _ = list_root_keys(spec, sources)
-        pre = preprocess(spec, retrieve(spec, sources, keys))
-        enc, schema = fit(spec, pre)
-        return spec, enc, schema, tensorize(spec, pre, enc, schema)
+        chain = Chain(spec, resolve_sources(spec, folder), torch.device("cpu"))
+        keys, _ = list_root_keys(spec, chain.sources)
+        tz = chain.prepare_untimed(keys)
+        return spec, chain.encoding, chain.schema, tz
 
     return prepare
 

@@ -71,7 +71,7 @@ def test_every_distributed_metric_key_is_catalogued():
     assert not [k for k in m if not K.documented(k)]
 
 
-def _run(tmp: Path, name: str, *sets: str) -> dict:
+def _run(tmp: Path, name: str, *sets: str, spec: Path | None = None) -> dict:
     work = tmp / name
     work.mkdir()
     env = dict(
@@ -86,6 +86,7 @@ def _run(tmp: Path, name: str, *sets: str) -> dict:
             "-m",
             "flows.cli",
             "run",
+            *([str(spec)] if spec else []),
             *(a for o in [*SMALL, *sets] for a in ("--set", o)),
             "--json",
             str(work / "s.json"),
@@ -131,3 +132,36 @@ def test_two_gloo_processes_train_like_one(tpch_small, tmp_path):
     rank_keys = [int(k) for k in tags["relflow.distributed.rank_root_keys"].split(",")]
     assert sum(rank_keys) == m2["data.rows_predicted"]  # every root key trained on exactly one rank
     assert client.get_run(two["run_id"]).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_ranks_read_the_database_when_the_spec_names_one(tpch_small, tmp_path):
+    """With source.database set, every rank reads its rows from that database: the spec here
+    has no table files at all, so a rank that opened files (as ranks once did) fails."""
+    import pyarrow.parquet as pq
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from tasks.sources.databases import build_duckdb
+
+    db_file = tmp_path / "tpch.duckdb"
+    build_duckdb(tpch_small, db_file)
+    raw = yaml.safe_load((REPO / "benchmarks" / "tpch_orders.yaml").read_text())
+    raw["source"] = {"database": {"url": f"duckdb:{db_file}"}}
+    spec_file = tmp_path / "db_spec.yaml"
+    spec_file.write_text(yaml.safe_dump(raw))
+    summary = _run(
+        tmp_path,
+        "ddp_db",
+        "run.distributed.processes=2",
+        "run.distributed.backend=gloo",
+        "run.distributed.reference=false",
+        spec=spec_file,
+    )
+    m = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(summary["run_id"]).data.metrics
+    orders = pq.read_metadata(tpch_small / "orders.parquet").num_rows
+    lines = pq.read_metadata(tpch_small / "lineitem.parquet").num_rows
+    per_rank = [m["data.train.rank0.rows_read"], m["data.train.rank1.rows_read"]]
+    assert all(n > 0 for n in per_rank), per_rank
+    # one chunk per rank, kept across epochs: together the ranks read every order and line once
+    assert sum(per_rank) == orders + lines

@@ -18,11 +18,10 @@ import yaml
 from tasks.runtime.errors import UserError
 from tasks.sources.files import check_sources, resolve_sources
 from tasks.spec import parse_spec
+from tasks.stages.chain import Chain
 from tasks.stages.compute import Engine
-from tasks.stages.encode import encode, encode_column, hashed, load_encoder
-from tasks.stages.preprocess import preprocess
-from tasks.stages.retrieve import list_root_keys, retrieve
-from tasks.stages.tensorize import fit, tensorize
+from tasks.stages.encode import encode_column, hashed, load_encoder
+from tasks.stages.retrieve import list_root_keys
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -67,13 +66,16 @@ def text_files(shop_tables, write_tables) -> Path:
 
 
 def prepare(spec_dict: dict, folder: Path):
+    """The harness's chain over every root key; the encode step's own output for its counts."""
     spec = parse_spec(spec_dict)
     sources = resolve_sources(spec, folder)
     check_sources(spec, sources)
     keys, _ = list_root_keys(spec, sources)
-    encoded = encode(spec, preprocess(spec, retrieve(spec, sources, keys)))
-    enc, schema = fit(spec, encoded.pre)
-    return spec, schema, enc, encoded, tensorize(spec, encoded.pre, enc, schema)
+    chain = Chain(spec, sources, torch.device("cpu"))
+    seen: dict[str, int] = {}
+    prepared = chain.prepare(keys, lambda stage, seconds, rows: seen.setdefault(stage, rows))
+    assert list(seen) == ["retrieve", "preprocess", "encode", "tensorize"]
+    return spec, chain.schema, chain.encoding, prepared, prepared.tz
 
 
 def test_text_cells_reach_the_model_with_nulls_and_empties_present(shop_spec, text_files):
@@ -89,7 +91,7 @@ def test_text_cells_reach_the_model_with_nulls_and_empties_present(shop_spec, te
     assert int(lines.present.sum()) == int(
         (lines.present.unsqueeze(-1) & (lines.text_null | (lines.text.abs().sum(-1) > 0))).sum()
     )
-    assert encoded.cells >= 5 + int(lines.present.sum())
+    assert encoded.text_cells >= 5 + int(lines.present.sum())
     engine = Engine(spec, schema, torch.device("cpu"), None, encoding=enc)
     engine.train(tz)
     out = engine.predict(tz, ("prediction",))

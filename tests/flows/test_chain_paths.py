@@ -1,0 +1,86 @@
+"""Every path runs the one stage chain (tasks/stages/chain.py), so a text spec works wherever
+the offline scenario does: training over several chunks then the calibration fit (which once
+re-read chunks without the encode step and exited 1), and both request scenarios (whose
+request path once had no encode step and handed raw strings to tensorize). Slow: real flows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT_SPEC = REPO / "benchmarks" / "tpch_orders_text_short.yaml"
+SMALL = [
+    "model.d_model=16",
+    "model.layers=1",
+    "model.heads=2",
+    "run.epochs=2",
+    "run.repeats=1",
+    "run.device=cpu",
+    "run.text.dim=16",
+    "run.min_steady_batches=0",
+    "run.min_steady_seconds=0",
+    "run.system_metrics_interval_s=0",
+    "run.max_host_load=null",  # other tests share this host's cores
+    "run.chunk_rows=4000",  # 15,000 orders at scale 0.01: four chunks
+]
+REQUESTS = ["run.request.min_requests=16", "run.request.min_duration_s=0", "run.request.roots=2"]
+
+
+@pytest.fixture(scope="module")
+def text_runs(prefect_harness, tpch_small, tmp_path_factory):
+    from flows.benchmark import benchmark
+
+    folder = tmp_path_factory.mktemp("chain")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        for name, extra in {
+            "offline": [],
+            "single_stream": ["run.scenario=single_stream", *REQUESTS],
+            "server": [
+                "run.scenario=server",
+                "run.request.target_qps=100",
+                "run.request.max_batch=4",
+                "run.request.max_wait_ms=5",
+                "run.request.latency_bound_ms=600000",
+                *REQUESTS,
+            ],
+        }.items():
+            spec = load_spec(TEXT_SPEC, SMALL + extra)
+            summary = benchmark(spec=spec.to_dict(), spec_dir=str(TEXT_SPEC.parent))
+            out[name] = (summary, client.get_run(summary["run_id"]))
+    return out
+
+
+@pytest.mark.slow
+def test_text_spec_over_several_chunks_trains_calibrates_and_predicts_valid(text_runs):
+    summary, run = text_runs["offline"]
+    m = run.data.metrics
+    assert summary["validity"] == "VALID", summary["invalid_reasons"]
+    assert m["data.chunks"] == 4
+    assert m["calibration.fit_rows"] > 0  # the fit re-read every chunk, encoded
+    # every chunk of both phases went through encode: its rows are each phase's root rows
+    assert m["stage.encode.predict.rows"] == m["data.root_rows"] == 15_000
+    assert m["stage.encode.train.rows"] == 2 * 15_000  # two epochs, chunks re-read
+    assert m["data.text_cells"] == m["data.root_rows"] * 2  # o_comment and one l_comment per order
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["single_stream", "server"])
+def test_text_spec_serves_requests_valid_with_encode_in_its_own_bucket(text_runs, scenario):
+    summary, run = text_runs[scenario]
+    m = run.data.metrics
+    assert summary["validity"] == "VALID", summary["invalid_reasons"]
+    assert m["latency.requests"] >= 16
+    assert m["latency.step_ms.encode.mean"] > 0  # the request path encodes its text
+    assert m["latency.step_share.encode"] > 0
+    shares = sum(v for k, v in m.items() if k.startswith("latency.step_share."))
+    assert shares == pytest.approx(1.0, abs=1e-6)  # every second of a request in one bucket
