@@ -2,19 +2,18 @@
 
     retrieve -> preprocess -> tensorize -> compute -> write
 
-Root keys are processed in chunks of ``run.chunk_rows`` so memory stays bounded as data
-grows; stage times add up over chunks (and over training epochs, which re-read their
-chunks as a streaming trainer does, except a single-chunk workload, which keeps its tensors
-between epochs). Every predict pass runs all five stages. Training epochs and predict passes
-are timed as separate phases (``e2e.train.*``, ``e2e.predict.*``), never summed.
-
 The flow reads as its steps: ``plan`` (checks) -> ``start_run`` -> ``timed_body`` ->
-``collect`` -> ``judge`` (validity) -> ``log_run``.
+``collect`` -> ``judge`` (validity) -> ``log_run``. The work itself is not here: the plan's
+stage chain (tasks/stages/chain.py) owns the order of steps, the workload
+(tasks/scenarios/workload.py) its chunks, training epochs and calibration fit, and the
+scenarios (tasks/scenarios: offline passes, single_stream, server) the predict phase. The
+flow hands the chain a runner that makes each step a Prefect task (``NO_CACHE``: hashing
+tables costs seconds), timed inside the task with the shared clock, never with Prefect's
+records. Training epochs and predict passes are separate phases (``e2e.train.*``,
+``e2e.predict.*``), never summed.
 
 Every check that can fail on user input runs before the MLflow run starts. After that, any
 error ends the run FAILED (KILLED for interrupts) and removes the partial prediction file.
-Stage wrappers are thin Prefect tasks with ``NO_CACHE`` (hashing tables costs seconds);
-each times its own work with the shared clock, never with Prefect's records.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from tasks.measure.clock import wall_clock
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_secrets
+from tasks.spec import Spec
 
 DB_FORMATS = ("duckdb", "postgresql")
 # Few keys bind as a parameter list; more become an Arrow relation (DuckDB) or list (PG).
@@ -260,9 +261,10 @@ class DatabaseTable:
         return t["k"].combine_chunks(), t.nbytes
 
 
-def resolve_database(spec: Any, base: Path, generated_dir: Path | None) -> dict[str, DatabaseTable]:
+def resolve_database(spec: Spec, base: Path, generated_dir: Path | None) -> dict[str, DatabaseTable]:
     """Open the spec's database and map every schema table to it; a missing table or a
     connection failure is a ``UserError`` with the URL masked and the fix."""
+    assert spec.source.database is not None  # callers open a database only when the spec names one
     url = spec.source.database.url
     kind = kind_of(url)
     file = duckdb_path(url, base, generated_dir) if kind == "duckdb" else None
