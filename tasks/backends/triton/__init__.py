@@ -10,6 +10,16 @@ import os
 
 # torch 2.13.0's CUDA wheels require exactly this triton (their Requires-Dist); pyproject pins it.
 TRITON_VERSION = "3.7.1"
+# checkpoint weight format -> how the backend keeps the Linears (int4 has no kernel here)
+KEPT = {"fp32": "fp32", "fp16": "fp16", "int8": "int8", "fp8": "fp8"}
+
+
+def check_format(weights_format: str) -> None:
+    if weights_format not in KEPT:
+        raise ValueError(
+            f"run.backend triton serves {list(KEPT)} weights, not {weights_format!r}; use the "
+            "checkpoint's fp8 or int8 version (relflow-bench quantize), or run.backend pytorch"
+        )
 
 
 def interpret_requested() -> bool:

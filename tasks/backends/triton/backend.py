@@ -36,20 +36,10 @@ from model.packing import NodeResult, NodeRows, _row_output
 from model.pooling import AttentionPool
 from model.regions import has_hooks, is_stock
 from model.schema import NodeDef
-from tasks.backends.triton import kernels
+from tasks.backends.triton import KEPT, check_format, kernels
 from tasks.backends.triton.kernels import PackedWeight
 
 COMPUTE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# checkpoint weight format -> how the Linears are kept (int4 has no kernel: see check_format)
-KEPT = {"fp32": "fp32", "fp16": "fp16", "int8": "int8", "fp8": "fp8"}
-
-
-def check_format(weights_format: str) -> None:
-    if weights_format not in KEPT:
-        raise ValueError(
-            f"run.backend triton serves fp32, fp16, int8 and fp8 weights, not {weights_format!r}; "
-            "use an fp8 or int8 checkpoint (relflow-bench quantize), or run.backend pytorch for int4"
-        )
 
 
 def _pack(name: str, linear: nn.Linear, entries: dict[str, Any] | None, device: torch.device) -> PackedWeight:

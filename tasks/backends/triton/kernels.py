@@ -57,7 +57,8 @@ def decode_e4m3(code: Any) -> Any:
     subnormal = m.to(tl.float32) * 0.001953125  # 2^-9
     mag = tl.where(e == 0, subnormal, normal)
     mag = tl.where((b & 0x7F) == 0x7F, float("nan"), mag)
-    return tl.where((b & 0x80) != 0, -mag, mag)
+    # the sign as a bit, not a negation: negation can be lowered to 0 - x, which loses -0.0
+    return (mag.to(tl.int32, bitcast=True) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True)
 
 
 @jit
