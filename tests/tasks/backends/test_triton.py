@@ -281,3 +281,19 @@ def test_start_backend_serves_an_fp8_checkpoint_through_the_engine(shop_spec, sh
     quantize_checkpoint(path, tmp_path / "shop.int4.ckpt", "int4")
     with pytest.raises(UserError, match="int4"):
         check_backend(served, load_run_checkpoint(tmp_path / "shop.int4.ckpt", served))
+
+
+def test_backends_report_has_triton_variants_skipped_and_said_off_cuda():
+    from flows.sweeps.backends_report import VARIANTS, runnable_here
+
+    files = {"fp16": "a.fp16.ckpt", "fp8": "a.fp8.ckpt", "int8": "a.int8.ckpt"}
+    assert VARIANTS["triton_fp8"](files) == ["run.backend=triton", "run.precision=fp16", "run.checkpoint=a.fp8.ckpt"]
+    assert VARIANTS["triton_int8"](files)[-1] == "run.checkpoint=a.int8.ckpt"
+    assert VARIANTS["triton_fp16"](files)[-1] == "run.checkpoint=a.fp16.ckpt"
+    said: list[str] = []
+    kept = runnable_here(list(VARIANTS), said.append)
+    if torch.cuda.is_available():
+        assert kept == list(VARIANTS)
+    else:
+        assert kept == [v for v in VARIANTS if not v.startswith("triton_")]
+        assert len(said) == 1 and "triton_fp8" in said[0] and "needs a CUDA device" in said[0]
