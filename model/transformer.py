@@ -26,7 +26,7 @@ Design choices:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
@@ -44,6 +44,8 @@ from .regions import CompileSettings, RegionRunner, dropout_active, has_hooks, i
 from .schema import UNKNOWN_INDEX, ModelSchema, NodeDef
 
 Packing = Literal["auto", "off"]
+# One node's encoder: (node, its rows, pool wanted?, row outputs) -> (result, path name).
+EncodeRows = Callable[[NodeDef, NodeRows, bool, tuple[str, ...]], tuple[NodeResult, str]]
 PACKING_MODES = ("auto", "off")
 
 
@@ -220,8 +222,10 @@ class RelationalTransformer(nn.Module):
         outputs: tuple[str, ...],
         pooled: dict[str, torch.Tensor],
         rows_out: dict[str, dict[str, torch.Tensor]],
+        head: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The selected outputs from per-node pooled vectors and row outputs."""
+        """The selected outputs from per-node pooled vectors and row outputs (``head``: the
+        prediction head to apply, ``self.head`` unless a serving backend brings its own)."""
         target = self.schema.target
         root = self.schema.root.name
         result_dict: dict[str, torch.Tensor] = {}
@@ -230,7 +234,7 @@ class RelationalTransformer(nn.Module):
                 x = rows_out[target.node]["target"]
                 if target.node == root:
                     x = x.squeeze(1)
-                logits = self.head(x)
+                logits = (self.head if head is None else head)(x)
                 result_dict[out] = logits if target.kind == "category" else logits.squeeze(-1)
             elif out == "root_embedding":
                 result_dict[out] = pooled[root]
@@ -243,6 +247,19 @@ class RelationalTransformer(nn.Module):
         return result_dict
 
     def forward(self, batch: Batch, outputs: Iterable[str] = ("prediction",)) -> dict[str, torch.Tensor]:
+        return self.forward_with(batch, outputs, self._encode_rows)
+
+    def forward_with(
+        self,
+        batch: Batch,
+        outputs: Iterable[str],
+        encode_rows: EncodeRows,
+        head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """``forward`` with another per-node encoder (and head): the node walk, row checks and
+        output selection stay this model's, so a serving backend (tasks/backends/triton)
+        replaces only the math. ``encode_rows(node, rows, want_pool, row_outputs)`` returns
+        the node's result and the path name it ran ("packed" or "padded")."""
         outputs = self._parse_outputs(outputs)
         schema = self.schema
         encode, want_pool, row_outputs = self.output_plan(outputs)
@@ -254,14 +271,14 @@ class RelationalTransformer(nn.Module):
         for node in reversed(schema.root.walk()):  # children before parents
             if node.name not in encode:
                 continue
-            result, packed = self._encode_node(
+            result, paths[node.name] = self._encode_node(
                 node,
                 batch,
                 [pooled[c.name] for c in node.children],
                 node.name in want_pool,
                 tuple(row_outputs.get(node.name, ())),
+                encode_rows,
             )
-            paths[node.name] = "packed" if packed else "padded"
             shape = self._row_shape(node, batch)
             if result.pooled_PD is not None:
                 pooled[node.name] = result.pooled_PD.reshape(*shape[:-1], -1)
@@ -269,7 +286,7 @@ class RelationalTransformer(nn.Module):
         kinds = set(paths.values())
         self.last_encoder_paths = paths
         self.last_encoder_path = kinds.pop() if len(kinds) == 1 else "mixed"
-        return self.collect_outputs(outputs, pooled, rows_out)
+        return self.collect_outputs(outputs, pooled, rows_out, head)
 
     def _row_shape(self, node: NodeDef, batch: Batch) -> tuple[int, ...]:
         """``[B, L1..Ld]`` of the node's rows in this batch (each ``Lk`` at most reserved: a
@@ -352,13 +369,19 @@ class RelationalTransformer(nn.Module):
         children: list[torch.Tensor],
         want_pool: bool,
         row_outputs: tuple[str, ...],
-    ) -> tuple[NodeResult, bool]:
+        encode_rows: EncodeRows,
+    ) -> tuple[NodeResult, str]:
         if node.name not in batch.nodes:
             raise ValueError(
                 f"batch has no tensors for node {node.name!r} (has {sorted(batch.nodes)}); "
                 "encode the batch with the model's schema"
             )
         rows = self._node_rows(node, batch.nodes[node.name], children, batch)
+        return encode_rows(node, rows, want_pool, row_outputs)
+
+    def _encode_rows(
+        self, node: NodeDef, rows: NodeRows, want_pool: bool, row_outputs: tuple[str, ...]
+    ) -> tuple[NodeResult, str]:
         name = node.name
         stack = self._regions.callable_for("encoder", name, self.encoders[name], STOCK_ENCODER_TYPES)
         pool = None
@@ -378,7 +401,7 @@ class RelationalTransformer(nn.Module):
             row_outputs,
             self._coordinates(name).target_index,
         )
-        return result, packed
+        return result, "packed" if packed else "padded"
 
     # ------------------------------------------------------------------------------ loss
     def loss(self, batch: Batch, outputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -46,6 +46,10 @@ os.environ["RELFLOW_CACHE_DIR"] = str(_SESSION_DIR / "cache")
 # whatever checkout the editable install happens to point at.
 _ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+# Triton kernels (tasks/backends/triton) run on CPU tensors in Triton's interpreter. Triton reads
+# this when it is imported and again inside later lazy imports (its own jit helpers, gluon), so
+# it is set here, before anything can import triton, and kept for the whole session.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 # A tracking URI inherited from the shell must never receive test runs.
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 

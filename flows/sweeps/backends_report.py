@@ -12,6 +12,8 @@ its quality reference:
     pytorch_fp16|int8|int4  the quantized checkpoints, expanded to fp32 at load
     onnxruntime_fp32     the bundle in ONNX Runtime (padded path), CPUExecutionProvider
     onnxruntime_int8     ONNX Runtime's dynamic int8 quantization of the bundle
+    triton_fp16|fp8|int8 the quantized checkpoints served packed by the Triton backend (fp16
+                         compute); CUDA hosts only, skipped and said so elsewhere
 
 One parent MLflow run holds the children (tag ``relflow.variant``) and the table
 (``backends_report.json`` / ``.md``) and chart (``backends_report.html``). Medians over
@@ -44,7 +46,24 @@ VARIANTS: dict[str, Callable[[dict[str, str]], list[str]]] = {
         "run.onnxruntime.quantization=dynamic_int8",
     ],
 }
+# Triton serving (tasks/backends/triton): the checkpoints' weights stay packed on the device.
+TRITON = ["run.backend=triton", "run.precision=fp16"]
+VARIANTS.update(
+    {f"triton_{fmt}": (lambda f, fmt=fmt: [*TRITON, f"run.checkpoint={f[fmt]}"]) for fmt in ("fp16", "fp8", "int8")}
+)
 HEADLINE = {"category": "accuracy", "binary": "auc", "regression": "mae"}
+
+
+def runnable_here(variants: list[str], say: Callable[[str], None]) -> list[str]:
+    """The variants this host can run: the Triton ones need CUDA (said, not silently dropped)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return variants
+    skipped = [v for v in variants if v.startswith("triton_")]
+    if skipped:
+        say(f"  skipped {skipped}: the Triton backend needs a CUDA device, and this host has none")
+    return [v for v in variants if v not in skipped]
 
 
 @dataclass
@@ -103,7 +122,7 @@ def prepare_files(launch: Launch, say: Callable[[str], None]) -> dict[str, str]:
     ckpt = Path(train["checkpoint_path"])
     say(f"  trained once: {ckpt} (run {train['run_id']})")
     files = {"fp32": str(ckpt)}
-    for fmt in ("fp16", "int8", "int4"):
+    for fmt in ("fp16", "int8", "int4", "fp8"):
         target = launch.workdir / f"{ckpt.stem}.{fmt}.ckpt"
         quantize_checkpoint(ckpt, target, fmt)
         files[fmt] = str(target)
@@ -111,7 +130,7 @@ def prepare_files(launch: Launch, say: Callable[[str], None]) -> dict[str, str]:
     bundle = export_bundle(ckpt, spec, needed_outputs(spec), launch.workdir / "bundles")
     dynamic_int8(bundle, Clock())
     files["bundle"] = str(bundle.path)
-    say(f"  quantized (fp16, int8, int4) and exported: {bundle.path}")
+    say(f"  quantized (fp16, int8, int4, fp8) and exported: {bundle.path}")
     return files
 
 
@@ -121,6 +140,7 @@ def collect(
     from tasks.tracking.store import get_run_record
 
     samples = []
+    variants = runnable_here(variants, say)
     base = ["run.mode=predict", f"run.reference_checkpoint={files['fp16']}"]
     for r in range(repeats):
         order = variants[r % len(variants) :] + variants[: r % len(variants)]

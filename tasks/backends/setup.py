@@ -43,12 +43,28 @@ def check_backend_settings(spec: Spec) -> None:
         from tasks.backends.onnxruntime import check_providers
 
         check_providers(spec.run.onnxruntime)
+    elif spec.run.backend == "triton":
+        import torch
+
+        from tasks.backends.triton import missing_requirement
+        from tasks.stages.compute import resolve_device
+
+        need = missing_requirement(resolve_device(spec).type, torch.cuda.is_available())
+        if need:
+            raise UserError(need)
 
 
 def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[BackendPlan, dict[str, Any] | None]:
     """Checks before any work; returns the plan and the checkpoint-like inputs (a bundle
     given as ``run.onnxruntime.model`` supplies the schema and the fitted encoding)."""
     r = spec.run
+    if r.backend == "triton" and r.mode == "predict" and checkpoint is not None and checkpoint.get("load") is not None:
+        from tasks.backends.triton import check_format
+
+        try:
+            check_format(checkpoint["load"].weights_format)
+        except ValueError as err:
+            raise UserError(f"run.checkpoint: {err}") from None
     if r.backend != "onnxruntime":
         return BackendPlan(), checkpoint
     from tasks.backends.checkpoint import check_matches_spec
@@ -124,6 +140,22 @@ def _start(
             setup.load_seconds = span.seconds
             native = True
         return PyTorchBackend(engine.model, engine.forward, engine.autocast, fmt, native), setup
+    if r.backend == "triton":
+        from tasks.backends.triton.backend import TritonBackend
+
+        # predict serves the checkpoint's stored weights; after training, the trained fp32 ones
+        stored = load if load is not None and r.mode == "predict" else None
+        with clock.measure() as span:
+            triton_backend = TritonBackend(
+                engine.model,
+                engine.device,
+                stored.weights_format if stored else "fp32",
+                stored.quantized if stored else None,
+                r.precision,
+            )
+        setup.load_seconds = span.seconds
+        setup.model_bytes = triton_backend.model_bytes  # the packed bytes it serves from, on the device
+        return triton_backend, setup
     from tasks.backends.onnxruntime import OnnxRuntimeBackend, dynamic_int8
 
     bundle = plan.bundle

@@ -409,7 +409,11 @@ class Run(Strict):
         "(default: half of the memory available at start; tasks/checks/memory_budget.py)",
     )
     distributed: Distributed | None = Field(None, description="train with DDP over several processes")
-    backend: Literal["pytorch", "onnxruntime"] = "pytorch"
+    backend: Literal["pytorch", "onnxruntime", "triton"] = Field(
+        "pytorch",
+        description="serves the predict passes: pytorch, onnxruntime, or triton (this project's "
+        "Triton kernels on CUDA; TRITON_INTERPRET=1 runs them on CPU for correctness only)",
+    )
     onnxruntime: OnnxRuntime = Field(default_factory=OnnxRuntime)
     reference_checkpoint: str | None = Field(
         None,
@@ -451,6 +455,18 @@ class Run(Strict):
                     "run.onnxruntime.model serves an exported bundle, so the run cannot "
                     "train; set run.mode predict, or drop run.onnxruntime.model to "
                     "export the trained checkpoint"
+                )
+        if self.backend == "triton":
+            c = self.compile
+            if c.encoders or c.pools or c.model:
+                raise ValueError(
+                    "run.compile applies to the PyTorch backend; with run.backend triton "
+                    "(its own kernels) set run.compile.* to false"
+                )
+            if self.packing == "off":
+                raise ValueError(
+                    "run.backend triton serves packed attention only; set run.packing auto, "
+                    "or use run.backend pytorch for the padded path"
                 )
         if self.reference_checkpoint and self.mode != "predict":
             raise ValueError(

@@ -27,7 +27,14 @@ def sample(variant: str, r: int, steady: float, **extra: float) -> Sample:
 
 
 def test_every_variant_overrides_the_predict_run():
-    files = {"fp32": "a.ckpt", "fp16": "a.fp16.ckpt", "int8": "a.int8.ckpt", "int4": "a.int4.ckpt", "bundle": "b"}
+    files = {
+        "fp32": "a.ckpt",
+        "fp16": "a.fp16.ckpt",
+        "int8": "a.int8.ckpt",
+        "int4": "a.int4.ckpt",
+        "fp8": "a.fp8.ckpt",
+        "bundle": "b",
+    }
     got = {name: make(files) for name, make in VARIANTS.items()}
     assert got["pytorch_int4"] == ["run.checkpoint=a.int4.ckpt"]
     assert "run.compile.model=true" in got["pytorch_compiled"]
