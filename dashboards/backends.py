@@ -1,28 +1,106 @@
-"""The backends report as a chart: pure functions from report rows or child runs to Plotly.
+"""The backends report: pure functions from its runs to its table and chart.
 
-Left: steady rows/s per variant with its 95% CI and end-to-end predict rows/s beside it;
-right: the headline quality's delta against the fp16 reference. Variants are the children
-of a ``relflow-bench backends-report`` parent (tag ``relflow.variant``).
+``summarize`` turns the report's samples (one ``relflow-bench run`` per variant and round)
+into one row per variant: medians over rounds (FAILED rounds give NaN figures), the
+order-statistic 95% interval of the steady median from 6 rounds; ``to_markdown`` is the
+table, ``backends_figure`` the chart. Left: steady rows/s per variant with its 95% CI and
+end-to-end predict rows/s beside it; right: the headline quality's delta against the fp16
+reference. ``rows_from_runs`` rebuilds the rows from the children of a
+``relflow-bench backends-report`` parent (tag ``relflow.variant``) read from MLflow.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tasks.measure import keys as K
+from tasks.measure.report import Cell, Group, RunReport, Sample, interval_text, markdown_table
+from tasks.measure.report import summarize as summarize_groups
 from tasks.tracking.store import RunRecord
 
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=130))
 
 
-def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
-    """Report rows from FINISHED predict-mode children tagged ``relflow.variant`` (medians)."""
-    from flows.sweeps.backends_report import HEADLINE, Sample, summarize
+def summarize(samples: Sequence[Sample], headline: str) -> list[dict[str, Cell]]:
+    """One row per variant: medians over its rounds (FAILED rounds give NaN figures)."""
 
+    def served(g: Group, ort_key: str, ckpt_key: str) -> float:
+        # ONNX Runtime serves its own file; PyTorch variants load the checkpoint
+        return g.median(ort_key if g.key[0].startswith("onnxruntime") else ckpt_key)
+
+    def ci(g: Group, side: str) -> float | None:
+        mi = g.interval(K.STEADY_ROWS_PER_S)
+        return None if mi is None else (mi.low if side == "low" else mi.high)
+
+    return summarize_groups(
+        samples,
+        {
+            "rounds": lambda g: len(g.reports),
+            "first_call_s": lambda g: g.median(K.FIRST_CALL_SECONDS),
+            "steady_rows_per_s": lambda g: g.median(K.STEADY_ROWS_PER_S),
+            "steady_ci_low": lambda g: ci(g, "low"),
+            "steady_ci_high": lambda g: ci(g, "high"),
+            "e2e_predict_rows_per_s": lambda g: g.median(K.E2E_PREDICT_ROWS_PER_S),
+            "batch_p99_ms": lambda g: g.median(K.compute("predict", "batch_ms.p99")),
+            "quality": lambda g: g.median(K.quality(headline)),
+            "delta_vs_reference": lambda g: g.median(K.QUALITY_DELTA_VS_REFERENCE),
+            "file_bytes": lambda g: served(g, K.BACKEND_MODEL_BYTES, K.CHECKPOINT_BYTES),
+            "load_s": lambda g: served(g, K.BACKEND_LOAD_SECONDS, K.CHECKPOINT_LOAD_SECONDS),
+            "peak_rss_mib": lambda g: (
+                max((r.metrics.get(K.HOST_PEAK_BYTES, 0.0) for r in g.reports), default=math.nan) / 2**20
+            ),
+            "graph_breaks": lambda g: g.median(K.compute("predict", K.GRAPH_BREAKS_WARMUP)),
+            "recompiles": lambda g: g.median(K.compute("predict", "recompiles")),
+            "validity": lambda g: ",".join(sorted({s.validity for s in g.samples})),
+            "run_ids": lambda g: [s.report.run_id if s.report else "" for s in g.samples],
+        },
+    )
+
+
+def to_markdown(rows: Sequence[dict[str, Cell]], headline: str) -> str:
+    header = [
+        "variant",
+        "first call s",
+        "steady rows/s [95% CI]",
+        "e2e predict rows/s",
+        "batch p99 ms",
+        headline,
+        "delta vs fp16 ref",
+        "file bytes",
+        "load s",
+        "peak RSS MiB",
+        "graph breaks",
+        "validity",
+    ]
+    return markdown_table(
+        header,
+        (
+            [
+                str(r["variant"]),
+                f"{r['first_call_s']:.2f}",
+                f"{r['steady_rows_per_s']:,.0f} "
+                f"[{interval_text(r['steady_ci_low'], r['steady_ci_high'], r['rounds'])}]",
+                f"{r['e2e_predict_rows_per_s']:,.0f}",
+                f"{r['batch_p99_ms']:.1f}",
+                f"{r['quality']:.4f}",
+                f"{r['delta_vs_reference']:+.4f}",
+                f"{r['file_bytes']:,.0f}",
+                f"{r['load_s']:.3f}",
+                f"{r['peak_rss_mib']:,.0f}",
+                f"{r['graph_breaks']:.0f}",
+                str(r["validity"]),
+            ]
+            for r in rows
+        ),
+    )
+
+
+def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Cell]]:
+    """Report rows from FINISHED predict-mode children tagged ``relflow.variant`` (medians)."""
     kids = [
         r
         for r in runs
@@ -35,14 +113,11 @@ def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     if not kids:
         return []
     kind = kids[-1].params.get("task.kind", "category")
-    samples = [
-        Sample(r.tags["relflow.variant"], 0, r.metrics, r.tags, r.run_id, r.tags.get("relflow.validity", ""))
-        for r in kids
-    ]
-    return summarize(samples, HEADLINE.get(kind, "accuracy"))
+    samples = [Sample(r.tags["relflow.variant"], 0, RunReport.from_record(r)) for r in kids]
+    return summarize(samples, K.HEADLINE_QUALITY.get(kind, "accuracy"))
 
 
-def backends_figure(rows: Sequence[dict[str, Any]], headline: str = "accuracy") -> go.Figure:
+def backends_figure(rows: Sequence[dict[str, Cell]], headline: str = "accuracy") -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,

@@ -19,7 +19,6 @@ from dashboards.history import HISTORY_METRICS, HistoryStep, series
 from tasks.measure import keys as K
 from tasks.tracking.store import RunRecord
 
-HEADLINE = {"category": "accuracy", "binary": "auc", "regression": "mae"}
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=110))
 
 
@@ -172,7 +171,7 @@ def compile_groups(runs: Sequence[RunRecord]) -> dict[tuple[str, ...], dict[str,
 
 
 def headline_quality(run: RunRecord) -> tuple[str, float] | None:
-    name = HEADLINE.get(run.params.get("task.kind", "category"), "accuracy")
+    name = K.HEADLINE_QUALITY.get(run.params.get("task.kind", "category"), "accuracy")
     value = run.metrics.get(f"quality.{name}")
     return None if value is None else (name, value)
 

@@ -2,7 +2,9 @@
 
 The HTML inlines plotly.js once (no network: it opens offline and in CI's headless
 Chromium). PNGs go through Kaleido, which drives a Chrome/Chromium: ``BROWSER_PATH`` when
-set, else Debian's ``/usr/bin/chromium`` when present, else whatever Kaleido finds.
+set, else Debian's ``/usr/bin/chromium`` when present, else whatever Kaleido finds. With no
+browser the page is still written and the PNGs are skipped with one warning naming the fix
+(``Written.png_skipped``): Kaleido's own advice, a download, cannot work offline.
 """
 
 from __future__ import annotations
@@ -103,19 +105,41 @@ def chrome_path() -> str | None:
     )
 
 
-def write(d: Dashboard, out: Path, source: str, *, png: bool = True) -> list[Path]:
-    """Write ``index.html`` and one PNG per figure into ``out``; returns the files."""
+NO_BROWSER_FIX = "install one (`apt-get install -y chromium`), point BROWSER_PATH at one, or pass --no-png"
+
+
+@dataclass(frozen=True)
+class Written:
+    files: list[Path]  # index.html, then the PNGs that were written
+    png_skipped: str | None = None  # why there are no PNGs (no browser), with the fix
+
+
+def write(d: Dashboard, out: Path, source: str, *, png: bool = True) -> Written:
+    """Write ``index.html`` and one PNG per figure into ``out``; PNGs are skipped (and
+    ``png_skipped`` says why) when no Chrome/Chromium can draw them."""
     out.mkdir(parents=True, exist_ok=True)
     page = out / "index.html"
     page.write_text(to_html(d, source), encoding="utf-8")
-    files = [page]
-    if png:
-        browser = chrome_path()
-        if browser and "BROWSER_PATH" not in os.environ:
-            os.environ["BROWSER_PATH"] = browser  # Kaleido reads it
-        import plotly.io as pio
+    if not png:
+        return Written([page])
+    set_path = os.environ.get("BROWSER_PATH")
+    if set_path and not Path(set_path).is_file():
+        return Written([page], f"no PNGs: BROWSER_PATH={set_path} is not a file; {NO_BROWSER_FIX}.")
+    browser = chrome_path()
+    if browser and not set_path:
+        os.environ["BROWSER_PATH"] = browser  # Kaleido reads it
+    import plotly.io as pio
+    from kaleido.errors import ChromeNotFoundError
 
-        paths = [out / f"{name}.png" for name in d.figures]
+    paths = [out / f"{name}.png" for name in d.figures]
+    try:
         pio.write_images(list(d.figures.values()), paths, **PNG_SIZE)
-        files += paths
-    return files
+    except (ChromeNotFoundError, RuntimeError) as err:
+        # plotly turns Kaleido's ChromeNotFoundError into a RuntimeError telling the user to
+        # run plotly_get_chrome (a download); any other RuntimeError is a real failure
+        if not isinstance(err, ChromeNotFoundError) and "requires Google Chrome" not in str(err):
+            raise
+        for p in paths:  # nothing half-written stays behind
+            p.unlink(missing_ok=True)
+        return Written([page], f"no PNGs: Kaleido found no Chrome/Chromium; {NO_BROWSER_FIX}.")
+    return Written([page, *paths])

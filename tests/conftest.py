@@ -335,29 +335,21 @@ def page(browser):
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """A real PostgreSQL on 127.0.0.1 for the session (tests/pg_server.py); PGPASSWORD is set
-    for its user. Skipped with the reason when no server is installed, except under CI."""
-    import pg_server
+    """A real PostgreSQL on 127.0.0.1 for the session with password authentication
+    (tests/pgserver.py); PGPASSWORD is set for its user. Skipped with the reason when no
+    server is installed, except under CI."""
+    from pgserver import PASSWORD, private_dir, running_postgres
 
-    bin_dir = pg_server.pg_binaries()
-    if bin_dir is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL binaries are missing under CI: apt-get install -y postgresql")
-        pytest.skip(
-            "PostgreSQL server binaries not installed (Debian: apt-get install -y "
-            "postgresql); the PostgreSQL tests need a real server"
-        )
-    server = pg_server.start(bin_dir)
     old = os.environ.get("PGPASSWORD")
-    os.environ["PGPASSWORD"] = pg_server.PASSWORD
-    try:
-        yield server
-    finally:
-        from tasks.sources.databases import close_all
+    with private_dir("relflow-pg-") as folder, running_postgres(folder / "pg", password=PASSWORD) as server:
+        os.environ["PGPASSWORD"] = PASSWORD
+        try:
+            yield server
+        finally:
+            from tasks.sources.databases import close_all
 
-        close_all()
-        server.stop()
-        if old is None:
-            os.environ.pop("PGPASSWORD", None)
-        else:
-            os.environ["PGPASSWORD"] = old
+            close_all()
+            if old is None:
+                os.environ.pop("PGPASSWORD", None)
+            else:
+                os.environ["PGPASSWORD"] = old

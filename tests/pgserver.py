@@ -4,7 +4,10 @@
 on a temp data directory and a free 127.0.0.1 port. ``initdb`` and ``postgres`` refuse to run
 as root, so as root they run as the ``postgres`` system user (``runuser -u postgres --``);
 the data directory is made for that user. Authentication is ``trust`` on loopback only (the
-cluster lives for one test session). ``create_database(pg, name)`` adds a database.
+cluster lives for one test session), or, with ``password=``, scram password authentication,
+so tests exercise credentials from the environment (the session fixture ``postgres_server``
+in ``conftest.py`` does that with ``PASSWORD``). Without PostgreSQL installed the test skips,
+except under CI (``CI`` set), where it fails. ``create_database(pg, name)`` adds a database.
 
 ``running_mlflow_server(backend_uri, folder, ...)`` starts ``mlflow server`` with proxied
 artifacts (``--serve-artifacts``) on a free loopback port and waits for ``/health``.
@@ -34,6 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# The session server's password (``postgres_server``): tests check that it never reaches MLflow.
+PASSWORD = "relflow-test-secret-7Qx"
 
 
 @contextmanager
@@ -72,10 +78,28 @@ class PgServer:
     port: int
     user: str
     bin_dir: Path
+    password: str | None = None  # None: trust authentication
 
     def url(self, database: str = "postgres", driver: str = "postgresql+psycopg") -> str:
-        """SQLAlchemy URL (``postgresql+psycopg://``, psycopg 3) of one database."""
+        """SQLAlchemy URL (``postgresql+psycopg://``, psycopg 3) of one database; no password."""
         return f"{driver}://{self.user}@{self.host}:{self.port}/{database}"
+
+    @property
+    def dsn(self) -> str:
+        """libpq URL of the ``postgres`` database, as a spec's ``source.database.url`` spells
+        it; no password (it comes from PGPASSWORD)."""
+        return self.url(driver="postgresql")
+
+
+def require_postgres() -> Path:
+    """The PostgreSQL ``bin`` folder; the test skips without one, or fails under CI."""
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        why = "PostgreSQL is not installed (Debian: apt-get install -y postgresql)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI must run the PostgreSQL tests")
+        pytest.skip(why)
+    return bin_dir
 
 
 def _as_db_user(args: list[str]) -> list[str]:
@@ -95,11 +119,10 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 
 
 @contextmanager
-def running_postgres(folder: Path) -> Iterator[PgServer]:
-    """A fresh PostgreSQL cluster in ``folder`` on a free loopback port; skips if not installed."""
-    bin_dir = postgres_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (Debian: apt-get install -y postgresql)")
+def running_postgres(folder: Path, password: str | None = None) -> Iterator[PgServer]:
+    """A fresh PostgreSQL cluster in ``folder`` on a free loopback port (scram authentication
+    with ``password``, else trust); skips if not installed (fails under CI)."""
+    bin_dir = require_postgres()
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / "pgdata"
     data.mkdir()
@@ -111,8 +134,15 @@ def running_postgres(folder: Path) -> Iterator[PgServer]:
             if str(parent) in ("/", "/tmp"):
                 break
             os.chmod(parent, os.stat(parent).st_mode | 0o711)
+    auth = ["-A", "trust"]
+    if password is not None:
+        pwfile = folder / "pw"
+        pwfile.write_text(password + "\n")
+        if os.geteuid() == 0:
+            shutil.chown(pwfile, "postgres", "postgres")
+        auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
     subprocess.run(
-        _as_db_user([str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust", "--no-sync", "-E", "UTF8"]),
+        _as_db_user([str(bin_dir / "initdb"), "-D", str(data), "-U", user, *auth, "--no-sync", "-E", "UTF8"]),
         check=True,
         capture_output=True,
         timeout=120,
@@ -137,6 +167,10 @@ def running_postgres(folder: Path) -> Iterator[PgServer]:
                     "-c",
                     "fsync=off",
                     "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
                     "max_connections=200",
                 ]
             ),
@@ -155,7 +189,7 @@ def running_postgres(folder: Path) -> Iterator[PgServer]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"PostgreSQL did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.3)
-        yield PgServer("127.0.0.1", port, user, bin_dir)
+        yield PgServer("127.0.0.1", port, user, bin_dir, password)
     finally:
         _stop(proc, signal.SIGINT)  # SIGINT = PostgreSQL's "fast" shutdown
 
@@ -164,7 +198,9 @@ def create_database(pg: PgServer, name: str) -> str:
     """Create database ``name``; returns its SQLAlchemy URL."""
     import psycopg
 
-    with psycopg.connect(host=pg.host, port=pg.port, user=pg.user, dbname="postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        host=pg.host, port=pg.port, user=pg.user, password=pg.password, dbname="postgres", autocommit=True
+    ) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return pg.url(name)
 

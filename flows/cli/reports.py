@@ -266,7 +266,14 @@ def dashboard_cmd(
     host_fingerprint: Annotated[
         str | None, typer.Option(help="Host for the history chart (default: latest run's).")
     ] = None,
-    png: Annotated[bool, typer.Option(help="Also write PNGs (needs Chromium for Kaleido).")] = True,
+    png: Annotated[
+        bool,
+        typer.Option(
+            "--png/--no-png",
+            help="Also write PNGs (Kaleido needs Chrome/Chromium: /usr/bin/chromium or BROWSER_PATH); "
+            "without one the PNGs are skipped with a warning.",
+        ),
+    ] = True,
     log: Annotated[bool, typer.Option(help="Log the files to MLflow as a 'dashboard' run.")] = True,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
@@ -291,7 +298,10 @@ def dashboard_cmd(
         d = report.build(experiment, runs, host_fingerprint=host_fingerprint)
         if not d.runs:
             raise UserError(f"experiment '{experiment}' has no FINISHED benchmark runs to draw.")
-        files = report.write(d, out_dir, tracking_uri(), png=png)
+        written = report.write(d, out_dir, tracking_uri(), png=png)
+        files = written.files
+        if written.png_skipped:
+            console.print(f"warning: {written.png_skipped}")
         run_id = None
         if log:
             tracker = Tracker(experiment)

@@ -9,22 +9,34 @@ empty Inductor cache (cold) and again with the cache the cold run just filled (w
 Each process is a child MLflow run under one parent run; the summary table (medians over
 rounds, order-statistic 95% intervals of those medians from 6 rounds (the default; fewer
 rounds print the median and "n<6" instead of an interval), speedup = ratio of median steady
-throughput to eager's, in the same rounds) is printed and logged to the parent as ``compile_report.json`` / ``.md``.
+throughput to eager's, in the same rounds, with (from 6 rounds) the order-statistic 95%
+interval of the median per-round ratio: each round's variant run over that round's eager
+run, a pair that shares the machine's state) is printed and logged to the parent as
+``compile_report.json`` / ``.md``.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tasks.measure import keys as K
-from tasks.measure.stats import MIN_CI_SAMPLES, median_interval
+from tasks.measure.report import (
+    Cell,
+    Group,
+    RunReport,
+    Sample,
+    groups,
+    interval_text,
+    markdown_table,
+    ratio_interval,
+)
+from tasks.measure.report import summarize as summarize_groups
+from tasks.measure.stats import MIN_CI_SAMPLES
 
 DEFAULT_ROUNDS = MIN_CI_SAMPLES  # enough rounds for a 95% interval of each median
 
@@ -36,18 +48,9 @@ VARIANTS: dict[str, tuple[bool, bool]] = {
 }
 
 
-@dataclass
-class Sample:
-    variant: str
-    cache: str  # "none" (eager), "cold" or "warm"
-    round: int
-    metrics: dict[str, float]
-    run_id: str
-
-
 def _run_variant(
     spec: Path, overrides: list[str], variant: str, cache_dir: Path | None, parent_run_id: str, workdir: Path, tag: str
-) -> dict[str, Any]:
+) -> RunReport:
     enc, pools = VARIANTS[variant]
     out = workdir / f"{tag}.json"
     env = dict(os.environ)
@@ -73,7 +76,7 @@ def _run_variant(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"variant {variant} ({tag}) failed with exit {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    return RunReport.from_json(out.read_text())
 
 
 def collect(spec: Path, overrides: list[str], repeats: int, parent_run_id: str, on_sample=None) -> list[Sample]:
@@ -91,79 +94,100 @@ def collect(spec: Path, overrides: list[str], repeats: int, parent_run_id: str, 
                     plan = [("cold", cache), ("warm", cache)]
                 for kind, cache in plan:
                     tag = f"{variant.replace('+', '_')}-{kind}-{r}"
-                    summary = _run_variant(spec, overrides, variant, cache, parent_run_id, workdir, tag)
-                    s = Sample(variant, kind, r, summary["metrics"], summary["run_id"])
+                    report = _run_variant(spec, overrides, variant, cache, parent_run_id, workdir, tag)
+                    s = Sample(variant, r, report, cache=kind)
                     samples.append(s)
                     if on_sample:
                         on_sample(s)
     return samples
 
 
-def summarize(samples: list[Sample]) -> list[dict[str, Any]]:
+def summarize(samples: list[Sample]) -> list[dict[str, Cell]]:
     """One row per variant and cache state: medians over rounds, CIs, speedup vs eager."""
+    order = [(v, c) for v in VARIANTS for c in (("none",) if v == "eager" else ("cold", "warm"))]
+    ordered = sorted(samples, key=lambda s: order.index((s.variant, s.cache)))  # stable: rounds stay in order
+    eager = next((g for g in groups(ordered, lambda s: (s.variant, s.cache)) if g.key == ("eager", "none")), None)
 
-    def pick(variant: str, cache: str, key: str) -> list[float]:
-        return [s.metrics.get(key, float("nan")) for s in samples if s.variant == variant and s.cache == cache]
+    def speedup(g: Group, key: str) -> tuple[float, float | None, float | None]:
+        base = eager.median(key) if eager else math.nan
+        ratio = g.median(key) / base if base else math.nan
+        paired = ratio_interval(g.by_round(key), eager.by_round(key)) if eager else None
+        return ratio, paired.low if paired else None, paired.high if paired else None
 
-    def med(variant: str, cache: str, key: str) -> float:
-        return median_interval(pick(variant, cache, key)).median
+    def ci(g: Group, key: str, side: int) -> float | None:
+        mi = g.interval(key)
+        return None if mi is None else (mi.low, mi.high)[side]
 
-    eager_predict = med("eager", "none", K.STEADY_ROWS_PER_S)
-    eager_train = med("eager", "none", K.TRAIN_STEADY_ROWS_PER_S)
-    rows = []
-    for variant in VARIANTS:
-        for cache in ("none",) if variant == "eager" else ("cold", "warm"):
-            p = median_interval(pick(variant, cache, K.STEADY_ROWS_PER_S))
-            t = median_interval(pick(variant, cache, K.TRAIN_STEADY_ROWS_PER_S))
-            rows.append(
-                {
-                    "variant": variant,
-                    "cache": cache,
-                    "rounds": p.n,
-                    "predict_first_call_s": med(variant, cache, K.FIRST_CALL_SECONDS),
-                    "predict_steady_rows_per_s": p.median,
-                    "predict_ci_low": p.low,
-                    "predict_ci_high": p.high,
-                    "predict_speedup_vs_eager": p.median / eager_predict if eager_predict else float("nan"),
-                    "train_first_call_s": med(variant, cache, K.compute("train", "first_call_seconds")),
-                    "train_steady_rows_per_s": t.median,
-                    "train_ci_low": t.low,
-                    "train_ci_high": t.high,
-                    "train_speedup_vs_eager": t.median / eager_train if eager_train else float("nan"),
-                    "recompiles": max(
-                        pick(variant, cache, K.compute("predict", "recompiles"))
-                        + pick(variant, cache, K.compute("train", "recompiles"))
-                    ),
-                    "host_peak_mib": max(pick(variant, cache, K.HOST_PEAK_BYTES)) / 2**20,
-                    "host_peak_excluding_compiler_mib": max(pick(variant, cache, K.HOST_PEAK_EXCLUDING_COMPILER_BYTES))
-                    / 2**20,
-                }
-            )
-    return rows
+    def recompiles(g: Group) -> float:
+        return max(g.values(K.compute("predict", "recompiles")) + g.values(K.compute("train", "recompiles")))
 
-
-def _interval(low: float | None, high: float | None, n: int) -> str:
-    """The 95% interval, or why there is none (too few rounds)."""
-    if low is None or high is None:
-        return f"n={n}<{MIN_CI_SAMPLES}, no CI"
-    return f"{low:,.0f}, {high:,.0f}"
-
-
-def to_markdown(rows: list[dict[str, Any]]) -> str:
-    head = (
-        "| variant | cache | predict first call s | predict steady rows/s [95% CI] | speedup | "
-        "train first call s | train steady rows/s [95% CI] | speedup | recompiles | peak RSS MiB | "
-        "without compiler MiB |"
+    p, t = K.STEADY_ROWS_PER_S, K.TRAIN_STEADY_ROWS_PER_S
+    return summarize_groups(
+        ordered,
+        {
+            "rounds": lambda g: len(g.samples),
+            "predict_first_call_s": lambda g: g.median(K.FIRST_CALL_SECONDS),
+            "predict_steady_rows_per_s": lambda g: g.median(p),
+            "predict_ci_low": lambda g: ci(g, p, 0),
+            "predict_ci_high": lambda g: ci(g, p, 1),
+            "predict_speedup_vs_eager": lambda g: speedup(g, p)[0],
+            "predict_speedup_ci_low": lambda g: speedup(g, p)[1],
+            "predict_speedup_ci_high": lambda g: speedup(g, p)[2],
+            "train_first_call_s": lambda g: g.median(K.compute("train", "first_call_seconds")),
+            "train_steady_rows_per_s": lambda g: g.median(t),
+            "train_ci_low": lambda g: ci(g, t, 0),
+            "train_ci_high": lambda g: ci(g, t, 1),
+            "train_speedup_vs_eager": lambda g: speedup(g, t)[0],
+            "train_speedup_ci_low": lambda g: speedup(g, t)[1],
+            "train_speedup_ci_high": lambda g: speedup(g, t)[2],
+            "recompiles": recompiles,
+            "host_peak_mib": lambda g: g.max(K.HOST_PEAK_BYTES) / 2**20,
+            "host_peak_excluding_compiler_mib": lambda g: g.max(K.HOST_PEAK_EXCLUDING_COMPILER_BYTES) / 2**20,
+        },
+        by=lambda s: (s.variant, s.cache),
+        names=("variant", "cache"),
     )
-    lines = [head, "|" + "---|" * 11]
-    for r in rows:
-        lines.append(
-            f"| {r['variant']} | {r['cache']} | {r['predict_first_call_s']:.2f} | "
-            f"{r['predict_steady_rows_per_s']:,.0f} "
-            f"[{_interval(r['predict_ci_low'], r['predict_ci_high'], r['rounds'])}] | "
-            f"{r['predict_speedup_vs_eager']:.2f}x | {r['train_first_call_s']:.2f} | "
-            f"{r['train_steady_rows_per_s']:,.0f} [{_interval(r['train_ci_low'], r['train_ci_high'], r['rounds'])}] | "
-            f"{r['train_speedup_vs_eager']:.2f}x | {int(r['recompiles'])} | {r['host_peak_mib']:,.0f} | "
-            f"{r['host_peak_excluding_compiler_mib']:,.0f} |"
-        )
-    return "\n".join(lines)
+
+
+def _speedup(r: dict[str, Cell], phase: str) -> str:
+    """``1.23x``, with the paired per-round interval when the rounds support one."""
+    ratio, low, high = r[f"{phase}_speedup_vs_eager"], r[f"{phase}_speedup_ci_low"], r[f"{phase}_speedup_ci_high"]
+    text = f"{ratio:.2f}x"
+    return text if low is None or high is None else f"{text} [{low:.2f}, {high:.2f}]"
+
+
+def to_markdown(rows: list[dict[str, Cell]]) -> str:
+    header = [
+        "variant",
+        "cache",
+        "predict first call s",
+        "predict steady rows/s [95% CI]",
+        "speedup",
+        "train first call s",
+        "train steady rows/s [95% CI]",
+        "speedup",
+        "recompiles",
+        "peak RSS MiB",
+        "without compiler MiB",
+    ]
+    return markdown_table(
+        header,
+        (
+            [
+                str(r["variant"]),
+                str(r["cache"]),
+                f"{r['predict_first_call_s']:.2f}",
+                f"{r['predict_steady_rows_per_s']:,.0f} "
+                f"[{interval_text(r['predict_ci_low'], r['predict_ci_high'], r['rounds'])}]",
+                _speedup(r, "predict"),
+                f"{r['train_first_call_s']:.2f}",
+                f"{r['train_steady_rows_per_s']:,.0f} "
+                f"[{interval_text(r['train_ci_low'], r['train_ci_high'], r['rounds'])}]",
+                _speedup(r, "train"),
+                f"{int(r['recompiles'])}",
+                f"{r['host_peak_mib']:,.0f}",
+                f"{r['host_peak_excluding_compiler_mib']:,.0f}",
+            ]
+            for r in rows
+        ),
+    )

@@ -34,12 +34,11 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.sweeps.launch import Launched, launch_local, prefect_api_url
 from tasks.measure import keys as K
+from tasks.measure.report import RunReport
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
-from tasks.tracking.store import Tracker, flatten, search_runs
-
-HEADLINE = {"category": "accuracy", "binary": "auc", "regression": "mae"}
+from tasks.tracking.store import RunRecord, Tracker, flatten, search_runs
 
 
 @dataclass(frozen=True)
@@ -127,21 +126,27 @@ def sweep_hash(base: Spec, configs: list[Config]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _row_from_record(c: Config, rec: Any, status: str, kind: str) -> Row:
-    q = HEADLINE[kind]
+def config_row(c: Config, report: RunReport, status: str, quality_metric: str) -> Row:
+    """The summary row of one configuration's run (read back from its process or MLflow)."""
     return Row(
         c.index,
         c.label,
         c.values,
         status,
-        rec.run_id,
-        steady_rows_per_s=rec.metrics.get(K.STEADY_ROWS_PER_S),
-        e2e_rows_per_s=rec.metrics.get(K.E2E_PREDICT_ROWS_PER_S),
-        quality_metric=q,
-        quality=rec.metrics.get(f"quality.{q}"),
-        validity=rec.tags.get("relflow.validity"),
-        error=rec.tags.get("relflow.error"),
+        report.run_id,
+        steady_rows_per_s=report.metrics.get(K.STEADY_ROWS_PER_S),
+        e2e_rows_per_s=report.metrics.get(K.E2E_PREDICT_ROWS_PER_S),
+        quality_metric=quality_metric,
+        quality=report.metrics.get(K.quality(quality_metric)),
+        validity=report.validity or None,
+        error=report.tags.get("relflow.error"),
+        stages=list(report.stages),
     )
+
+
+def row_from_record(c: Config, rec: RunRecord, status: str, kind: str) -> Row:
+    """The row of a configuration whose run is read from MLflow (skipped, or run by a worker)."""
+    return config_row(c, RunReport.from_record(rec), status, K.HEADLINE_QUALITY[kind])
 
 
 @task(
@@ -198,36 +203,24 @@ def sweep(
         done = finished_children(base.name, parent)
         for c in configs:
             if c.spec_hash in done:
-                row = _row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
-                rows.append(row)
-                progress.emit("sweep", kind="skipped", row=row, total=len(configs))
+                r = row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
+                rows.append(r)
+                progress.emit("sweep", kind="skipped", row=r, total=len(configs))
                 continue
             progress.emit("sweep", kind="start", index=c.index, config=c.label, total=len(configs))
             child_tags = child_run_tags(shash, attempt, c, tags)
             launched = run_configuration(
                 c.index, c.spec, spec_dir, parent, child_tags, workdir.name, tracker.uri, api_url
             )
-            s = launched.summary
-            if s is not None:
-                q = s["quality_metric"]
-                row = Row(
-                    c.index,
-                    c.label,
-                    c.values,
-                    "FINISHED",
-                    s["run_id"],
-                    steady_rows_per_s=s["metrics"].get(K.STEADY_ROWS_PER_S),
-                    e2e_rows_per_s=s["metrics"].get(K.E2E_PREDICT_ROWS_PER_S),
-                    quality_metric=q,
-                    quality=s["metrics"].get(f"quality.{q}"),
-                    validity=s["validity"],
-                    stages=s["stages"],
-                )
+            report = launched.summary
+            if report is not None:
+                q = report.quality_metric or K.HEADLINE_QUALITY[base.task.kind]
+                r = config_row(c, report, "FINISHED", q)
             else:  # one configuration failing must not stop the sweep
-                row = _record_failure(tracker, c, launched, child_tags, parent, base.task.kind)
+                r = _record_failure(tracker, c, launched, child_tags, parent, base.task.kind)
             tracker.log_text(launched.log, f"configurations/{attempt}/config-{c.index}.log")
-            rows.append(row)
-            progress.emit("sweep", kind="done", row=row, total=len(configs))
+            rows.append(r)
+            progress.emit("sweep", kind="done", row=r, total=len(configs))
         close_parent(tracker, rows, attempt)
     except BaseException as err:
         tracker.fail(err)
@@ -333,4 +326,6 @@ def _record_failure(
         text = launched.error or f"exit code {launched.returncode}"
         body = text.removeprefix("UserError: ")
         child.fail(UserError(body) if body != text else RuntimeError(text))
-    return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind], error=launched.error)
+    return Row(
+        c.index, c.label, c.values, "FAILED", run_id, quality_metric=K.HEADLINE_QUALITY[kind], error=launched.error
+    )

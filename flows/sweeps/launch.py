@@ -17,7 +17,6 @@ result.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tasks.measure.report import RunReport
 
 REPO = Path(__file__).resolve().parents[2]
 # How long an interrupted child may take to end its MLflow run before the next signal.
@@ -38,7 +39,7 @@ class Launched:
     """What one configuration's process returned."""
 
     returncode: int
-    summary: dict[str, Any] | None  # the run summary (``relflow-bench run --json``), if it finished
+    summary: RunReport | None  # the run's report (``relflow-bench run --json``), if it finished
     error: str | None  # the child's one-paragraph error, if it failed
     log: str  # the child's console output
 
@@ -109,7 +110,7 @@ def launch_local(
             raise
     text = log_file.read_text(errors="replace")
     if rc == 0 and json_out.is_file():
-        return Launched(rc, json.loads(json_out.read_text()), None, text)
+        return Launched(rc, RunReport.from_json(json_out.read_text()), None, text)
     return Launched(rc, None, child_error(text, rc), text)
 
 

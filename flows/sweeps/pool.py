@@ -100,16 +100,16 @@ def sweep_pool(
     from prefect.states import Crashed
 
     from flows.sweeps.grid import (
-        HEADLINE,
         Row,
-        _row_from_record,
         child_run_tags,
         close_parent,
         expand,
         finished_children,
         open_parent,
+        row_from_record,
         sweep_hash,
     )
+    from tasks.measure import keys as K
     from tasks.measure.clock import wall_clock
 
     base = parse_spec(base_spec, "(sweep parameter 'base_spec')")
@@ -132,7 +132,7 @@ def sweep_pool(
         pending: dict[int, Any] = {}  # config index -> flow run id
         for c in configs:
             if c.spec_hash in done:
-                rows[c.index] = _row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
+                rows[c.index] = row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
                 workers[c.index] = done[c.spec_hash].tags.get("relflow.worker", "-")
                 progress.emit("sweep", kind="skipped", row=rows[c.index], total=len(configs))
                 continue
@@ -167,7 +167,7 @@ def sweep_pool(
                     if state == "COMPLETED":
                         rec = _child_run(base.name, attempt, index)
                         row = (
-                            _row_from_record(c, rec, "FINISHED", base.task.kind)
+                            row_from_record(c, rec, "FINISHED", base.task.kind)
                             if rec
                             else Row(
                                 c.index,
@@ -175,7 +175,7 @@ def sweep_pool(
                                 c.values,
                                 "FAILED",
                                 None,
-                                quality_metric=HEADLINE[base.task.kind],
+                                quality_metric=K.HEADLINE_QUALITY[base.task.kind],
                                 error="flow run COMPLETED but no MLflow child run was found",
                             )
                         )
@@ -230,7 +230,8 @@ def _failed(
     message: str,
 ) -> Any:
     """A FAILED row; the MLflow child ends FAILED (created FAILED if the flow never started one)."""
-    from flows.sweeps.grid import HEADLINE, Row
+    from flows.sweeps.grid import Row
+    from tasks.measure import keys as K
 
     error = (
         f"flow run {flow_run} ended {state}"
@@ -258,7 +259,16 @@ def _failed(
         if rec.status == "RUNNING":  # the flow-run process died before it could end its run
             child.run_id = run_id
             child.fail(RuntimeError(error))
-    return Row(c.index, c.label, c.values, "FAILED", run_id, quality_metric=HEADLINE[kind], validity=None, error=error)
+    return Row(
+        c.index,
+        c.label,
+        c.values,
+        "FAILED",
+        run_id,
+        quality_metric=K.HEADLINE_QUALITY[kind],
+        validity=None,
+        error=error,
+    )
 
 
 def check_pool_args(pool: str | None, queue: str | None) -> None:

@@ -148,6 +148,9 @@ def quality(name: str) -> str:
 
 
 QUALITY_ROWS = "quality.rows"
+# The headline quality of each task kind (``quality.<name>``): the one figure run notes,
+# sweeps, reports and dashboards show for a run's quality.
+HEADLINE_QUALITY = {"category": "accuracy", "binary": "auc", "regression": "mae"}
 
 HARNESS_DATA_SECONDS = "harness.data_seconds"
 HARNESS_STARTUP_SECONDS = "harness.startup_seconds"

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tasks.measure import keys as K
+
 
 def _auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Rank-based ROC AUC (Mann-Whitney U), ties averaged."""
@@ -69,4 +71,4 @@ class Quality:
 
     @property
     def headline(self) -> str:
-        return {"category": "accuracy", "binary": "auc", "regression": "mae"}[self.kind]
+        return K.HEADLINE_QUALITY[self.kind]

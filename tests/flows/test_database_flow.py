@@ -38,7 +38,7 @@ def runs(prefect_harness, postgres_server, tpch_small, tmp_path_factory):
     from flows.benchmark import benchmark
     from tasks.sources.databases import load_postgresql
 
-    load_postgresql(postgres_server.url, tpch_small)
+    load_postgresql(postgres_server.dsn, tpch_small)
     folder = tmp_path_factory.mktemp("dbflow")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
@@ -55,7 +55,7 @@ def runs(prefect_harness, postgres_server, tpch_small, tmp_path_factory):
 
         trained = go("parquet", [])
         ckpt = trained["checkpoint_path"]
-        predict = ["run.mode=predict", f"run.checkpoint={ckpt}", f"source.database.url={postgres_server.url}"]
+        predict = ["run.mode=predict", f"run.checkpoint={ckpt}", f"source.database.url={postgres_server.dsn}"]
         go("pg_offline", predict)
         go("pg_single", predict + ["run.scenario=single_stream", *REQUESTS])
         go(
@@ -155,14 +155,14 @@ def test_calibration_is_fitted_stored_and_applied(runs):
 
 @pytest.mark.slow
 def test_password_never_reaches_mlflow(runs, postgres_server):
-    import pg_server
+    from pgserver import PASSWORD
 
     out, uri = runs
     client = MlflowClient(tracking_uri=uri)
     for name in ("pg_offline", "pg_single"):
         run = out[name][1]
-        assert run.data.params["source.database.url"] == postgres_server.url
+        assert run.data.params["source.database.url"] == postgres_server.dsn
         blob = " ".join([*run.data.params.values(), *run.data.tags.values()])
-        assert pg_server.PASSWORD not in blob
+        assert PASSWORD not in blob
         spec_yaml = Path(client.download_artifacts(run.info.run_id, "spec.yaml")).read_text()
-        assert pg_server.PASSWORD not in spec_yaml
+        assert PASSWORD not in spec_yaml

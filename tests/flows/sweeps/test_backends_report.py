@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from dashboards.backends import backends_figure
-from flows.sweeps.backends_report import VARIANTS, Sample, summarize, to_markdown
+from dashboards.backends import backends_figure, summarize, to_markdown
+from flows.sweeps.backends_report import VARIANTS
+from tasks.measure.report import RunReport, Sample
 
 
 def sample(variant: str, r: int, steady: float, **extra: float) -> Sample:
@@ -23,7 +24,7 @@ def sample(variant: str, r: int, steady: float, **extra: float) -> Sample:
         "memory.host_peak_bytes": 2**30,
         **extra,
     }
-    return Sample(variant, r, m, {}, f"id-{variant}-{r}", "VALID")
+    return Sample(variant, r, RunReport(f"id-{variant}-{r}", m, "VALID"))
 
 
 def test_every_variant_overrides_the_predict_run():
@@ -45,7 +46,7 @@ def test_every_variant_overrides_the_predict_run():
 def test_summary_takes_medians_and_the_right_file_per_backend():
     samples = [sample("pytorch_int8", r, s) for r, s in enumerate((100.0, 300.0, 200.0))]
     samples += [sample("onnxruntime_fp32", r, 50.0 + r) for r in range(6)]
-    samples.append(Sample("pytorch_compiled", 0, {}, {}, "", "FAILED"))
+    samples.append(Sample("pytorch_compiled", 0, None))
     rows = {r["variant"]: r for r in summarize(samples, "accuracy")}
     assert rows["pytorch_int8"]["steady_rows_per_s"] == 200.0
     # 3 rounds support no 95% interval of the median; 6 do (order statistics)

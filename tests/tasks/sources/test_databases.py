@@ -61,10 +61,10 @@ def test_duckdb_reads_equal_parquet(shop_spec, shop_files, tmp_path):
 
 @pytest.mark.slow
 def test_postgresql_reads_equal_parquet(postgres_server, shop_spec, shop_files, tmp_path):
-    rows = databases.load_postgresql(postgres_server.url, shop_files, SHOP_KEYS)
+    rows = databases.load_postgresql(postgres_server.dsn, shop_files, SHOP_KEYS)
     assert rows == {"customers": 5, "lines": 11, "orders": 8}
     spec_files = parse_spec(shop_spec)
-    _assert_same_reads(spec_files, shop_files, _db_spec(shop_spec, postgres_server.url), tmp_path)
+    _assert_same_reads(spec_files, shop_files, _db_spec(shop_spec, postgres_server.dsn), tmp_path)
 
 
 def test_missing_duckdb_file_names_the_fix(shop_spec, tmp_path):

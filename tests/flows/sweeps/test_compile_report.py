@@ -1,0 +1,48 @@
+"""The compile report's table from measured samples (no processes started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.sweeps.compile_report import summarize as compile_summarize
+from flows.sweeps.compile_report import to_markdown as compile_markdown
+from tasks.measure import keys as K
+from tasks.measure.report import RunReport, Sample
+
+
+def _compile_sample(variant: str, cache: str, r: int, steady: float) -> Sample:
+    m = {
+        K.STEADY_ROWS_PER_S: steady,
+        K.TRAIN_STEADY_ROWS_PER_S: steady / 2,
+        K.FIRST_CALL_SECONDS: 0.5,
+        K.compute("train", "first_call_seconds"): 1.5,
+        K.compute("predict", "recompiles"): 0.0,
+        K.compute("train", "recompiles"): float(r == 3),
+        K.HOST_PEAK_BYTES: 2.0**30,
+        K.HOST_PEAK_EXCLUDING_COMPILER_BYTES: 2.0**29,
+    }
+    return Sample(variant, r, RunReport(f"{variant}-{cache}-{r}", m, "VALID"), cache=cache)
+
+
+def test_compile_report_speedup_is_paired_by_round():
+    # eager drifts up round by round; encoders (warm) is exactly 1.5x eager in its own round
+    samples = []
+    for r in range(6):
+        eager = 1000.0 + 100 * r
+        samples.append(_compile_sample("encoders", "cold", r, eager * (1.0 + 0.1 * r)))
+        samples.append(_compile_sample("encoders", "warm", r, eager * 1.5))
+        samples.append(_compile_sample("eager", "none", r, eager))
+    rows = {(row["variant"], row["cache"]): row for row in compile_summarize(samples)}
+    assert list(rows) == [("eager", "none"), ("encoders", "cold"), ("encoders", "warm")]  # table order
+    warm = rows[("encoders", "warm")]
+    assert (warm["predict_speedup_ci_low"], warm["predict_speedup_ci_high"]) == (1.5, 1.5)
+    assert warm["predict_speedup_vs_eager"] == pytest.approx(1.5)  # ratio of the medians
+    cold = rows[("encoders", "cold")]
+    # n = 6: k = 1, the interval is [min, max] of the per-round ratios 1.0 .. 1.5
+    assert (cold["predict_speedup_ci_low"], cold["predict_speedup_ci_high"]) == pytest.approx((1.0, 1.5))
+    assert warm["recompiles"] == 1.0 and warm["host_peak_mib"] == 1024.0
+    md = compile_markdown(list(rows.values()))
+    assert "| encoders | warm | 0.50 | 1,875 [1,500, 2,250] | 1.50x [1.50, 1.50] | 1.50 | 938 [750, 1,125] |" in md
+    # fewer rounds: medians, no interval, and the speedup without one
+    few = compile_summarize([s for s in samples if s.round < 3])
+    assert "| eager | none | 0.50 | 1,100 [n=3<6, no CI] | 1.00x | 1.50 |" in compile_markdown(few)
