@@ -99,9 +99,7 @@ def test_no_other_module_spells_a_metric_key():
 NAMESPACES = sorted({re.split(r"[./]", k)[0] for k, _ in K.CATALOGUE} - {"run", "<key>", "system"})
 # A key mention: a namespace, a dot, then key characters (placeholders, `|`, `*` included).
 # Not part of a longer name (module paths `tasks.stages.compute`, files `compute.py`, calls).
-DOC_KEY = re.compile(
-    rf"(?<![\w./:$-])((?:{'|'.join(NAMESPACES)})\.[A-Za-z0-9_<>|.*-]*[A-Za-z0-9_>*])(?![\w(/-])"
-)
+DOC_KEY = re.compile(rf"(?<![\w./:$-])((?:{'|'.join(NAMESPACES)})\.[A-Za-z0-9_<>|.*-]*[A-Za-z0-9_>*])(?![\w(/-])")
 FILE_SUFFIX = re.compile(r"\.(py|yaml|yml|json|md|html|png|csv|parquet|onnx|ckpt|log|txt)$")
 # Placeholder holes that stand for one or more dotted segments; every other hole is one segment.
 DOTTED_HOLES = {"<what>", "<key>", "<name>"}
