@@ -14,9 +14,8 @@ README = REPO / "README.md"
 MAX_LINES = 250
 # Folders whose code folders must all appear in the tree (tests/: its top level only).
 CODE_ROOTS = ("flows", "tasks", "model", "dashboards", "benchmarks")
-# Files the tree names that land with another branch of issue 18 (the lead's one stage chain and
-# the offline passes moved out of flows/benchmark.py). Once merged they exist and this set may go.
-PENDING_FILES = {"tasks/stages/chain.py", "tasks/scenarios/offline.py"}
+# Files a newcomer must find first: the one stage chain and the offline passes.
+KEY_FILES = {"tasks/stages/chain.py", "tasks/scenarios/offline.py", "tasks/scenarios/workload.py"}
 INDENT = 4
 # One tree line: indentation, a name (folders end in "/"), at least two spaces, the comment.
 TREE_LINE = re.compile(r"^(?P<indent> *)(?P<name>\S+)(?: {2,}(?P<comment>\S.*))?$")
@@ -78,7 +77,7 @@ def not_on_disk(tree: dict[str, str | None]) -> list[str]:
         if path.endswith("/"):
             if not (REPO / path).is_dir():
                 bad.append(path)
-        elif not (REPO / path).is_file() and path not in PENDING_FILES:
+        elif not (REPO / path).is_file():
             bad.append(path)
     return bad
 
@@ -151,7 +150,8 @@ def test_setup_commands_are_the_ones_ci_runs():
         assert f"missing+=({p})" in ci_text, f".ci/run does not install {p}, which the README's set-up names"
 
 
-@pytest.mark.parametrize("path", sorted(PENDING_FILES))
-def test_pending_files_are_described_where_they_live(path: str):
+@pytest.mark.parametrize("path", sorted(KEY_FILES))
+def test_key_files_exist_and_are_described_where_they_live(path: str):
+    assert (REPO / path).is_file(), path
     folder_readme = REPO / Path(path).parent / "README.md"
     assert Path(path).name in folder_readme.read_text(), f"{folder_readme.relative_to(REPO)} does not describe {path}"
