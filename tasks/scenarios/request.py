@@ -31,12 +31,8 @@ class RequestPath:
             steps[stage], rows[stage] = seconds, n
 
         chain, work = self.chain, self.work
-        saved, chain.run_stage = chain.run_stage, run_directly
-        try:
-            p = chain.prepare(keys, record)
-            chain.serve(p.tz, self.writer, record)
-        finally:
-            chain.run_stage = saved
+        p = chain.prepare(keys, record, runner=run_directly)
+        chain.serve(p.tz, self.writer, record, runner=run_directly)
         work.account(p, None)
         stage_table = work.result.stages["predict"]
         for name, sec in steps.items():

@@ -136,16 +136,21 @@ class Chain:
         tz: Tensorized = run("tensorize", lambda: self._tensorize(pre), lambda t: t.root_rows)
         return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells)
 
-    def _timed(self, stage: str, step: Callable[[], _T], where: Where | None) -> tuple[_T, float]:
+    def _timed(
+        self, stage: str, step: Callable[[], _T], where: Where | None, runner: StageRunner | None = None
+    ) -> tuple[_T, float]:
         if where is not None:  # the CLI's progress line names the chunk and stage
             progress.emit("stage", name=stage, **where)
-        return self.run_stage(stage, step, self.clock)
+        return (runner or self.run_stage)(stage, step, self.clock)
 
-    def prepare(self, keys: np.ndarray, sink: StageSink, where: Where | None = None) -> Prepared:
-        """The timed steps for ``keys``; each step's seconds and rows go to ``sink``."""
+    def prepare(
+        self, keys: np.ndarray, sink: StageSink, where: Where | None = None, runner: StageRunner | None = None
+    ) -> Prepared:
+        """The timed steps for ``keys``; each step's seconds and rows go to ``sink``. ``runner``
+        overrides the chain's (requests run their steps directly: no Prefect task per request)."""
 
         def run(stage: str, step: Callable[[], Any], rows: Callable[[Any], int]) -> Any:
-            out, seconds = self._timed(stage, step, where)
+            out, seconds = self._timed(stage, step, where, runner)
             sink(stage, seconds, rows(out))
             return out
 
@@ -213,21 +218,26 @@ class Chain:
         sink("compute", seconds, int(tz.is_train.sum()))
 
     def serve(
-        self, tz: Tensorized, writer: PredictionWriter, sink: StageSink, where: Where | None = None
+        self,
+        tz: Tensorized,
+        writer: PredictionWriter,
+        sink: StageSink,
+        where: Where | None = None,
+        runner: StageRunner | None = None,
     ) -> PredictOutputs:
         """compute (predict) -> calibrate -> write for one prepared chunk or request."""
         engine, spec, rows = self._engine(), self.spec, tz.root_rows
-        outs, seconds = self._timed("compute", lambda: engine.predict(tz, self.outputs), where)
+        outs, seconds = self._timed("compute", lambda: engine.predict(tz, self.outputs), where, runner)
         sink("compute", seconds, rows)
         if outs.label_mask is not None and outs.labels is not None:  # quality bookkeeping: untimed
             self.calibration.add(outs.tensors["prediction"], outs.labels, outs.label_mask)
         t = self.temperature
-        outs, seconds = self._timed("calibrate", lambda: calibrate_outputs(outs, t, spec.task.kind), None)
+        outs, seconds = self._timed("calibrate", lambda: calibrate_outputs(outs, t, spec.task.kind), None, runner)
         sink("calibrate", seconds, rows)
         assert self.encoding is not None  # set with the schema
         enc = self.encoding
         _, seconds = self._timed(
-            "write", lambda: writer.write(to_table(spec, engine.schema, enc, tz.keys, outs)), where
+            "write", lambda: writer.write(to_table(spec, engine.schema, enc, tz.keys, outs)), where, runner
         )
         sink("write", seconds, rows)
         return outs
