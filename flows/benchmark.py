@@ -55,7 +55,9 @@ from tasks.measure.utilisation import mfu_metrics
 from tasks.measure.validity import verdict
 from tasks.runtime import interrupts, progress
 from tasks.runtime.hostlock import host_lock, lock_path
+from tasks.runtime.masking import mask_uri
 from tasks.runtime.threads import apply_threads
+from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.runner import run_requests
 from tasks.sources.databases import close_all as close_databases
@@ -155,7 +157,7 @@ def write_task(
     writer: PredictionWriter,
     clock: Clock,
 ) -> float:
-    with clock.measure() as span:
+    with clock.measure() as span, named_write_errors(writer.path, "predictions", "run.output_dir"):
         writer.write(to_table(spec, engine.schema, enc, tz.keys, outs))
     return span.seconds
 
@@ -569,7 +571,8 @@ def collect(run: Run) -> dict[str, float]:
     engine.close()
     engine.profiler.close()
     result.rows_written = run.writer.rows
-    result.output_bytes = run.writer.commit()
+    with named_write_errors(run.writer.path, "predictions", "run.output_dir"):
+        result.output_bytes = run.writer.commit()
     result.output_path = str(run.output)
     run.memory.stop()
     result.host_peak_bytes = run.memory.host_peak_bytes
@@ -681,7 +684,7 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
         "run_id": run.run_id,
         "experiment": run.spec.name,
         "experiment_id": tracker.experiment_id,
-        "tracking_uri": tracker.uri,
+        "tracking_uri": mask_uri(tracker.uri),  # printed, in --json and the Prefect artifact
         "metrics": metrics,
         "stages": stage_table,
         "output_path": str(run.output),
@@ -723,12 +726,14 @@ def benchmark(
         metrics = collect(run)
         summary = log_run(run, metrics, judge(run, metrics))
     except BaseException as err:
-        run.memory.stop()
-        if run.pipe is not None and run.pipe.engine is not None:
-            run.pipe.engine.close()
-        run.writer.abort()
-        _remove_outputs(run.output)  # a committed prediction file or checkpoint included
-        run.tracker.fail(err)
+        try:
+            run.memory.stop()
+            if run.pipe is not None and run.pipe.engine is not None:
+                run.pipe.engine.close()
+            run.writer.abort()
+            _remove_outputs(run.output)  # a committed prediction file or checkpoint included
+        finally:  # a cleanup that raises (a full disk) must not leave the run RUNNING
+            run.tracker.fail(err)
         raise
     finally:
         forget_outputs()

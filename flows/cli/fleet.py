@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -25,6 +24,7 @@ from flows.cli.common import (
     start_run_command,
 )
 from tasks.runtime.errors import UserError
+from tasks.spec.parse import load_yaml
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -34,7 +34,7 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
         key, sep, text = item.partition("=")
         if not sep or not key.strip() or not text.strip():
             raise UserError(f"--grid '{item}' must look like key.path=v1,v2,... e.g. --grid run.batch_size=64,256,1024")
-        grid[key.strip()] = [yaml.safe_load(v.strip()) for v in text.split(",")]
+        grid[key.strip()] = [load_yaml(v.strip(), f"--grid {key.strip()}") for v in text.split(",")]
     return grid
 
 

@@ -36,6 +36,7 @@ from flows.sweeps.launch import Launched, launch_local, prefect_api_url
 from tasks.measure import keys as K
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri
 from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
 from tasks.tracking.store import Tracker, flatten, search_runs
 
@@ -239,7 +240,7 @@ def sweep(
         "experiment": base.name,
         "sweep_hash": shash,
         "reused_parent": reused,
-        "tracking_uri": tracker.uri,
+        "tracking_uri": mask_uri(tracker.uri),
         "rows": [asdict(r) for r in rows],
     }
 

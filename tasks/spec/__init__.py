@@ -10,7 +10,16 @@ overrides; ``sections`` the harness-only ``sweep:``/``schedule:`` sections.
 """
 
 from tasks.spec.base import Strict
-from tasks.spec.parse import apply_overrides, branch_path, load_spec, parse_spec, read_spec_file
+from tasks.spec.parse import (
+    MAX_SPEC_BYTES,
+    MAX_SPEC_DEPTH,
+    apply_overrides,
+    branch_path,
+    load_spec,
+    load_yaml,
+    parse_spec,
+    read_spec_file,
+)
 from tasks.spec.run import (
     AdamWSettings,
     CompileSettings,
@@ -36,6 +45,9 @@ from tasks.spec.task import ModelSize, Task
 from tasks.spec.workload import Spec
 
 __all__ = [
+    "MAX_SPEC_BYTES",
+    "MAX_SPEC_DEPTH",
+    "load_yaml",
     "PANDAS_NULL_VALUES",
     "AdamWSettings",
     "Branch",

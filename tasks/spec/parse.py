@@ -1,4 +1,11 @@
-"""Reading a spec: the YAML file, ``--set`` overrides, and validation errors as one paragraph naming each key."""
+"""Reading a spec: the YAML file, ``--set`` overrides, and validation errors as one paragraph naming each key.
+
+YAML is read bounded, before anything else looks at it: a 1.4 KB document of nested
+aliases (a "billion laughs") expands exponentially and took 19.6 GB in ten minutes. So
+aliases (``*name``, and with them ``<<`` merge keys) are refused, as are files over
+``MAX_SPEC_BYTES`` and nesting deeper than ``MAX_SPEC_DEPTH``: a spec is small and flat
+enough to write out, and each limit's message names it.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,50 @@ from pydantic import ValidationError
 
 from tasks.runtime.errors import UserError
 from tasks.spec.workload import Spec
+
+MAX_SPEC_BYTES = 1_000_000  # the shipped specs are under 4 KB
+MAX_SPEC_DEPTH = 64  # nested mappings/lists; the deepest shipped spec nests about 12
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases and nesting beyond ``MAX_SPEC_DEPTH``."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise UserError(
+                f"YAML aliases are not allowed in a spec ('*{event.anchor}' at line "
+                f"{event.start_mark.line + 1}): they can expand without bound. Write the values out."
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_SPEC_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise UserError(
+                    f"the YAML nests deeper than {MAX_SPEC_DEPTH} levels (MAX_SPEC_DEPTH) at line "
+                    f"{mark.line + 1}; a spec is a few levels of sections."
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def load_yaml(text: str, what: str) -> Any:
+    """``text`` parsed as YAML within the limits above (``what`` names it in messages)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_SPEC_BYTES:
+        raise UserError(
+            f"{what} is {size:,} bytes, over the {MAX_SPEC_BYTES:,}-byte limit for a spec "
+            "(MAX_SPEC_BYTES); a spec describes a workload, its data lives in source.tables."
+        )
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except UserError as err:
+        raise UserError(f"{what}: {err}") from None
 
 
 def _set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
@@ -60,7 +111,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise UserError(f"--set '{item}' must look like key.path=value, e.g. run.batch_size=512")
         key, text = item.split("=", 1)
-        _set_path(raw, branch_path(raw, key.strip()), yaml.safe_load(text))
+        _set_path(raw, branch_path(raw, key.strip()), load_yaml(text, f"--set {key.strip()}"))
     return raw
 
 
@@ -106,8 +157,13 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"Spec file '{path}' does not exist; pass the path of a benchmark YAML.")
+    if path.stat().st_size > MAX_SPEC_BYTES:  # before reading: the file may be anything
+        raise UserError(
+            f"Spec file '{path}' is {path.stat().st_size:,} bytes, over the {MAX_SPEC_BYTES:,}-byte "
+            "limit for a spec (MAX_SPEC_BYTES); pass the benchmark YAML, not a data file."
+        )
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"), f"Spec file '{path}'")
     except UnicodeDecodeError as err:
         raise UserError(
             f"Spec file '{path}' is not UTF-8 text (byte {err.object[err.start]:#x} at offset "

@@ -41,6 +41,24 @@ class Spec(Strict):
                 f"task.branch '{self.task.branch}' is not a branch of the schema; use one of "
                 f"{sorted(branches)} or leave it unset for a root target"
             )
+        keys = (
+            {"schema.root.key": self.schema_.root.key}
+            if self.task.branch is None
+            else {
+                f"the {k} of branch '{self.task.branch}'": v
+                for k, v in (
+                    ("parent_key", branches[self.task.branch].parent_key),
+                    ("key", branches[self.task.branch].key),
+                )
+                if v
+            }
+        )
+        for where, key in keys.items():
+            if self.task.target == key:
+                raise ValueError(
+                    f"task.target '{key}' is {where}: a key identifies rows and is not predicted "
+                    "(it is read and written as the key column). Set task.target to the column to predict."
+                )
         for out in self.task.outputs:
             head, _, arg = out.partition(":")
             if head in {"branch_embedding", "leaf"} and arg not in branches:
