@@ -20,7 +20,7 @@ def tracking_uri() -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
     if is_server(uri) and has_userinfo(uri):
         raise UserError(
-            f"MLFLOW_TRACKING_URI ({mask_uri(uri)}) carries credentials (user:password@host); remove "
+            f"MLFLOW_TRACKING_URI carries credentials (user:password@host: {mask_uri(uri)}); remove "
             "them and set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead."
         )
     return uri
