@@ -732,9 +732,9 @@ def benchmark(
                 run.pipe.engine.close()
             run.writer.abort()
             _remove_outputs(run.output)  # a committed prediction file or checkpoint included
-        finally:  # a cleanup that raises (a full disk) must not leave the run RUNNING
+        finally:  # a cleanup that raises (a full disk) must neither leave the run RUNNING nor hide err
             run.tracker.fail(err)
-        raise
+            raise err  # noqa: B012
     finally:
         forget_outputs()
         close_databases()

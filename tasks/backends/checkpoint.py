@@ -57,7 +57,7 @@ def load_error_reason(path: Path, err: BaseException) -> str:
     """Why ``path`` could not be loaded as a checkpoint, in words (torch's own text misleads:
     an empty file gives an empty message, a pickle of Python objects suggests
     ``weights_only=False``, which would run whatever the file holds)."""
-    if isinstance(err, pickle.UnpicklingError) or "weights_only" in str(err):
+    if "weights_only" in str(err):  # torch's safe loader met a Python object
         return (
             "it is not a relflow checkpoint: it holds pickled Python objects, which are refused "
             "for safety (loading them can run arbitrary code)"
@@ -66,7 +66,7 @@ def load_error_reason(path: Path, err: BaseException) -> str:
     if size == 0:
         return "the file is empty (0 bytes): the run that wrote it did not finish"
     text = str(err).strip()
-    if isinstance(err, EOFError | KeyError) or not text:
+    if isinstance(err, EOFError | KeyError | pickle.UnpicklingError) or not text:
         return f"it is not a relflow checkpoint, or it is truncated ({size:,} bytes; {type(err).__name__})"
     return text
 

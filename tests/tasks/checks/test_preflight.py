@@ -16,7 +16,7 @@ def test_mask_uri_hides_credentials_and_secret_query_values():
     assert mask_uri("http://alice:s3cret@host:5000/x") == "http://***@host:5000/x"
     assert (
         mask_uri("postgresql+psycopg://u:p@db/mlflow?sslmode=require&password=p")
-        == "postgresql+psycopg://***@db/mlflow?sslmode=require&password=***"
+        == "postgresql+psycopg://u:***@db/mlflow?sslmode=require&password=***"
     )
     assert mask_uri("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
 
