@@ -62,7 +62,7 @@ def test_a_server_that_answers_passes():
 def test_unwritable_sqlite_path_and_unreachable_database():
     with pytest.raises(UserError, match=r"sqlite:////proc/relflow/mlflow.db cannot be written"):
         check_tracking_store("sqlite:////proc/relflow/mlflow.db")
-    with pytest.raises(UserError, match=r"postgresql://\*\*\*@127.0.0.1:\d+/m cannot be reached"):
+    with pytest.raises(UserError, match=r"postgresql://u:\*\*\*@127.0.0.1:\d+/m cannot be reached"):
         check_tracking_store(f"postgresql://u:pw@127.0.0.1:{_closed_port()}/m")
 
 
