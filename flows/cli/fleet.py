@@ -24,6 +24,7 @@ from flows.cli.common import (
     start_run_command,
 )
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri
 from tasks.spec.parse import load_yaml
 
 
@@ -274,6 +275,6 @@ def serve_cmd(
         table.add_row(f"benchmark/{p.name}", f"{p.cron} ({p.timezone})" if p.cron else "on demand", str(p.path), i)
     out.print(table)
     out.print(
-        f"runs are recorded in {tracking_uri()}\nstart a worker:  prefect worker start --pool "
+        f"runs are recorded in {mask_uri(tracking_uri())}\nstart a worker:  prefect worker start --pool "
         f"'{pool}'\nrun one now:     prefect deployment run 'benchmark/{planned[0].name}'"
     )
