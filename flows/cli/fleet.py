@@ -153,6 +153,9 @@ def _run_sweep(
     from tasks.spec.sections import load_spec_and_sections
 
     base, sections = load_spec_and_sections(path, overrides)
+    from tasks.checks.preflight import check_settings
+
+    check_settings(base)  # tracking store, output folder, lock file: before the heavy imports
     full_grid = dict(sections.sweep.grid) if sections.sweep else {}
     full_grid.update(parse_grid(grid))
     from flows.benchmark import plan
