@@ -61,6 +61,8 @@ def load_yaml(text: str, what: str) -> Any:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
     except UserError as err:
         raise UserError(f"{what}: {err}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{what} is not valid YAML: {err}") from None
 
 
 def _set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:

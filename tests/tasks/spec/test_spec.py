@@ -247,3 +247,8 @@ def test_database_url_with_a_secret_query_value_is_refused(shop_spec):
     with pytest.raises(UserError) as err:
         parse_spec(spec)
     assert "carries a password" in str(err.value) and "hunter2" not in str(err.value)
+
+
+def test_set_value_that_is_not_yaml_is_named(shop_spec):
+    with pytest.raises(UserError, match=r"--set run.compile.options is not valid YAML"):
+        apply_overrides(dict(shop_spec), ["run.compile.options={a: [1}"])
