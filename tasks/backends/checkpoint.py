@@ -57,7 +57,7 @@ def load_error_reason(path: Path, err: BaseException) -> str:
     """Why ``path`` could not be loaded as a checkpoint, in words (torch's own text misleads:
     an empty file gives an empty message, a pickle of Python objects suggests
     ``weights_only=False``, which would run whatever the file holds)."""
-    if "weights_only" in str(err):  # torch's safe loader met a Python object
+    if "weights_only" in str(err) and "GLOBAL" in str(err):  # torch's safe loader met a Python object
         return (
             "it is not a relflow checkpoint: it holds pickled Python objects, which are refused "
             "for safety (loading them can run arbitrary code)"
