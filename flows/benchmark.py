@@ -53,7 +53,9 @@ from tasks.measure.utilisation import mfu_metrics
 from tasks.measure.validity import verdict
 from tasks.runtime import interrupts, progress
 from tasks.runtime.hostlock import host_lock, lock_path
+from tasks.runtime.masking import mask_uri
 from tasks.runtime.threads import apply_threads
+from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.offline import predict_pass
@@ -363,7 +365,8 @@ def collect(run: Run) -> dict[str, float]:
     engine.close()
     engine.profiler.close()
     result.rows_written = run.writer.rows
-    result.output_bytes = run.writer.commit()
+    with named_write_errors(run.writer.path, "predictions", "run.output_dir"):
+        result.output_bytes = run.writer.commit()
     result.output_path = str(run.output)
     run.memory.stop()
     result.host_peak_bytes = run.memory.host_peak_bytes
@@ -475,7 +478,7 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
         "run_id": run.run_id,
         "experiment": run.spec.name,
         "experiment_id": tracker.experiment_id,
-        "tracking_uri": tracker.uri,
+        "tracking_uri": mask_uri(tracker.uri),  # printed, in --json and the Prefect artifact
         "metrics": metrics,
         "stages": stage_table,
         "output_path": str(run.output),
@@ -517,13 +520,15 @@ def benchmark(
         metrics = collect(run)
         summary = log_run(run, metrics, judge(run, metrics))
     except BaseException as err:
-        run.memory.stop()
-        if run.work is not None and run.work.chain.engine is not None:
-            run.work.chain.engine.close()
-        run.writer.abort()
-        _remove_outputs(run.output)  # a committed prediction file or checkpoint included
-        run.tracker.fail(err)
-        raise
+        try:
+            run.memory.stop()
+            if run.work is not None and run.work.chain.engine is not None:
+                run.work.chain.engine.close()
+            run.writer.abort()
+            _remove_outputs(run.output)  # a committed prediction file or checkpoint included
+        finally:  # a cleanup that raises (a full disk) must neither leave the run RUNNING nor hide err
+            run.tracker.fail(err)
+            raise err  # noqa: B012
     finally:
         forget_outputs()
         close_databases()

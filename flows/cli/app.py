@@ -29,6 +29,7 @@ from flows.cli.common import (
     fail,
     handle_run_error,
     hide_user_error_logs,
+    install_interrupts,
     out,
     pairs,
     start_run_command,
@@ -116,9 +117,13 @@ def _run_benchmark(
 ) -> dict[str, Any]:
     """Check every input (and generate data) before Prefect starts, then run the flow with a
     progress line; returns the flow's summary."""
+    from tasks.checks.preflight import check_settings
     from tasks.spec import load_spec
 
+    # Spec and settings first, before torch, Prefect and MLflow are imported (10+ s): bad
+    # input exits 2 in about a second.
     s = load_spec(path, overrides)
+    check_settings(s)
     from flows.benchmark import benchmark, plan
 
     if not debug:
@@ -300,14 +305,16 @@ def compile_report(
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Eager vs compiled encoders/pools, each in fresh processes, cold and warm Inductor cache."""
-    from flows.sweeps.compile_report import collect, summarize, to_markdown
-    from tasks.measure import keys as K
     from tasks.spec import load_spec
-    from tasks.tracking.store import Tracker
 
     tracker = None
     try:
-        s = load_spec(spec, list(set_ or []))
+        s = load_spec(spec, list(set_ or []))  # before the heavy imports: a bad spec exits in a second
+        from flows.sweeps.compile_report import collect, summarize, to_markdown
+        from tasks.measure import keys as K
+        from tasks.tracking.store import Tracker
+
+        install_interrupts()  # SIGTERM: the parent run ends KILLED, exit 130, as run's
         tracker = Tracker(s.name)
         parent = tracker.start(
             f"{s.name}-compile-report", {"relflow.spec_hash": s.spec_hash, "relflow.report": "compile"}
@@ -332,7 +339,7 @@ def compile_report(
     except (Exception, KeyboardInterrupt) as err:
         if tracker is not None:
             tracker.fail(err)
-        fail(err, debug)
+        handle_run_error(err, debug, "the report's parent MLflow run was ended KILLED.")
     out.print(md)
 
 
@@ -407,6 +414,9 @@ app.command("serve")(serve_cmd)
 
 
 def main() -> None:
+    from tasks.runtime import watchdog
+
+    watchdog.start()  # no child process outlives this one, SIGKILL included
     try:
         app()
     except KeyboardInterrupt:

@@ -6,12 +6,13 @@ Registered on the main Typer app in ``flows/cli/__init__.py``; exit codes as eve
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from flows.cli.common import DEFAULT_SPEC, console, fail, handle_run_error, out, start_run_command
+from flows.cli.common import DEFAULT_SPEC, console, handle_run_error, interrupted_removes, out, start_run_command
 
 
 def export_cmd(
@@ -24,16 +25,18 @@ def export_cmd(
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Export a checkpoint to ONNX (dynamic batch and cell axes) as a content-hashed bundle."""
-    from tasks.backends.bundle import export_bundle
-    from tasks.backends.setup import needed_outputs
     from tasks.spec import load_spec
 
     try:
-        s = load_spec(spec, list(set_ or []))
+        s = load_spec(spec, list(set_ or []))  # before torch is imported: a bad spec exits in a second
         folder = out_dir or Path(s.run.output_dir) / "bundles"
-        bundle = export_bundle(checkpoint, s, needed_outputs(s), folder)
-    except Exception as err:  # noqa: BLE001
-        fail(err, debug)
+        with interrupted_removes(lambda: _remove_export_temps(folder, s.name)):
+            from tasks.backends.bundle import export_bundle
+            from tasks.backends.setup import needed_outputs
+
+            bundle = export_bundle(checkpoint, s, needed_outputs(s), folder)
+    except BaseException as err:  # noqa: BLE001
+        handle_run_error(err, debug, "the temporary bundle folder was removed.")
     m = bundle.manifest
     out.print(
         f"bundle      {bundle.path}\n"
@@ -52,29 +55,54 @@ def quantize_cmd(
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Write a checkpoint in a quantized weight format (records the format and source hash)."""
-    from model.checkpoint import quantize_checkpoint
-    from model.quantize import FORMATS
     from tasks.runtime.errors import UserError
 
     try:
+        from model.quantize import FORMATS
+
         if fmt not in FORMATS:
             raise UserError(f"--format '{fmt}' is not one of {', '.join(FORMATS)}.")
         if not checkpoint.is_file():
             raise UserError(f"checkpoint '{checkpoint}' does not exist; pass the .ckpt a train+predict run wrote.")
         target = out_file or checkpoint.with_suffix(f".{fmt}.ckpt")
         tmp = target.with_name(f".{target.name}.tmp")
-        try:
-            info = quantize_checkpoint(checkpoint, tmp, fmt)
-        except ValueError as err:
-            raise UserError(str(err)) from None
-        tmp.replace(target)
-    except Exception as err:  # noqa: BLE001
-        fail(err, debug)
+        with interrupted_removes(lambda: tmp.unlink(missing_ok=True)):
+            info = _quantize(checkpoint, tmp, fmt)
+            tmp.replace(target)
+    except BaseException as err:  # noqa: BLE001
+        handle_run_error(err, debug, "the partial output file was removed.")
     src = checkpoint.stat().st_size
     out.print(
         f"{target}: {fmt}, {info['bytes']:,} bytes ({info['bytes'] / src:.2f}x the source's "
         f"{src:,}), source sha256 {info['source_sha256'][:16]}..."
     )
+
+
+def _quantize(checkpoint: Path, tmp: Path, fmt: str) -> dict[str, Any]:
+    """``model.checkpoint.quantize_checkpoint`` with a bad source as a ``UserError`` (exit 2, as
+    ``run`` and ``export`` refuse it; the caller removes the partial file)."""
+    from model.checkpoint import quantize_checkpoint
+    from tasks.backends.checkpoint import load_error_reason
+    from tasks.runtime.errors import UserError
+    from tasks.runtime.writes import named_write_errors
+
+    try:
+        with named_write_errors(tmp, "the quantized checkpoint", "--out"):
+            return quantize_checkpoint(checkpoint, tmp, fmt)
+    except (UserError, OSError):
+        raise
+    except Exception as err:  # noqa: BLE001 - any unreadable source is the same user problem
+        raise UserError(
+            f"checkpoint '{checkpoint}' cannot be quantized: {load_error_reason(checkpoint, err)}. "
+            "Pass an fp32 .ckpt a train+predict run wrote."
+        ) from None
+
+
+def _remove_export_temps(folder: Path, name: str) -> None:
+    from tasks.backends.bundle import temp_prefix
+
+    for tmp in folder.glob(f"{temp_prefix(name)}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def backends_report_cmd(

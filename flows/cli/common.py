@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -81,6 +83,32 @@ def start_run_command(debug: bool, set_: list[str] | None, scale: float | None) 
     if scale is not None:
         overrides.append(f"source.generate.tpch.scale={scale}")
     return overrides
+
+
+def install_interrupts(message: str | None = None) -> None:
+    """SIGTERM/SIGINT end the command as they end ``run``: exit 130 within seconds, MLflow runs
+    it holds ended KILLED, registered cleanups done (tasks/runtime/interrupts.py)."""
+    from tasks.runtime import interrupts
+
+    interrupts.install(message or "the command's MLflow runs were ended KILLED and temporary files removed.")
+
+
+@contextmanager
+def interrupted_removes(cleanup: Callable[[], None]) -> Iterator[None]:
+    """The file-writing commands' interrupt handling, the same as ``run``'s
+    (tasks/runtime/interrupts.py): SIGTERM/SIGINT exit 130 within seconds with ``cleanup``
+    (the command's temporary files) done first; an error inside also runs ``cleanup``."""
+    from tasks.runtime import interrupts
+
+    install_interrupts("the command's temporary files were removed.")
+    forget = interrupts.on_interrupt(cleanup)
+    try:
+        yield
+    except BaseException:
+        cleanup()
+        raise
+    finally:
+        forget()
 
 
 class _HideUserErrors(logging.Filter):

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -25,6 +24,8 @@ from flows.cli.common import (
     start_run_command,
 )
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri
+from tasks.spec.parse import load_yaml
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -34,7 +35,7 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
         key, sep, text = item.partition("=")
         if not sep or not key.strip() or not text.strip():
             raise UserError(f"--grid '{item}' must look like key.path=v1,v2,... e.g. --grid run.batch_size=64,256,1024")
-        grid[key.strip()] = [yaml.safe_load(v.strip()) for v in text.split(",")]
+        grid[key.strip()] = [load_yaml(v.strip(), f"--grid {key.strip()}") for v in text.split(",")]
     return grid
 
 
@@ -152,6 +153,9 @@ def _run_sweep(
     from tasks.spec.sections import load_spec_and_sections
 
     base, sections = load_spec_and_sections(path, overrides)
+    from tasks.checks.preflight import check_settings
+
+    check_settings(base)  # tracking store, output folder, lock file: before the heavy imports
     full_grid = dict(sections.sweep.grid) if sections.sweep else {}
     full_grid.update(parse_grid(grid))
     from flows.benchmark import plan
@@ -274,6 +278,6 @@ def serve_cmd(
         table.add_row(f"benchmark/{p.name}", f"{p.cron} ({p.timezone})" if p.cron else "on demand", str(p.path), i)
     out.print(table)
     out.print(
-        f"runs are recorded in {tracking_uri()}\nstart a worker:  prefect worker start --pool "
+        f"runs are recorded in {mask_uri(tracking_uri())}\nstart a worker:  prefect worker start --pool "
         f"'{pool}'\nrun one now:     prefect deployment run 'benchmark/{planned[0].name}'"
     )

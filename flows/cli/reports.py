@@ -23,6 +23,7 @@ from rich.table import Table
 
 from flows.cli.common import console, fail, out
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri
 
 REGRESSION_EXIT = 4
 
@@ -290,15 +291,15 @@ def dashboard_cmd(
         if experiment is None:
             candidates = [n for n in names if n != "Default"]
             if not candidates:
-                raise UserError(f"no experiments in {tracking_uri()}: run `relflow-bench run` first.")
+                raise UserError(f"no experiments in {mask_uri(tracking_uri())}: run `relflow-bench run` first.")
             experiment = "tpch-orders" if "tpch-orders" in candidates else candidates[-1]
         elif experiment not in names:
-            raise UserError(f"no experiment '{experiment}' in {tracking_uri()} (have: {', '.join(names)}).")
+            raise UserError(f"no experiment '{experiment}' in {mask_uri(tracking_uri())} (have: {', '.join(names)}).")
         runs = search_runs(experiment)
         d = report.build(experiment, runs, host_fingerprint=host_fingerprint)
         if not d.runs:
             raise UserError(f"experiment '{experiment}' has no FINISHED benchmark runs to draw.")
-        written = report.write(d, out_dir, tracking_uri(), png=png)
+        written = report.write(d, out_dir, mask_uri(tracking_uri()), png=png)  # the page shows its source
         files = written.files
         if written.png_skipped:
             console.print(f"warning: {written.png_skipped}")
@@ -344,7 +345,7 @@ def ui_cmd(
 
     uri = tracking_uri()
     if uri.startswith(("http://", "https://")):  # a shared `mlflow server` is its own UI
-        out.print(f"MLFLOW_TRACKING_URI is a tracking server: open {uri} in a browser (its UI).")
+        out.print(f"MLFLOW_TRACKING_URI is a tracking server: open {mask_uri(uri)} in a browser (its UI).")
         raise typer.Exit(0)
     cmd = [
         sys.executable,
@@ -365,7 +366,7 @@ def ui_cmd(
         cmd += ["--artifacts-destination", root]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     base = f"http://{host}:{port}"
-    console.print(f"MLflow UI on {base} for {uri} (Ctrl-C stops it)")
+    console.print(f"MLflow UI on {base} for {mask_uri(uri)} (Ctrl-C stops it)")
     for name, exp_id in experiment_ids(uri).items():
         if name != "Default":
             out.print(f"  {name}: {runs_page(base, exp_id)}")

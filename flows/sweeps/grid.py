@@ -37,6 +37,7 @@ from tasks.measure import keys as K
 from tasks.measure.report import RunReport
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri
 from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
 from tasks.tracking.store import RunRecord, Tracker, flatten, search_runs
 
@@ -232,7 +233,7 @@ def sweep(
         "experiment": base.name,
         "sweep_hash": shash,
         "reused_parent": reused,
-        "tracking_uri": tracker.uri,
+        "tracking_uri": mask_uri(tracker.uri),
         "rows": [asdict(r) for r in rows],
     }
 

@@ -33,6 +33,7 @@ from prefect import flow
 
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri
 from tasks.spec import parse_spec
 from tasks.tracking.store import Tracker, search_runs
 
@@ -211,7 +212,7 @@ def sweep_pool(
         "experiment": base.name,
         "sweep_hash": shash,
         "reused_parent": reused,
-        "tracking_uri": tracker.uri,
+        "tracking_uri": mask_uri(tracker.uri),
         "pool": pool,
         "deployment": deployment,
         "rows": [asdict(r) | {"worker": workers.get(r.index, "-")} for r in ordered],

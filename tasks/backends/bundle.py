@@ -28,16 +28,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from model.checkpoint import file_sha256, load_checkpoint, schema_from_dict, schema_to_dict
 from model.schema import ModelSchema
 from tasks.measure.clock import Clock
 from tasks.runtime.errors import UserError
-from tasks.spec import Spec, parse_spec
+from tasks.spec import Spec, load_yaml, parse_spec
 
 MODEL_FILE = "model.onnx"
 DYNAMIC_INT8_FILE = "model.dynamic_int8.onnx"
+
+
+def temp_prefix(name: str) -> str:
+    """The temporary bundle folder's name start: per process, so an interrupted export removes its own only."""
+    return f".{name}-export-{os.getpid()}-"
 
 
 def _version(pkg: str) -> str:
@@ -70,7 +74,8 @@ class Bundle:
         return tuple(self.config["signature"]["outputs"])
 
     def spec(self) -> Spec:
-        return parse_spec(yaml.safe_load((self.path / "spec.yaml").read_text()), f"'{self.path / 'spec.yaml'}'")
+        where = f"'{self.path / 'spec.yaml'}'"
+        return parse_spec(load_yaml((self.path / "spec.yaml").read_text(), where), where)
 
 
 def _opset(path: Path) -> int:
@@ -92,12 +97,14 @@ def export_bundle(
     try:
         ckpt = load_checkpoint(checkpoint)
     except Exception as err:  # noqa: BLE001 - an unreadable file is one user problem
-        raise UserError(f"checkpoint '{checkpoint}' cannot be loaded: {err}") from None
+        from tasks.backends.checkpoint import load_error_reason
+
+        raise UserError(f"checkpoint '{checkpoint}' cannot be loaded: {load_error_reason(checkpoint, err)}.") from None
     from tasks.backends.checkpoint import check_matches_spec
 
     check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"checkpoint '{checkpoint}'")
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-export-", dir=out_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(spec.name), dir=out_dir))
     try:
         with clock.measure() as span:
             sig = export_onnx(ckpt.model, outputs, tmp / MODEL_FILE)

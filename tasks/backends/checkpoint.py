@@ -11,6 +11,7 @@ the spec is refused up front with the difference named.
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from model.schema import ModelSchema, NodeDef
 from tasks.measure.clock import Clock
 from tasks.measure.records import CheckpointLoad
 from tasks.runtime.errors import UserError
+from tasks.runtime.writes import named_write_errors
 from tasks.spec import Spec
 from tasks.stages.compute import Engine
 from tasks.stages.tensorize import layout
@@ -36,20 +38,39 @@ def _shape(node: NodeDef) -> list[Any]:
 def save_run_checkpoint(path: Path, engine: Engine, enc: Encoding, spec: Spec) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        save_checkpoint(
-            tmp,
-            engine.model,
-            optimizer=engine.optimizer,
-            optimizer_settings=engine.optimizer_settings,
-            extra={
-                "encoding": enc.to_dict(),
-                "spec_hash": spec.spec_hash,
-                "temperature": float(engine.temperature),
-            },
-        )
-        os.replace(tmp, path)
+        with named_write_errors(path, "the run's checkpoint", "run.output_dir"):
+            save_checkpoint(
+                tmp,
+                engine.model,
+                optimizer=engine.optimizer,
+                optimizer_settings=engine.optimizer_settings,
+                extra={
+                    "encoding": enc.to_dict(),
+                    "spec_hash": spec.spec_hash,
+                    "temperature": float(engine.temperature),
+                },
+            )
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def load_error_reason(path: Path, err: BaseException) -> str:
+    """Why ``path`` could not be loaded as a checkpoint, in words (torch's own text misleads:
+    an empty file gives an empty message, a pickle of Python objects suggests
+    ``weights_only=False``, which would run whatever the file holds)."""
+    if "weights_only" in str(err) and "GLOBAL" in str(err):  # torch's safe loader met a Python object
+        return (
+            "it is not a relflow checkpoint: it holds pickled Python objects, which are refused "
+            "for safety (loading them can run arbitrary code)"
+        )
+    size = path.stat().st_size if path.is_file() else None
+    if size == 0:
+        return "the file is empty (0 bytes): the run that wrote it did not finish"
+    text = str(err).strip()
+    if isinstance(err, EOFError | KeyError | pickle.UnpicklingError) or not text:
+        return f"it is not a relflow checkpoint, or it is truncated ({size:,} bytes; {type(err).__name__})"
+    return text
 
 
 def check_matches_spec(schema: ModelSchema, config: ModelConfig, spec: Spec, what: str) -> None:
@@ -88,7 +109,10 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
         with Clock().measure() as span:
             ckpt = load_checkpoint(path)
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same user problem
-        raise UserError(f"run.checkpoint '{path}' cannot be loaded: {err}") from None
+        raise UserError(
+            f"run.checkpoint '{path}' cannot be loaded: {load_error_reason(path, err)}. Pass a .ckpt "
+            "file a train+predict run (or relflow-bench quantize) wrote."
+        ) from None
     rss = psutil.Process().memory_info().rss
     check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"run.checkpoint '{path}'")
     state = ckpt.model.state_dict()

@@ -246,6 +246,13 @@ def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
 
 
 def _check_duplicates(table: str, key: str, keys: pl.Series, facts: DataFacts) -> None:
+    nulls = keys.null_count()
+    if nulls:  # before duplicates: n_unique counts null as one value, so nulls looked like duplicates of None
+        raise UserError(
+            f"Table '{table}' has {nulls:,} of {len(keys):,} rows with a null root key in '{key}': each "
+            "root row needs a key to be joined and written by. Drop or fill those rows, or choose a "
+            "schema.root.key column without nulls."
+        )
     dupes = len(keys) - keys.n_unique()
     facts.metrics[K.DATA_DUPLICATE_ROOT_KEYS] = float(dupes)
     if dupes:

@@ -15,35 +15,14 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri, scheme_of
 from tasks.spec import Spec
 
 PROBE_TIMEOUT_S = 5.0
-SECRET_QUERY_KEYS = ("password", "passwd", "pwd", "token", "secret", "key")
 DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
-
-
-def mask_uri(uri: str) -> str:
-    """The URI with user, password and secret-looking query values replaced by ***."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return "***"
-    out = uri
-    if "@" in parts.netloc:
-        out = out.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1], 1)
-    if parts.query:
-        query = urlencode(
-            [
-                (k, "***" if any(s in k.lower() for s in SECRET_QUERY_KEYS) else v)
-                for k, v in parse_qsl(parts.query, keep_blank_values=True)
-            ],
-            safe="*",
-        )
-        out = out.replace(parts.query, query, 1)
-    return out
 
 
 def _fix(masked: str) -> str:
@@ -118,7 +97,7 @@ def _check_database(uri: str, masked: str, scheme: str) -> None:
 def check_tracking_store(uri: str) -> None:
     """A ``UserError`` within seconds when the store cannot take a run."""
     masked = mask_uri(uri)
-    scheme = urlsplit(uri).scheme.split("+", 1)[0].lower()
+    scheme = scheme_of(uri)
     if scheme in ("http", "https"):
         _check_http(uri, masked)
     elif scheme == "sqlite":
@@ -143,17 +122,34 @@ def check_output_dir(output_dir: str) -> None:
         )
 
 
+def check_settings(spec: Spec) -> str:
+    """The settings a run needs, checked in a second and before torch, Prefect or MLflow are
+    imported (the CLI calls it right after reading the spec): the tracking URI (no
+    credentials in a server URI, the store reachable and writable), ``run.output_dir``, the
+    host lock file. Returns the tracking URI."""
+    from tasks.runtime.hostlock import check_lock_file
+    from tasks.tracking.uri import tracking_uri
+
+    uri = tracking_uri()
+    check_tracking_store(uri)
+    check_output_dir(spec.run.output_dir)
+    check_lock_file()
+    return uri
+
+
 def check_before_work(spec: Spec) -> list[str]:
     """Where the run writes and which device it names; then end this host's stale runs.
 
     Returns notes for the user (stale runs that were ended)."""
     from tasks.checks.data import check_device_name
+    from tasks.runtime.hostlock import check_lock_file
     from tasks.tracking.store import end_stale_runs, tracking_uri
 
     uri = tracking_uri()
     check_tracking_store(uri)
     stale = end_stale_runs(uri)  # first: any invocation that reaches the store sweeps
     check_output_dir(spec.run.output_dir)
+    check_lock_file()
     check_device_name(spec)
     if not stale:
         return []

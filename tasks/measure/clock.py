@@ -11,13 +11,19 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a device is named: the CLI's checks run before it
+    import torch
 
 
 def synchronize(device: torch.device | str | None) -> None:
     """Wait for queued device work; a no-op on CPU."""
-    if device is not None and torch.device(device).type == "cuda":
+    if device is None:
+        return
+    import torch
+
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 

@@ -54,6 +54,34 @@ def _open_shared(path: Path) -> int:
     return fd
 
 
+def check_lock_file() -> None:
+    """Up front, before any work: the lock file can be opened, or created where it is missing.
+
+    Without it a ``RELFLOW_LOCK_FILE`` naming a folder or an unwritable place failed only at
+    the timed region, after Prefect's start-up and the MLflow run's creation."""
+    path = lock_path()
+    fix = "set RELFLOW_LOCK_FILE to a file path every benchmark user of this host can write, or unset it"
+    if path.is_dir():
+        raise UserError(f"The host lock file '{path}' (RELFLOW_LOCK_FILE) is a folder, not a file; {fix}.")
+    if path.exists():
+        if not path.is_file():
+            raise UserError(f"The host lock file '{path}' (RELFLOW_LOCK_FILE) is not a regular file; {fix}.")
+        os.close(_open_shared(path))  # names the owner and mode when it cannot be opened
+        return
+    probe = path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(
+            f"The host lock file '{path}' (RELFLOW_LOCK_FILE) cannot be created: '{probe}' is not a folder; {fix}."
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(
+            f"The host lock file '{path}' (RELFLOW_LOCK_FILE) cannot be created: this user cannot "
+            f"write in '{probe}'; {fix}."
+        )
+
+
 @contextmanager
 def host_lock(on_wait: Callable[[], None] | None = None) -> Iterator[float]:
     """Hold the host lock; yields the seconds spent waiting for it.

@@ -30,6 +30,7 @@ from model.schema import ModelSchema
 from tasks.backends import Backend
 from tasks.measure.clock import Clock
 from tasks.runtime import progress
+from tasks.runtime.writes import named_write_errors
 from tasks.sources.files import SourceTable
 from tasks.spec import Spec
 from tasks.stages.calibrate import CalibrationQuality, calibrate_outputs
@@ -236,8 +237,12 @@ class Chain:
         sink("calibrate", seconds, rows)
         assert self.encoding is not None  # set with the schema
         enc = self.encoding
-        _, seconds = self._timed(
-            "write", lambda: writer.write(to_table(spec, engine.schema, enc, tz.keys, outs)), where, runner
-        )
+
+        def write() -> None:
+            # A full disk is named (path and setting), on every path that writes predictions.
+            with named_write_errors(writer.path, "predictions", "run.output_dir"):
+                writer.write(to_table(spec, engine.schema, enc, tz.keys, outs))
+
+        _, seconds = self._timed("write", write, where, runner)
         sink("write", seconds, rows)
         return outs

@@ -15,7 +15,6 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 import torch
@@ -23,6 +22,7 @@ import torch
 import model as model_package
 from model import ModelConfig, ModelSchema
 from model.meta import output_shapes_on_meta
+from tasks.runtime.masking import mask_uri
 from tasks.sources.files import SourceTable
 from tasks.spec import Branch, ColumnKind, Spec
 
@@ -30,22 +30,10 @@ from tasks.spec import Branch, ColumnKind, Spec
 @dataclass(frozen=True)
 class DatasetInfo:
     name: str  # the spec's table name
-    source: str  # file or folder path, or a database URL without its password
+    source: str  # file or folder path, or a database URL, masked (tasks/runtime/masking.py)
     digest: str
     schema: pa.Schema
     context: str  # how the run used it: the spec's run.mode (train+predict | predict)
-
-
-def redact_url(url: str) -> str:
-    """A URL without its password (``postgresql://u:secret@h/db`` -> ``postgresql://u@h/db``)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}@" if parts.username else ""
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
 def _source_location(src: SourceTable) -> str:
@@ -53,7 +41,7 @@ def _source_location(src: SourceTable) -> str:
     if db is not None:
         if db.kind == "duckdb":  # shown as duckdb:<file>: the local file
             return str(db.shown).removeprefix("duckdb:")
-        return redact_url(str(db.url))
+        return mask_uri(str(db.url))
     return str(src.files[0] if len(src.files) == 1 else src.files[0].parent)
 
 

@@ -38,6 +38,10 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from tasks.measure.clock import unix_time  # noqa: E402
 from tasks.runtime import interrupts, liveness  # noqa: E402
 from tasks.runtime.errors import UserError  # noqa: E402
+from tasks.runtime.masking import mask_uri  # noqa: E402
+from tasks.tracking.uri import default_artifact_root as default_artifact_root  # noqa: E402  (re-exported)
+from tasks.tracking.uri import is_server as is_server  # noqa: E402
+from tasks.tracking.uri import tracking_uri as tracking_uri  # noqa: E402
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -72,31 +76,6 @@ def _fluent_uri(uri: str) -> Iterator[None]:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
             os.environ["MLFLOW_TRACKING_URI"] = env
-
-
-def tracking_uri() -> str:
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith(("http://", "https://")) and "@" in uri.split("//", 1)[1].split("/", 1)[0]:
-        # The URI is printed, logged and stored in deployments: credentials never go in it.
-        from tasks.runtime.errors import UserError
-
-        raise UserError(
-            "MLFLOW_TRACKING_URI carries credentials (user:password@host); remove them and "
-            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead."
-        )
-    return uri
-
-
-def is_server(uri: str) -> bool:
-    """A tracking server (``mlflow server``) rather than a store this process opens itself."""
-    return uri.startswith(("http://", "https://"))
-
-
-def default_artifact_root(uri: str) -> str | None:
-    """Artifacts beside a local SQLite store; a server or other store decides for itself."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
-    return None
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -197,7 +176,7 @@ class Tracker:
 
             user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(no MLFLOW_TRACKING_USERNAME set)"
             raise UserError(
-                f"The MLflow server at {self.uri} refused user '{user}' creating a run in "
+                f"The MLflow server at {mask_uri(self.uri)} refused user '{user}' creating a run in "
                 f"experiment '{self.experiment}' (PERMISSION_DENIED): ask its admin for "
                 "EDIT permission on that experiment, or run as a user who has it."
             ) from None
@@ -582,7 +561,7 @@ def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
         run = client.get_run(run_id)
     except MlflowException as err:
         raise UserError(
-            f"no MLflow run with id '{run_id}' in {uri or tracking_uri()}: copy the id from "
+            f"no MLflow run with id '{run_id}' in {mask_uri(uri or tracking_uri())}: copy the id from "
             "`relflow-bench run` or the MLflow UI."
         ) from err
     return _record(run, client.get_experiment(run.info.experiment_id).name)

@@ -16,7 +16,7 @@ def test_mask_uri_hides_credentials_and_secret_query_values():
     assert mask_uri("http://alice:s3cret@host:5000/x") == "http://***@host:5000/x"
     assert (
         mask_uri("postgresql+psycopg://u:p@db/mlflow?sslmode=require&password=p")
-        == "postgresql+psycopg://***@db/mlflow?sslmode=require&password=***"
+        == "postgresql+psycopg://u:***@db/mlflow?sslmode=require&password=***"
     )
     assert mask_uri("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
 
@@ -62,7 +62,7 @@ def test_a_server_that_answers_passes():
 def test_unwritable_sqlite_path_and_unreachable_database():
     with pytest.raises(UserError, match=r"sqlite:////proc/relflow/mlflow.db cannot be written"):
         check_tracking_store("sqlite:////proc/relflow/mlflow.db")
-    with pytest.raises(UserError, match=r"postgresql://\*\*\*@127.0.0.1:\d+/m cannot be reached"):
+    with pytest.raises(UserError, match=r"postgresql://u:\*\*\*@127.0.0.1:\d+/m cannot be reached"):
         check_tracking_store(f"postgresql://u:pw@127.0.0.1:{_closed_port()}/m")
 
 

@@ -214,3 +214,41 @@ def test_bare_off_means_off(tmp_path):
     path = tmp_path / "spec.yaml"
     path.write_text(DEFAULT.read_text().replace("packing: auto", "packing: off"))
     assert load_spec(path).run.packing == "off"
+
+
+# issue 24: bounded YAML, the target/key clash, secrets in a database URL's query
+
+
+def test_spec_yaml_is_read_bounded(tmp_path, shop_spec):
+    from tasks.spec import MAX_SPEC_BYTES, load_yaml
+
+    laughs = "a: &a [x, x, x]\nb: [*a, *a, *a]\n"
+    with pytest.raises(UserError, match=r"YAML aliases are not allowed in a spec \('\*a' at line 2\)"):
+        load_yaml(laughs, "T")
+    with pytest.raises(UserError, match="nests deeper than 64 levels"):
+        load_yaml("[" * 65 + "]" * 65, "T")
+    assert load_yaml("[" * 64 + "]" * 64, "T") is not None
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump(shop_spec) + "#" * MAX_SPEC_BYTES)
+    with pytest.raises(UserError, match="over the 1,000,000-byte limit"):
+        load_spec(big)
+    with pytest.raises(UserError, match="--set run.compile.options: YAML aliases are not allowed"):
+        apply_overrides(dict(shop_spec), ["run.compile.options={a: &a [1], b: *a}"])
+
+
+def test_target_equal_to_a_key_is_named_as_such(shop_spec):
+    bad = {**shop_spec, "task": {**shop_spec["task"], "target": shop_spec["schema"]["root"]["key"]}}
+    with pytest.raises(UserError, match=r"task.target 'c_id' is schema.root.key: a key identifies rows"):
+        parse_spec(bad)
+
+
+def test_database_url_with_a_secret_query_value_is_refused(shop_spec):
+    spec = {**shop_spec, "source": {"database": {"url": "Postgresql://bob@h/db?password=hunter2"}}}
+    with pytest.raises(UserError) as err:
+        parse_spec(spec)
+    assert "carries a password" in str(err.value) and "hunter2" not in str(err.value)
+
+
+def test_set_value_that_is_not_yaml_is_named(shop_spec):
+    with pytest.raises(UserError, match=r"--set run.compile.options is not valid YAML"):
+        apply_overrides(dict(shop_spec), ["run.compile.options={a: [1}"])

@@ -11,20 +11,21 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from tasks.measure.records import STAGES
+from tasks.runtime.masking import mask_uri
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
 from tasks.stages.compute import Engine
-from tasks.tracking.datasets import describe_sources, model_input_schema, model_interface, redact_url
+from tasks.tracking.datasets import describe_sources, model_input_schema, model_interface
 from tasks.tracking.run_note import run_description
 from tasks.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RUN_NOTE_TAG, Tracker, runs_page
 
 
-def test_redact_url_drops_only_the_password():
-    assert redact_url("postgresql://bench:s3cret@db.local:5433/tpch?sslmode=require") == (
-        "postgresql://bench@db.local:5433/tpch?sslmode=require"
+def test_database_sources_are_shown_masked():
+    assert mask_uri("postgresql://bench:s3cret@db.local:5433/tpch?sslmode=require") == (
+        "postgresql://bench:***@db.local:5433/tpch?sslmode=require"
     )
-    assert redact_url("duckdb:///data/x.duckdb") == "duckdb:///data/x.duckdb"
-    assert "s3cret" not in redact_url("postgresql://:s3cret@h/db")
+    assert mask_uri("duckdb:///data/x.duckdb") == "duckdb:///data/x.duckdb"
+    assert "s3cret" not in mask_uri("postgresql://:s3cret@h/db")
 
 
 def test_every_experiment_is_a_model_development_experiment(mlflow_uri):
@@ -49,7 +50,7 @@ def test_dataset_inputs_name_source_digest_and_schema(mlflow_uri, shop_spec, sho
         [
             *infos,
             infos[0].__class__(
-                "remote", redact_url("postgresql://u:pw@h/db"), "d1", pa.schema([("x", pa.int64())]), "predict"
+                "remote", mask_uri("postgresql://u:pw@h/db"), "d1", pa.schema([("x", pa.int64())]), "predict"
             ),
         ]
     )
