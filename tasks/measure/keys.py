@@ -352,8 +352,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         HOST_PEAK_BYTES,
         "peak resident memory of the benchmark process plus its child processes "
-        "(DataLoader workers, Inductor's compiler processes), sampled every 20 ms; shared pages "
-        "count once per process",
+        "(DataLoader workers, Inductor's compiler processes), from the kernel's high-water marks "
+        "(VmHWM of each, ru_maxrss of reaped children); shared pages count once per process",
     ),
     (
         HOST_PEAK_EXCLUDING_COMPILER_BYTES,
