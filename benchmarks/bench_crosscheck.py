@@ -5,7 +5,8 @@ pre-built batches (benchmarks/batches.py: the harness's own chain, untimed), tim
 forward loop (clock module, first call + ``run.warmup_batches`` dropped, exact rows / summed
 step seconds), in fresh processes interleaved over --rounds (order rotated each round):
 
-- ``bare``: the loop and nothing else in the process;
+- ``bare``: the loop and nothing else in the process (the batches built once, in a process
+  of their own, and loaded);
 - the loop with one of the harness's side activities switched on: ``memory`` (the harness's
   default ``PeakMemory`` sampler, tasks/measure/memory.py), ``tree20`` (a 20 ms psutil walk of
   the process tree reading every child's RSS: the sampler before issue 20), ``cpu`` (the
@@ -141,15 +142,30 @@ def side_activity(variant: str, spec, folder: Path) -> Iterator[None]:
         raise ValueError(f"no side activity {variant!r}")
 
 
-def child(variant: str, spec_path: Path, threads: int | None, passes: int) -> float:
+def build(spec_path: Path, out: Path) -> None:
+    """Every root row's predict batches, through the harness's chain, saved once for all children."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from batches import load
+
+    _, schema, parts = load(spec_path, ["run.mode=predict"])
+    torch.save({"schema": schema, "parts": parts}, out)
+
+
+def child(variant: str, spec_path: Path, threads: int | None, passes: int, batches: Path) -> float:
     import torch
 
     if threads:
         torch.set_num_threads(threads)
     sys.path.insert(0, str(ROOT))
-    from batches import build_model, load
+    from batches import build_model
 
-    spec, schema, parts = load(spec_path, ["run.mode=predict"])
+    from tasks.spec import load_spec
+
+    spec = load_spec(spec_path, ["run.mode=predict"])
+    saved = torch.load(batches, weights_only=False)  # our own file, written by build()
+    schema, parts = saved["schema"], saved["parts"]
     model = build_model(spec, schema)
     skip = 1 + spec.run.warmup_batches
     with tempfile.TemporaryDirectory(prefix="relflow-footprint-") as d:
@@ -182,11 +198,12 @@ def harness(spec_path: Path, threads: int | None, folder: Path) -> float:
     return json.loads(out.read_text())["metrics"][K.STEADY_ROWS_PER_S]
 
 
-def measure(variant: str, spec: Path, threads: int, passes: int) -> float:
+def measure(variant: str, spec: Path, threads: int, passes: int, batches: Path) -> float:
     if variant == "harness":
         with tempfile.TemporaryDirectory(prefix="relflow-xcheck-") as d:
             return harness(spec, threads or None, Path(d))
     cmd = [sys.executable, __file__, "--spec", str(spec), "--threads", str(threads), "--passes", str(passes)]
+    cmd += ["--batches", str(batches)]
     proc = subprocess.run([*cmd, "--child", variant], capture_output=True, text=True, check=True)
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["rows_per_s"])
 
@@ -210,10 +227,16 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=1, help="passes over the batches in each bare-loop process")
     ap.add_argument("--threads", type=int, default=0, help="set torch threads in all (0 = leave unset)")
     ap.add_argument("--child", choices=VARIANTS[:-1], help=argparse.SUPPRESS)
+    ap.add_argument("--batches", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     spec = args.spec.resolve()
+    if args.build:
+        build(spec, args.build)
+        return
     if args.child:
-        print(json.dumps({"rows_per_s": child(args.child, spec, args.threads or None, args.passes)}))
+        rows_per_s = child(args.child, spec, args.threads or None, args.passes, args.batches)
+        print(json.dumps({"rows_per_s": rows_per_s}))
         return
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -221,8 +244,13 @@ def main() -> None:
         sys.exit(
             f"--variants: {', '.join(unknown) or 'bare is missing'}; choose from {', '.join(VARIANTS)} (bare required)"
         )
-    load_before = os.getloadavg()
-    got = rounds(variants, args.rounds, lambda v: measure(v, spec, args.threads, args.passes))
+    with tempfile.TemporaryDirectory(prefix="relflow-footprint-") as tmp:
+        batches = Path(tmp) / "batches.pt"
+        # Built once, in a fresh process: every bare-loop child times the same batches, and
+        # spends its seconds on the loop, not on rebuilding them.
+        subprocess.run([sys.executable, __file__, "--spec", str(spec), "--build", str(batches)], check=True)
+        load_before = os.getloadavg()
+        got = rounds(variants, args.rounds, lambda v: measure(v, spec, args.threads, args.passes, batches))
     load_after = os.getloadavg()
     bare = got["bare"]
     print(

@@ -148,7 +148,8 @@ class PeakMemory:
 
     def _children(self) -> list[psutil.Process]:
         if not self._has_children_file:  # a kernel without CONFIG_PROC_CHILDREN
-            return psutil.Process(self._pid).children(recursive=True)
+            kids: list[psutil.Process] = psutil.Process(self._pid).children(recursive=True)
+            return kids
         out = []
         for pid in child_pids(self._pid):
             try:
