@@ -16,11 +16,12 @@ from tasks.measure import keys as K
 from tasks.measure.noise import cv, mde
 from tasks.measure.report import RunReport
 
-TIMEOUT_S = 600
+TIMEOUT_S = 1500
 
 
 def _noise(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}", "COLUMNS": "200"}
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "600"  # each run's own server, on a loaded host
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", "noise", *args],
         cwd=cwd,
