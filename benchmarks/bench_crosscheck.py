@@ -26,6 +26,7 @@ Why: a harness can add overhead of its own (Prefect, tracking threads, memory sa
 measure a different thing than a user's own loop.
 
     python benchmarks/bench_crosscheck.py --rounds 6 [--variants bare,memory,harness] [--passes 2]
+    python benchmarks/bench_crosscheck.py --ticks   # CPU cost of one memory-sampler tick, old vs new
 
 Prints a table, then one JSON line.
 """
@@ -44,11 +45,14 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tasks.measure import keys as K
-from tasks.measure.report import interval_text, ratio_interval
-from tasks.measure.stats import median_interval
-
 ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+sys.path.insert(0, str(REPO))  # this checkout's tasks/, not an installed copy's
+
+from tasks.measure import keys as K  # noqa: E402
+from tasks.measure.report import interval_text, ratio_interval  # noqa: E402
+from tasks.measure.stats import median_interval  # noqa: E402
+
 VARIANTS = ("bare", "memory", "tree20", "cpu", "sysmetrics", "prefect", "mlflow", "harness")
 GOAL = 0.03  # the harness's steady figure within 3% of the bare loop
 
@@ -154,6 +158,35 @@ def build(spec_path: Path, out: Path) -> None:
     torch.save({"schema": schema, "parts": parts}, out)
 
 
+def tick_costs(n: int = 200) -> dict[str, float]:
+    """CPU milliseconds one tick of each memory sampler costs in this process (thread CPU
+    time: what the tick takes from the cores, whatever the host's load does to wall time)."""
+    import time
+
+    import psutil
+
+    from tasks.measure.memory import PeakMemory
+
+    proc = psutil.Process()
+
+    def tree20_tick() -> None:
+        total = proc.memory_info().rss
+        for c in proc.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += c.memory_info().rss
+
+    mem = PeakMemory()
+    mem.start()
+    mem.stop()
+    out = {}
+    for name, tick in (("tree20", tree20_tick), ("memory", mem._sample)):
+        t0 = time.thread_time()
+        for _ in range(n):
+            tick()
+        out[name] = (time.thread_time() - t0) / n * 1e3
+    return out
+
+
 def child(variant: str, spec_path: Path, threads: int | None, passes: int, batches: Path) -> float:
     import torch
 
@@ -185,6 +218,13 @@ def child(variant: str, spec_path: Path, threads: int | None, passes: int, batch
             return forward_loop(parts, model, skip, passes)
 
 
+def checkout_env() -> dict[str, str]:
+    """The environment of every child: this checkout's code first, whatever is installed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def harness(spec_path: Path, threads: int | None, folder: Path) -> float:
     out = folder / "summary.json"
     sets = ["run.mode=predict"]
@@ -193,7 +233,7 @@ def harness(spec_path: Path, threads: int | None, folder: Path) -> float:
     cmd = [sys.executable, "-m", "flows.cli", "run", str(spec_path), "--json", str(out)]
     for s in sets:
         cmd += ["--set", s]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
+    env = {**checkout_env(), "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
     env.pop("PREFECT_API_URL", None)  # a standalone run: its own temporary server
     subprocess.run(cmd, cwd=folder, env=env, check=True, capture_output=True, text=True)
     return json.loads(out.read_text())["metrics"][K.STEADY_ROWS_PER_S]
@@ -205,7 +245,7 @@ def measure(variant: str, spec: Path, threads: int, passes: int, batches: Path) 
             return harness(spec, threads or None, Path(d))
     cmd = [sys.executable, __file__, "--spec", str(spec), "--threads", str(threads), "--passes", str(passes)]
     cmd += ["--batches", str(batches)]
-    env = dict(os.environ)
+    env = checkout_env()
     # A loaded host starts Prefect's temporary server slowly; its default 20 s wait then fails.
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     proc = subprocess.run([*cmd, "--child", variant], capture_output=True, text=True, env=env)
@@ -235,11 +275,21 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
     ap.add_argument("--passes", type=int, default=1, help="passes over the batches in each bare-loop process")
     ap.add_argument("--threads", type=int, default=0, help="set torch threads in all (0 = leave unset)")
+    ap.add_argument("--ticks", action="store_true", help="only the CPU cost of one memory-sampler tick, old vs new")
     ap.add_argument("--child", choices=VARIANTS[:-1], help=argparse.SUPPRESS)
     ap.add_argument("--batches", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     spec = args.spec.resolve()
+    if args.ticks:
+        import psutil
+
+        ms = tick_costs()
+        print(f"memory sampler, CPU per tick ({len(psutil.pids())} processes on the host):")
+        print(f"  tree20 (20 ms walk of all /proc): {ms['tree20']:.3f} ms = {ms['tree20'] * 50 / 10:.1f}% of a core")
+        print(f"  memory (own tree, VmHWM; 1 s without children, 0.1 s with): {ms['memory']:.3f} ms")
+        print(json.dumps({"bench": "crosscheck-ticks", "cpu_ms_per_tick": ms}))
+        return
     if args.build:
         build(spec, args.build)
         return
@@ -257,7 +307,9 @@ def main() -> None:
         batches = Path(tmp) / "batches.pt"
         # Built once, in a fresh process: every bare-loop child times the same batches, and
         # spends its seconds on the loop, not on rebuilding them.
-        subprocess.run([sys.executable, __file__, "--spec", str(spec), "--build", str(batches)], check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--spec", str(spec), "--build", str(batches)], check=True, env=checkout_env()
+        )
         load_before = os.getloadavg()
         got = rounds(variants, args.rounds, lambda v: measure(v, spec, args.threads, args.passes, batches))
     load_after = os.getloadavg()
