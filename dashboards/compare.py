@@ -23,6 +23,11 @@ significant given the repeats:
   so a shift is marked only when even the gap between the intervals exceeds the threshold;
 - otherwise: "not enough repeats": the ratio is shown and nothing is claimed.
 
+Next to each ratio stands the comparison's **minimum detectable effect** (MDE, from both
+sides' between-run CV and run counts, ``tasks.measure.noise``: the smallest change these runs
+detect at 95% confidence with 80% power). A change smaller than the MDE is never marked
+("below MDE"), even when the rank test happens to call it significant.
+
 Counts fixed by the spec and data (train updates, output bytes per row) have no noise: any
 difference beyond the threshold is marked ("exact").
 
@@ -35,9 +40,10 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tasks.measure import keys as K
+from tasks.measure.noise import cv, mde_two
 from tasks.measure.stats import MIN_CI_SAMPLES, median_interval
 from tasks.runtime.errors import UserError
 from tasks.tracking.store import RunRecord
@@ -83,6 +89,7 @@ IDENTITY_PARAMS = {"run.output_dir", "run.checkpoint"}
 EXACT_METRICS = {K.TRAIN_UPDATES, K.TRAIN_UPDATES_PER_EPOCH, K.OUTPUT_BYTES_PER_ROW, K.QUALITY_ROWS}
 
 NOT_ENOUGH = "not enough repeats"
+BELOW_MDE = "below MDE"
 CI_LABEL = "95% CI (order statistics)"
 
 
@@ -111,8 +118,11 @@ class MetricRow:
     method: str  # "Mann-Whitney U", CI_LABEL, "exact" (counts; or equal values), NOT_ENOUGH
     significant: bool
     p_value: float | None
-    marked: bool  # significant AND beyond the threshold: a real change
-    verdict: str  # improvement | regression | change | within noise | below threshold | same | NOT_ENOUGH
+    marked: bool  # significant AND beyond the threshold AND not below the MDE: a real change
+    verdict: str  # improvement | regression | change | within noise | below threshold | below MDE | same | NOT_ENOUGH
+    # minimum detectable effect (relative) of this comparison, from both sides' between-run CV
+    # (tasks.measure.noise); NaN when a side has fewer than 2 runs
+    mde: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -236,8 +246,28 @@ def _ratio(a: float, b: float) -> float:
     return b / a
 
 
+def comparison_mde(base: Estimate, cand: Estimate, alpha: float) -> float:
+    """The smallest relative change these two groups of runs can show (95% confidence at
+    ``alpha`` 0.05, 80% power), from each side's between-run CV; NaN below 2 runs a side."""
+    return mde_two(cv(base.samples), base.n_runs, cv(cand.samples), cand.n_runs, alpha=alpha)
+
+
 def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold: float, alpha: float) -> MetricRow:
     ratio = _ratio(base.value, cand.value)
+    row = _judge(key, direction, base, cand, ratio, threshold=threshold, alpha=alpha)
+    if key in EXACT_METRICS:
+        return row
+    floor = comparison_mde(base, cand, alpha)
+    if row.marked and math.isfinite(floor) and math.isfinite(ratio) and abs(ratio - 1.0) < floor:
+        # Significant by the rank test, but smaller than these runs can reliably show: a
+        # change this size is found by chance about as often as it is missed.
+        return replace(row, marked=False, verdict=BELOW_MDE, mde=floor)
+    return replace(row, mde=floor)
+
+
+def _judge(
+    key: str, direction: int, base: Estimate, cand: Estimate, ratio: float, *, threshold: float, alpha: float
+) -> MetricRow:
     p = None
     if key in EXACT_METRICS or base.value == cand.value:
         changed = base.value != cand.value
@@ -418,6 +448,7 @@ def as_dict(c: Comparison) -> dict:
                 "method": r.method,
                 "p_value": r.p_value,
                 "marked": r.marked,
+                "mde": r.mde if math.isfinite(r.mde) else None,
                 "verdict": r.verdict,
             }
             for r in c.rows

@@ -35,6 +35,7 @@ from flows.cli.common import (
     start_run_command,
 )
 from flows.cli.fleet import serve_cmd, sweep_cmd
+from flows.cli.noise import noise_cmd
 from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
 from tasks.measure.clock import wall_clock
 
@@ -403,6 +404,7 @@ def data_tpch(
 
 
 app.command("compare")(compare_cmd)
+app.command("noise")(noise_cmd)
 app.command("history")(history_cmd)
 app.command("dashboard")(dashboard_cmd)
 app.command("ui")(ui_cmd)

@@ -44,7 +44,7 @@ def _cell(est, key: str) -> str:
 def print_comparison(c) -> None:
     table = Table(
         title=f"{c.baseline_label}  vs  {c.candidate_label}   (marked: beyond {c.threshold:.0%} "
-        f"and significant at {c.alpha:g})",
+        f"and significant at {c.alpha:g}, never below the MDE)",
         title_justify="left",
         show_lines=False,
     )
@@ -53,6 +53,7 @@ def print_comparison(c) -> None:
         ("baseline", "right"),
         ("candidate", "right"),
         ("ratio", "right"),
+        ("MDE", "right"),
         ("test", "left"),
         ("verdict", "left"),
     ):
@@ -63,7 +64,8 @@ def print_comparison(c) -> None:
         style = {"regression": "bold red", "improvement": "bold green", "change": "bold yellow"}.get(r.verdict)
         mark = {"regression": "▼ ", "improvement": "▲ ", "change": "● "}.get(r.verdict, "") if r.marked else ""
         verdict = f"[{style}]{mark}{r.verdict}[/]" if r.marked and style else f"[dim]{r.verdict}[/]"
-        table.add_row(r.key, _cell(r.baseline, r.key), _cell(r.candidate, r.key), ratio, test, verdict)
+        floor = f"{r.mde:.1%}" if math.isfinite(r.mde) else "-"
+        table.add_row(r.key, _cell(r.baseline, r.key), _cell(r.candidate, r.key), ratio, floor, test, verdict)
     out.print(table)
     for title, diffs in (
         ("spec params that differ", c.param_differences),

@@ -202,6 +202,16 @@ QUALITY_DELTA_VS_REFERENCE = "quality.delta_vs_reference"
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
 
 
+def noise(metric: str, what: str) -> str:
+    """``noise.<metric>.<what>`` on a ``relflow-bench noise`` parent run: cv | mde."""
+    return f"noise.{metric}.{what}"
+
+
+NOISE_RUNS = "noise.runs"
+# Headline figures whose between-run noise ``relflow-bench noise`` reports.
+NOISE_METRICS = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S, TRAIN_STEADY_ROWS_PER_S)
+
+
 def quality_reference(name: str) -> str:
     """The reference checkpoint's held-out ``quality.<name>`` (run.reference_checkpoint)."""
     return f"quality.reference.{name}"
@@ -214,6 +224,17 @@ HOST_OTHER_CPU_FRACTION = "host.other_cpu_fraction"
 # (key or family, meaning with unit). ``<stage>``, ``<phase>``, ``<what>``, ``<key>``,
 # ``<branch>``, ``<name>`` and ``<q>`` are placeholders; README lists exactly these.
 CATALOGUE: tuple[tuple[str, str], ...] = (
+    (NOISE_RUNS, "relflow-bench noise: fresh-process runs of the one configuration that finished"),
+    (
+        "noise.<metric>.cv",
+        "relflow-bench noise: between-run CV (sample std / mean) of <metric> (e2e.predict.rows_per_s, "
+        "compute.steady_rows_per_s, compute.train.steady_rows_per_s) over noise.runs runs",
+    ),
+    (
+        "noise.<metric>.mde",
+        "relflow-bench noise: minimum detectable effect of <metric>, a relative change (0.09 = 9%), at 95% "
+        "confidence and 80% power with noise.runs runs a side (two-sample t)",
+    ),
     (
         "stage.<stage>.<phase>.seconds",
         "seconds in one stage, summed over chunks and over the phase's "
@@ -248,7 +269,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "compute.predict.<what>",
         "predict compute: first_call_seconds, compile_overhead_seconds, "
-        "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, recompiles, "
+        "steady_rows_per_s, steady_batches, steady_seconds, batch_ms.p50|p95|p99, "
+        "steady_batch_ms.cv (CV of the steady window's full-size batch times: the run's own noise floor), recompiles, "
         "graph_breaks, graph_breaks_warmup (breaks counted from the first call on, warm-up included)",
     ),
     ("compute.train.<what>", "the same for training, plus updates and updates_per_epoch"),
@@ -352,8 +374,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         HOST_PEAK_BYTES,
         "peak resident memory of the benchmark process plus its child processes "
-        "(DataLoader workers, Inductor's compiler processes), sampled every 20 ms; shared pages "
-        "count once per process",
+        "(DataLoader workers, Inductor's compiler processes), from the kernel's high-water marks "
+        "(VmHWM of each, ru_maxrss of reaped children); shared pages count once per process",
     ),
     (
         HOST_PEAK_EXCLUDING_COMPILER_BYTES,

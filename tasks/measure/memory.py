@@ -1,26 +1,49 @@
-"""Peak memory: host RSS sampled in a background thread, device peak from CUDA's allocator.
+"""Peak memory: host peak from the kernel's own high-water marks, device peak from CUDA's allocator.
 
 Host memory is the resident set of this process **plus its child processes** (DataLoader
-workers with ``run.loader.num_workers > 0``), summed at each sample; pages a forked worker
-shares with its parent count once per process, so with workers the figure is an upper bound.
+workers with ``run.loader.num_workers > 0``, Inductor's compiler processes). The kernel keeps
+the figures, so the harness does not have to catch a peak in the act:
+
+- this process: ``VmHWM`` (/proc/self/status), its peak resident set, reset at ``start`` by
+  writing ``5`` to /proc/self/clear_refs, so it is the peak of the measured window;
+- live children: each child's own ``VmHWM``, read at each sample; a child's figure is its peak
+  so far, so a worker that spikes between two samples is still counted;
+- children that exited: ``ru_maxrss`` of the reaped children (``getrusage(RUSAGE_CHILDREN)``),
+  the largest peak of any descendant this process (or a reaped child of it) waited for. It
+  only says something when it rose during the window (it is never reset), and then that child
+  was one of ours: a 300 MB compiler process that lives 50 ms between two samples is counted.
+
+The sum of peaks reached at different moments is an upper bound of the true simultaneous
+peak, as is counting pages a forked worker shares with its parent once per process.
 Prefect's temporary API server, a child of a run started without ``PREFECT_API_URL``, is
-harness, not workload, and is not counted.
+harness, not workload, and is not counted (it is reaped at exit, after the window).
 
 A compiled CPU run also starts Inductor's compiler processes (its compile-worker pool, g++ and
 its cc1plus/as/ld, an ISA probe). They are counted in ``host_peak_bytes`` (the run needed that
-memory) and left out of ``host_peak_excluding_compiler_bytes``: they live for tens to hundreds
-of milliseconds at a few hundred MB each, so whether a 20 ms sampler catches two of them at once
-moves the first figure by 30%+ between two identical runs, while the second is repeatable.
+memory) and left out of ``host_peak_excluding_compiler_bytes``, the repeatable figure to
+compare compiled runs on. A reaped child cannot be told apart by role any more, so the
+reaped-children peak counts in ``host_peak_bytes`` only (live workload children, which live for
+the whole window, are counted in both).
 
-A child is counted once this sampler has seen it for ``MIN_CHILD_AGE_S``: between fork and exec, a subprocess
-(every g++ Inductor starts) reports the parent's whole resident set, pages it only shares; one
-such sample once added 850 MB to a 900 MB run. Roles are read at every sample, since exec
-changes what a process is under the same pid.
+A child is counted once this sampler has seen it for ``MIN_CHILD_AGE_S``: between fork and
+exec, a subprocess (every g++ Inductor starts) reports the parent's whole resident set, pages
+it only shares; one such sample once added 850 MB to a 900 MB run. Roles are read at every
+sample, since exec changes what a process is under the same pid.
+
+Footprint: the sampler wakes every ``interval`` (0.1 s) while children exist and every
+``IDLE_INTERVAL_S`` (1 s) while none do, and lists children through
+/proc/<pid>/task/<tid>/children (the process's own tree, not every process on the host).
+The sampler before this (a 20 ms walk of all of /proc) cost the model measurable throughput on
+a 2-core host: benchmarks/bench_crosscheck.py measures each side activity's cost.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import resource
 import threading
+from pathlib import Path
 
 import psutil
 import torch
@@ -34,6 +57,11 @@ COMPILER_NAMES = frozenset({"g++", "gcc", "c++", "cc", "cc1", "cc1plus", "as", "
 COMPILER_COMMANDS = ("torch/_inductor/compile_worker", "torch._inductor.compile_worker", "cdll.LoadLibrary")
 HARNESS, COMPILER, WORKLOAD = "harness", "compiler", "workload"
 MIN_CHILD_AGE_S = 0.05  # longer than any fork-to-exec window
+INTERVAL_S = 0.1  # while children exist: their high-water marks catch what happens in between
+IDLE_INTERVAL_S = 1.0  # while none do: only to notice a new one (one that exits first is reaped)
+KIB = 1024
+_HWM = re.compile(rb"VmHWM:\s+(\d+) kB")
+_RSS = re.compile(rb"VmRSS:\s+(\d+) kB")
 
 
 def role(child: psutil.Process) -> str:
@@ -49,17 +77,63 @@ def role(child: psutil.Process) -> str:
     return WORKLOAD
 
 
-class PeakMemory:
-    """Samples the RSS of this process tree every ``interval`` seconds between ``start`` and ``stop``."""
+def high_water_bytes(pid: int | str = "self") -> int:
+    """The process's peak resident set (``VmHWM``); its current one where the kernel has no HWM."""
+    status = Path(f"/proc/{pid}/status").read_bytes()
+    m = _HWM.search(status) or _RSS.search(status)
+    return int(m.group(1)) * KIB if m else 0
 
-    def __init__(self, device: torch.device | None = None, interval: float = 0.02) -> None:
+
+def reset_high_water() -> bool:
+    """Reset this process's ``VmHWM`` to its current resident set; False where not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def reaped_children_peak_bytes() -> int:
+    """Largest peak resident set of any descendant reaped so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * KIB
+
+
+def child_pids(pid: int) -> list[int]:
+    """Every descendant of ``pid``, from the kernel's per-thread children lists."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue  # exited
+        for tid in tids:
+            try:
+                kids = [int(k) for k in Path(f"/proc/{p}/task/{tid}/children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+class PeakMemory:
+    """Peak resident memory of this process tree between ``start`` and ``stop``."""
+
+    def __init__(self, device: torch.device | None = None, interval: float = INTERVAL_S) -> None:
         self.device = device
         self.interval = interval
+        self.idle_interval = max(interval, IDLE_INTERVAL_S)
         self.host_peak_bytes = 0
         self.host_peak_excluding_compiler_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._proc = psutil.Process()
+        self._pid = os.getpid()
+        self._has_children_file = Path(f"/proc/{self._pid}/task/{self._pid}/children").exists()
+        self._own_hwm = False  # VmHWM reset at start: it is this window's peak
+        self._reaped_at_start = 0
+        self._children_seen = False
         # (pid, create time, name) -> role: a reused pid or an exec gets a fresh look
         self._roles: dict[tuple[int, float, str], str] = {}
         # (pid, create time) -> when first seen, on the harness's wall clock (psutil's create_time
@@ -72,30 +146,53 @@ class PeakMemory:
             self._roles[key] = role(child)
         return self._roles[key]
 
+    def _children(self) -> list[psutil.Process]:
+        if not self._has_children_file:  # a kernel without CONFIG_PROC_CHILDREN
+            kids: list[psutil.Process] = psutil.Process(self._pid).children(recursive=True)
+            return kids
+        out = []
+        for pid in child_pids(self._pid):
+            try:
+                out.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def _own_bytes(self) -> int:
+        return high_water_bytes() if self._own_hwm else psutil.Process(self._pid).memory_info().rss
+
     def _sample(self) -> None:
-        workload = self._proc.memory_info().rss
-        compiler = 0
+        own = self._own_bytes()
+        workload, compiler = own, 0
         now = wall_clock()
-        for child in self._proc.children(recursive=True):
+        children = self._children()
+        self._children_seen = bool(children)
+        for child in children:
             try:
                 if now - self._first_seen.setdefault((child.pid, child.create_time()), now) < MIN_CHILD_AGE_S:
                     continue
-                rss = child.memory_info().rss
+                peak = high_water_bytes(child.pid)
                 kind = self._role(child)  # after the read: an exec in between shows here
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue  # exited between listing and reading
             if kind == WORKLOAD:
-                workload += rss
+                workload += peak
             elif kind == COMPILER:
-                compiler += rss
-        self.host_peak_bytes = max(self.host_peak_bytes, workload + compiler)
+                compiler += peak
+        total = workload + compiler
+        reaped = reaped_children_peak_bytes()
+        if reaped > self._reaped_at_start:  # a child reaped in this window: its peak is ours
+            total = max(total, own + reaped)
+        self.host_peak_bytes = max(self.host_peak_bytes, total)
         self.host_peak_excluding_compiler_bytes = max(self.host_peak_excluding_compiler_bytes, workload)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.interval if self._children_seen else self.idle_interval):
             self._sample()
 
     def start(self) -> PeakMemory:
+        self._own_hwm = reset_high_water()
+        self._reaped_at_start = reaped_children_peak_bytes()
         self._sample()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

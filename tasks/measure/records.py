@@ -8,6 +8,7 @@ carries its unit and is catalogued in ``tasks/measure/keys.py``.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import numpy as np
 
 from tasks.measure import keys as K
 from tasks.measure.keys import PHASE_STAGES, PHASES, STAGES
+from tasks.measure.noise import cv
 from tasks.measure.stats import MIN_CI_SAMPLES, median_interval
 
 __all__ = ["PHASES", "STAGES", "PhaseTimings", "RunResult", "StageTiming", "describe_repeats"]
@@ -76,6 +78,17 @@ class PhaseTimings:
             return 0.0
         return float(np.percentile(np.asarray(self.steady_seconds) * 1e3, q))
 
+    @property
+    def steady_batch_cv(self) -> float | None:
+        """CV of the steady window's batch times (its own noise floor), over its full-size
+        batches: a chunk's last, smaller batch is faster by its size, not by noise. None
+        below two such batches."""
+        if not self.steady_rows:
+            return None
+        full = max(self.steady_rows)
+        spread = cv([s for s, r in zip(self.steady_seconds, self.steady_rows, strict=True) if r == full])
+        return spread if math.isfinite(spread) else None
+
     def metrics(self, key: Callable[[str], str]) -> dict[str, float]:
         """Figures under ``key(what)`` (``keys.compute`` or ``keys.compute_phase`` of a phase)."""
         out = {
@@ -87,6 +100,8 @@ class PhaseTimings:
             key("batch_ms.p95"): self.percentile_ms(95),
             key("batch_ms.p99"): self.percentile_ms(99),
         }
+        if (spread := self.steady_batch_cv) is not None:
+            out[key("steady_batch_ms.cv")] = spread
         if self.steady_seconds and self.first_call_seconds is not None:
             out[key("compile_overhead_seconds")] = self.first_call_seconds - statistics.median(self.steady_seconds)
         return out

@@ -108,3 +108,62 @@ def test_a_fresh_fork_is_not_counted_until_it_has_lived_a_sampling_moment():
     young, later = (int(v) for v in out.stdout.split()[-2:])
     assert young < 50 * MIB  # the parent's shared pages, not counted again
     assert later >= 280 * MIB  # a worker that lives on is counted (its shared pages too)
+
+
+# A child that allocates 300 MiB and exits while the sampler sleeps (interval far longer than the
+# child's life): no sample ever sees it alive. Fresh interpreter: the reaped-children peak is
+# per process and pytest's earlier children (servers, browsers) could already exceed 300 MiB.
+SHORT_CHILD = """
+import subprocess, sys
+import psutil
+from tasks.measure.memory import PeakMemory
+own = psutil.Process().memory_info().rss
+mem = PeakMemory(interval=600).start()
+subprocess.run([sys.executable, "-c", "b = bytearray(300 * 2**20)"], check=True)
+mem.stop()
+print(mem.host_peak_bytes - own, mem.host_peak_excluding_compiler_bytes - own)
+"""
+
+
+def test_a_child_that_exits_between_samples_is_still_counted():
+    out = subprocess.run([sys.executable, "-c", SHORT_CHILD], capture_output=True, text=True, check=True)
+    total, without = (int(v) for v in out.stdout.split()[-2:])
+    assert total >= 280 * MIB  # its peak, from the kernel's reaped-children high-water mark
+    assert without < 100 * MIB  # a reaped child's role is unknown: only in the peak with everything
+
+
+# The process's own peak between two samples: 300 MiB allocated and freed while the sampler sleeps.
+OWN_SPIKE = """
+import psutil
+from tasks.measure.memory import PeakMemory
+own = psutil.Process().memory_info().rss
+mem = PeakMemory(interval=600).start()
+b = bytearray(300 * 2**20)
+del b
+mem.stop()
+print(mem.host_peak_bytes - own, mem.host_peak_excluding_compiler_bytes - own)
+"""
+
+
+def test_the_processes_own_peak_between_samples_is_counted():
+    out = subprocess.run([sys.executable, "-c", OWN_SPIKE], capture_output=True, text=True, check=True)
+    total, without = (int(v) for v in out.stdout.split()[-2:])
+    assert total >= 280 * MIB and without >= 280 * MIB  # VmHWM: the kernel saw the peak
+
+
+# A peak before start() is not this window's: start resets the high-water mark.
+EARLIER_PEAK = """
+import psutil
+from tasks.measure.memory import PeakMemory
+b = bytearray(300 * 2**20)
+del b
+own = psutil.Process().memory_info().rss
+mem = PeakMemory(interval=600).start()
+mem.stop()
+print(mem.host_peak_bytes - own)
+"""
+
+
+def test_a_peak_before_the_window_is_not_counted():
+    out = subprocess.run([sys.executable, "-c", EARLIER_PEAK], capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) < 50 * MIB

@@ -1,0 +1,54 @@
+"""``relflow-bench noise [SPEC] [--runs N] [--set ...]``: one configuration's noise floor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import DEFAULT_SPEC, console, fail, out
+
+
+def noise_cmd(
+    spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
+    runs: Annotated[int, typer.Option(help="Fresh-process runs of the configuration (at least 2).")] = 6,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+) -> None:
+    """Run one configuration N times in fresh processes: between-run CV and minimum detectable effect.
+
+    Logs noise.<metric>.cv and noise.<metric>.mde (for N runs a side, 95% confidence, 80%
+    power) on a parent MLflow run; each run is a child run."""
+    from flows.sweeps.noise import check_runs, collect, summarize, to_markdown
+    from tasks.measure import keys as K
+    from tasks.spec import load_spec
+    from tasks.tracking.store import Tracker
+
+    tracker = None
+    try:
+        check_runs(runs)
+        s = load_spec(spec, list(set_ or []))  # bad input: exit 2 before any run
+        tracker = Tracker(s.name)
+        parent = tracker.start(f"{s.name}-noise", {"relflow.spec_hash": s.spec_hash, "relflow.report": "noise"})
+        console.print(f"parent MLflow run {parent} in experiment '{s.name}': {runs} fresh-process runs")
+
+        def show(i: int, r) -> None:
+            figures = ", ".join(f"{k} {r.metrics[k]:,.0f}" for k in K.NOISE_METRICS if k in r.metrics)
+            console.print(f"  run {i + 1}/{runs}: {figures} (run {r.run_id})")
+
+        reports = collect(s, spec.resolve().parent, runs, parent, tracker.uri, on_run=show)
+        figures = summarize(reports)
+        md = to_markdown(reports, figures)
+        tracker.log_metrics(figures)
+        tracker.log_text(md, "noise.md")
+        tracker.finish()
+    except (Exception, KeyboardInterrupt) as err:
+        if tracker is not None:
+            tracker.fail(err)
+        fail(err, debug)
+    out.print(md)
+    for key in K.NOISE_METRICS:
+        if K.noise(key, "mde") in figures:
+            c, m = K.noise(key, "cv"), K.noise(key, "mde")
+            out.print(f"{c} = {figures[c]:.4f}, {m} = {figures[m]:.4f}")
