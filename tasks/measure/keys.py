@@ -331,7 +331,10 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "latency.<what>",
         "request scenarios (run.scenario single_stream | server): requests, "
-        "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean, first_request_ms (cold, "
+        "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean (nearest-rank), "
+        "request_ms.p90_early_stopping|p99_early_stopping (LoadGen's early-stopping estimates, "
+        "confidence 0.99; absent when too few requests), issue_lateness_ms.p50|p99|max (server: "
+        "how late the generator issued each request against its schedule), first_request_ms (cold, "
         "kept apart), first_request.step_ms.<step>, step_ms.<step>.mean, step_share.<step|queue|other>, "
         "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
         "steps 0..100 are the percentiles, in ms",
