@@ -34,6 +34,7 @@ from flows.cli.common import (
     start_run_command,
 )
 from flows.cli.fleet import serve_cmd, sweep_cmd
+from flows.cli.peak import peak_qps_cmd
 from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
 from tasks.measure.clock import wall_clock
 
@@ -421,6 +422,7 @@ app.command("quantize")(quantize_cmd)
 app.command("backends-report")(backends_report_cmd)
 app.command("sweep")(sweep_cmd)
 app.command("serve")(serve_cmd)
+app.command("peak-qps")(peak_qps_cmd)
 
 
 def main() -> None:

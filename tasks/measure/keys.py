@@ -95,6 +95,10 @@ DATA_OCCUPANCY = "data.occupancy"
 DATA_OVERFLOW_DROPPED = "data.overflow_dropped"
 DATA_CHUNKS = "data.chunks"
 DATA_ROWS_READ = "data.rows_read"
+SERVER_PEAK_QPS = "server.peak_qps"
+SERVER_PEAK_QPS_BRACKET_LOW = "server.peak_qps_bracket_low"
+SERVER_PEAK_QPS_BRACKET_HIGH = "server.peak_qps_bracket_high"
+SERVER_PEAK_PROBES = "server.peak_probes"
 DATA_PADDED_COORDS = "data.padded_coords"
 DATA_BATCH_OCCUPANCY_P50 = "data.batch_occupancy.p50"
 DATA_BATCH_OCCUPANCY_MIN = "data.batch_occupancy.min"
@@ -339,6 +343,13 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
         "steps 0..100 are the percentiles, in ms",
     ),
+    (
+        SERVER_PEAK_QPS,
+        "peak-qps: the highest Poisson rate whose early-stopping p99 held --bound-ms (the bracket's low end)",
+    ),
+    (SERVER_PEAK_QPS_BRACKET_LOW, "peak-qps: the highest probed rate that held the bound below every failing one"),
+    (SERVER_PEAK_QPS_BRACKET_HIGH, "peak-qps: the lowest probed rate whose early-stopping p99 missed the bound"),
+    (SERVER_PEAK_PROBES, "peak-qps: probes (fresh-process server runs) the search ran"),
     ("calibration.<what>", "temperature scaling: temperature, fit_seconds, fit_rows"),
     (
         DATA_PADDED_COORDS,
