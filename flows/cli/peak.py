@@ -114,12 +114,14 @@ def _run(
     tag: list[str] | None,
 ) -> dict[str, Any]:
     """Validate the spec and flags and make the data before Prefect starts, then the flow."""
-    from flows.benchmark import plan
-    from flows.sweeps.peak import check_args, peak_qps
+    from tasks.scenarios.peak import check_args
     from tasks.spec import load_spec
 
+    check_args(bound_ms, probe_requests, probe_seconds, tolerance)  # before the heavy imports
     base = load_spec(path, overrides)
-    check_args(bound_ms, probe_requests, probe_seconds, tolerance)
+    from flows.benchmark import plan
+    from flows.sweeps.peak import peak_qps
+
     checked = plan(base, path.resolve().parent)
     if checked.generated:
         console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")

@@ -30,8 +30,7 @@ from flows.sweeps.launch import Launched, launch_local, prefect_api_url
 from tasks.measure import keys as K
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
-from tasks.scenarios.early_stopping import min_requests
-from tasks.scenarios.peak import PeakResult, Probe, search
+from tasks.scenarios.peak import PeakResult, Probe, check_args, search
 from tasks.spec import apply_overrides, parse_spec
 from tasks.tracking.store import Tracker
 
@@ -187,20 +186,6 @@ def peak_qps(
         "bracket": [res.low, res.high],
         "probes": [probe_dict(p) for p in res.probes],
     }
-
-
-def check_args(bound_ms: float, probe_requests: int, probe_seconds: float, tolerance: float) -> None:
-    """Bad flags fail before any run starts."""
-    if bound_ms <= 0:
-        raise UserError(f"--bound-ms is {bound_ms:g}; give the latency bound in ms, above 0.")
-    need = min_requests(0.99)
-    if probe_requests < need:
-        raise UserError(
-            f"--probe-requests is {probe_requests}; a p99 early-stopping estimate needs at least {need} "
-            f"requests (LoadGen, confidence 0.99); use {need} or more."
-        )
-    if probe_seconds < 0 or tolerance <= 0:
-        raise UserError("--probe-seconds must be 0 or more and --tolerance above 0.")
 
 
 def probe_dict(p: Probe) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasks.runtime.errors import UserError
+from tasks.scenarios.early_stopping import min_requests
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,17 @@ def search(
             break
         run(rate)
     return res
+
+
+def check_args(bound_ms: float, probe_requests: int, probe_seconds: float, tolerance: float) -> None:
+    """Bad flags fail before any run starts."""
+    if bound_ms <= 0:
+        raise UserError(f"--bound-ms is {bound_ms:g}; give the latency bound in ms, above 0.")
+    need = min_requests(0.99)
+    if probe_requests < need:
+        raise UserError(
+            f"--probe-requests is {probe_requests}; a p99 early-stopping estimate needs at least {need} "
+            f"requests (LoadGen, confidence 0.99); use {need} or more."
+        )
+    if probe_seconds < 0 or tolerance <= 0:
+        raise UserError("--probe-seconds must be 0 or more and --tolerance above 0.")
