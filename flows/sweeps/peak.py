@@ -147,7 +147,7 @@ def peak_qps(
             )
             if trained.summary is None or not trained.summary.checkpoint_path:
                 raise RuntimeError(f"peak-qps: the training run failed: {trained.error}")
-            checkpoint = trained.summary.checkpoint_path
+            checkpoint = str(Path(trained.summary.checkpoint_path).resolve())  # probes share the cwd; be sure
             progress.emit("peak", kind="trained", run_id=trained.summary.run_id, checkpoint=checkpoint)
         if checkpoint is None:
             raise UserError("peak-qps with run.mode=predict needs run.checkpoint; set it or use train+predict.")
