@@ -9,7 +9,7 @@ probe's rate (``flows/sweeps/launch.py``, as a sweep's configurations are), a ch
 run of one parent run. A ``train+predict`` spec is trained once first, by one offline child
 run; every probe then loads its checkpoint (``run.mode=predict``), so the probes time
 serving, not training, and serve the same weights. The parent logs ``server.peak_qps``, the
-bracket (``server.peak_qps_bracket_low|high``), the probes as ``peak_probes.json`` and the
+bracket (``server.peak_qps_bracket_low`, `server.peak_qps_bracket_high``), the probes as ``peak_probes.json`` and the
 chart of p99 against rate as ``peak_qps.html`` (``dashboards/peak.py``).
 """
 
