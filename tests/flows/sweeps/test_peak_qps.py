@@ -81,9 +81,12 @@ def test_peak_qps_probes_are_child_server_runs_of_one_parent(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode in (0, 1), text
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (exp,) = [e for e in client.search_experiments() if e.name == "tpch-orders"]
-    runs = client.search_runs([exp.experiment_id])
-    (parent,) = [r for r in runs if r.info.run_name.endswith("-peak-qps")]
+    exps = [e for e in client.search_experiments() if e.name == "tpch-orders"]
+    assert len(exps) == 1, text
+    runs = client.search_runs([exps[0].experiment_id])
+    parents = [r for r in runs if r.info.run_name.endswith("-peak-qps")]
+    assert len(parents) == 1, text
+    parent = parents[0]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     probes = [r for r in children if r.data.tags.get("relflow.peak.role") == "probe"]
     assert [r.data.tags.get("relflow.peak.role") for r in children].count("train") == 1
