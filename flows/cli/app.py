@@ -36,6 +36,7 @@ from flows.cli.common import (
 )
 from flows.cli.fleet import serve_cmd, sweep_cmd
 from flows.cli.noise import noise_cmd
+from flows.cli.peak import peak_qps_cmd
 from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
 from tasks.measure.clock import wall_clock
 
@@ -182,8 +183,25 @@ def _latency_line(m: dict[str, float]) -> str:
         f"ms, p90 {m.get('latency.request_ms.p90', 0):.2f}, p99 "
         f"{m.get('latency.request_ms.p99', 0):.2f}, max {m.get('latency.request_ms.max', 0):.2f}; "
         f"cold first {m.get('latency.first_request_ms', 0):.1f} ms\n"
+        f"                     early stopping: {_early_stopping(m)}\n"
         f"                     shares: {shares}"
     )
+
+
+def _early_stopping(m: dict[str, float]) -> str:
+    """The early-stopping estimates (absent when too few requests) and issue lateness."""
+    parts = [
+        f"p{q} {m[f'latency.request_ms.p{q}_early_stopping']:.2f} ms"
+        if f"latency.request_ms.p{q}_early_stopping" in m
+        else f"p{q} n/a (too few requests)"
+        for q in (90, 99)
+    ]
+    if "latency.issue_lateness_ms.p99" in m:
+        parts.append(
+            f"issue lateness p50 {m['latency.issue_lateness_ms.p50']:.3f} ms, p99 "
+            f"{m['latency.issue_lateness_ms.p99']:.3f}, max {m['latency.issue_lateness_ms.max']:.3f}"
+        )
+    return "; ".join(parts)
 
 
 def report(summary: dict[str, Any]) -> None:
@@ -413,6 +431,7 @@ app.command("quantize")(quantize_cmd)
 app.command("backends-report")(backends_report_cmd)
 app.command("sweep")(sweep_cmd)
 app.command("serve")(serve_cmd)
+app.command("peak-qps")(peak_qps_cmd)
 
 
 def main() -> None:

@@ -95,6 +95,10 @@ DATA_OCCUPANCY = "data.occupancy"
 DATA_OVERFLOW_DROPPED = "data.overflow_dropped"
 DATA_CHUNKS = "data.chunks"
 DATA_ROWS_READ = "data.rows_read"
+SERVER_PEAK_QPS = "server.peak_qps"
+SERVER_PEAK_QPS_BRACKET_LOW = "server.peak_qps_bracket_low"
+SERVER_PEAK_QPS_BRACKET_HIGH = "server.peak_qps_bracket_high"
+SERVER_PEAK_PROBES = "server.peak_probes"
 DATA_PADDED_COORDS = "data.padded_coords"
 DATA_BATCH_OCCUPANCY_P50 = "data.batch_occupancy.p50"
 DATA_BATCH_OCCUPANCY_MIN = "data.batch_occupancy.min"
@@ -353,11 +357,21 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "latency.<what>",
         "request scenarios (run.scenario single_stream | server): requests, "
-        "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean, first_request_ms (cold, "
+        "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean (nearest-rank), "
+        "request_ms.p90_early_stopping|p99_early_stopping (LoadGen's early-stopping estimates, "
+        "confidence 0.99; absent when too few requests), issue_lateness_ms.p50|p99|max (server: "
+        "how late the generator issued each request against its schedule), first_request_ms (cold, "
         "kept apart), first_request.step_ms.<step>, step_ms.<step>.mean, step_share.<step|queue|other>, "
         "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
         "steps 0..100 are the percentiles, in ms",
     ),
+    (
+        SERVER_PEAK_QPS,
+        "peak-qps: the highest Poisson rate whose early-stopping p99 held --bound-ms (the bracket's low end)",
+    ),
+    (SERVER_PEAK_QPS_BRACKET_LOW, "peak-qps: the highest probed rate that held the bound below every failing one"),
+    (SERVER_PEAK_QPS_BRACKET_HIGH, "peak-qps: the lowest probed rate whose early-stopping p99 missed the bound"),
+    (SERVER_PEAK_PROBES, "peak-qps: probes (fresh-process server runs) the search ran"),
     ("calibration.<what>", "temperature scaling: temperature, fit_seconds, fit_rows"),
     (
         DATA_PADDED_COORDS,

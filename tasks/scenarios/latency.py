@@ -14,10 +14,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tasks.scenarios import early_stopping
 from tasks.spec import Request
 
 STEPS = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 CDF_POINTS = 101  # latency.cdf_ms logged at steps 0..100 (percentiles)
+# The percentile each scenario's rule uses: LoadGen's single_stream metric is p90, the
+# server's latency constraint p99.
+RULE_PERCENTILE = {"single_stream": 90, "server": 99}
+EARLY_STOPPING_PERCENTILES = (90, 99)
+LATENESS_SHARE = 0.05  # server: p99 issue lateness above this share of the bound is INVALID
+
+
+def nearest_rank_ms(seconds: np.ndarray, q: float | np.ndarray) -> np.ndarray:
+    """Nearest-rank percentile(s) ``q`` (0..100) of ``seconds``, in ms: the value at rank
+    ceil(q/100 * n) of the sorted values (numpy's ``inverted_cdf``)."""
+    return np.asarray(np.percentile(seconds, q, method="inverted_cdf")) * 1e3
 
 
 @dataclass
@@ -27,6 +39,7 @@ class LatencyRecord:
     queue_s: list[float] = field(default_factory=list)
     steps_s: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STEPS})
     batch_requests: list[int] = field(default_factory=list)  # requests served per batch
+    lateness_s: list[float] = field(default_factory=list)  # server: issue time - scheduled
     first_latency_s: float | None = None
     first_steps_s: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
@@ -47,13 +60,18 @@ class LatencyRecord:
         return len(self.latency_s)
 
     def percentile_ms(self, q: float) -> float:
-        return float(np.percentile(np.asarray(self.latency_s), q) * 1e3) if self.latency_s else 0.0
+        return float(nearest_rank_ms(np.asarray(self.latency_s), q)) if self.latency_s else 0.0
+
+    def early_stopping_ms(self, q: float) -> float | None:
+        """LoadGen's early-stopping estimate of percentile ``q``, or None with too few requests."""
+        est = early_stopping.estimate(np.asarray(self.latency_s), q / 100)
+        return None if est is None else est * 1e3
 
     def cdf_ms(self) -> list[float]:
         """Latency at percentiles 0..100: the CDF the dashboard draws."""
         if not self.latency_s:
             return []
-        return [float(v) * 1e3 for v in np.percentile(np.asarray(self.latency_s), np.arange(CDF_POINTS))]
+        return [float(v) for v in nearest_rank_ms(np.asarray(self.latency_s), np.arange(CDF_POINTS))]
 
     def metrics(self) -> dict[str, float]:
         lat = np.asarray(self.latency_s)
@@ -70,6 +88,10 @@ class LatencyRecord:
             return m
         for q in (50, 90, 99):
             m[f"latency.request_ms.p{q}"] = self.percentile_ms(q)
+        for q in EARLY_STOPPING_PERCENTILES:  # absent when the run is too short for one
+            est = self.early_stopping_ms(q)
+            if est is not None:
+                m[f"latency.request_ms.p{q}_early_stopping"] = est
         m["latency.request_ms.max"] = float(lat.max() * 1e3)
         m["latency.request_ms.mean"] = float(lat.mean() * 1e3)
         total = float(lat.sum()) or 1.0
@@ -82,8 +104,13 @@ class LatencyRecord:
         queue = np.asarray(self.queue_s)
         m["latency.step_share.queue"] = float(queue.sum()) / total
         m["latency.step_share.other"] = max(total - accounted - float(queue.sum()), 0.0) / total
-        m["latency.queue_ms.p50"] = float(np.percentile(queue, 50) * 1e3)
-        m["latency.queue_ms.p99"] = float(np.percentile(queue, 99) * 1e3)
+        m["latency.queue_ms.p50"] = float(nearest_rank_ms(queue, 50))
+        m["latency.queue_ms.p99"] = float(nearest_rank_ms(queue, 99))
+        if self.lateness_s:
+            late = np.asarray(self.lateness_s)
+            m["latency.issue_lateness_ms.p50"] = float(nearest_rank_ms(late, 50))
+            m["latency.issue_lateness_ms.p99"] = float(nearest_rank_ms(late, 99))
+            m["latency.issue_lateness_ms.max"] = float(late.max() * 1e3)
         m["latency.achieved_qps"] = self.requests / self.duration_s if self.duration_s > 0 else 0.0
         if self.target_qps is not None:
             m["latency.target_qps"] = self.target_qps
@@ -94,16 +121,32 @@ class LatencyRecord:
 
 
 def verdict(scenario: str, r: Request, metrics: dict[str, float]) -> list[str]:
-    """LoadGen's rules: enough requests, long enough, and (server) p99 within the bound."""
+    """LoadGen's rules: enough requests for the early-stopping estimate of the scenario's
+    percentile (p90 single_stream, p99 server) and for ``min_requests``, long enough, and
+    (server) the early-stopping p99 within the bound."""
     reasons = []
     n = int(metrics.get("latency.requests", 0))
     if n < r.min_requests:
         reasons.append(f"latency.requests {n} < run.request.min_requests {r.min_requests}")
+    q = RULE_PERCENTILE.get(scenario)
+    if q is not None and n < (need := early_stopping.min_requests(q / 100)):
+        reasons.append(
+            f"latency.requests {n} < {need}, the fewest requests LoadGen's early stopping "
+            f"(confidence 0.99) needs for a p{q} estimate; raise run.request.min_requests to {need}"
+        )
     d = metrics.get("latency.duration_seconds", 0.0)
     if d < r.min_duration_s:
         reasons.append(f"latency.duration_seconds {d:.2f} < run.request.min_duration_s {r.min_duration_s}")
     if scenario == "server":
-        p99 = metrics.get("latency.request_ms.p99", float("inf"))
-        if p99 > r.latency_bound_ms:
-            reasons.append(f"latency.request_ms.p99 {p99:.1f} > run.request.latency_bound_ms {r.latency_bound_ms}")
+        key = "latency.request_ms.p99_early_stopping"
+        p99 = metrics.get(key)
+        if p99 is not None and p99 > r.latency_bound_ms:
+            reasons.append(f"{key} {p99:.1f} > run.request.latency_bound_ms {r.latency_bound_ms}")
+        late = metrics.get("latency.issue_lateness_ms.p99")
+        if late is not None and late > LATENESS_SHARE * r.latency_bound_ms:
+            reasons.append(
+                f"latency.issue_lateness_ms.p99 {late:.2f} > {LATENESS_SHARE:.0%} of "
+                f"run.request.latency_bound_ms {r.latency_bound_ms}: the load generator, not the "
+                "system, set the latency; run on a quieter host or lower run.request.target_qps"
+            )
     return reasons

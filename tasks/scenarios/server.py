@@ -6,6 +6,12 @@ free: all of them up to ``max_batch``, after waiting at most ``max_wait_s`` past
 one's arrival for the batch to fill. A request's latency runs from its scheduled arrival to
 the end of its batch's write step, so time spent queued is counted. The cold first request
 is served, and recorded apart, before the schedule starts.
+
+Issue lateness: the generator and the server share one thread (and, here, two cores), so a
+request is issued when the driver notices it. Its lateness is how long after it could have
+been noticed that was: after its arrival, or after the batch that was being served when it
+arrived ended. A request arriving during a batch is queued by the schedule, not late (its
+latency counts from the arrival anyway); a late wake from sleeping is the generator's delay.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ def run(
         rec.first_latency_s = cold.seconds
     latency = np.zeros(n)
     queued = np.zeros(n)
+    lateness = np.zeros(n)
     steps_of: list[dict[str, float]] = [{}] * n
     queue: deque[int] = deque()
     nxt = 0  # next request not yet arrived
@@ -49,6 +56,7 @@ def run(
     while nxt < n or queue:
         now = clock.read() - t0
         while nxt < n and arrivals[nxt] <= now:
+            lateness[nxt] = now - max(arrivals[nxt], end)
             queue.append(nxt)
             nxt += 1
         if not queue:
@@ -71,4 +79,5 @@ def run(
     for i in range(n):
         rec.add(float(latency[i]), float(queued[i]), steps_of[i])
     rec.duration_s = end
+    rec.lateness_s = lateness.tolist()
     return rec

@@ -106,7 +106,7 @@ class Request(Strict):
     max_wait_ms: float = Field(
         0.0, ge=0, description="server: how long the oldest queued request may wait for a batch to fill"
     )
-    latency_bound_ms: float = Field(100.0, gt=0, description="server: p99 above it is INVALID")
+    latency_bound_ms: float = Field(100.0, gt=0, description="server: an early-stopping p99 above it is INVALID")
     min_duration_s: float = Field(60.0, ge=0, description="shorter runs are INVALID")
     min_requests: int = Field(1024, ge=1, description="fewer requests are INVALID")
 

@@ -139,11 +139,82 @@ def test_single_stream_cold_first_then_until_count_and_duration():
 
 def test_validity_rules():
     req = Request(min_requests=10, min_duration_s=1.0, latency_bound_ms=50)
-    rec = LatencyRecord("server", latency_s=[0.01] * 9 + [0.2], queue_s=[0.0] * 10, duration_s=0.5)
-    reasons = verdict("server", req, rec.metrics())
+    # 900 requests: early stopping's t is 2 (838 needed for 2, 1001 for 3), so the estimate
+    # is the 2nd slowest; with 2 slow ones it is slow though the raw p99 (rank 891) is fast
+    lat = [0.01] * 898 + [0.2] * 2
+    rec = LatencyRecord("server", latency_s=lat, queue_s=[0.0] * 900, duration_s=0.5)
+    m = rec.metrics()
+    assert m["latency.request_ms.p99"] == pytest.approx(10.0)
+    assert m["latency.request_ms.p99_early_stopping"] == pytest.approx(200.0)
+    reasons = verdict("server", req, m)
     assert any("min_duration_s" in r for r in reasons)
-    assert any("latency_bound_ms" in r for r in reasons)
+    assert any("p99_early_stopping" in r and "latency_bound_ms" in r for r in reasons)
     assert not any("min_requests" in r for r in reasons)
-    ok = LatencyRecord("server", latency_s=[0.01] * 10, queue_s=[0.0] * 10, duration_s=2.0)
-    assert verdict("server", req, ok.metrics()) == []
-    assert verdict("single_stream", req, rec.metrics()) == [r for r in reasons if "bound" not in r]
+    one_slow = LatencyRecord("server", latency_s=[0.01] * 899 + [0.2], queue_s=[0.0] * 900, duration_s=2.0)
+    assert verdict("server", req, one_slow.metrics()) == []
+    assert verdict("single_stream", req, m) == [r for r in reasons if "bound" not in r]
+
+
+def test_too_few_requests_for_the_rules_percentile_is_invalid_naming_the_count():
+    req = Request(min_requests=10, min_duration_s=0.0, latency_bound_ms=50)
+    rec = LatencyRecord("server", latency_s=[0.01] * 661, queue_s=[0.0] * 661, duration_s=2.0)
+    m = rec.metrics()
+    assert "latency.request_ms.p99_early_stopping" not in m  # no estimate from 661
+    assert m["latency.request_ms.p90_early_stopping"] == pytest.approx(10.0)
+    (reason,) = verdict("server", req, m)
+    assert "662" in reason and "run.request.min_requests" in reason
+    short = LatencyRecord("single_stream", latency_s=[0.01] * 63, queue_s=[0.0] * 63, duration_s=2.0)
+    (reason,) = verdict("single_stream", req, short.metrics())
+    assert "64" in reason and "p90" in reason
+    ok = LatencyRecord("single_stream", latency_s=[0.01] * 64, queue_s=[0.0] * 64, duration_s=2.0)
+    assert verdict("single_stream", req, ok.metrics()) == []
+    # min_requests stays a floor above the early-stopping count
+    assert any("min_requests 1000" in r for r in verdict("server", Request(min_requests=1000), m))
+
+
+def test_percentiles_are_nearest_rank():
+    rec = LatencyRecord("server", latency_s=[0.001 * v for v in range(1, 11)], queue_s=[0.0] * 10, duration_s=1)
+    m = rec.metrics()
+    # nearest rank: ceil(q/100 * 10)-th smallest, an observed latency (linear would give 5.5, 9.1, 9.91)
+    assert m["latency.request_ms.p50"] == pytest.approx(5.0)
+    assert m["latency.request_ms.p90"] == pytest.approx(9.0)
+    assert m["latency.request_ms.p99"] == pytest.approx(10.0)
+    assert rec.cdf_ms()[0] == pytest.approx(1.0) and rec.cdf_ms()[25] == pytest.approx(3.0)
+
+
+class LateWaker(FakeTime):
+    """A generator whose every sleep overshoots by ``late`` seconds (a busy host waking late)."""
+
+    def __init__(self, late: float) -> None:
+        super().__init__()
+        self.late = late
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds + self.late)
+
+
+def test_issue_lateness_is_the_late_wake_not_the_queueing():
+    ft = LateWaker(0.004)
+    arrivals = np.array([0.1, 0.2, 0.25, 1.0])
+    rec = server.run(ft.server(0.2), arrivals, keys_for(4), ft.clock, max_batch=1, max_wait_s=0.0)
+    # 1st and 4th arrive while the server sleeps: issued 4 ms late; 2nd and 3rd arrive while
+    # it serves the 1st: queued on time (their wait is queueing, counted in latency)
+    assert rec.lateness_s == pytest.approx([0.004, 0.0, 0.0, 0.004])
+    assert rec.latency_s[0] == pytest.approx(0.204)  # from the schedule, lateness included
+    m = rec.metrics()
+    assert m["latency.issue_lateness_ms.max"] == pytest.approx(4.0)
+    assert m["latency.issue_lateness_ms.p50"] == pytest.approx(0.0)
+
+
+def test_a_generator_that_sends_late_is_invalid():
+    arrivals = poisson_arrivals(20.0, min_requests=700, min_duration_s=0.0, seed=3)
+    reasons = {}
+    for late in (0.0, 0.006):  # 6 ms late against a 100 ms bound: over the 5% (5 ms)
+        ft = LateWaker(late)
+        rec = server.run(ft.server(0.001), arrivals, keys_for(len(arrivals)), ft.clock, max_batch=1, max_wait_s=0.0)
+        reasons[late] = verdict(
+            "server", Request(min_requests=10, min_duration_s=0.0, latency_bound_ms=100), rec.metrics()
+        )
+    assert reasons[0.0] == []
+    (reason,) = reasons[0.006]
+    assert "latency.issue_lateness_ms.p99 6.00" in reason and "load generator" in reason

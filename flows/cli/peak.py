@@ -1,0 +1,144 @@
+"""``relflow-bench peak-qps``: the highest Poisson rate whose early-stopping p99 holds a bound.
+
+Registered on the main Typer app in ``flows/cli/app.py``; the flow is ``flows/sweeps/peak.py``,
+the search ``tasks/scenarios/peak.py``. Exit codes as every command's (``flows/cli/common.py``),
+plus 1 when no probed rate held the bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from flows.cli.common import DEFAULT_SPEC, console, handle_run_error, out, pairs, start_run_command
+
+
+def peak_table(summary: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"peak-qps, bound {summary['bound_ms']:g} ms (parent run {summary['parent_run_id']}), probes by rate",
+        title_justify="left",
+    )
+    for col in ("#", "target QPS", "achieved QPS", "p99 early stopping (ms)", "within bound", "validity", "run id"):
+        table.add_column(col, justify="left" if col in {"within bound", "validity", "run id"} else "right")
+    order = sorted(range(len(summary["probes"])), key=lambda i: summary["probes"][i]["rate"])
+    for i in order:
+        p = summary["probes"][i]
+        p99 = p["p99_early_stopping_ms"]
+        table.add_row(
+            str(i + 1),
+            f"{p['rate']:.2f}",
+            "-" if p["achieved_qps"] is None else f"{p['achieved_qps']:.2f}",
+            "n/a" if p99 is None else f"{p99:.2f}",
+            "yes" if p["passed"] else "[bold red]no[/]",
+            p["validity"] or "-",
+            p["run_id"] or "-",
+        )
+    return table
+
+
+def _show(event: str, info: dict[str, Any]) -> None:
+    if event != "peak":
+        return
+    kind = info["kind"]
+    if kind == "parent":
+        console.print(f"peak-qps: parent MLflow run {info['run_id']}")
+    elif kind == "train":
+        console.print("training once (an offline child run); every probe serves its checkpoint")
+    elif kind == "trained":
+        console.print(f"trained: run {info['run_id']}, checkpoint {info['checkpoint']}")
+    elif kind == "start":
+        console.print(f"[probe {info['index'] + 1}] {info['rate']:.2f} QPS: running")
+    elif kind == "done":
+        p = info["probe"]
+        p99 = "n/a" if p.p99_ms is None else f"{p.p99_ms:.2f} ms"
+        verdict = "within the bound" if p.passed else "over the bound"
+        console.print(
+            f"[probe {info['index'] + 1}] {p.rate:.2f} QPS: early-stopping p99 {p99}, {verdict} (run {p.run_id})"
+        )
+
+
+def peak_qps_cmd(
+    spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
+    bound_ms: Annotated[
+        float, typer.Option("--bound-ms", help="Latency bound (ms) the early-stopping p99 must hold.")
+    ] = 0.0,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override for every probe, as for run.")] = None,
+    scale: Annotated[float | None, typer.Option(help="TPC-H scale factor.")] = None,
+    start_qps: Annotated[
+        float | None, typer.Option(help="First probe's rate (default: the spec's run.request.target_qps).")
+    ] = None,
+    probe_requests: Annotated[
+        int, typer.Option(help="Each probe's run.request.min_requests (662: the fewest for a p99 estimate).")
+    ] = 662,
+    probe_seconds: Annotated[
+        float, typer.Option(help="Each probe's run.request.min_duration_s (LoadGen's own: 600).")
+    ] = 10.0,
+    tolerance: Annotated[float, typer.Option(help="Stop when the bracket's high / low <= 1 + this.")] = 0.05,
+    max_probes: Annotated[int, typer.Option(help="Give up after this many probes.")] = 16,
+    tag: Annotated[list[str] | None, typer.Option(help="Extra MLflow tag key=value (repeatable).")] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
+) -> None:
+    """Search the server scenario's Poisson rate for the highest one whose early-stopping p99
+    stays within --bound-ms, each probe a fresh-process server run (child of one parent run).
+    Exits 1 when no probed rate held the bound."""
+    overrides = start_run_command(debug, set_, scale)
+    try:
+        summary = _run(spec, overrides, bound_ms, start_qps, probe_requests, probe_seconds, tolerance, max_probes, tag)
+    except (Exception, KeyboardInterrupt, SystemExit) as err:
+        handle_run_error(err, debug, "the running probe and the parent run were ended KILLED.")
+    (out if out.is_terminal else Console(width=200)).print(peak_table(summary))
+    low, high = summary["bracket"]
+    if low is None:
+        out.print(f"no probed rate held {summary['bound_ms']:g} ms; lowest failing rate {high}")
+        raise typer.Exit(1)
+    top = f"{high:.2f}" if high is not None else "not found (every probe held the bound)"
+    out.print(
+        f"server.peak_qps {low:.2f} QPS (bracket {low:.2f} .. {top}); chart peak_qps.html on parent run "
+        f"{summary['parent_run_id']}\n{summary['tracking_uri']}"
+    )
+
+
+def _run(
+    path: Path,
+    overrides: list[str],
+    bound_ms: float,
+    start_qps: float | None,
+    probe_requests: int,
+    probe_seconds: float,
+    tolerance: float,
+    max_probes: int,
+    tag: list[str] | None,
+) -> dict[str, Any]:
+    """Validate the spec and flags and make the data before Prefect starts, then the flow."""
+    from tasks.scenarios.peak import check_args
+    from tasks.spec import load_spec
+
+    check_args(bound_ms, probe_requests, probe_seconds, tolerance)  # before the heavy imports
+    base = load_spec(path, overrides)
+    from flows.benchmark import plan
+    from flows.sweeps.peak import peak_qps
+
+    checked = plan(base, path.resolve().parent)
+    if checked.generated:
+        console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
+    from tasks.runtime import progress
+
+    unsubscribe = progress.subscribe(_show)
+    try:
+        return peak_qps(
+            base_spec=base.to_dict(),
+            bound_ms=bound_ms,
+            spec_dir=str(path.resolve().parent),
+            probe_requests=probe_requests,
+            probe_seconds=probe_seconds,
+            start_qps=start_qps,
+            tolerance=tolerance,
+            max_probes=max_probes,
+            tags=pairs(tag or [], "--tag"),
+        )
+    finally:
+        unsubscribe()

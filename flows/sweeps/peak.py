@@ -1,0 +1,212 @@
+"""The ``peak-qps`` flow: the highest Poisson rate whose early-stopping p99 holds a bound.
+
+    relflow-bench peak-qps SPEC --bound-ms 50
+
+LoadGen's FindPeakPerformance for the server scenario. The search itself is
+``tasks/scenarios/peak.py`` (double or halve, then bisect until the bracket is within 5%);
+here each probe is a fresh-process ``relflow-bench run`` of the spec as a server run at the
+probe's rate (``flows/sweeps/launch.py``, as a sweep's configurations are), a child MLflow
+run of one parent run. A ``train+predict`` spec is trained once first, by one offline child
+run; every probe then loads its checkpoint (``run.mode=predict``), so the probes time
+serving, not training, and serve the same weights. The parent logs ``server.peak_qps``, the
+bracket (``server.peak_qps_bracket_low`, `server.peak_qps_bracket_high``), the probes as ``peak_probes.json`` and the
+chart of p99 against rate as ``peak_qps.html`` (``dashboards/peak.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from dashboards.peak import peak_figure
+from flows.sweeps.launch import Launched, launch_local, prefect_api_url
+from tasks.measure import keys as K
+from tasks.runtime import progress
+from tasks.runtime.errors import UserError
+from tasks.scenarios.peak import PeakResult, Probe, check_args, search
+from tasks.spec import apply_overrides, parse_spec
+from tasks.tracking.store import Tracker
+
+P99_KEY = "latency.request_ms.p99_early_stopping"
+
+
+def probe_overrides(rate: float, bound_ms: float, checkpoint: str, requests: int, seconds: float) -> list[str]:
+    """What turns the spec into one probe: a server run at ``rate`` from the checkpoint."""
+    return [
+        "run.scenario=server",
+        "run.mode=predict",
+        f"run.checkpoint={json.dumps(checkpoint)}",
+        f"run.request.target_qps={rate!r}",
+        f"run.request.latency_bound_ms={bound_ms!r}",
+        f"run.request.min_requests={requests}",
+        f"run.request.min_duration_s={seconds!r}",
+    ]
+
+
+def probe_from(rate: float, bound_ms: float, launched: Launched) -> Probe:
+    """A probe passes when its early-stopping p99 exists and is within the bound."""
+    r = launched.summary
+    if r is None:
+        return Probe(rate, None, False, validity="FAILED", reasons=(launched.error or "the run failed",))
+    p99 = r.metrics.get(P99_KEY)
+    return Probe(
+        rate,
+        p99,
+        p99 is not None and p99 <= bound_ms,
+        run_id=r.run_id,
+        achieved_qps=r.metrics.get("latency.achieved_qps"),
+        validity=r.validity,
+        reasons=tuple(r.invalid_reasons),
+    )
+
+
+@task(name="peak-probe", task_run_name="probe-{name}", cache_policy=NO_CACHE, persist_result=False, retries=0)
+def run_child(
+    name: str,
+    spec: dict[str, Any],
+    spec_dir: str,
+    parent_run_id: str,
+    tags: dict[str, str],
+    workdir: str,
+    tracking_uri: str,
+    api_url: str | None,
+) -> Launched:
+    """One child (the training run or a probe) as a standalone ``relflow-bench run``."""
+    return launch_local(
+        spec,
+        name=name,
+        spec_dir=spec_dir,
+        parent_run_id=parent_run_id,
+        tags=tags,
+        workdir=Path(workdir),
+        tracking_uri=tracking_uri,
+        api_url=api_url,
+    )
+
+
+@flow(name="peak-qps", persist_result=False, validate_parameters=True)
+def peak_qps(
+    base_spec: dict[str, Any],
+    bound_ms: float,
+    spec_dir: str = ".",
+    probe_requests: int = 662,
+    probe_seconds: float = 10.0,
+    start_qps: float | None = None,
+    tolerance: float = 0.05,
+    max_probes: int = 16,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    base = parse_spec(base_spec, "(peak-qps parameter 'base_spec')")
+    check_args(bound_ms, probe_requests, probe_seconds, tolerance)
+    raw = base.to_dict()
+    start = start_qps or base.run.request.target_qps
+    attempt = uuid.uuid4().hex[:12]
+    tracker = Tracker(base.name)
+    parent = tracker.start(
+        f"{base.name}-peak-qps",
+        {
+            "relflow.sweep.role": "parent",
+            "relflow.peak.attempt": attempt,
+            "relflow.spec_hash": base.spec_hash,
+            "relflow.spec_name": base.name,
+            **(tags or {}),
+        },
+    )
+    tracker.log_params(
+        {
+            "peak.bound_ms": bound_ms,
+            "peak.tolerance": tolerance,
+            "peak.start_qps": start,
+            "peak.probe_requests": probe_requests,
+            "peak.probe_seconds": probe_seconds,
+        }
+    )
+    workdir = tempfile.TemporaryDirectory(prefix="relflow-peak-")
+    try:
+        api_url = prefect_api_url()
+        progress.emit("peak", kind="parent", run_id=parent)
+
+        def child(name: str, spec: dict[str, Any], extra: dict[str, str]) -> Launched:
+            child_tags = {"relflow.sweep.role": "child", "relflow.peak.attempt": attempt, **extra, **(tags or {})}
+            launched = run_child(name, spec, spec_dir, parent, child_tags, workdir.name, tracker.uri, api_url)
+            tracker.log_text(launched.log, f"children/{attempt}/{name}.log")
+            return launched
+
+        checkpoint = base.run.checkpoint
+        if base.run.mode == "train+predict":
+            progress.emit("peak", kind="train")
+            trained = child(
+                "train", apply_overrides(copy.deepcopy(raw), ["run.scenario=offline"]), {"relflow.peak.role": "train"}
+            )
+            if trained.summary is None or not trained.summary.checkpoint_path:
+                raise RuntimeError(f"peak-qps: the training run failed: {trained.error}")
+            checkpoint = str(Path(trained.summary.checkpoint_path).resolve())  # probes share the cwd; be sure
+            progress.emit("peak", kind="trained", run_id=trained.summary.run_id, checkpoint=checkpoint)
+        if checkpoint is None:
+            raise UserError("peak-qps with run.mode=predict needs run.checkpoint; set it or use train+predict.")
+
+        def probe(rate: float) -> Probe:
+            progress.emit("peak", kind="start", rate=rate, index=len(res_probes))
+            spec = parse_spec(
+                apply_overrides(
+                    copy.deepcopy(raw), probe_overrides(rate, bound_ms, checkpoint, probe_requests, probe_seconds)
+                ),
+                f"(peak-qps probe at {rate:g} QPS)",
+            ).to_dict()
+            launched = child(
+                f"probe-{len(res_probes)}", spec, {"relflow.peak.role": "probe", "relflow.peak.qps": f"{rate:g}"}
+            )
+            p = probe_from(rate, bound_ms, launched)
+            res_probes.append(p)
+            progress.emit("peak", kind="done", probe=p, index=len(res_probes) - 1)
+            return p
+
+        res_probes: list[Probe] = []
+        res = search(probe, bound_ms=bound_ms, start_qps=start, tolerance=tolerance, max_probes=max_probes)
+        log_result(tracker, res)
+        tracker.finish()
+    except BaseException as err:
+        tracker.fail(err)
+        raise
+    finally:
+        workdir.cleanup()
+    return {
+        "parent_run_id": parent,
+        "experiment": base.name,
+        "tracking_uri": tracker.uri,
+        "bound_ms": bound_ms,
+        "peak_qps": res.low,
+        "bracket": [res.low, res.high],
+        "probes": [probe_dict(p) for p in res.probes],
+    }
+
+
+def probe_dict(p: Probe) -> dict[str, Any]:
+    return {
+        "rate": p.rate,
+        "p99_early_stopping_ms": p.p99_ms,
+        "passed": p.passed,
+        "achieved_qps": p.achieved_qps,
+        "validity": p.validity,
+        "run_id": p.run_id,
+        "reasons": list(p.reasons),
+    }
+
+
+def log_result(tracker: Tracker, res: PeakResult) -> None:
+    metrics = {K.SERVER_PEAK_PROBES: float(len(res.probes))}
+    if res.low is not None:
+        metrics[K.SERVER_PEAK_QPS] = metrics[K.SERVER_PEAK_QPS_BRACKET_LOW] = res.low
+    if res.high is not None:
+        metrics[K.SERVER_PEAK_QPS_BRACKET_HIGH] = res.high
+    tracker.log_metrics(metrics)
+    tracker.set_tags({"relflow.peak.bracketed": str(res.bracketed)})
+    tracker.log_dict([probe_dict(p) for p in res.probes], "peak_probes.json")
+    tracker.log_text(peak_figure(res).to_html(include_plotlyjs=True, full_html=True), "peak_qps.html")

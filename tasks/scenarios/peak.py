@@ -1,0 +1,101 @@
+"""The highest Poisson rate whose early-stopping p99 holds a latency bound (LoadGen's
+FindPeakPerformance, for the server scenario).
+
+The search only sees probes: ``probe(rate)`` runs a server scenario at ``rate`` and returns
+its early-stopping p99 (None when the run had too few requests for one: a failed probe).
+From the start rate it doubles while probes pass (or halves while they fail) until one
+passing and one failing rate are known, then bisects between them (geometrically: rates
+span orders of magnitude) until ``high / low <= 1 + tolerance``. The bracket is ``high``,
+the lowest rate seen to fail, and ``low``, the highest rate seen to pass below it; the peak
+is ``low``. A probe that passes above a failing one (noise near the knee) does not count:
+the result never claims a rate above one that failed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tasks.runtime.errors import UserError
+from tasks.scenarios.early_stopping import min_requests
+
+
+@dataclass(frozen=True)
+class Probe:
+    rate: float  # target QPS the probe ran at
+    p99_ms: float | None  # its early-stopping p99 (None: too few requests)
+    passed: bool
+    run_id: str | None = None
+    achieved_qps: float | None = None
+    validity: str | None = None
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass
+class PeakResult:
+    bound_ms: float
+    probes: list[Probe] = field(default_factory=list)
+    low: float | None = None  # highest passing rate (the peak)
+    high: float | None = None  # lowest failing rate above it
+
+    @property
+    def bracketed(self) -> bool:
+        return self.low is not None and self.high is not None
+
+
+ProbeFn = Callable[[float], Probe]
+
+
+def search(
+    probe: ProbeFn,
+    *,
+    bound_ms: float,
+    start_qps: float,
+    tolerance: float = 0.05,
+    max_probes: int = 16,
+    min_qps: float = 0.1,
+    max_qps: float = 1e6,
+) -> PeakResult:
+    """Bracket the peak rate within ``tolerance``; ``probe(rate).passed`` is the rule."""
+    if start_qps <= 0 or bound_ms <= 0 or tolerance <= 0:
+        raise UserError("peak-qps needs a start rate, --bound-ms and a tolerance above 0.")
+    res = PeakResult(bound_ms)
+
+    def run(rate: float) -> bool:
+        p = probe(rate)
+        res.probes.append(p)
+        failed = [q.rate for q in res.probes if not q.passed]
+        res.high = min(failed) if failed else None
+        below = [q.rate for q in res.probes if q.passed and (res.high is None or q.rate < res.high)]
+        res.low = max(below) if below else None
+        return p.passed
+
+    run(start_qps)
+    while len(res.probes) < max_probes:
+        if res.low is not None and res.high is not None:
+            if res.high / res.low <= 1 + tolerance:
+                break
+            rate = math.sqrt(res.low * res.high)  # bisect the bracket
+        elif res.high is None:  # every probe passed: double the highest
+            rate = 2 * max(p.rate for p in res.probes)
+        else:  # nothing passed below the lowest failure: halve it
+            rate = res.high / 2
+        if not min_qps <= rate <= max_qps:
+            break
+        run(rate)
+    return res
+
+
+def check_args(bound_ms: float, probe_requests: int, probe_seconds: float, tolerance: float) -> None:
+    """Bad flags fail before any run starts."""
+    if bound_ms <= 0:
+        raise UserError(f"--bound-ms is {bound_ms:g}; give the latency bound in ms, above 0.")
+    need = min_requests(0.99)
+    if probe_requests < need:
+        raise UserError(
+            f"--probe-requests is {probe_requests}; a p99 early-stopping estimate needs at least {need} "
+            f"requests (LoadGen, confidence 0.99); use {need} or more."
+        )
+    if probe_seconds < 0 or tolerance <= 0:
+        raise UserError("--probe-seconds must be 0 or more and --tolerance above 0.")

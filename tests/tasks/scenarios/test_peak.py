@@ -1,0 +1,88 @@
+"""The peak-rate search brackets a known knee: stub servers whose latency rises with rate,
+one a queueing model driven through the real server scenario on a fake clock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.scenarios import server
+from tasks.scenarios.latency import LatencyRecord
+from tasks.scenarios.peak import Probe, search
+from tasks.scenarios.schedule import poisson_arrivals
+from tests.tasks.scenarios.test_timing import FakeTime, keys_for
+
+
+def stub(p99_of_rate):
+    calls: list[float] = []
+
+    def probe(rate: float) -> Probe:
+        calls.append(rate)
+        p99 = p99_of_rate(rate)
+        return Probe(rate, p99, p99 is not None and p99 <= 50.0)
+
+    return probe, calls
+
+
+@pytest.mark.parametrize("start", [1.0, 10.0, 37.0, 500.0])
+def test_search_brackets_a_step_knee_within_5_percent(start):
+    knee = 37.3
+    probe, calls = stub(lambda r: 10.0 if r <= knee else 400.0)
+    res = search(probe, bound_ms=50.0, start_qps=start)
+    assert res.low is not None and res.high is not None
+    assert res.low <= knee < res.high and res.high / res.low <= 1.05
+    assert len(calls) == len(res.probes) <= 16
+
+
+def test_search_brackets_a_smooth_rise():
+    # p99 = 10 / (1 - rate / 100) ms: 50 ms at rate 80, the knee
+    probe, _ = stub(lambda r: 10.0 / (1 - r / 100) if r < 100 else 1e6)
+    res = search(probe, bound_ms=50.0, start_qps=10.0)
+    assert res.low is not None and res.high is not None
+    assert res.low < 80.0 <= res.high and res.high / res.low <= 1.05  # 80 itself: 50 ms + rounding
+    # the peak is a probed, passing rate; nothing above the bracket's top passed
+    assert any(p.rate == res.low and p.passed for p in res.probes)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_rate_that_passes_above_a_failure_is_never_the_peak(seed):
+    # noise near the knee: between 30 and 60 a probe passes or fails by chance
+    rng = np.random.default_rng(seed)
+    probe, _ = stub(lambda r: 10.0 if r <= 30 or (r < 60 and rng.random() < 0.5) else 400.0)
+    res = search(probe, bound_ms=50.0, start_qps=7.0)
+    assert res.low is not None and res.high is not None and res.low < res.high
+    failed = [p.rate for p in res.probes if not p.passed]
+    assert res.high == min(failed)  # the lowest failure caps the result
+    assert res.low == max(p.rate for p in res.probes if p.passed and p.rate < res.high)
+    assert res.high >= 30 and res.low < 60
+
+
+def test_no_passing_rate_leaves_no_peak():
+    probe, _ = stub(lambda r: 400.0)
+    res = search(probe, bound_ms=50.0, start_qps=1.0, min_qps=0.1)
+    assert res.low is None and res.high is not None and res.high <= 0.2
+
+
+def test_search_brackets_the_capacity_of_a_queueing_server():
+    """A server taking 20 ms a request (capacity 50/s), run through server.run with a fake
+    clock: the early-stopping p99 stays under 200 ms up to a rate short of 50 and then rises;
+    the search's bracket holds the rate where the p99 crosses the bound."""
+
+    def p99_at(rate: float) -> float | None:
+        ft = FakeTime()
+        arrivals = poisson_arrivals(rate, min_requests=700, min_duration_s=0.0, seed=1)
+        rec: LatencyRecord = server.run(
+            ft.server(0.02), arrivals, keys_for(len(arrivals)), ft.clock, max_batch=1, max_wait_s=0.0
+        )
+        return rec.early_stopping_ms(99)
+
+    def probe(rate: float) -> Probe:
+        p99 = p99_at(rate)
+        return Probe(rate, p99, p99 is not None and p99 <= 200.0)
+
+    res = search(probe, bound_ms=200.0, start_qps=5.0)
+    assert res.low is not None and res.high is not None and res.high / res.low <= 1.05
+    assert 20.0 < res.low < 50.0  # under capacity, well above an idle server's rate
+    assert p99_at(res.low) <= 200.0 < p99_at(res.high)
+    assert p99_at(10.0) < p99_at(res.low)  # latency rises with rate: a knee, not noise
+    assert np.isfinite(res.low)
