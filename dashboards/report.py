@@ -21,6 +21,7 @@ from plotly.offline import get_plotlyjs
 
 from dashboards import figures
 from dashboards.backends import backends_figure, rows_from_runs
+from dashboards.floors import floor_ledger
 from dashboards.history import HISTORY_METRICS, HistoryStep, history, select_history_runs
 from tasks.tracking.store import RunRecord
 
@@ -49,6 +50,7 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
         "first_call_vs_steady": figures.first_call_vs_steady(bench),
         "quality_vs_throughput": figures.quality_vs_throughput(bench),
         "occupancy_vs_packing": figures.occupancy_vs_packing(bench),
+        "floor_ledger": floor_ledger(bench),
         "history": figures.history_figure(hist_runs, steps),
     }
     backend_rows = rows_from_runs(runs)

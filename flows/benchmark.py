@@ -32,6 +32,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_run_artifact
+from flows.floors import run_floor_metrics
 from model.meta import inspect_on_meta
 from tasks.backends.checkpoint import load_run_checkpoint, save_run_checkpoint
 from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings, start_backend
@@ -368,6 +369,7 @@ def collect(run: Run) -> dict[str, float]:
     with named_write_errors(run.writer.path, "predictions", "run.output_dir"):
         result.output_bytes = run.writer.commit()
     result.output_path = str(run.output)
+    result.stages["predict"]["write"].bytes = result.output_bytes * result.predict_passes
     run.memory.stop()
     result.host_peak_bytes = run.memory.host_peak_bytes
     result.host_peak_excluding_compiler_bytes = run.memory.host_peak_excluding_compiler_bytes
@@ -431,7 +433,10 @@ def collect(run: Run) -> dict[str, float]:
     flow_seconds = wall_clock() - run.flow_start
     result.extra[K.HARNESS_FLOW_SECONDS] = flow_seconds
     result.extra[K.HARNESS_FLOW_OVERHEAD_SECONDS] = flow_seconds - result.timed_stage_seconds
-    return result.metrics()
+    metrics = result.metrics()
+    calls = sum(st.calls for stages in result.stages.values() for st in stages.values())
+    metrics.update(run_floor_metrics(s, p.sources, p.device, metrics, float(shape["flops_per_root_row"]), calls))
+    return metrics
 
 
 def judge(run: Run, metrics: dict[str, float]) -> list[str]:

@@ -35,6 +35,7 @@ from flows.cli.common import (
     start_run_command,
 )
 from flows.cli.fleet import serve_cmd, sweep_cmd
+from flows.cli.floors import floors_cmd
 from flows.cli.noise import noise_cmd
 from flows.cli.peak import peak_qps_cmd
 from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
@@ -204,13 +205,19 @@ def _early_stopping(m: dict[str, float]) -> str:
     return "; ".join(parts)
 
 
+def _vs_floor(m: dict[str, float], phase: str, stage: str) -> str:
+    """The predict stage's ``floor.<stage>.fraction`` (tasks/measure/floors.py), or blank."""
+    value = m.get(f"floor.{stage}.fraction") if phase == "predict" else None
+    return "" if value is None else f"{value:.1%}"
+
+
 def report(summary: dict[str, Any]) -> None:
     from tasks.measure import keys as K
     from tasks.measure.records import describe_repeats
 
     m = summary["metrics"]
     table = Table(title="Stages (training epochs and predict passes are separate phases)", title_justify="left")
-    for col in ("phase", "stage", "seconds", "root rows", "rows/s", "share of phase"):
+    for col in ("phase", "stage", "seconds", "root rows", "rows/s", "share of phase", "vs floor"):
         table.add_column(col, justify="left" if col in ("phase", "stage") else "right")
     for phase in K.PHASES:
         rows = [r for r in summary["stages"] if r["phase"] == phase]
@@ -224,6 +231,7 @@ def report(summary: dict[str, Any]) -> None:
                 f"{row['rows']:,}",
                 f"{row['rows_per_s']:,.0f}",
                 f"{row['share']:.1%}",
+                _vs_floor(m, str(row["phase"]), str(row["stage"])),
             )
         label = "end-to-end predict (headline)" if phase == "predict" else "end-to-end train (trained rows)"
         table.add_row(
@@ -233,6 +241,7 @@ def report(summary: dict[str, Any]) -> None:
             f"{int(m[K.e2e(phase, 'rows')]):,}",
             f"[bold]{m[K.e2e(phase, 'rows_per_s')]:,.0f}",
             "100%",
+            "",
             end_section=True,
         )
     out.print(table)
@@ -432,6 +441,7 @@ app.command("backends-report")(backends_report_cmd)
 app.command("sweep")(sweep_cmd)
 app.command("serve")(serve_cmd)
 app.command("peak-qps")(peak_qps_cmd)
+app.command("floors")(floors_cmd)
 
 
 def main() -> None:

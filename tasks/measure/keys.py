@@ -28,6 +28,10 @@ def stage_rows_per_s(stage: str, phase: str) -> str:
     return f"stage.{stage}.{phase}.rows_per_s"
 
 
+def stage_bytes(stage: str, phase: str) -> str:
+    return f"stage.{stage}.{phase}.bytes"
+
+
 def e2e(phase: str, what: str) -> str:
     """``e2e.<phase>.<what>``: seconds | rows | rows_per_s."""
     return f"e2e.{phase}.{what}"
@@ -220,6 +224,32 @@ def quality_reference(name: str) -> str:
     """The reference checkpoint's held-out ``quality.<name>`` (run.reference_checkpoint)."""
     return f"quality.reference.{name}"
 
+
+# The floor ledger (tasks/measure/floors.py): each stage against the plainest way to do its work.
+FLOOR_STAGES = ("retrieve", "tensorize", "compute", "write", "orchestration")
+FLOOR_UNITS = {
+    "retrieve": "bytes_per_s",
+    "tensorize": "bytes_per_s",
+    "compute": "flops_per_s",
+    "write": "bytes_per_s",
+    "orchestration": "calls_per_s",
+}
+
+
+def floor_fraction(stage: str) -> str:
+    """``floor.<stage>.fraction``: the stage's own rate over its floor's (1.0 = at the floor)."""
+    return f"floor.{stage}.fraction"
+
+
+def floor_rate(stage: str) -> str:
+    """``floor.<stage>.<unit>``: the floor's rate, in the stage's unit."""
+    return f"floor.{stage}.{FLOOR_UNITS[stage]}"
+
+
+FLOOR_PREPROCESS_INPUT_BYTES_PER_S = "floor.preprocess.input_bytes_per_s"
+FLOOR_PREPROCESS_SHARE = "floor.preprocess.share"
+FLOOR_CACHED = "floor.cached"
+FLOOR_OTHER_CPU_FRACTION = "floor.other_cpu_fraction"
 
 HOST_LOAD_PER_CORE_START = "host.load_per_core_start"
 HOST_OTHER_CPU_FRACTION_BEFORE = "host.other_cpu_fraction_before"
@@ -459,6 +489,27 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "share of all cores' time used by other processes during the timed "
         "region (from the OS CPU counters minus this process tree)",
     ),
+    (
+        "stage.<stage>.<phase>.bytes",
+        "bytes the stage handled in that phase: retrieve the bytes read (as data.bytes_read, key "
+        "listing included), preprocess the Arrow bytes handed to it, tensorize the bytes of the "
+        "tensors it produced, write the prediction file's bytes x passes",
+    ),
+    (
+        "floor.<stage>.fraction",
+        "the predict stage's own rate over its floor's rate (1.0 = at the floor; tasks/measure/floors.py): "
+        "retrieve, tensorize, write in bytes/s; compute in present-coordinate FLOP/s; orchestration "
+        "as seconds of one no-op Prefect task call over the run's orchestration seconds per task call",
+    ),
+    ("floor.retrieve.bytes_per_s", "floor: the plainest reader of the source, same columns and row groups"),
+    ("floor.tensorize.bytes_per_s", "floor: a memcpy (torch.empty_like(t).copy_) of one chunk's tensors"),
+    ("floor.compute.flops_per_s", "floor: matmul FLOP/s at the model's own GEMM shapes (linears, attention)"),
+    ("floor.write.bytes_per_s", "floor: pyarrow.parquet.write_table of one chunk's prediction table, same folder"),
+    ("floor.orchestration.calls_per_s", "floor: no-op Prefect task calls per second"),
+    (FLOOR_PREPROCESS_INPUT_BYTES_PER_S, "preprocess has no single floor: its rate in input (Arrow) bytes/s"),
+    (FLOOR_PREPROCESS_SHARE, "preprocess's share of end-to-end predict seconds"),
+    (FLOOR_CACHED, "1 when the floor ledger came from the cache, 0 when measured in this run (after the timed region)"),
+    (FLOOR_OTHER_CPU_FRACTION, "share of the cores other processes used while the floors were measured"),
     (
         "system/<name>",
         "MLflow system metrics (run.system_metrics_interval_s), sampled in memory and logged after the timed region",

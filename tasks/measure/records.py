@@ -31,6 +31,7 @@ class StageTiming:
     seconds: float = 0.0
     rows: int = 0  # root rows through the stage (summed over chunks and passes)
     calls: int = 0  # chunks through the stage (``RunResult.ran`` reads it)
+    bytes: int = 0  # bytes the stage handled, where the chain counts them (floor ledger)
 
     def add(self, seconds: float, rows: int) -> None:
         self.seconds += seconds
@@ -161,6 +162,8 @@ class RunResult:
                 m[K.stage_seconds(s.name, phase)] = s.seconds
                 m[K.stage_rows(s.name, phase)] = float(s.rows)
                 m[K.stage_rows_per_s(s.name, phase)] = s.rows_per_s
+                if s.bytes:
+                    m[K.stage_bytes(s.name, phase)] = float(s.bytes)
         if self.ran("predict"):
             sec = self.e2e_seconds("predict")
             m[K.E2E_PREDICT_SECONDS] = sec

@@ -53,6 +53,7 @@ class Workload:
         with chain.clock.measure() as span:
             keys, nbytes = list_root_keys(self.spec, chain.sources)
         self.result.stages["predict"]["retrieve"].add(span.seconds, 0)
+        self.result.stages["predict"]["retrieve"].bytes += nbytes
         self.result.bytes_read += nbytes
         self.result.root_rows = len(keys)
         n = self.spec.run.chunk_rows
@@ -82,6 +83,10 @@ class Workload:
             return self._kept[i]
         p = self.chain.prepare(self.chunks[i], self.sink(phase), {"chunk": i, "phase": phase})
         self.account(p, i)
+        stages = self.result.stages[phase]  # bytes per stage: the floor ledger's rates
+        stages["retrieve"].bytes += p.bytes_read
+        stages["preprocess"].bytes += p.arrow_bytes
+        stages["tensorize"].bytes += p.tz.produced_bytes
         if phase == "train" and len(self.chunks) == 1:
             self._kept[i] = p.tz
         return p.tz

@@ -72,6 +72,7 @@ class Prepared:
     rows_read: int  # source rows over every table (root and branches)
     overflow_dropped: dict[str, int] = field(default_factory=dict)
     text_cells: int = 0  # cells the encode step turned into vectors
+    arrow_bytes: int = 0  # Arrow bytes retrieve handed to preprocess (its input)
 
 
 @dataclass
@@ -135,7 +136,8 @@ class Chain:
             encoded = run("encode", lambda: encode(spec, pre), lambda e: e.pre.root_rows)
             pre, cells = encoded.pre, encoded.cells
         tz: Tensorized = run("tensorize", lambda: self._tensorize(pre), lambda t: t.root_rows)
-        return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells)
+        arrow_bytes = sum(t.nbytes for t in r.tables.values())
+        return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells, arrow_bytes)
 
     def _timed(
         self, stage: str, step: Callable[[], _T], where: Where | None, runner: StageRunner | None = None

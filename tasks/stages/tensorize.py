@@ -8,7 +8,7 @@ split when no checkpoint provides one, and counting present vs reserved coordina
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +45,26 @@ class Tensorized:
     root_rows: int
     table: pa.Table | None = None  # loader mode: nested Arrow rows, encoded by the workers
     shapes: RootShapes | None = None  # run.bucketing by_length: context size per root row
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What this step produced, as tensors (loader mode: the Arrow rows' buffers as one
+        byte tensor, since the workers build the tensors later)."""
+        if self.batch is None:
+            assert self.table is not None
+            return [torch.empty(self.table.nbytes, dtype=torch.uint8)]
+        b = self.batch
+        out = [b.labels, b.label_present]
+        for node in b.nodes.values():
+            out += [getattr(node, f.name) for f in fields(node) if isinstance(getattr(node, f.name), torch.Tensor)]
+        return out
+
+    @property
+    def produced_bytes(self) -> int:
+        """Bytes of the tensors this step produced (the tensorize floor's memcpy size)."""
+        if self.batch is None:
+            assert self.table is not None
+            return int(self.table.nbytes)
+        return sum(t.nbytes for t in self.tensors())
 
 
 def layout(spec: Spec) -> NodeLayout:

@@ -61,6 +61,7 @@ def test_dashboard_files_and_mlflow_run(dashboard_dir, bench_runs):
     names = sorted(p.name for p in dashboard_dir.iterdir())
     assert names == [
         "first_call_vs_steady.png",
+        "floor_ledger.png",
         "history.png",
         "index.html",
         "occupancy_vs_packing.png",

@@ -1,0 +1,49 @@
+"""The floor ledger in the flow: the orchestration floor (a no-op Prefect task call, which
+``tasks/`` cannot measure since it never imports Prefect) and a run's ``floor.*`` metrics.
+
+The floors themselves are measured in ``tasks/measure/floors.py``, after the timed region.
+"""
+
+from __future__ import annotations
+
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.measure.clock import Clock
+from tasks.measure.environment import fingerprint
+from tasks.measure.floors import Floor, best_seconds, fractions, ledger
+from tasks.sources.files import SourceTable
+from tasks.spec import Spec
+
+CALLS = 10  # no-op task calls per timed repetition
+
+
+@task(name="noop", cache_policy=NO_CACHE, persist_result=False, retries=0)
+def _noop() -> None:
+    """Nothing: what Prefect itself costs per task call."""
+
+
+def orchestration_floor(clock: Clock) -> Floor:
+    """Seconds of ``CALLS`` no-op Prefect task calls at best, as calls per second."""
+
+    def calls() -> None:
+        for _ in range(CALLS):
+            _noop()
+
+    return Floor("orchestration", float(CALLS), best_seconds(calls, clock), f"{CALLS} no-op Prefect task calls")
+
+
+def run_floor_metrics(
+    spec: Spec,
+    sources: dict[str, SourceTable],
+    device: torch.device,
+    metrics: dict[str, float],
+    flops_per_root_row: float,
+    task_calls: int,
+) -> dict[str, float]:
+    """A finished run's ``floor.*`` metrics against this host's (cached) ledger; measured
+    after the timed region on a miss."""
+    host = fingerprint(device)["relflow.host_fingerprint"]
+    led = ledger(spec, sources, device, host, orchestration_floor)
+    return fractions(led, metrics, flops_per_root_row, task_calls)

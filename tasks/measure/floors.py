@@ -1,0 +1,352 @@
+"""The floor ledger: every stage against the plainest way this host can do the same work.
+
+MFU says how far compute is from the machine's limit; a user pays for every stage, so each
+one gets its own floor, measured on this host for the spec's data:
+
+- **retrieve**: the source's plainest reader over the same columns and every row group (a
+  predict pass reads all of them): ``pyarrow.parquet.read_table``, Arrow IPC ``read_all``,
+  ``pyarrow.csv.read_csv``, the database's own ``SELECT`` of the columns (DuckDB's Arrow
+  output, ADBC's fetch for PostgreSQL). Bytes are counted as the stage counts them
+  (``data.bytes_read``: compressed column chunks, IPC buffers, CSV file size, Arrow result).
+- **tensorize**: ``torch.empty_like(t).copy_(t)`` of every tensor one chunk produces.
+- **compute**: matmul FLOP/s at the model's own GEMM shapes (present coordinates of a batch
+  x d_model by d_model x d_model; per-branch attention scores and values at the branch's
+  length), not a square 1024 matmul.
+- **write**: ``pyarrow.parquet.write_table`` (zstd, as the writer) of one chunk's prediction
+  table into the run's output folder.
+- **orchestration**: one no-op Prefect task call; measured in ``flows/`` (``tasks/`` never
+  imports Prefect) and handed in as a callable.
+
+The sample (one chunk of root keys, fresh weights) goes through the plan's own ``Chain``
+outside every timing. Like ``peak``, the ledger is cached per host fingerprint (and per data:
+files, columns, shapes, threads) in ``$RELFLOW_CACHE_DIR``, and a ledger measured while other
+processes held more than ``BUSY_HOST_FRACTION`` of the cores is used once and never cached.
+``fractions`` turns a run's metrics into ``floor.<stage>.fraction`` (its rate over the floor's,
+1.0 = at the floor).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import torch
+
+from tasks.measure import keys as K
+from tasks.measure.clock import Clock, unix_time
+from tasks.measure.hostload import OtherCpu
+from tasks.measure.peak import BUSY_HOST_FRACTION, DTYPES
+from tasks.sources.databases import DB_FORMATS, quote
+from tasks.sources.files import SourceTable
+from tasks.spec import CompileSettings, Spec
+from tasks.stages.chain import Chain
+from tasks.stages.retrieve import ROOT, list_root_keys, node_columns
+from tasks.stages.write import PredictionWriter
+
+REPS = 5  # timed repetitions after one warm-up; the floor is the best one
+
+
+@dataclass(frozen=True)
+class Floor:
+    """One stage's floor: ``amount`` (bytes, FLOPs or calls) done in ``seconds`` at best."""
+
+    stage: str
+    amount: float
+    seconds: float
+    how: str
+
+    @property
+    def rate(self) -> float:
+        return self.amount / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Ledger:
+    floors: dict[str, Floor]
+    key: str
+    measured_unix_s: float
+    other_cpu_fraction: float
+    cached: bool = False
+
+    def metrics(self) -> dict[str, float]:
+        out = {K.floor_rate(s): f.rate for s, f in self.floors.items()}
+        return {**out, K.FLOOR_CACHED: float(self.cached), K.FLOOR_OTHER_CPU_FRACTION: self.other_cpu_fraction}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "cached": False}
+
+    @staticmethod
+    def from_json(d: dict[str, Any], cached: bool) -> Ledger:
+        floors = {s: Floor(**f) for s, f in d["floors"].items()}
+        return Ledger(floors, d["key"], d["measured_unix_s"], d["other_cpu_fraction"], cached)
+
+
+def best_seconds(step: Callable[[], object], clock: Clock, reps: int = REPS) -> float:
+    """Best of ``reps`` timed calls after one warm-up call."""
+    step()
+    best = float("inf")
+    for _ in range(reps):
+        with clock.measure() as span:
+            step()
+        best = min(best, span.seconds)
+    return best
+
+
+# -- the floors -------------------------------------------------------------------------------
+
+
+def _plain_read(src: SourceTable, columns: list[str]) -> tuple[Callable[[], object], int]:
+    """The plainest read of ``columns`` of every row group of ``src``, and its bytes as the
+    retrieve stage counts them."""
+    if src.format in DB_FORMATS:
+        db: Any = src  # tasks.sources.databases.DatabaseTable (duck-types SourceTable)
+        sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(db.name)}"
+        return (lambda: db.db.query(sql)), int(db.db.query(sql).nbytes)
+    files = list(src.files)
+    if src.format == "parquet":
+        nbytes = 0
+        for path in files:
+            meta = pq.ParquetFile(path).metadata
+            names = meta.schema.to_arrow_schema().names
+            wanted = [names.index(c) for c in columns]
+            nbytes += sum(
+                meta.row_group(rg).column(i).total_compressed_size for rg in range(meta.num_row_groups) for i in wanted
+            )
+        return (lambda: [pq.read_table(p, columns=columns) for p in files]), nbytes
+    if src.format == "ipc":
+
+        def read_ipc() -> list[pa.Table]:
+            return [ipc.open_file(pa.memory_map(str(p))).read_all().select(columns) for p in files]
+
+        return read_ipc, sum(t.nbytes for t in read_ipc())
+    opts = pacsv.ConvertOptions(include_columns=columns)
+    return (lambda: [pacsv.read_csv(p, convert_options=opts) for p in files]), sum(p.stat().st_size for p in files)
+
+
+def retrieve_floor(spec: Spec, sources: dict[str, SourceTable], clock: Clock) -> Floor:
+    """Every node's table, its columns, read plainly: bytes over the sum of best times."""
+    cols = node_columns(spec)
+    tables = {ROOT: spec.schema_.root.table} | {b.name: b.table for b, _ in spec.schema_.walk()}
+    amount, seconds, formats = 0, 0.0, set()
+    for node, table in tables.items():
+        src = sources[table]
+        read, nbytes = _plain_read(src, cols[node])
+        amount += nbytes
+        seconds += best_seconds(read, clock)
+        formats.add(src.format)
+    return Floor(
+        "retrieve", float(amount), seconds, f"plain read ({', '.join(sorted(formats))}) of {len(tables)} tables"
+    )
+
+
+def memcpy_floor(tensors: list[torch.Tensor], clock: Clock) -> Floor:
+    """``torch.empty_like(t).copy_(t)`` of each tensor: the bytes tensorize produces, copied."""
+    dst = [torch.empty_like(t) for t in tensors]
+
+    def copy() -> None:
+        for d, t in zip(dst, tensors, strict=True):
+            d.copy_(t)
+
+    amount = sum(t.nbytes for t in tensors)
+    return Floor("tensorize", float(amount), best_seconds(copy, clock), f"memcpy of {len(tensors)} tensors")
+
+
+def gemm_shapes(spec: Spec, coords_per_root: float) -> list[tuple[int, int, int, int]]:
+    """The model's own GEMMs per batch as (batch count, m, k, n): the projections and the
+    feed-forward over a batch's present coordinates (one token per cell), and each node's
+    attention scores (S x dh by dh x S) and values at its sequence length S (reserved rows
+    x tokens per row: one per column and one per child branch)."""
+    d, heads, bs = spec.model.d_model, spec.model.heads, spec.run.batch_size
+    ffn = 4 * d  # model.config.ModelConfig.ffn_mult
+    rows = max(int(round(bs * coords_per_root)), 1)
+    shapes = [(1, rows, d, d), (1, rows, d, ffn), (1, rows, ffn, d)]
+
+    def attention(length: int, tokens_per_row: int, instances: int) -> None:
+        seq = length * max(tokens_per_row, 1)
+        shapes.extend([(instances * heads, seq, d // heads, seq), (instances * heads, seq, seq, d // heads)])
+
+    root = spec.schema_.root
+    attention(1, len(root.columns) + len(spec.schema_.branches), bs)
+    instances = {ROOT: bs}
+    for b, parent in spec.schema_.walk():
+        n = instances[parent or ROOT]
+        attention(b.max_length, len(b.columns) + len(b.branches), n)
+        instances[b.name] = n * b.max_length
+    return shapes
+
+
+def compute_floor(spec: Spec, coords_per_root: float, device: torch.device, clock: Clock) -> Floor:
+    """Matmul FLOP/s over the model's GEMM shapes: all their FLOPs over their best times summed."""
+    dtype = DTYPES[spec.run.precision]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    amount, seconds = 0.0, 0.0
+    shapes = gemm_shapes(spec, coords_per_root)
+    for g, m, k, n in shapes:
+        a = torch.randn(g, m, k, generator=gen).to(device=device, dtype=dtype)
+        b = torch.randn(g, k, n, generator=gen).to(device=device, dtype=dtype)
+        amount += 2.0 * g * m * k * n
+        seconds += best_seconds(functools.partial(torch.bmm, a, b), clock)
+    return Floor("compute", amount, seconds, f"{len(shapes)} GEMM shapes, {spec.run.precision}")
+
+
+def write_floor(table: pa.Table, folder: Path, clock: Clock) -> Floor:
+    """``pyarrow.parquet.write_table`` of ``table`` into ``folder``; bytes are the file's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f".floor-write-{os.getpid()}.parquet"
+    try:
+        seconds = best_seconds(lambda: pq.write_table(table, path, compression="zstd"), clock)
+        amount = path.stat().st_size
+    finally:
+        path.unlink(missing_ok=True)
+    return Floor("write", float(amount), seconds, f"write_table of {table.num_rows:,} rows")
+
+
+class _KeepTables(PredictionWriter):
+    """A writer that keeps the prediction tables in memory (the write floor's input)."""
+
+    def __init__(self) -> None:
+        super().__init__(Path(os.devnull))
+        self.tables: list[pa.Table] = []
+
+    def write(self, table: pa.Table) -> None:
+        self.tables.append(table)
+        self.rows += table.num_rows
+
+
+# -- the ledger -------------------------------------------------------------------------------
+
+
+def cache_file() -> Path:
+    base = os.environ.get("RELFLOW_CACHE_DIR") or Path.home() / ".cache" / "relflow-bench"
+    return Path(base) / "floors.json"
+
+
+def data_key(spec: Spec, sources: dict[str, SourceTable], device: torch.device) -> str:
+    """What the floors depend on besides the host: the files (size, mtime) or database, the
+    columns, the shapes, the output folder, device, precision and threads."""
+    files: list[Any] = []
+    for name, src in sorted(sources.items()):
+        if src.format in DB_FORMATS:
+            files.append([name, src.format, list(src.files)])
+        else:
+            files += [[name, str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in src.files]
+    what = {
+        "files": files,
+        "columns": node_columns(spec),
+        "lengths": {b.name: b.max_length for b, _ in spec.schema_.walk()},
+        "model": [spec.model.d_model, spec.model.heads],
+        "run": [spec.run.batch_size, spec.run.chunk_rows, spec.run.precision, spec.run.output_dir],
+        "outputs": list(spec.task.outputs),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def measure(
+    spec: Spec,
+    sources: dict[str, SourceTable],
+    device: torch.device,
+    key: str,
+    orchestration: Callable[[Clock], Floor] | None = None,
+) -> Ledger:
+    """Every floor, now, with the share of the cores other work used meanwhile."""
+    clock = Clock(device)
+    other = OtherCpu().start()
+    floors = {"retrieve": retrieve_floor(spec, sources, clock)}
+    keys, _ = list_root_keys(spec, sources)
+    # The sample's engine only makes the prediction table the write floor writes: eager, so a
+    # compiled spec neither compiles again here nor adds to the run's recompile bookkeeping.
+    eager = spec.model_copy(update={"run": spec.run.model_copy(update={"compile": CompileSettings()})})
+    chain = Chain(eager, sources, device, clock=clock)
+    tz = chain.prepare_untimed(np.asarray(keys[: spec.run.chunk_rows]))
+    floors["tensorize"] = memcpy_floor(tz.tensors(), clock)
+    floors["compute"] = compute_floor(spec, tz.coords_present / max(tz.root_rows, 1), device, clock)
+    kept = _KeepTables()
+    chain.serve(tz, kept, lambda stage, seconds, rows: None)
+    if chain.engine is not None:
+        chain.engine.close()
+    floors["write"] = write_floor(pa.concat_tables(kept.tables), Path(spec.run.output_dir).resolve(), clock)
+    if orchestration is not None:
+        floors["orchestration"] = orchestration(clock)
+    return Ledger(floors, key, unix_time(), other.stop())
+
+
+def ledger(
+    spec: Spec,
+    sources: dict[str, SourceTable],
+    device: torch.device,
+    fingerprint: str,
+    orchestration: Callable[[Clock], Floor] | None = None,
+    remeasure: bool = False,
+) -> Ledger:
+    """The cached ledger for this host and data, measured on a miss (never inside a timed
+    region: callers run it after theirs)."""
+    key = f"{fingerprint}|{data_key(spec, sources, device)}"
+    path = cache_file()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    hit = cache.get(key)
+    if not remeasure and hit is not None and (orchestration is None or "orchestration" in hit["floors"]):
+        return Ledger.from_json(hit, cached=True)
+    led = measure(spec, sources, device, key, orchestration)
+    if led.other_cpu_fraction > BUSY_HOST_FRACTION:
+        return led  # a busy host's floors: this run only, measured again next time
+    cache[key] = led.to_json()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)  # concurrent writers: last one wins, never a torn file
+    except OSError:
+        pass  # an unwritable cache only costs a re-measurement next time
+    return led
+
+
+# -- a run against its floors -----------------------------------------------------------------
+
+
+def fraction(amount: float, seconds: float, floor_rate: float) -> float:
+    """A stage's rate (``amount / seconds``) over its floor's rate; 0 when either is unknown."""
+    if seconds <= 0 or floor_rate <= 0:
+        return 0.0
+    return (amount / seconds) / floor_rate
+
+
+def fractions(led: Ledger, m: dict[str, float], flops_per_root_row: float, task_calls: int) -> dict[str, float]:
+    """``floor.<stage>.fraction`` of a run's predict phase from its metrics, plus the floors'
+    rates and preprocess's input rate and share. Stages the run did not count are left out."""
+    out = led.metrics()
+    f = led.floors
+
+    def stage(name: str, what: str) -> float:
+        return m.get(f"stage.{name}.predict.{what}", 0.0)
+
+    for name in ("retrieve", "tensorize", "write"):
+        if stage(name, "bytes") > 0 and name in f:
+            out[K.floor_fraction(name)] = fraction(stage(name, "bytes"), stage(name, "seconds"), f[name].rate)
+    present_flops = flops_per_root_row * m.get(K.DATA_OCCUPANCY, 1.0) * m.get(K.E2E_PREDICT_ROWS, 0.0)
+    if present_flops > 0 and "compute" in f:
+        out[K.floor_fraction("compute")] = fraction(present_flops, stage("compute", "seconds"), f["compute"].rate)
+    orch = m.get(K.HARNESS_ORCHESTRATION_SECONDS, 0.0)
+    if task_calls > 0 and orch > 0 and "orchestration" in f:
+        out[K.floor_fraction("orchestration")] = fraction(task_calls, orch, f["orchestration"].rate)
+    pre_s = stage("preprocess", "seconds")
+    if stage("preprocess", "bytes") > 0 and pre_s > 0:
+        out[K.FLOOR_PREPROCESS_INPUT_BYTES_PER_S] = stage("preprocess", "bytes") / pre_s
+        e2e = m.get(K.E2E_PREDICT_SECONDS, 0.0)
+        out[K.FLOOR_PREPROCESS_SHARE] = pre_s / e2e if e2e > 0 else 0.0
+    return out

@@ -1,0 +1,37 @@
+"""The dashboard's floor ledger: one bar per stage from the latest run's floor fractions."""
+
+from __future__ import annotations
+
+from dashboards.floors import floor_ledger
+from dashboards.report import build
+from tasks.measure import keys as K
+from tasks.tracking.store import RunRecord
+
+
+def _run(i: int, metrics: dict[str, float]) -> RunRecord:
+    base = {K.E2E_PREDICT_ROWS_PER_S: 100.0}
+    return RunRecord(f"id{i:030d}", f"run{i}", "e", "FINISHED", i, i + 1, base | metrics, {}, {})
+
+
+def test_one_bar_per_stage_of_the_latest_run_with_floors():
+    older = _run(0, {K.floor_fraction(s): 0.9 for s in K.FLOOR_STAGES})
+    latest = _run(
+        1,
+        {
+            K.floor_fraction("retrieve"): 0.3,
+            K.floor_fraction("compute"): 0.05,
+            K.floor_fraction("write"): 0.6,
+            K.FLOOR_PREPROCESS_INPUT_BYTES_PER_S: 2e6,
+            K.FLOOR_PREPROCESS_SHARE: 0.2,
+        },
+    )
+    fig = floor_ledger([older, latest, _run(2, {})])  # the newest has no ledger: not drawn
+    (bar,) = fig.data
+    assert list(bar.x) == ["retrieve", "compute", "write"] and list(bar.y) == [0.3, 0.05, 0.6]
+    assert latest.run_id[:8] in fig.layout.title.text and "preprocess 2.0 MB/s" in fig.layout.title.text
+
+
+def test_runs_without_floors_draw_a_note_and_the_dashboard_has_the_chart():
+    fig = floor_ledger([_run(0, {})])
+    assert not fig.data and "no run with floor" in fig.layout.annotations[0].text
+    assert "floor_ledger" in build("e", [_run(0, {})]).figures
