@@ -57,6 +57,7 @@ from tasks.runtime.threads import apply_threads
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.offline import predict_pass
+from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
 from tasks.sources.databases import close_all as close_databases
@@ -184,6 +185,7 @@ class Run:
     mlflow_seconds: float
     work: Workload | None = None
     region: dict[str, float] | None = None
+    buckets: dict[str, float] = field(default_factory=dict)  # the timed region by bucket (harness.*)
     ckpt_path: Path | None = None
     latency: LatencyRecord | None = None  # a single_stream / server run's
     backend_setup: BackendSetup = field(default_factory=BackendSetup)
@@ -248,22 +250,10 @@ def timed_body(run: Run) -> None:
         if s.run.system_metrics_interval_s > 0:
             run.tracker.start_system_metrics(s.run.system_metrics_interval_s)
         other = OtherCpu().start()
-        body_start = wall_clock()
         region_start_unix = unix_time()
         run.work = work = Workload(chain_for(run.plan), run.result)
-        work.list_keys()
-        if s.run.mode == "train+predict":
-            if s.run.distributed:  # DDP ranks under torchrun (tasks/distributed/launch.py)
-                distributed.train(work, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
-            else:
-                work.train()
-            work.fit_calibration()
-        setup_seconds = serving_backend(run)  # outside every stage (not in e2e)
-        run.latency = None
-        if s.run.scenario != "offline":  # single_stream / server (tasks/scenarios)
-            progress.emit("phase", name=f"{s.run.scenario} requests")
-            run.latency = requests_task(work, run.writer)
-        for repeat in range(s.run.repeats if run.latency is None else 0):
+
+        def predict(repeat: int) -> None:
             # Every pass really writes; only the last file is kept.
             w = (
                 run.writer
@@ -275,7 +265,23 @@ def timed_body(run: Run) -> None:
             finally:
                 if w is not run.writer:
                     w.abort()
-        body_seconds = wall_clock() - body_start
+
+        def requests() -> LatencyRecord:
+            progress.emit("phase", name=f"{s.run.scenario} requests")
+            return requests_task(work, run.writer)
+
+        steps = RegionSteps(
+            train=lambda: (
+                distributed.train(work, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
+                if s.run.distributed
+                else work.train()
+            ),
+            distributed=s.run.distributed is not None,
+            serving_backend=lambda: serving_backend(run),  # outside every stage (not in e2e)
+            requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
+            predict_pass=predict,
+        )
+        region, run.latency = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
         region_end_unix = unix_time()
         other_during = other.stop()
         run.tracker.stop_system_metrics()
@@ -284,10 +290,9 @@ def timed_body(run: Run) -> None:
             run.reference_quality = reference_quality(
                 s, run.plan.reference, len(work.chunks), work.prepare_untimed, run.plan.device
             )
+    run.buckets = region.metrics()
     run.region = {
         "waited": waited,
-        "body_seconds": body_seconds,
-        "setup_seconds": setup_seconds,
         "start_unix": region_start_unix,
         "end_unix": region_end_unix,
         "load_start": load_start,
@@ -385,14 +390,7 @@ def collect(run: Run) -> dict[str, float]:
             K.HARNESS_DATA_SECONDS: p.data_seconds,
             K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
             K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
-            K.HARNESS_ORCHESTRATION_SECONDS: max(
-                region["body_seconds"]
-                - region["setup_seconds"]
-                - chain.engine_setup_seconds
-                - result.timed_stage_seconds,
-                0.0,
-            ),
-            K.HARNESS_ENGINE_SETUP_SECONDS: chain.engine_setup_seconds,
+            **run.buckets,  # harness.region_seconds and its buckets (tasks/scenarios/region.py)
             K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
             # When this run held the host: lets anyone check that timed regions never overlap.
             K.HARNESS_REGION_START: region["start_unix"],

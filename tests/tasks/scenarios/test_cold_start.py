@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from tasks.measure.records import RunResult
@@ -19,26 +17,8 @@ from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 
 
-def repeated_shop(tables: dict[str, pa.Table], copies: int) -> dict[str, pa.Table]:
-    """The shop tables ``copies`` times over, keys shifted per copy (both classes in training)."""
-    keys = {"customers": ("c_id",), "orders": ("o_id", "o_cust"), "lines": ("l_order",)}
-    out = {}
-    for name, table in tables.items():
-        parts = []
-        for k in range(copies):
-            t = table
-            for col in keys[name]:
-                i = t.schema.get_field_index(col)
-                t = t.set_column(i, col, pc.add(t[col], 1000 * k))
-            parts.append(t)
-        out[name] = pa.concat_tables(parts)
-    return out
-
-
-def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(
-    shop_spec, shop_tables, write_tables, tmp_path
-):
-    shop_files = write_tables(repeated_shop(shop_tables, 8))
+def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(shop_spec, many_shop_files, tmp_path):
+    shop_files = many_shop_files
     raw = copy.deepcopy(shop_spec)
     # Dynamo with the eager backend: every region really goes through Dynamo (graphs counted)
     # at a fraction of Inductor's cost.
