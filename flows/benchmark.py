@@ -45,11 +45,12 @@ from tasks.measure.environment import fingerprint, host_load_per_core
 from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
 from tasks.measure.peak import peak_flops
+from tasks.measure.present_flops import flops_of_shapes
 from tasks.measure.profiling import to_markdown as profile_markdown
-from tasks.measure.records import PHASES, BackendSetup, RunResult, batch_coordinate_metrics
+from tasks.measure.records import PHASES, BackendSetup, PhaseTimings, RunResult, batch_coordinate_metrics
 from tasks.measure.reference import check_reference, drop_reasons, quality_delta, reference_quality
 from tasks.measure.stats import CI_METHOD
-from tasks.measure.utilisation import mfu_metrics
+from tasks.measure.utilisation import PhaseWork, mfu_metrics, utilisation_reasons
 from tasks.measure.validity import verdict
 from tasks.runtime import interrupts, progress
 from tasks.runtime.hostlock import host_lock, lock_path
@@ -438,7 +439,7 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
         reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
     if run.quality_meaningful:  # a model no better than the majority class / the mean
         reasons += no_better_than_baseline(metrics)
-    return reasons + drop_reasons(run.spec, metrics)
+    return reasons + utilisation_reasons(metrics) + drop_reasons(run.spec, metrics)
 
 
 def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:
@@ -544,10 +545,16 @@ def _utilisation(
     """MFU per phase against this host's cached peak (measured here, outside the timed
     region, on a cache miss)."""
     peak = peak_flops(fingerprint(p.device)["relflow.host_fingerprint"], p.device, s.run.precision)
-    phases = {"predict": (float(shape["flops_per_root_row"]), result.predict.steady_rows_per_s)}
+    config, outputs = engine.model.config, engine.needed_outputs(tuple(s.task.outputs))
+
+    def work(t: PhaseTimings, reserved: float, outs: tuple[str, ...], phase: str) -> PhaseWork:
+        present = flops_of_shapes(engine.schema, config, outs, engine.steady_shapes[phase])
+        return PhaseWork(reserved, t.steady_rows_per_s, present, float(sum(t.steady_seconds)))
+
+    phases = {"predict": work(engine.predict_timings, float(shape["flops_per_root_row"]), outputs, "predict")}
     if result.train is not None:
-        train_shape = inspect_on_meta(engine.schema, engine.model.config, outputs=("prediction",))
-        phases["train"] = (float(train_shape["flops_per_root_row"]), result.train.steady_rows_per_s)
+        train_shape = inspect_on_meta(engine.schema, config, outputs=("prediction",))
+        phases["train"] = work(result.train, float(train_shape["flops_per_root_row"]), ("prediction",), "train")
     return {**mfu_metrics(peak.flops_per_s, phases), K.HOST_PEAK_CACHED: float(peak.cached)}
 
 

@@ -174,6 +174,8 @@ HOST_PEAK_FLOPS_PER_S = "host.peak_flops_per_s"
 HOST_PEAK_CACHED = "host.peak_cached"
 MFU = "mfu"  # compute(phase, MFU)
 MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
+MFU_RESERVED = "mfu_reserved"  # compute(phase, MFU_RESERVED): over the schema's reserved shape
+MODEL_FLOPS_PER_S_RESERVED = "model_flops_per_s_reserved"  # compute(phase, ...)
 
 
 # Distributed training (run.distributed, tasks/distributed/launch.py); rank 0 logs them.
@@ -295,12 +297,27 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
     (
         "compute.model_flops_per_s",
-        "predict model FLOP/s: the meta inspection's forward FLOPs per root row "
-        "(reserved coordinates) x compute.steady_rows_per_s",
+        "predict model FLOP/s of the coordinates present: forward FLOPs of the steady batches' root "
+        "rows, each at its own shape (branches cut to its longest present instance), / their seconds",
     ),
-    ("compute.mfu", "model FLOPs utilisation: compute.model_flops_per_s / host.peak_flops_per_s"),
+    (
+        "compute.mfu",
+        "model FLOPs utilisation of the present coordinates: compute.model_flops_per_s / "
+        "host.peak_flops_per_s (above 1: INVALID)",
+    ),
+    (
+        "compute.model_flops_per_s_reserved",
+        "predict FLOP/s over the schema's reserved shape (packing off) x compute.steady_rows_per_s",
+    ),
+    (
+        "compute.mfu_reserved",
+        "compute.model_flops_per_s_reserved / host.peak_flops_per_s: inflated ~1/occupancy by "
+        "packing and bucketing (above 1: INVALID)",
+    ),
     ("compute.train.model_flops_per_s", "the same for training, counted as 3x forward FLOPs per row"),
-    ("compute.train.mfu", "compute.train.model_flops_per_s / host.peak_flops_per_s"),
+    ("compute.train.mfu", "compute.train.model_flops_per_s / host.peak_flops_per_s (above 1: INVALID)"),
+    ("compute.train.model_flops_per_s_reserved", "compute.model_flops_per_s_reserved for training (3x forward)"),
+    ("compute.train.mfu_reserved", "compute.train.model_flops_per_s_reserved / host.peak_flops_per_s"),
     (
         HOST_PEAK_FLOPS_PER_S,
         "the host's peak: best rate of a dense n x n x n matmul on the run's device, "
