@@ -46,11 +46,12 @@ from tasks.measure.environment import fingerprint, host_load_per_core
 from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
 from tasks.measure.peak import peak_flops
+from tasks.measure.present_flops import flops_of_shapes
 from tasks.measure.profiling import to_markdown as profile_markdown
-from tasks.measure.records import PHASES, BackendSetup, RunResult, batch_coordinate_metrics
+from tasks.measure.records import PHASES, BackendSetup, PhaseTimings, RunResult, batch_coordinate_metrics
 from tasks.measure.reference import check_reference, drop_reasons, quality_delta, reference_quality
 from tasks.measure.stats import CI_METHOD
-from tasks.measure.utilisation import mfu_metrics
+from tasks.measure.utilisation import PhaseWork, mfu_metrics, utilisation_reasons
 from tasks.measure.validity import verdict
 from tasks.runtime import interrupts, progress
 from tasks.runtime.hostlock import host_lock, lock_path
@@ -60,6 +61,7 @@ from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.offline import predict_pass
+from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
 from tasks.sources.databases import close_all as close_databases
@@ -187,6 +189,7 @@ class Run:
     mlflow_seconds: float
     work: Workload | None = None
     region: dict[str, float] | None = None
+    buckets: dict[str, float] = field(default_factory=dict)  # the timed region by bucket (harness.*)
     ckpt_path: Path | None = None
     latency: LatencyRecord | None = None  # a single_stream / server run's
     backend_setup: BackendSetup = field(default_factory=BackendSetup)
@@ -251,22 +254,10 @@ def timed_body(run: Run) -> None:
         if s.run.system_metrics_interval_s > 0:
             run.tracker.start_system_metrics(s.run.system_metrics_interval_s)
         other = OtherCpu().start()
-        body_start = wall_clock()
         region_start_unix = unix_time()
         run.work = work = Workload(chain_for(run.plan), run.result)
-        work.list_keys()
-        if s.run.mode == "train+predict":
-            if s.run.distributed:  # DDP ranks under torchrun (tasks/distributed/launch.py)
-                distributed.train(work, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
-            else:
-                work.train()
-            work.fit_calibration()
-        setup_seconds = serving_backend(run)  # outside every stage (not in e2e)
-        run.latency = None
-        if s.run.scenario != "offline":  # single_stream / server (tasks/scenarios)
-            progress.emit("phase", name=f"{s.run.scenario} requests")
-            run.latency = requests_task(work, run.writer)
-        for repeat in range(s.run.repeats if run.latency is None else 0):
+
+        def predict(repeat: int) -> None:
             # Every pass really writes; only the last file is kept.
             w = (
                 run.writer
@@ -278,7 +269,23 @@ def timed_body(run: Run) -> None:
             finally:
                 if w is not run.writer:
                     w.abort()
-        body_seconds = wall_clock() - body_start
+
+        def requests() -> LatencyRecord:
+            progress.emit("phase", name=f"{s.run.scenario} requests")
+            return requests_task(work, run.writer)
+
+        steps = RegionSteps(
+            train=lambda: (
+                distributed.train(work, run.plan.spec_dir, run.run_id, s.name, run.tracker.uri)
+                if s.run.distributed
+                else work.train()
+            ),
+            distributed=s.run.distributed is not None,
+            serving_backend=lambda: serving_backend(run),  # outside every stage (not in e2e)
+            requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
+            predict_pass=predict,
+        )
+        region, run.latency = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
         region_end_unix = unix_time()
         other_during = other.stop()
         run.tracker.stop_system_metrics()
@@ -287,10 +294,9 @@ def timed_body(run: Run) -> None:
             run.reference_quality = reference_quality(
                 s, run.plan.reference, len(work.chunks), work.prepare_untimed, run.plan.device
             )
+    run.buckets = region.metrics()
     run.region = {
         "waited": waited,
-        "body_seconds": body_seconds,
-        "setup_seconds": setup_seconds,
         "start_unix": region_start_unix,
         "end_unix": region_end_unix,
         "load_start": load_start,
@@ -390,14 +396,7 @@ def collect(run: Run) -> dict[str, float]:
             K.HARNESS_DATA_SECONDS: p.data_seconds,
             K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
             K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
-            K.HARNESS_ORCHESTRATION_SECONDS: max(
-                region["body_seconds"]
-                - region["setup_seconds"]
-                - chain.engine_setup_seconds
-                - result.timed_stage_seconds,
-                0.0,
-            ),
-            K.HARNESS_ENGINE_SETUP_SECONDS: chain.engine_setup_seconds,
+            **run.buckets,  # harness.region_seconds and its buckets (tasks/scenarios/region.py)
             K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
             # When this run held the host: lets anyone check that timed regions never overlap.
             K.HARNESS_REGION_START: region["start_unix"],
@@ -448,7 +447,7 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
         reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
     if run.quality_meaningful:  # a model no better than the majority class / the mean
         reasons += no_better_than_baseline(metrics)
-    return reasons + drop_reasons(run.spec, metrics)
+    return reasons + utilisation_reasons(metrics) + drop_reasons(run.spec, metrics)
 
 
 def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:
@@ -556,10 +555,16 @@ def _utilisation(
     """MFU per phase against this host's cached peak (measured here, outside the timed
     region, on a cache miss)."""
     peak = peak_flops(fingerprint(p.device)["relflow.host_fingerprint"], p.device, s.run.precision)
-    phases = {"predict": (float(shape["flops_per_root_row"]), result.predict.steady_rows_per_s)}
+    config, outputs = engine.model.config, engine.needed_outputs(tuple(s.task.outputs))
+
+    def work(t: PhaseTimings, reserved: float, outs: tuple[str, ...], phase: str) -> PhaseWork:
+        present = flops_of_shapes(engine.schema, config, outs, engine.steady_shapes[phase])
+        return PhaseWork(reserved, t.steady_rows_per_s, present, float(sum(t.steady_seconds)))
+
+    phases = {"predict": work(engine.predict_timings, float(shape["flops_per_root_row"]), outputs, "predict")}
     if result.train is not None:
-        train_shape = inspect_on_meta(engine.schema, engine.model.config, outputs=("prediction",))
-        phases["train"] = (float(train_shape["flops_per_root_row"]), result.train.steady_rows_per_s)
+        train_shape = inspect_on_meta(engine.schema, config, outputs=("prediction",))
+        phases["train"] = work(result.train, float(train_shape["flops_per_root_row"]), ("prediction",), "train")
     return {**mfu_metrics(peak.flops_per_s, phases), K.HOST_PEAK_CACHED: float(peak.cached)}
 
 

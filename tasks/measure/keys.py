@@ -165,6 +165,13 @@ HARNESS_STARTUP_SECONDS = "harness.startup_seconds"
 HARNESS_MLFLOW_STARTUP_SECONDS = "harness.mlflow_startup_seconds"
 HARNESS_ORCHESTRATION_SECONDS = "harness.orchestration_seconds"
 HARNESS_ENGINE_SETUP_SECONDS = "harness.engine_setup_seconds"
+# The timed region split into named buckets that add up to it exactly (tasks/scenarios/region.py).
+HARNESS_REGION_SECONDS = "harness.region_seconds"
+HARNESS_STAGE_SECONDS = "harness.stage_seconds"
+HARNESS_BACKEND_SETUP_SECONDS = "harness.backend_setup_seconds"
+HARNESS_CALIBRATION_FIT_SECONDS = "harness.calibration_fit_seconds"
+HARNESS_REQUEST_WAIT_SECONDS = "harness.request_wait_seconds"
+HARNESS_DISTRIBUTED_LAUNCH_SECONDS = "harness.distributed_launch_seconds"
 HARNESS_LOCK_WAIT_SECONDS = "harness.lock_wait_seconds"
 HARNESS_REGION_START = "harness.timed_region_start_unix_s"
 HARNESS_REGION_END = "harness.timed_region_end_unix_s"
@@ -175,6 +182,8 @@ HOST_PEAK_FLOPS_PER_S = "host.peak_flops_per_s"
 HOST_PEAK_CACHED = "host.peak_cached"
 MFU = "mfu"  # compute(phase, MFU)
 MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
+MFU_RESERVED = "mfu_reserved"  # compute(phase, MFU_RESERVED): over the schema's reserved shape
+MODEL_FLOPS_PER_S_RESERVED = "model_flops_per_s_reserved"  # compute(phase, ...)
 
 
 # Distributed training (run.distributed, tasks/distributed/launch.py); rank 0 logs them.
@@ -344,12 +353,27 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
     (
         "compute.model_flops_per_s",
-        "predict model FLOP/s: the meta inspection's forward FLOPs per root row "
-        "(reserved coordinates) x compute.steady_rows_per_s",
+        "predict model FLOP/s of the coordinates present: forward FLOPs of the steady batches' root "
+        "rows, each at its own shape (branches cut to its longest present instance), / their seconds",
     ),
-    ("compute.mfu", "model FLOPs utilisation: compute.model_flops_per_s / host.peak_flops_per_s"),
+    (
+        "compute.mfu",
+        "model FLOPs utilisation of the present coordinates: compute.model_flops_per_s / "
+        "host.peak_flops_per_s (above 1: INVALID)",
+    ),
+    (
+        "compute.model_flops_per_s_reserved",
+        "predict FLOP/s over the schema's reserved shape (packing off) x compute.steady_rows_per_s",
+    ),
+    (
+        "compute.mfu_reserved",
+        "compute.model_flops_per_s_reserved / host.peak_flops_per_s: inflated ~1/occupancy by "
+        "packing and bucketing (above 1: INVALID)",
+    ),
     ("compute.train.model_flops_per_s", "the same for training, counted as 3x forward FLOPs per row"),
-    ("compute.train.mfu", "compute.train.model_flops_per_s / host.peak_flops_per_s"),
+    ("compute.train.mfu", "compute.train.model_flops_per_s / host.peak_flops_per_s (above 1: INVALID)"),
+    ("compute.train.model_flops_per_s_reserved", "compute.model_flops_per_s_reserved for training (3x forward)"),
+    ("compute.train.mfu_reserved", "compute.train.model_flops_per_s_reserved / host.peak_flops_per_s"),
     (
         HOST_PEAK_FLOPS_PER_S,
         "the host's peak: best rate of a dense n x n x n matmul on the run's device, "
@@ -464,15 +488,27 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (HARNESS_DATA_SECONDS, "seconds to check inputs and generate data before the run"),
     (HARNESS_STARTUP_SECONDS, "Prefect + MLflow start-up (never inside e2e)"),
     (HARNESS_MLFLOW_STARTUP_SECONDS, "MLflow run start"),
-    (
-        HARNESS_ORCHESTRATION_SECONDS,
-        "timed-region seconds outside the stages, the engine set-up and the serving back-end's "
-        "set-up: Prefect task calls, state and progress bookkeeping",
-    ),
+    (HARNESS_REGION_SECONDS, "wall seconds of the timed region; the harness.* buckets below add up to it exactly"),
+    (HARNESS_STAGE_SECONDS, "timed-region seconds in the stage table (both phases: e2e.train + e2e.predict)"),
     (
         HARNESS_ENGINE_SETUP_SECONDS,
         "timed-region seconds building the model engine (model, weights, compile wrappers) once "
-        "the schema is known; in neither e2e nor harness.orchestration_seconds",
+        "the schema is known, with a request scenario's untimed encoding fit when it has no checkpoint",
+    ),
+    (
+        HARNESS_CALIBRATION_FIT_SECONDS,
+        "timed-region seconds fitting the output temperature (validation forward passes)",
+    ),
+    (HARNESS_BACKEND_SETUP_SECONDS, "timed-region seconds starting the serving backend (export, session, checkpoint)"),
+    (HARNESS_REQUEST_WAIT_SECONDS, "server scenario: timed-region seconds idle, waiting for arrivals and batch fill"),
+    (
+        HARNESS_DISTRIBUTED_LAUNCH_SECONDS,
+        "DDP: torchrun start-up, the reference run and rank wall time outside the ranks' stage seconds",
+    ),
+    (
+        HARNESS_ORCHESTRATION_SECONDS,
+        "timed-region seconds in no other bucket: Prefect task calls and bookkeeping only "
+        "(harness.region_seconds minus every other harness.* bucket)",
     ),
     (HARNESS_LOCK_WAIT_SECONDS, "seconds waiting for the host lock"),
     (HARNESS_REGION_START, "unix time the timed region started"),

@@ -1,27 +1,63 @@
 """Model FLOPs utilisation per compute phase.
 
-``model FLOPs`` follow the usual MFU convention: the FLOPs the model's definition needs per
-root row (the meta inspection's count over the schema's reserved coordinates: matmuls and
-attention, forward), times 3 for a training step (forward + backward), times the steady
-exact rows/s of that phase. Work the runtime skips (packing absent coordinates) still counts
-as model work, so packing shows up as higher MFU, as it should: same model, less time.
+``compute[.train].mfu`` counts the useful work: the forward FLOPs of the coordinates present
+in the steady batches that ran (each root row at its own shape, tasks/measure/present_flops.py),
+times 3 for a training step (forward + backward), over those batches' seconds, against the
+host's peak. ``compute[.train].mfu_reserved`` is the older figure, apart: the meta
+inspection's FLOPs per root row over the schema's **reserved** shape (packing off) times the
+steady exact rows/s. Packing and bucketing skip reserved work, so that one is inflated by about
+1/occupancy and is not a utilisation; either above 1 makes the run INVALID (validity.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tasks.measure import keys as K
 
 TRAIN_FLOPS_FACTOR = 3.0  # backward ~ 2x forward
 
 
-def mfu_metrics(peak_flops_per_s: float, phases: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """``compute[.train].model_flops_per_s`` and ``.mfu`` for each phase.
+@dataclass(frozen=True)
+class PhaseWork:
+    """One phase's steady work: FLOPs per root row at the reserved shape, steady exact rows/s,
+    and the forward FLOPs of the present coordinates of its steady batches over their seconds."""
 
-    ``phases`` maps a phase to (forward FLOPs per root row, steady exact rows/s)."""
+    reserved_flops_per_row: float
+    steady_rows_per_s: float
+    present_flops: float
+    steady_seconds: float
+
+
+def mfu_metrics(peak_flops_per_s: float, phases: dict[str, PhaseWork]) -> dict[str, float]:
+    """``compute[.train].model_flops_per_s[_reserved]`` and ``.mfu[_reserved]`` per phase."""
     out = {K.HOST_PEAK_FLOPS_PER_S: peak_flops_per_s}
-    for phase, (forward_flops_per_row, rows_per_s) in phases.items():
-        per_row = forward_flops_per_row * (TRAIN_FLOPS_FACTOR if phase == "train" else 1.0)
-        achieved = per_row * rows_per_s
-        out[K.compute(phase, K.MODEL_FLOPS_PER_S)] = achieved
-        out[K.compute(phase, K.MFU)] = achieved / peak_flops_per_s if peak_flops_per_s > 0 else 0.0
+
+    def share(flops_per_s: float) -> float:
+        return flops_per_s / peak_flops_per_s if peak_flops_per_s > 0 else 0.0
+
+    for phase, w in phases.items():
+        factor = TRAIN_FLOPS_FACTOR if phase == "train" else 1.0
+        present = factor * w.present_flops / w.steady_seconds if w.steady_seconds > 0 else 0.0
+        reserved = factor * w.reserved_flops_per_row * w.steady_rows_per_s
+        out[K.compute(phase, K.MODEL_FLOPS_PER_S)] = present
+        out[K.compute(phase, K.MFU)] = share(present)
+        out[K.compute(phase, K.MODEL_FLOPS_PER_S_RESERVED)] = reserved
+        out[K.compute(phase, K.MFU_RESERVED)] = share(reserved)
     return out
+
+
+def utilisation_reasons(metrics: dict[str, float]) -> list[str]:
+    """A utilisation above 1 means the FLOP count or the peak is wrong: the run is INVALID."""
+    peak = metrics.get(K.HOST_PEAK_FLOPS_PER_S, 0.0)
+    reasons = []
+    for phase in K.PHASES:
+        for mfu, flops in ((K.MFU, K.MODEL_FLOPS_PER_S), (K.MFU_RESERVED, K.MODEL_FLOPS_PER_S_RESERVED)):
+            value = metrics.get(K.compute(phase, mfu))
+            if value is not None and value > 1.0:
+                reasons.append(
+                    f"{K.compute(phase, mfu)} {value:.2f} > 1: {K.compute(phase, flops)} "
+                    f"{metrics.get(K.compute(phase, flops), 0.0):.3g} FLOP/s exceeds "
+                    f"{K.HOST_PEAK_FLOPS_PER_S} {peak:.3g} (the FLOP count or the measured peak is wrong)"
+                )
+    return reasons

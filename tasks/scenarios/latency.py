@@ -45,6 +45,7 @@ class LatencyRecord:
     duration_s: float = 0.0
     target_qps: float | None = None
     roots: int = 1
+    wait_s: float = 0.0  # server: idle, waiting for arrivals and batch fill (harness.request_wait_seconds)
 
     def add(self, latency: float, queue: float, steps: dict[str, float]) -> None:
         """One steady request; a step outside ``STEPS`` (``encode`` with text columns) gets

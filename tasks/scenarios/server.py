@@ -53,19 +53,26 @@ def run(
     nxt = 0  # next request not yet arrived
     t0 = clock.read()
     end = 0.0
+    slept_to = 0.0  # a wait's target counts as reached: ``read() - t0`` can round just below it
     while nxt < n or queue:
-        now = clock.read() - t0
+        now = max(clock.read() - t0, slept_to)
         while nxt < n and arrivals[nxt] <= now:
             lateness[nxt] = now - max(arrivals[nxt], end)
             queue.append(nxt)
             nxt += 1
         if not queue:
-            clock.sleep(arrivals[nxt] - now)
+            slept_to = float(arrivals[nxt])
+            with clock.measure() as idle:
+                clock.sleep(slept_to - now)
+            rec.wait_s += idle.seconds
             continue
         if len(queue) < max_batch and nxt < n:
             deadline = arrivals[queue[0]] + max_wait_s
             if now < deadline:  # wait for the batch to fill, or the oldest request's limit
-                clock.sleep(min(deadline, arrivals[nxt]) - now)
+                slept_to = float(min(deadline, arrivals[nxt]))
+                with clock.measure() as idle:
+                    clock.sleep(slept_to - now)
+                rec.wait_s += idle.seconds
                 continue
         batch = [queue.popleft() for _ in range(min(max_batch, len(queue)))]
         start = clock.read() - t0

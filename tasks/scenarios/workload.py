@@ -109,10 +109,14 @@ class Workload:
 
     def fit_calibration(self) -> None:
         """Temperature scaling on the validation rows of every chunk, after training (not a
-        stage: chunks are re-read outside the timings, through the same chain)."""
+        stage: chunks are re-read outside the timings, through the same chain).
+
+        The fit's forward passes run with compiled regions forced eager: compiling here would
+        warm the eval-mode graphs the predict path runs, so predict's first call (and
+        ``latency.first_request_ms``) would leave out their compilation (issue 19)."""
         chain, kind = self.chain, self.spec.task.kind
         engine = chain.engine
-        with chain.clock.measure() as span:
+        with chain.clock.measure() as span, torch.compiler.set_stance("force_eager"):
             temperature, rows = 1.0, 0
             if kind in CALIBRATED_KINDS and engine is not None:
                 xs, ys = [], []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -170,6 +171,8 @@ class Engine:
         self._ran_rows: list[torch.Tensor] = []
         self.batch_coords: list[tuple[int, int]] = []  # (present, padded) per predict batch
         self.batch_shapes: set[tuple[int, ...]] = set()  # padded branch lengths seen (predict)
+        # Steady batches' root rows by present shape, per phase (tasks/measure/present_flops.py).
+        self.steady_shapes: dict[str, Counter[tuple[int, ...]]] = {"train": Counter(), "predict": Counter()}
 
     def _new_quality(self) -> Quality:
         """Quality in the target's own units: regression errors are scaled back."""
@@ -192,10 +195,23 @@ class Engine:
         """Quality is scored on one pass (the latest), not accumulated over repeats."""
         self.quality = self._new_quality()
 
-    def _record(self, phase: str, t: PhaseTimings, seconds: float, rows: int) -> None:
+    def _record(self, phase: str, t: PhaseTimings, seconds: float, rows: int, part: Batch) -> None:
         if t.in_steady_state:
             self.throughput[phase].on_batch_end(seconds)
+            self._count_shapes(self.steady_shapes[phase], part)
         t.record(seconds, rows)
+
+    def _count_shapes(self, shapes: Counter[tuple[int, ...]], part: Batch) -> None:
+        """Root rows of a steady batch by present shape (``compute.mfu`` counts their FLOPs)."""
+        B = part.size
+        nodes = self.schema.root.walk()[1:]
+        if not nodes:
+            shapes[()] += B
+            return
+        lengths = torch.stack([part.nodes[n.name].present.sum(-1).reshape(B, -1).amax(1) for n in nodes], dim=1).cpu()
+        unique, counts = torch.unique(lengths, dim=0, return_counts=True)
+        for shape, n in zip(unique.tolist(), counts.tolist(), strict=True):
+            shapes[tuple(shape)] += n
 
     def flush_throughput(self, logger: Logger) -> dict[str, float]:
         """Send each phase's callback estimate to ``logger`` (phases that ran steady batches);
@@ -365,7 +381,7 @@ class Engine:
                     else:
                         loss.backward()
                         self.optimizer.step()
-                self._record("train", t, step.seconds, n)
+                self._record("train", t, step.seconds, n, part)
                 t.updates += 1
         self.wall_seconds += wall.seconds
         self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
@@ -397,7 +413,7 @@ class Engine:
                 with self.profiler.batch("predict", t.in_steady_state), self.clock.measure() as step:
                     outs = self.backend.step(part, need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
-                self._record("predict", t, step.seconds, n)
+                self._record("predict", t, step.seconds, n, part)
                 self._count_batch(part)
                 for k, v in outs.items():
                     parts[k].append(

@@ -1,6 +1,9 @@
-"""MFU: the FLOPs count checked against a hand count, and utilisation in (0, 1]."""
+"""MFU: the FLOPs count checked against a hand count, the present work counted apart from the
+reserved shape, and a utilisation above 1 INVALID with a reason."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
@@ -8,7 +11,8 @@ import torch
 from model import ColumnDef, ModelConfig, ModelSchema, NodeDef, TargetDef
 from model.meta import inspect_on_meta
 from tasks.measure.peak import measure, peak_flops
-from tasks.measure.utilisation import mfu_metrics
+from tasks.measure.present_flops import cut, flops_of_shapes
+from tasks.measure.utilisation import PhaseWork, mfu_metrics, utilisation_reasons
 
 
 def test_flops_per_root_row_matches_a_hand_count():
@@ -39,12 +43,41 @@ def test_mfu_is_a_fraction_of_a_measured_peak(tmp_path, monkeypatch):
     assert not peak_flops("fp-test", cpu, "fp32", remeasure=True).cached
     # A real workload-sized matmul cannot beat the best rate of the same kernel at its size.
     small = measure(cpu, "fp32", size=256, reps=3)
+    # The same kernel at a smaller size, run for real, against the peak: at most 1.
     m = mfu_metrics(
-        peak.flops_per_s, {"predict": (2.0 * 256**3, 1.0 / 0.5), "train": (small.flops_per_s / 3.0 / 10.0, 1.0)}
+        peak.flops_per_s, {"predict": PhaseWork(0.0, 0.0, 2.0 * 256**3 * 3, 3 * 2 * 256**3 / small.flops_per_s)}
     )
     assert 0 < m["compute.mfu"] <= 1
-    assert m["compute.train.model_flops_per_s"] == pytest.approx(small.flops_per_s / 10.0)
-    assert 0 < m["compute.train.mfu"] <= 1
+    assert m["compute.model_flops_per_s"] == pytest.approx(small.flops_per_s)
+
+
+def test_mfu_counts_the_present_work_and_the_reserved_figure_apart():
+    # reserved: 100 FLOPs/row x 10 rows/s; present: 250 FLOPs in 0.5 s; peak 1,000 FLOP/s
+    work = PhaseWork(reserved_flops_per_row=100.0, steady_rows_per_s=10.0, present_flops=250.0, steady_seconds=0.5)
+    m = mfu_metrics(1000.0, {"predict": work, "train": work})
+    assert m["compute.model_flops_per_s"] == 500.0 and m["compute.mfu"] == 0.5
+    assert m["compute.model_flops_per_s_reserved"] == 1000.0 and m["compute.mfu_reserved"] == 1.0
+    assert m["compute.train.mfu"] == 1.5 and m["compute.train.mfu_reserved"] == 3.0  # 3x forward
+    reasons = utilisation_reasons(m)
+    assert len(reasons) == 2  # train's two figures; 1.0 itself is not above 1
+    assert reasons[0].startswith("compute.train.mfu 1.50 > 1: compute.train.model_flops_per_s 1.5e+03 FLOP/s")
+    assert "host.peak_flops_per_s 1e+03" in reasons[0]
+    assert reasons[1].startswith("compute.train.mfu_reserved 3.00 > 1")
+
+
+def test_present_flops_count_each_root_row_at_its_own_shape():
+    cols = (ColumnDef("x", "numeric"), ColumnDef("y", "category", 5))
+    branch = NodeDef("b", (ColumnDef("v", "numeric"),), max_length=8)
+    schema = ModelSchema(NodeDef("r", cols, children=(branch,)), TargetDef("r", "y", "category", 3))
+    cfg = ModelConfig(d_model=8, layers=1, heads=2)
+
+    def per_row(length: int) -> float:
+        return float(inspect_on_meta(cut(schema, (length,)), cfg, outputs=("prediction",))["flops_per_root_row"])
+
+    assert per_row(8) == inspect_on_meta(schema, cfg, outputs=("prediction",))["flops_per_root_row"]
+    assert per_row(2) < per_row(8)
+    shapes = Counter({(2,): 3, (8,): 1, (0,): 2})  # an empty branch keeps one slot
+    assert flops_of_shapes(schema, cfg, ("prediction",), shapes) == 3 * per_row(2) + per_row(8) + 2 * per_row(1)
 
 
 def test_a_peak_measured_on_a_busy_host_is_not_cached(tmp_path, monkeypatch):

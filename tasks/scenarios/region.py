@@ -1,0 +1,111 @@
+"""The timed region of a run, every second in one named bucket (issue 19).
+
+    list keys -> train (here, or DDP ranks under torchrun) -> calibration fit
+        -> serving backend -> request scenario | predict passes
+
+``run_region`` runs those steps over a ``Workload`` with the chain's clock and splits the
+region's wall time into named buckets that add up to it exactly:
+
+- ``stage``: the stage table's seconds (both phases; what e2e is made of);
+- ``engine_setup``: building the model (``Chain.engine_setup_seconds``), with the untimed
+  encoding fit a request scenario without a checkpoint needs first;
+- ``calibration_fit``, ``backend_setup``: those steps, less any stage or engine seconds
+  inside them;
+- ``request_wait``: a server scenario's idle waits for arrivals and batch fill;
+- ``distributed_launch``: torchrun start-up, the reference run and the ranks' wall time that
+  is not in their stage seconds;
+- ``orchestration``: the rest, i.e. Prefect task calls and bookkeeping only.
+
+A bucket's time is measured *exclusive* of the seconds other buckets name inside it, so
+nothing is counted twice; ``orchestration`` is what is left, never clamped (a negative one
+would show a double count instead of hiding it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from tasks.measure import keys as K
+from tasks.scenarios.latency import LatencyRecord
+from tasks.scenarios.workload import Workload
+
+BUCKETS = ("calibration_fit", "backend_setup", "request_wait", "distributed_launch")
+
+
+@dataclass
+class Region:
+    """The timed region's seconds by bucket (stage and engine seconds read from the workload)."""
+
+    work: Workload
+    seconds: float = 0.0
+    named: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+
+    def _elsewhere(self) -> float:
+        """Seconds already named outside the bucket being measured."""
+        return self.stage_seconds + self.work.chain.engine_setup_seconds + sum(self.named.values())
+
+    @property
+    def stage_seconds(self) -> float:
+        return self.work.result.timed_stage_seconds
+
+    @contextmanager
+    def bucket(self, name: str) -> Iterator[None]:
+        """Time the block into ``name``, less what other buckets name inside it."""
+        before = self._elsewhere()
+        with self.work.chain.clock.measure() as span:
+            yield
+        self.named[name] += span.seconds - (self._elsewhere() - before)
+
+    def metrics(self) -> dict[str, float]:
+        engine = self.work.chain.engine_setup_seconds
+        named = self.stage_seconds + engine + sum(self.named.values())
+        return {
+            K.HARNESS_REGION_SECONDS: self.seconds,
+            K.HARNESS_STAGE_SECONDS: self.stage_seconds,
+            K.HARNESS_ENGINE_SETUP_SECONDS: engine,
+            K.HARNESS_CALIBRATION_FIT_SECONDS: self.named["calibration_fit"],
+            K.HARNESS_BACKEND_SETUP_SECONDS: self.named["backend_setup"],
+            K.HARNESS_REQUEST_WAIT_SECONDS: self.named["request_wait"],
+            K.HARNESS_DISTRIBUTED_LAUNCH_SECONDS: self.named["distributed_launch"],
+            K.HARNESS_ORCHESTRATION_SECONDS: self.seconds - named,
+        }
+
+
+@dataclass
+class RegionSteps:
+    """The region's steps that the caller (the flow) supplies: how training runs (here or DDP),
+    how the serving backend starts, the request scenario (None: offline) and one predict pass."""
+
+    train: Callable[[], object]
+    distributed: bool
+    serving_backend: Callable[[], object]
+    requests: Callable[[], LatencyRecord] | None
+    predict_pass: Callable[[int], None]
+
+
+def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int) -> tuple[Region, LatencyRecord | None]:
+    """Run the timed region over ``work``; returns its buckets and the request record."""
+    region = Region(work)
+    latency = None
+    with work.chain.clock.measure() as span:
+        work.list_keys()
+        if train:
+            if steps.distributed:
+                with region.bucket("distributed_launch"):
+                    steps.train()
+            else:
+                steps.train()
+            with region.bucket("calibration_fit"):
+                work.fit_calibration()
+        with region.bucket("backend_setup"):
+            steps.serving_backend()
+        if steps.requests is not None:
+            latency = steps.requests()
+            region.named["request_wait"] += latency.wait_s
+        else:
+            for repeat in range(repeats):
+                steps.predict_pass(repeat)
+    region.seconds = span.seconds
+    return region, latency

@@ -1,0 +1,142 @@
+"""Every second of the timed region in one named bucket (issue 19), checked with a scripted
+clock: stub stages and set-up steps with known seconds give every bucket exactly, and the
+buckets add up to ``harness.region_seconds``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.measure import keys as K
+from tasks.measure.clock import Clock
+from tasks.measure.records import RunResult
+from tasks.scenarios.offline import predict_pass
+from tasks.scenarios.region import RegionSteps, run_region
+from tasks.scenarios.runner import run_requests
+from tasks.scenarios.workload import Workload
+from tasks.sources.files import resolve_sources
+from tasks.spec import parse_spec
+from tasks.stages import chain as chain_mod
+from tasks.stages.chain import Chain
+from tasks.stages.write import PredictionWriter
+
+STAGE_SECONDS = {"retrieve": 1.0, "preprocess": 2.0, "tensorize": 4.0, "compute": 8.0, "calibrate": 16.0, "write": 32.0}
+CALL_OVERHEAD = 0.25  # what a Prefect task call costs around its step: orchestration
+ENGINE, FIT, BACKEND = 7.0, 5.0, 3.0
+
+
+class FakeTime:
+    """Time moves only when a stub says so (or the server scenario sleeps)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.clock = Clock(None, now=lambda: self.t, sleep=self.sleep)
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+    def runner(self) -> Callable[..., Any]:
+        def run(stage: str, step: Callable[[], Any], clock: Clock) -> tuple[Any, float]:
+            out = step()
+            self.t += STAGE_SECONDS[stage] + CALL_OVERHEAD
+            return out, STAGE_SECONDS[stage]
+
+        return run
+
+
+@pytest.fixture
+def stubbed(monkeypatch, shop_spec, many_shop_files):
+    """The shop workload on a fake clock, building the engine costing ``ENGINE`` seconds."""
+    ft = FakeTime()
+
+    class SlowEngine(chain_mod.Engine):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            ft.t += ENGINE
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(chain_mod, "Engine", SlowEngine)
+
+    def workload(raw: dict[str, Any]) -> Workload:
+        spec = parse_spec(raw)
+        chain = Chain(
+            spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=ft.clock, run_stage=ft.runner()
+        )
+        return Workload(chain, RunResult())
+
+    return ft, workload
+
+
+def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_spec, tmp_path, monkeypatch):
+    ft, workload = stubbed
+    shop_spec["run"]["repeats"] = 2
+    work = workload(shop_spec)
+    fit = work.fit_calibration
+
+    def slow_fit() -> None:
+        ft.t += FIT
+        fit()
+
+    monkeypatch.setattr(work, "fit_calibration", slow_fit)
+
+    def backend() -> None:
+        ft.t += BACKEND
+
+    def predict(repeat: int) -> None:
+        w = PredictionWriter(tmp_path / f"p{repeat}.parquet")
+        predict_pass(work, w, repeat)
+        w.abort()
+
+    steps = RegionSteps(
+        train=work.train, distributed=False, serving_backend=backend, requests=None, predict_pass=predict
+    )
+    region, latency = run_region(work, steps, train=True, repeats=2)
+    m = region.metrics()
+    train = sum(STAGE_SECONDS[s] for s in ("retrieve", "preprocess", "tensorize", "compute"))  # one chunk, one epoch
+    passes = 2 * sum(STAGE_SECONDS.values())
+    calls = 4 + 2 * 6  # every step a (stub) Prefect task call
+    assert latency is None
+    assert m == {
+        K.HARNESS_REGION_SECONDS: train + passes + ENGINE + FIT + BACKEND + calls * CALL_OVERHEAD,
+        K.HARNESS_STAGE_SECONDS: train + passes,
+        K.HARNESS_ENGINE_SETUP_SECONDS: ENGINE,
+        K.HARNESS_CALIBRATION_FIT_SECONDS: FIT,
+        K.HARNESS_BACKEND_SETUP_SECONDS: BACKEND,
+        K.HARNESS_REQUEST_WAIT_SECONDS: 0.0,
+        K.HARNESS_DISTRIBUTED_LAUNCH_SECONDS: 0.0,
+        K.HARNESS_ORCHESTRATION_SECONDS: calls * CALL_OVERHEAD,  # the task calls only
+    }
+    assert m[K.HARNESS_STAGE_SECONDS] == work.result.timed_stage_seconds
+
+
+def test_a_server_run_names_its_idle_waits_and_its_untimed_encoding_fit(stubbed, shop_spec, tmp_path, monkeypatch):
+    ft, workload = stubbed
+    shop_spec["run"].update(
+        mode="predict", scenario="server", request={"target_qps": 5.0, "min_requests": 6, "min_duration_s": 0.0}
+    )
+    work = workload(shop_spec)
+    writer = PredictionWriter(tmp_path / "r.parquet")
+    steps = RegionSteps(
+        train=work.train,
+        distributed=False,
+        serving_backend=lambda: None,
+        requests=lambda: run_requests(work, writer),
+        predict_pass=lambda repeat: None,
+    )
+    region, latency = run_region(work, steps, train=False, repeats=1)
+    writer.abort()
+    assert latency is not None and latency.requests == 6
+    m = region.metrics()
+    # Requests run their steps directly (no task call, so no stub seconds): the fake clock
+    # moves only while the engine is built (after the untimed encoding fit) and while the
+    # server sleeps for arrivals, which at 5 QPS is all of the rest.
+    served = 0.0
+    assert m[K.HARNESS_ENGINE_SETUP_SECONDS] == ENGINE
+    assert m[K.HARNESS_REQUEST_WAIT_SECONDS] == pytest.approx(latency.wait_s) and latency.wait_s > 0
+    assert m[K.HARNESS_STAGE_SECONDS] == served
+    assert m[K.HARNESS_REGION_SECONDS] == pytest.approx(served + ENGINE + latency.wait_s)
+    assert m[K.HARNESS_ORCHESTRATION_SECONDS] == pytest.approx(0.0, abs=1e-9)
+    assert np.isclose(sum(v for k, v in m.items() if k != K.HARNESS_REGION_SECONDS), m[K.HARNESS_REGION_SECONDS])
