@@ -5,7 +5,7 @@ one gets its own floor, measured on this host for the spec's data:
 
 - **retrieve**: the source's plainest reader over the same columns and every row group (a
   predict pass reads all of them): ``pyarrow.parquet.read_table``, Arrow IPC ``read_all``,
-  ``pyarrow.csv.read_csv``, the database's own ``SELECT`` of the columns (DuckDB's Arrow
+  the CSV reader with the spec's own source.csv settings, the database's own ``SELECT`` of the columns (DuckDB's Arrow
   output, ADBC's fetch for PostgreSQL). Bytes are counted as the stage counts them
   (``data.bytes_read``: compressed column chunks, IPC buffers, CSV file size, Arrow result).
 - **tensorize**: ``torch.empty_like(t).copy_(t)`` of every tensor one chunk produces.
@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import torch
@@ -130,8 +129,9 @@ def _plain_read(src: SourceTable, columns: list[str]) -> tuple[Callable[[], obje
             return [ipc.open_file(pa.memory_map(str(p))).read_all().select(columns) for p in files]
 
         return read_ipc, sum(t.nbytes for t in read_ipc())
-    opts = pacsv.ConvertOptions(include_columns=columns)
-    return (lambda: [pacsv.read_csv(p, convert_options=opts) for p in files]), sum(p.stat().st_size for p in files)
+    # CSV: the same parser settings as the checks and retrieve (source.csv: separator, quoting,
+    # encoding, header, pinned types), or the floor would read another file than the stage does.
+    return (lambda: [src.scan_csv(p).select(columns).collect() for p in files]), sum(p.stat().st_size for p in files)
 
 
 def retrieve_floor(spec: Spec, sources: dict[str, SourceTable], clock: Clock) -> Floor:
