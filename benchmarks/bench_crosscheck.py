@@ -138,11 +138,14 @@ def side_activity(variant: str, spec, folder: Path) -> Iterator[None]:
         finally:
             sampler.stop()
     elif variant == "mlflow":
-        import mlflow
+        from tasks.tracking.store import Tracker  # the one module that talks to MLflow
 
-        mlflow.set_tracking_uri(f"sqlite:///{folder / 'mlflow.db'}")
-        with mlflow.start_run():
+        tracker = Tracker("crosscheck", f"sqlite:///{folder / 'mlflow.db'}")
+        tracker.start(run_name="crosscheck-mlflow", tags={})
+        try:
             yield
+        finally:
+            tracker.finish()
     else:
         raise ValueError(f"no side activity {variant!r}")
 

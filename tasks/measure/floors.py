@@ -45,7 +45,7 @@ import torch
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import OtherCpu
-from tasks.measure.peak import BUSY_HOST_FRACTION, DTYPES
+from tasks.measure.peak import BUSY_HOST_FRACTION, DTYPES, save_cache
 from tasks.sources.databases import DB_FORMATS, quote
 from tasks.sources.files import SourceTable
 from tasks.spec import CompileSettings, Spec
@@ -306,13 +306,7 @@ def ledger(
     if led.other_cpu_fraction > BUSY_HOST_FRACTION:
         return led  # a busy host's floors: this run only, measured again next time
     cache[key] = led.to_json()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)  # concurrent writers: last one wins, never a torn file
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next time
+    save_cache(path, cache)
     return led
 
 

@@ -16,6 +16,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,6 +84,12 @@ def peak_flops(fingerprint: str, device: torch.device, dtype: str, remeasure: bo
     if peak.other_cpu_fraction > BUSY_HOST_FRACTION:
         return peak  # a busy host's peak: this run only, measured again next time
     cache[key] = {k: v for k, v in asdict(peak).items() if k != "cached"}
+    save_cache(path, cache)
+    return peak
+
+
+def save_cache(path: Path, cache: dict[str, Any]) -> None:
+    """A per-host measurement cache (peak FLOPs, floor ledgers) written whole, atomically."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -90,4 +97,3 @@ def peak_flops(fingerprint: str, device: torch.device, dtype: str, remeasure: bo
         tmp.replace(path)  # concurrent writers: last one wins, never a torn file
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next time
-    return peak
