@@ -2,37 +2,35 @@
 
 Pure functions from ``RunRecord``s to a ``Comparison`` (no MLflow, no printing).
 
-A side is one run or a group of runs. For each key metric a side yields an ``Estimate``:
+A side is one run or a group of runs; **the unit of evidence is the independent run** (a
+separate process). Passes inside one process share its allocator, caches, thread placement
+and CPU frequency, so their spread is much smaller than the spread between processes
+(eager predict ranged 3,528-6,353 rows/s between rounds of the compile-report while each
+round's passes agreed to a few percent): they are never used to judge significance.
 
-- one run with repeats (``run.repeats >= 2`` logs ``<key>.median`` for
-  ``e2e.predict.rows_per_s`` and ``compute.steady_rows_per_s``; from 6 repeats also
-  ``<key>.median_ci_low/high``): the median of the repeats and its order-statistic 95%
-  interval (``tasks.measure.stats``; below 6 samples there is no 95% interval and none is used);
-- a group of runs: one sample per run (the run's repeat median when logged, else its value),
-  the median over runs and, from 6 runs, the order-statistic 95% interval of that median;
-- one run without repeats (or a metric without an interval): a single value, no spread.
+For each key metric a side yields an ``Estimate``: one sample per run (the run's repeat
+median when logged, which starts at pass 1 because pass 0 holds the first call; else its
+value), the median over runs and, from 6 runs, the order-statistic 95% interval of that
+median. A single run's in-process interval is shown for information only.
 
-A change is **marked** only when it is both larger than ``threshold`` (default 5%) and
-significant given the repeats:
+A change is **marked** only when all of these hold:
 
-- groups with enough runs for the rank test to reach ``alpha`` on both sides
-  (two-sided Mann-Whitney U over per-run samples; 4 vs 4 runs is the smallest that can):
-  significant when ``p < alpha`` and the ratio of medians is beyond the threshold;
-- otherwise, when both sides have an interval: significant when the intervals do not
-  overlap, and the change is judged on the *conservative* ratio (the nearer interval edges),
-  so a shift is marked only when even the gap between the intervals exceeds the threshold;
-- otherwise: "not enough repeats": the ratio is shown and nothing is claimed.
+- both sides have enough independent runs for the two-sided Mann-Whitney U test to reach
+  ``alpha`` (4 vs 4 is the smallest that can) and the test, **Holm-corrected** over every
+  metric tested in this comparison, gives ``p_holm < alpha``. Holm controls the chance of any
+  false mark across the whole table, which a per-metric ``alpha`` does not;
+- the ratio of medians is beyond ``threshold`` (default 5%);
+- the ratio is not smaller than the comparison's **minimum detectable effect** (MDE, from
+  both sides' between-run CV and run counts, ``tasks.measure.noise``: the smallest change
+  these runs detect at 95% confidence with 80% power), else "below MDE".
 
-Next to each ratio stands the comparison's **minimum detectable effect** (MDE, from both
-sides' between-run CV and run counts, ``tasks.measure.noise``: the smallest change these runs
-detect at 95% confidence with 80% power). A change smaller than the MDE is never marked
-("below MDE"), even when the rank test happens to call it significant.
+Otherwise the ratio is printed with "not enough independent runs" and nothing is claimed: one
+run against one run can show a ratio but cannot judge it. ``relflow-bench noise`` runs one
+configuration N times in fresh processes; ``compare NOISE_PARENT_A NOISE_PARENT_B`` or
+``compare --experiment E --baseline KEY=VALUE`` compare such groups.
 
 Counts fixed by the spec and data (train updates, output bytes per row) have no noise: any
 difference beyond the threshold is marked ("exact").
-
-Repeats inside one run are consecutive predict passes in one process; runs are the honest
-unit across processes, so per-repeat samples are never pooled across runs.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from tasks.measure import keys as K
 from tasks.measure.noise import cv, mde_two
-from tasks.measure.stats import MIN_CI_SAMPLES, median_interval
+from tasks.measure.stats import median_interval
 from tasks.runtime.errors import UserError
 from tasks.tracking.store import RunRecord
 
@@ -88,20 +86,23 @@ IDENTITY_PARAMS = {"run.output_dir", "run.checkpoint"}
 # Counts fixed by the spec and data: any difference is real, no noise to test against.
 EXACT_METRICS = {K.TRAIN_UPDATES, K.TRAIN_UPDATES_PER_EPOCH, K.OUTPUT_BYTES_PER_ROW, K.QUALITY_ROWS}
 
-NOT_ENOUGH = "not enough repeats"
+NOT_ENOUGH = "not enough independent runs"
 BELOW_MDE = "below MDE"
-CI_LABEL = "95% CI (order statistics)"
+RANK_TEST = "Mann-Whitney U"
+CORRECTION = "holm"
 
 
 @dataclass(frozen=True)
 class Estimate:
     """One side's figure for one metric."""
 
-    value: float  # median (of repeats or of runs), or the single value
+    value: float  # median over runs (a run's value is its repeat median when logged)
     low: float
     high: float
-    samples: tuple[float, ...]  # per-run values (one per run)
-    has_interval: bool  # low/high come from repeats or runs, not a single number
+    samples: tuple[float, ...]  # per-run values (one per independent run)
+    # low/high are an interval, not a single number: over runs (>= 6), or, for a single run,
+    # over its in-process passes (shown, never used for significance)
+    has_interval: bool
 
     @property
     def n_runs(self) -> int:
@@ -115,14 +116,15 @@ class MetricRow:
     baseline: Estimate
     candidate: Estimate
     ratio: float  # candidate / baseline (nan when undefined)
-    method: str  # "Mann-Whitney U", CI_LABEL, "exact" (counts; or equal values), NOT_ENOUGH
-    significant: bool
-    p_value: float | None
+    method: str  # RANK_TEST, "exact" (counts; or equal values), NOT_ENOUGH
+    significant: bool  # p_holm < alpha (rank test), or a count that differs (exact)
+    p_value: float | None  # raw two-sided rank-test p
     marked: bool  # significant AND beyond the threshold AND not below the MDE: a real change
     verdict: str  # improvement | regression | change | within noise | below threshold | below MDE | same | NOT_ENOUGH
     # minimum detectable effect (relative) of this comparison, from both sides' between-run CV
     # (tasks.measure.noise); NaN when a side has fewer than 2 runs
     mde: float = math.nan
+    p_holm: float | None = None  # p_value adjusted by Holm over the metrics tested in this comparison
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,14 @@ class Comparison:
     param_differences: list[Difference] = field(default_factory=list)
     tag_differences: list[Difference] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def baseline_independent_runs(self) -> int:
+        return len(self.baseline_runs)
+
+    @property
+    def candidate_independent_runs(self) -> int:
+        return len(self.candidate_runs)
 
     @property
     def marked(self) -> list[MetricRow]:
@@ -252,9 +262,37 @@ def comparison_mde(base: Estimate, cand: Estimate, alpha: float) -> float:
     return mde_two(cv(base.samples), base.n_runs, cv(cand.samples), cand.n_runs, alpha=alpha)
 
 
-def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold: float, alpha: float) -> MetricRow:
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the input order (monotone, capped at 1)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def testable(base: Estimate, cand: Estimate, alpha: float) -> bool:
+    """Enough independent runs a side for the rank test to reach ``alpha`` at all."""
+    return base.n_runs >= 2 and cand.n_runs >= 2 and min_rank_p(base.n_runs, cand.n_runs) <= alpha
+
+
+def judge(
+    key: str,
+    direction: int,
+    base: Estimate,
+    cand: Estimate,
+    *,
+    threshold: float,
+    alpha: float,
+    p_holm: float | None = None,
+) -> MetricRow:
+    """One metric's row. ``p_holm`` is the Holm-adjusted p of this metric's rank test within
+    its comparison (``compare`` supplies it); alone, a metric is its own family (raw p)."""
     ratio = _ratio(base.value, cand.value)
-    row = _judge(key, direction, base, cand, ratio, threshold=threshold, alpha=alpha)
+    row = _judge(key, direction, base, cand, ratio, threshold=threshold, alpha=alpha, p_holm=p_holm)
     if key in EXACT_METRICS:
         return row
     floor = comparison_mde(base, cand, alpha)
@@ -266,9 +304,16 @@ def judge(key: str, direction: int, base: Estimate, cand: Estimate, *, threshold
 
 
 def _judge(
-    key: str, direction: int, base: Estimate, cand: Estimate, ratio: float, *, threshold: float, alpha: float
+    key: str,
+    direction: int,
+    base: Estimate,
+    cand: Estimate,
+    ratio: float,
+    *,
+    threshold: float,
+    alpha: float,
+    p_holm: float | None,
 ) -> MetricRow:
-    p = None
     if key in EXACT_METRICS or base.value == cand.value:
         changed = base.value != cand.value
         beyond = changed and abs(ratio - 1.0) > threshold
@@ -282,29 +327,14 @@ def _judge(
             else ("improvement" if (ratio > 1) == (direction > 0) else "regression")
         )
         return MetricRow(key, direction, base, cand, ratio, "exact", changed, None, beyond, verdict)
-    if base.n_runs >= 2 and cand.n_runs >= 2 and min_rank_p(base.n_runs, cand.n_runs) <= alpha:
-        method = "Mann-Whitney U"
-        p = mann_whitney_u(base.samples, cand.samples)
-        significant = p < alpha
-        effect = ratio
-    elif base.has_interval and cand.has_interval:
-        method = CI_LABEL
-        significant = base.high < cand.low or cand.high < base.low
-        # The conservative ratio: the nearer edges of the two intervals.
-        effect = (
-            _ratio(base.high, cand.low)
-            if cand.low > base.high
-            else _ratio(base.low, cand.high)
-            if cand.high < base.low
-            else 1.0
-        )
-    else:
-        method, significant, effect = NOT_ENOUGH, False, ratio
-    beyond = math.isfinite(effect) and abs(effect - 1.0) > threshold or math.isinf(effect)
+    if not testable(base, cand, alpha):
+        return MetricRow(key, direction, base, cand, ratio, NOT_ENOUGH, False, None, False, NOT_ENOUGH)
+    p = mann_whitney_u(base.samples, cand.samples)
+    adjusted = p if p_holm is None else p_holm
+    significant = adjusted < alpha
+    beyond = (math.isfinite(ratio) and abs(ratio - 1.0) > threshold) or math.isinf(ratio)
     marked = significant and beyond
-    if method == NOT_ENOUGH:
-        verdict = NOT_ENOUGH
-    elif not significant:
+    if not significant:
         verdict = "within noise"
     elif not beyond:
         verdict = "below threshold"
@@ -312,7 +342,7 @@ def _judge(
         verdict = "change"
     else:
         verdict = "improvement" if (ratio > 1) == (direction > 0) else "regression"
-    return MetricRow(key, direction, base, cand, ratio, method, significant, p, marked, verdict)
+    return MetricRow(key, direction, base, cand, ratio, RANK_TEST, significant, p, marked, verdict, p_holm=adjusted)
 
 
 # --- explanations -------------------------------------------------------------------
@@ -359,11 +389,18 @@ def compare(
     )
     quality = sorted({k for r in [*base, *cand] for k in r.metrics if k.startswith("quality.") and k.count(".") == 1})
     keys = [*KEY_METRICS, *((k, QUALITY_DIRECTION.get(k.split(".", 1)[1], 0)) for k in quality)]
-    for key, direction in keys:
-        a, b = estimate(base, key), estimate(cand, key)
-        if a is None or b is None:
-            continue
-        c.rows.append(judge(key, direction, a, b, threshold=threshold, alpha=alpha))
+    pairs = [(key, d, a, b) for key, d in keys if (a := estimate(base, key)) and (b := estimate(cand, key))]
+    # The family Holm corrects over: every metric whose rank test runs in this comparison.
+    tested = [
+        i
+        for i, (key, _, a, b) in enumerate(pairs)
+        if key not in EXACT_METRICS and a.value != b.value and testable(a, b, alpha)
+    ]
+    adjusted = dict(
+        zip(tested, holm([mann_whitney_u(pairs[i][2].samples, pairs[i][3].samples) for i in tested]), strict=True)
+    )
+    for i, (key, direction, a, b) in enumerate(pairs):
+        c.rows.append(judge(key, direction, a, b, threshold=threshold, alpha=alpha, p_holm=adjusted.get(i)))
     c.param_differences = differences(base, cand, "params", lambda k: k not in IDENTITY_PARAMS)
     c.tag_differences = differences(base, cand, "tags", environment_tag)
     for side, runs in (("baseline", base), ("candidate", cand)):
@@ -372,15 +409,22 @@ def compare(
         bad = [r.run_id[:8] for r in runs if r.tags.get("relflow.validity") == "INVALID"]
         if bad:
             c.notes.append(f"{side} has INVALID runs: {', '.join(bad)}")
-        if len(runs) == 1 and runs[0].metrics.get(K.REPEATS_MEASURED, 1) < MIN_CI_SAMPLES:
-            n = int(runs[0].metrics.get(K.REPEATS_MEASURED, 1))
-            c.notes.append(
-                f"the {side} run has {n} repeat(s), too few for a 95% interval: rerun "
-                f"with --set run.repeats={MIN_CI_SAMPLES} (or compare groups of runs) "
-                "to judge significance"
+    if any(r.method == NOT_ENOUGH for r in c.rows):
+        n_base, n_cand = len(base), len(cand)
+        c.notes.append(
+            f"{n_base} vs {n_cand} independent run(s): "
+            + (
+                "one run a side shows a ratio but cannot judge significance (passes inside one process "
+                "are not independent samples)"
+                if min(n_base, n_cand) == 1
+                else "too few for the rank test to reach alpha"
             )
-    if all(r.method == NOT_ENOUGH for r in c.rows if r.key in K.REPEATED):
-        c.notes.append("throughput has no spread on at least one side: nothing can be marked")
+            + "; run each configuration in fresh processes (relflow-bench noise --runs 6) and compare the groups "
+            "(compare NOISE_PARENT_A NOISE_PARENT_B, or --experiment E --baseline KEY=VALUE)"
+        )
+    if c.rows and any(r.method == RANK_TEST for r in c.rows):
+        n_tests = sum(r.method == RANK_TEST for r in c.rows)
+        c.notes.append(f"p-values Holm-corrected over {n_tests} tested metric(s)")
     return c
 
 
@@ -435,8 +479,11 @@ def as_dict(c: Comparison) -> dict:
         "candidate": c.candidate_label,
         "baseline_runs": c.baseline_runs,
         "candidate_runs": c.candidate_runs,
+        "baseline_independent_runs": c.baseline_independent_runs,
+        "candidate_independent_runs": c.candidate_independent_runs,
         "threshold": c.threshold,
         "alpha": c.alpha,
+        "correction": CORRECTION,
         "metrics": [
             {
                 "key": r.key,
@@ -444,9 +491,12 @@ def as_dict(c: Comparison) -> dict:
                 "baseline_ci": [r.baseline.low, r.baseline.high],
                 "candidate": r.candidate.value,
                 "candidate_ci": [r.candidate.low, r.candidate.high],
+                "baseline_runs": r.baseline.n_runs,
+                "candidate_runs": r.candidate.n_runs,
                 "ratio": r.ratio,
                 "method": r.method,
                 "p_value": r.p_value,
+                "p_holm": r.p_holm,
                 "marked": r.marked,
                 "mde": r.mde if math.isfinite(r.mde) else None,
                 "verdict": r.verdict,
@@ -469,6 +519,7 @@ __all__ = [
     "compare",
     "estimate",
     "fmt_value",
+    "holm",
     "judge",
     "mann_whitney_u",
     "split_by",

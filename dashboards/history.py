@@ -151,6 +151,13 @@ def profiled(run: RunRecord) -> bool:
     return run.tags.get("relflow.profiled") == "true"
 
 
+def drop_invalid(runs: Sequence[RunRecord]) -> tuple[list[RunRecord], list[RunRecord]]:
+    """(kept, left out): runs tagged ``relflow.validity=INVALID`` measured something other than
+    the configuration (a loaded host, a failed check), so history never steps on them."""
+    kept = [r for r in runs if r.tags.get("relflow.validity") != "INVALID"]
+    return kept, [r for r in runs if r.tags.get("relflow.validity") == "INVALID"]
+
+
 def select_history_runs(
     runs: Sequence[RunRecord], *, host_fingerprint: str | None, spec_hash: str | None, include_profiled: bool = False
 ) -> tuple[list[RunRecord], str | None, str | None]:

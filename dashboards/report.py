@@ -22,7 +22,7 @@ from plotly.offline import get_plotlyjs
 from dashboards import figures
 from dashboards.backends import backends_figure, rows_from_runs
 from dashboards.floors import floor_ledger
-from dashboards.history import HISTORY_METRICS, HistoryStep, history, select_history_runs
+from dashboards.history import HISTORY_METRICS, HistoryStep, drop_invalid, history, select_history_runs
 from tasks.tracking.store import RunRecord
 
 SYSTEM_CHROMIUM = "/usr/bin/chromium"
@@ -38,12 +38,14 @@ class Dashboard:
     steps: list[HistoryStep]
     host_fingerprint: str | None
     spec_hash: str | None
+    history_invalid: int = 0  # INVALID runs left out of the history chart
 
 
 def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str | None = None) -> Dashboard:
     """All dashboard figures for one experiment's runs (oldest first)."""
     bench = figures.benchmark_runs(runs)
-    hist_runs, host, spec = select_history_runs(runs, host_fingerprint=host_fingerprint, spec_hash=None)
+    selected, host, spec = select_history_runs(runs, host_fingerprint=host_fingerprint, spec_hash=None)
+    hist_runs, invalid = drop_invalid(selected)
     steps = [s for key in HISTORY_METRICS for s in history(hist_runs, key)]
     figs = {
         "stage_breakdown": figures.stage_breakdown(bench),
@@ -62,7 +64,7 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
 
         cdfs = {r.run_id: metric_history(r.run_id, "latency.cdf_ms") for r in latency_runs}
         figs["latency_cdf"] = figures.latency_cdf(latency_runs, cdfs)
-    return Dashboard(experiment, figs, bench, hist_runs, steps, host, spec)
+    return Dashboard(experiment, figs, bench, hist_runs, steps, host, spec, len(invalid))
 
 
 def to_html(d: Dashboard, source: str) -> str:
@@ -95,7 +97,8 @@ code{{background:#f3f3f3;padding:1px 4px}}</style>
 <h1>relflow-bench: {html.escape(d.experiment)}</h1>
 <p>{len(d.runs)} FINISHED benchmark runs ({span}) from <code>{html.escape(source)}</code>.
 History: {len(d.history_runs)} runs on host fingerprint <code>{html.escape(str(d.host_fingerprint))}</code>,
-spec hash <code>{html.escape(str(d.spec_hash))}</code>. Steps:</p><ul>{steps}</ul>
+spec hash <code>{html.escape(str(d.spec_hash))}</code> ({d.history_invalid} INVALID runs left out).
+Steps:</p><ul>{steps}</ul>
 {"".join(f'<div class="fig">{p}</div>' for p in parts)}
 </body></html>
 """

@@ -43,8 +43,9 @@ def _cell(est, key: str) -> str:
 
 def print_comparison(c) -> None:
     table = Table(
-        title=f"{c.baseline_label}  vs  {c.candidate_label}   (marked: beyond {c.threshold:.0%} "
-        f"and significant at {c.alpha:g}, never below the MDE)",
+        title=f"{c.baseline_label}  vs  {c.candidate_label}   ({c.baseline_independent_runs} vs "
+        f"{c.candidate_independent_runs} independent runs; marked: beyond {c.threshold:.0%}, significant at "
+        f"{c.alpha:g} across runs after Holm, never below the MDE)",
         title_justify="left",
         show_lines=False,
     )
@@ -60,7 +61,7 @@ def print_comparison(c) -> None:
         table.add_column(col, justify=just)
     for r in c.rows:
         ratio = "inf" if math.isinf(r.ratio) else f"{r.ratio:.3f}x"
-        test = r.method + (f" p={r.p_value:.3f}" if r.p_value is not None else "")
+        test = r.method + (f" p={r.p_value:.3f} holm={r.p_holm:.3f}" if r.p_value is not None else "")
         style = {"regression": "bold red", "improvement": "bold green", "change": "bold yellow"}.get(r.verdict)
         mark = {"regression": "▼ ", "improvement": "▲ ", "change": "● "}.get(r.verdict, "") if r.marked else ""
         verdict = f"[{style}]{mark}{r.verdict}[/]" if r.marked and style else f"[dim]{r.verdict}[/]"
@@ -86,9 +87,36 @@ def print_comparison(c) -> None:
     out.print(f"{n} marked change(s)" + (": " + ", ".join(f"{r.key} {r.verdict}" for r in c.marked) if n else ""))
 
 
+def side_runs(run_id: str):
+    """One side of ``compare RUN_A RUN_B``: the run itself, or, for a parent run (``relflow-bench
+    noise``, a sweep), its FINISHED benchmark children: independent fresh-process runs."""
+    from dashboards.history import profiled
+    from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S
+    from tasks.tracking.store import get_run_record, search_runs
+
+    run = get_run_record(run_id)
+    if E2E_PREDICT_ROWS_PER_S in run.metrics:
+        return run, [run]
+    children = [
+        r
+        for r in search_runs(run.experiment, filter_string=f"tags.mlflow.parentRunId = '{run.run_id}'")
+        if E2E_PREDICT_ROWS_PER_S in r.metrics and not profiled(r)
+    ]
+    if not children:
+        raise UserError(
+            f"run {run_id} has no benchmark figures and no FINISHED benchmark child runs: give a benchmark run "
+            "or the parent run of relflow-bench noise"
+        )
+    return run, children
+
+
 def compare_cmd(
     runs: Annotated[
-        list[str] | None, typer.Argument(help="RUN_A RUN_B: baseline and candidate MLflow run ids.")
+        list[str] | None,
+        typer.Argument(
+            help="RUN_A RUN_B: baseline and candidate MLflow run ids; a parent run (relflow-bench noise) "
+            "stands for its child runs."
+        ),
     ] = None,
     experiment: Annotated[str | None, typer.Option(help="Experiment (spec name) for --baseline.")] = None,
     baseline: Annotated[
@@ -112,16 +140,16 @@ def compare_cmd(
 ) -> None:
     """Baseline vs candidate: key metrics side by side with ratios, marked when real.
 
-    A change is marked only when beyond --threshold AND significant given the repeats; the params and
-    environment tags that differ are listed. Two run ids compare one run each (run with
-    run.repeats>=6 so each carries a 95% interval). --experiment E --baseline KEY=VALUE compares groups
-    of FINISHED runs (one sample per run: Mann-Whitney U from 4 runs a side, else 95% intervals of the
-    group medians from 6 runs a side).
+    Significance comes only from independent runs (separate processes): one sample per run,
+    Mann-Whitney U from 4 runs a side, Holm-corrected over the metrics tested, marked only beyond
+    --threshold and the MDE. One run against one run prints the ratio and says it cannot judge.
+    Groups: two parent runs of relflow-bench noise, or --experiment E --baseline KEY=VALUE.
+    The params and environment tags that differ are listed.
     """
     from dashboards.compare import as_dict, compare, split_by
     from dashboards.history import profiled
     from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S
-    from tasks.tracking.store import get_run_record, search_runs
+    from tasks.tracking.store import search_runs
 
     try:
         if threshold < 0 or not 0 < alpha < 1:
@@ -156,20 +184,20 @@ def compare_cmd(
         else:
             if not runs or len(runs) != 2:
                 raise UserError("give two run ids (RUN_A RUN_B) or --experiment E --baseline KEY=VALUE.")
-            a, b = (get_run_record(r) for r in runs)
-            for r in (a, b):
+            (a, side_a), (b, side_b) = (side_runs(r) for r in runs)
+            for r in (*side_a, *side_b):
                 if profiled(r):
                     console.print(
                         f"[yellow]warning:[/] run {r.run_id} was profiled (relflow.profiled=true); "
                         "its times include the profiler's overhead."
                     )
             c = compare(
-                [a],
-                [b],
+                side_a,
+                side_b,
                 threshold=threshold,
                 alpha=alpha,
-                baseline_label=f"A {a.label}",
-                candidate_label=f"B {b.label}",
+                baseline_label=f"A {a.label}" + (f" ({len(side_a)} runs)" if side_a != [a] else ""),
+                candidate_label=f"B {b.label}" + (f" ({len(side_b)} runs)" if side_b != [b] else ""),
             )
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
         fail(err, debug)
@@ -205,18 +233,19 @@ def history_cmd(
     shift of the median that lasts --min-segment runs, so single outliers are not reported.
     """
     from dashboards.compare import differences, environment_tag
-    from dashboards.history import HISTORY_METRICS, history, select_history_runs
+    from dashboards.history import HISTORY_METRICS, drop_invalid, history, select_history_runs
     from tasks.tracking.store import search_runs
 
     try:
         if min_segment < 2:
             raise UserError("--min-segment must be at least 2 (one run is an outlier, not a step).")
-        runs, host, spec = select_history_runs(
+        selected, host, spec = select_history_runs(
             search_runs(spec_name),
             host_fingerprint=host_fingerprint,
             spec_hash=spec_hash,
             include_profiled=include_profiled,
         )
+        runs, invalid = drop_invalid(selected)
         if not runs:
             raise UserError(
                 f"no FINISHED benchmark runs of '{spec_name}' on host fingerprint {host} with spec hash {spec}."
@@ -228,6 +257,11 @@ def history_cmd(
         f"{spec_name}: {len(runs)} FINISHED runs on host fingerprint {host}, spec hash {spec}, "
         f"{runs[0].started_at:%Y-%m-%d %H:%M} .. {runs[-1].started_at:%Y-%m-%d %H:%M} UTC"
     )
+    if invalid:
+        out.print(
+            f"[yellow]note:[/] left out {len(invalid)} INVALID run(s) (relflow.validity=INVALID; their figures "
+            "are not measurements of the configuration): " + ", ".join(r.run_id[:8] for r in invalid)
+        )
     if len(runs) < 2 * min_segment:
         out.print(f"[yellow]note:[/] a step needs {min_segment} runs on each side: {2 * min_segment} runs at least")
     table = Table(title="steps (persistent shifts of the median)", title_justify="left")

@@ -299,15 +299,16 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (E2E_TRAIN_EPOCHS, "training epochs run"),
     (
         "<key>.median",
-        "median over predict passes of e2e.predict.rows_per_s or compute.steady_rows_per_s (run.repeats >= 2)",
+        "median over predict passes after the first (pass 0 holds the first call) of e2e.predict.rows_per_s or "
+        "compute.steady_rows_per_s (run.repeats >= 3); spread inside one process, never a significance test",
     ),
     (
         "<key>.median_ci_low",
-        "low end of the order-statistic interval for that median (only with run.repeats >= 6; tag relflow.ci_method)",
+        "low end of the order-statistic interval for that median (only with run.repeats >= 7; tag relflow.ci_method)",
     ),
     ("<key>.median_ci_high", "high end of the same interval"),
     ("<key>.median_ci_level", "exact coverage of that interval (>= 0.95)"),
-    (REPEATS_MEASURED, "predict passes that gave a per-pass sample"),
+    (REPEATS_MEASURED, "predict passes in the repeat statistics: every pass after the first (run.repeats - 1)"),
     ("compute.<what>", "predict-phase compute figures (same as compute.predict.<what>)"),
     (
         "compute.predict.<what>",

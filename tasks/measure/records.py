@@ -179,10 +179,13 @@ class RunResult:
             m[K.E2E_TRAIN_EPOCHS] = float(self.train_epochs)
 
     def _repeat_metrics(self, m: dict[str, float]) -> None:
-        for key, samples in (
+        # Pass 0 carries the first call (compilation, cold caches): it is not a sample of the
+        # distribution the later passes draw from, so the repeat statistics start at pass 1.
+        for key, passes in (
             (K.E2E_PREDICT_ROWS_PER_S, self.repeat_predict_rows_per_s),
             (K.STEADY_ROWS_PER_S, self.repeat_steady_rows_per_s),
         ):
+            samples = passes[1:]
             if len(samples) < 2:
                 continue
             iv = median_interval(samples)
@@ -191,7 +194,7 @@ class RunResult:
                 m[K.median_ci_low(key)] = iv.low
                 m[K.median_ci_high(key)] = iv.high
                 m[K.median_ci_level(key)] = iv.level
-        m[K.REPEATS_MEASURED] = float(len(self.repeat_predict_rows_per_s))
+        m[K.REPEATS_MEASURED] = float(max(len(self.repeat_predict_rows_per_s) - 1, 0))
 
     def metrics(self) -> dict[str, float]:
         m: dict[str, float] = {}
@@ -277,14 +280,14 @@ def describe_repeats(m: dict[str, float], key: str, unit: str = "rows/s") -> str
     if K.median(key) not in m:
         return None
     n = int(m.get(K.REPEATS_MEASURED, 0))
-    text = f"median {m[K.median(key)]:,.0f} {unit} over {n} passes"
+    text = f"median {m[K.median(key)]:,.0f} {unit} over {n} passes after the first"
     if K.median_ci_low(key) in m:
         level = m[K.median_ci_level(key)]
         return (
             text + f", 95% CI [{m[K.median_ci_low(key)]:,.0f}, {m[K.median_ci_high(key)]:,.0f}]"
             f" (order statistics, exact level {level:.1%})"
         )
-    return text + f" (no 95% CI: needs run.repeats >= {MIN_CI_SAMPLES})"
+    return text + f" (no 95% CI: needs run.repeats >= {MIN_CI_SAMPLES + 1})"
 
 
 @dataclass
