@@ -78,6 +78,9 @@ QUALITY_DIRECTION = {
     "mae_of_mean": 0,
     "rows": 0,
 }
+HOST_TAG = "relflow.host_fingerprint"
+# The hardware the host fingerprint hashes (tasks/measure/environment.py), named when hosts differ.
+HARDWARE_TAGS = ("relflow.cpu_model", "relflow.cpu_flags", "relflow.cpu_count", "relflow.ram_bytes", "relflow.gpu_name")
 # Tags that identify a run rather than its environment: never listed as explanations.
 IDENTITY_TAGS = {"relflow.output_path", "relflow.error", "relflow.invalid_reasons"}
 # Params that name outputs rather than change the workload.
@@ -403,8 +406,16 @@ def compare(
         c.rows.append(judge(key, direction, a, b, threshold=threshold, alpha=alpha, p_holm=adjusted.get(i)))
     c.param_differences = differences(base, cand, "params", lambda k: k not in IDENTITY_PARAMS)
     c.tag_differences = differences(base, cand, "tags", environment_tag)
+    hosts = {side: {r.tags.get(HOST_TAG) for r in runs} for side, runs in (("baseline", base), ("candidate", cand))}
+    if hosts["baseline"] != hosts["candidate"]:
+        unlike = [d for d in c.tag_differences if d.key in HARDWARE_TAGS]
+        c.notes.append(
+            "baseline and candidate ran on unlike hosts (relflow.host_fingerprint differs"
+            + (": " + "; ".join(f"{d.key} {d.baseline} vs {d.candidate}" for d in unlike) if unlike else "")
+            + "): every ratio mixes the hardware with the change"
+        )
     for side, runs in (("baseline", base), ("candidate", cand)):
-        if len({r.tags.get("relflow.host_fingerprint") for r in runs}) > 1:
+        if len(hosts[side]) > 1:
             c.notes.append(f"the {side} runs come from more than one host fingerprint")
         bad = [r.run_id[:8] for r in runs if r.tags.get("relflow.validity") == "INVALID"]
         if bad:

@@ -43,6 +43,7 @@ from tasks.measure import keys as K
 from tasks.measure.baseline import no_better_than_baseline
 from tasks.measure.clock import Clock, unix_time, wall_clock
 from tasks.measure.environment import fingerprint, host_load_per_core
+from tasks.measure.host_env import CpuTicks, steal_fraction
 from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
 from tasks.measure.peak import peak_flops
@@ -254,6 +255,7 @@ def timed_body(run: Run) -> None:
         if s.run.system_metrics_interval_s > 0:
             run.tracker.start_system_metrics(s.run.system_metrics_interval_s)
         other = OtherCpu().start()
+        ticks_start = CpuTicks.now()
         region_start_unix = unix_time()
         run.work = work = Workload(chain_for(run.plan), run.result)
 
@@ -288,6 +290,7 @@ def timed_body(run: Run) -> None:
         region, run.latency = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
         region_end_unix = unix_time()
         other_during = other.stop()
+        stolen = steal_fraction(ticks_start, CpuTicks.now())
         run.tracker.stop_system_metrics()
         if run.plan.reference is not None:  # still under the host lock, after the region
             progress.emit("phase", name="reference quality (not timed)")
@@ -302,6 +305,7 @@ def timed_body(run: Run) -> None:
         "load_start": load_start,
         "other_before": other_before,
         "other_during": other_during,
+        "stolen": stolen,
     }
 
 
@@ -405,6 +409,7 @@ def collect(run: Run) -> dict[str, float]:
             K.HOST_LOAD_PER_CORE_START: region["load_start"],
             K.HOST_OTHER_CPU_FRACTION_BEFORE: region["other_before"],
             K.HOST_OTHER_CPU_FRACTION: region["other_during"],
+            K.HOST_STEAL_FRACTION: region["stolen"],
         }
     )
     if s.run.mode == "train+predict":

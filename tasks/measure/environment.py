@@ -1,7 +1,9 @@
 """Environment fingerprint: what hardware and software produced a number.
 
-``relflow.host_fingerprint`` hashes only the hardware part (CPU model, cores, RAM, GPU),
-so runs on the same kind of machine group together across software upgrades.
+``relflow.host_fingerprint`` hashes only the hardware part (CPU model, its ISA extensions,
+cores, RAM, GPU), so runs on the same kind of machine group together across software
+upgrades, and hosts with different vector units (AVX-512, AMX) never do
+(tasks/measure/host_env.py; the governor and boost are tagged, not hashed: they are settings).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import psutil
 import torch
+
+from tasks.measure.host_env import cpu_flags, host_tags
 
 
 def _cpu_model() -> str:
@@ -68,6 +72,7 @@ def fingerprint(device: torch.device) -> dict[str, str]:
             driver = "unknown"
     hardware = {
         "relflow.cpu_model": _cpu_model(),
+        "relflow.cpu_flags": ",".join(cpu_flags()) or "none",
         "relflow.cpu_count": str(os.cpu_count()),
         "relflow.ram_bytes": str(psutil.virtual_memory().total),
         "relflow.gpu_name": gpu,
@@ -75,6 +80,7 @@ def fingerprint(device: torch.device) -> dict[str, str]:
     sha = _git("rev-parse", "HEAD") or "unknown"
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     tags = {
+        **host_tags(),
         **hardware,
         "relflow.host_fingerprint": hashlib.sha256(repr(sorted(hardware.items())).encode()).hexdigest()[:16],
         "relflow.gpu_driver": driver,

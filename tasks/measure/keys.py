@@ -263,6 +263,7 @@ FLOOR_OTHER_CPU_FRACTION = "floor.other_cpu_fraction"
 HOST_LOAD_PER_CORE_START = "host.load_per_core_start"
 HOST_OTHER_CPU_FRACTION_BEFORE = "host.other_cpu_fraction_before"
 HOST_OTHER_CPU_FRACTION = "host.other_cpu_fraction"
+HOST_STEAL_FRACTION = "host.steal_fraction"
 
 # (key or family, meaning with unit). ``<stage>``, ``<phase>``, ``<what>``, ``<key>``,
 # ``<branch>``, ``<name>`` and ``<q>`` are placeholders; README lists exactly these.
@@ -525,6 +526,11 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         HOST_OTHER_CPU_FRACTION,
         "share of all cores' time used by other processes during the timed "
         "region (from the OS CPU counters minus this process tree)",
+    ),
+    (
+        HOST_STEAL_FRACTION,
+        "share of all cores' time the hypervisor stole during the timed region (/proc/stat steal; "
+        "also inside host.other_cpu_fraction); tags relflow.cpu_flags|cpu_governor|cpu_boost say the host settings",
     ),
     (
         "stage.<stage>.<phase>.bytes",
