@@ -28,7 +28,7 @@ SMALL = [
     "run.packing=off",
     "run.repeats=4",
     "run.mode=predict",
-    "run.min_steady_seconds=0",
+    "run.min_steady_seconds=0.000001",
 ]
 
 

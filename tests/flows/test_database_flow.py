@@ -23,8 +23,8 @@ SMALL = [
     "run.epochs=1",
     "run.batch_size=512",
     "run.device=cpu",
-    "run.min_steady_batches=0",
-    "run.min_steady_seconds=0",
+    "run.min_steady_batches=1",
+    "run.min_steady_seconds=0.000001",
     "run.system_metrics_interval_s=0",
     "task.outputs=[prediction, 'topk:2']",
 ]
