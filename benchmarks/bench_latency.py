@@ -61,15 +61,15 @@ def main() -> None:
 
     ckpt = args.checkpoint
     if ckpt is None:
-        ckpt = go(["run.min_steady_batches=0", "run.min_steady_seconds=0"])["checkpoint_path"]
+        ckpt = go(["run.min_steady_batches=1", "run.min_steady_seconds=0.000001"])["checkpoint_path"]
     sources = {"parquet": [], "duckdb": ["source.database.url=duckdb"]}
     if args.postgresql:
         sources["postgresql"] = [f"source.database.url={args.postgresql}"]
     base = [
         "run.mode=predict",
         f"run.checkpoint={ckpt}",
-        "run.min_steady_batches=0",
-        "run.min_steady_seconds=0",
+        "run.min_steady_batches=1",
+        "run.min_steady_seconds=0.000001",
         f"run.request.min_requests={args.requests}",
         f"run.request.min_duration_s={args.min_duration}",
     ]

@@ -70,6 +70,7 @@ from tasks.sources.files import SourceTable, check_sources, resolve_sources
 from tasks.sources.open import data_home, open_database
 from tasks.spec import Spec, parse_spec
 from tasks.stages import compute as compute_stage
+from tasks.stages.calibrate import CALIBRATED_KINDS
 from tasks.stages.chain import Chain, Weights
 from tasks.stages.compute import Engine
 from tasks.stages.encode import check_text
@@ -391,6 +392,8 @@ def collect(run: Run) -> dict[str, float]:
     result.quality = engine.quality.metrics()
     result.quality.update(chain.calibration.metrics())
     result.extra["calibration.temperature"] = chain.temperature
+    if s.task.kind in CALIBRATED_KINDS:  # held-out rows the temperature was not fitted on
+        result.extra[K.CALIBRATION_REPORT_ROWS] = float(chain.calibration.rows)
     if run.reference_quality is not None:
         result.extra.update(quality_delta(engine.quality.headline, result.quality, run.reference_quality))
     if run.latency is not None:

@@ -34,6 +34,7 @@ from model.schema import ModelSchema
 from tasks.measure.clock import Clock
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec, load_yaml, parse_spec
+from tasks.stages.split import check_split
 
 MODEL_FILE = "model.onnx"
 DYNAMIC_INT8_FILE = "model.dynamic_int8.onnx"
@@ -103,6 +104,8 @@ def export_bundle(
     from tasks.backends.checkpoint import check_matches_spec
 
     check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"checkpoint '{checkpoint}'")
+    # a bundle without a matching split record could never be served (tasks/backends/setup.py)
+    check_split(ckpt.extra.get("split"), spec.task.validation_fraction, f"checkpoint '{checkpoint}'")
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(spec.name), dir=out_dir))
     try:
@@ -114,6 +117,8 @@ def export_bundle(
             "encoding": ckpt.extra.get("encoding"),
             # Output calibration fitted with the checkpoint (tasks/stages/calibrate.py; 1.0 = none).
             "temperature": float(ckpt.extra.get("temperature", 1.0)),
+            # the checkpoint's train/held-out split (tasks/stages/split.py), checked at serving
+            "split": ckpt.extra.get("split"),
             "outputs": list(sig.outputs),
             "signature": sig.to_dict(),
         }

@@ -5,7 +5,9 @@ with ``run.checkpoint`` loads its weights; ``train+predict`` with ``run.checkpoi
 resumes training from it: weights, fitted encoding and optimizer state, with the optimizer
 settings required to equal the saved run's (a difference is refused, naming the keys).
 A checkpoint whose schema or model size does not match
-the spec is refused up front with the difference named.
+the spec is refused up front with the difference named, and so is one trained with another
+train/held-out split (``task.validation_fraction`` or the split's hash, recorded as
+``split``: tasks/stages/split.py), whose held-out rows would include rows it trained on.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tasks.runtime.errors import UserError
 from tasks.runtime.writes import named_write_errors
 from tasks.spec import Spec
 from tasks.stages.compute import Engine
+from tasks.stages.split import check_split, split_record
 from tasks.stages.tensorize import layout
 
 
@@ -48,6 +51,8 @@ def save_run_checkpoint(path: Path, engine: Engine, enc: Encoding, spec: Spec) -
                     "encoding": enc.to_dict(),
                     "spec_hash": spec.spec_hash,
                     "temperature": float(engine.temperature),
+                    # which root rows it trained on: predict/resume/reference runs check it
+                    "split": split_record(spec.task.validation_fraction),
                 },
             )
             os.replace(tmp, path)
@@ -115,6 +120,7 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
         ) from None
     rss = psutil.Process().memory_info().rss
     check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"run.checkpoint '{path}'")
+    check_split(ckpt.extra.get("split"), spec.task.validation_fraction, f"run.checkpoint '{path}'")
     state = ckpt.model.state_dict()
     out = {
         "model": state,

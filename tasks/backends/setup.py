@@ -25,6 +25,7 @@ from tasks.measure.records import BackendSetup, CheckpointLoad
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 from tasks.stages.compute import Engine
+from tasks.stages.split import check_split
 
 
 @dataclass
@@ -81,6 +82,7 @@ def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[Backen
     bundle = read_bundle(Path(r.onnxruntime.model))
     where = f"run.onnxruntime.model '{bundle.path}'"
     check_matches_spec(bundle.schema, ModelConfig(**bundle.config["model_config"]), spec, where)
+    check_split(bundle.config.get("split"), spec.task.validation_fraction, where)
     missing = [o for o in needed_outputs(spec) if o not in bundle.outputs]
     if missing:
         raise UserError(

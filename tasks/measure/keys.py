@@ -156,6 +156,10 @@ def quality(name: str) -> str:
 
 
 QUALITY_ROWS = "quality.rows"
+# Temperature scaling fits on one half of the held-out rows and reports quality.nll|ece|brier
+# on the other (tasks/stages/split.py): both counts are published.
+CALIBRATION_FIT_ROWS = "calibration.fit_rows"
+CALIBRATION_REPORT_ROWS = "calibration.report_rows"
 # The headline quality of each task kind (``quality.<name>``): the one figure run notes,
 # sweeps, reports and dashboards show for a run's quality.
 HEADLINE_QUALITY = {"category": "accuracy", "binary": "auc", "regression": "mae"}
@@ -428,7 +432,17 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (SERVER_PEAK_QPS_BRACKET_LOW, "peak-qps: the highest probed rate that held the bound below every failing one"),
     (SERVER_PEAK_QPS_BRACKET_HIGH, "peak-qps: the lowest probed rate whose early-stopping p99 missed the bound"),
     (SERVER_PEAK_PROBES, "peak-qps: probes (fresh-process server runs) the search ran"),
-    ("calibration.<what>", "temperature scaling: temperature, fit_seconds, fit_rows"),
+    ("calibration.<what>", "temperature scaling: temperature, fit_seconds"),
+    (
+        CALIBRATION_FIT_ROWS,
+        "held-out labelled cells the temperature was fitted on (the fit half of the held-out "
+        "rows, by a stable hash of the root key; train+predict)",
+    ),
+    (
+        CALIBRATION_REPORT_ROWS,
+        "held-out labelled cells quality.nll|ece|brier are scored on: the other half, never "
+        "the fit's rows (one predict pass)",
+    ),
     (
         DATA_PADDED_COORDS,
         "coordinates the predict batches actually materialised, per pass (with "
@@ -459,7 +473,10 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "quality.<name>",
         "accuracy, majority_rate (category, binary), auc (binary); mae, rmse, "
-        "mae_of_mean (regression, in the target's own units)",
+        "mae_of_mean (regression, in the target's own units); nll, ece, brier and "
+        "uncalibrated.nll|ece|brier (category, binary: on calibration.report_rows only; brier is "
+        "the multi-class definition, mean over rows of the sum over classes of (p - y)^2, range "
+        "0..2, for binary too, i.e. twice the one-class (p - y)^2)",
     ),
     (
         "quality.reference.<name>",

@@ -13,6 +13,7 @@ drop (the delta in the worse direction) exceeds it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,11 @@ def drop_reasons(spec: Spec, metrics: dict[str, float]) -> list[str]:
     drop = metrics.get(K.QUALITY_DROP_VS_REFERENCE)
     if drop is None:
         return [f"{K.QUALITY_DROP_VS_REFERENCE} missing, run.max_quality_drop cannot be checked"]
+    if math.isnan(drop):  # NaN > limit is false: it once passed the rule
+        return [
+            f"{K.QUALITY_DROP_VS_REFERENCE} is NaN (the run's or the reference's headline quality "
+            f"is NaN), so run.max_quality_drop {limit} cannot be shown to hold"
+        ]
     if drop > limit:
         return [f"quality drop vs reference {drop:.4f} > run.max_quality_drop {limit}"]
     return []

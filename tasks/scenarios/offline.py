@@ -21,6 +21,7 @@ def predict_pass(work: Workload, writer: PredictionWriter, repeat: int) -> None:
     steady_before = len(engine.predict_timings.steady_seconds) if engine else 0
     if engine is not None:  # quality is scored on one pass (the latest); a new engine starts empty
         engine.begin_predict_pass()
+        chain.calibration.begin_pass()
     rows = 0
     for i in range(len(work.chunks)):
         tz = work.prepare(i, "predict")

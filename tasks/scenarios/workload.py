@@ -108,7 +108,8 @@ class Workload:
             self.result.train_epochs += 1
 
     def fit_calibration(self) -> None:
-        """Temperature scaling on the validation rows of every chunk, after training (not a
+        """Temperature scaling on the fit half of the validation rows of every chunk (the other
+        half reports calibration quality: tasks/stages/split.py), after training (not a
         stage: chunks are re-read outside the timings, through the same chain).
 
         The fit's forward passes run with compiled regions forced eager: compiling here would
@@ -127,4 +128,4 @@ class Workload:
                 x_N, y_N = torch.cat(xs), torch.cat(ys)
                 temperature, rows = fit_temperature(x_N, y_N, kind), int(x_N.shape[0])
         chain.set_temperature(temperature)
-        self.result.extra.update({"calibration.fit_seconds": span.seconds, "calibration.fit_rows": float(rows)})
+        self.result.extra.update({"calibration.fit_seconds": span.seconds, K.CALIBRATION_FIT_ROWS: float(rows)})

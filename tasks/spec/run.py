@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from tasks.spec.base import Strict
 
@@ -140,6 +140,7 @@ class Run(Strict):
     compile: CompileSettings = Field(default_factory=CompileSettings)
     loader: Loader = Field(default_factory=Loader)
     warmup_batches: int = Field(2, ge=0)
+<<<<<<< HEAD
     repeats: int = Field(
         1,
         ge=1,
@@ -148,6 +149,11 @@ class Run(Strict):
     )
     min_steady_batches: int = Field(10, ge=0, description="validity: fewer makes the run INVALID")
     min_steady_seconds: float = Field(1.0, ge=0, description="validity: less makes the run INVALID")
+=======
+    repeats: int = Field(1, ge=1, description="predict passes; >=2 adds medians, >=6 their 95% intervals")
+    min_steady_batches: int = Field(10, description="validity: fewer makes the run INVALID (at least 1)")
+    min_steady_seconds: float = Field(1.0, description="validity: less makes the run INVALID (above 0)")
+>>>>>>> h19a
     max_recompiles: int = Field(0, ge=0, description="validity: recompiles after warm-up allowed")
     max_host_load: float | None = Field(
         0.5,
@@ -253,6 +259,18 @@ class Run(Strict):
                 "run.max_quality_drop needs run.reference_checkpoint (the checkpoint the drop is measured against)"
             )
         return self
+
+    @field_validator("min_steady_batches", "min_steady_seconds")
+    @classmethod
+    def _some_steady_state(cls, v: float, info: ValidationInfo) -> float:
+        # 0 let a run with no steady batch at all be VALID and publish steady rows/s of 0.
+        if not v > 0:  # also refuses NaN
+            fix = "1 or more" if info.field_name == "min_steady_batches" else "above 0 (e.g. 0.001)"
+            raise ValueError(
+                f"{v} would let a run without any steady-state batch be VALID (its steady rows/s "
+                f"would be 0); set it to {fix}, default {cls.model_fields[str(info.field_name)].default}"
+            )
+        return v
 
     @field_validator("packing", mode="before")
     @classmethod

@@ -1,22 +1,31 @@
 """Output calibration: temperature scaling, fitted after training, applied when predicting.
 
 One scalar ``T`` divides the logits of category (softmax) and binary (sigmoid) targets; it
-is fitted on the validation split by minimising the negative log-likelihood over ``log T``
+is fitted on the *fit* half of the held-out rows (tasks/stages/split.py:
+``calibration_fit_rows``, a stable hash of the root key) by minimising the negative
+log-likelihood over ``log T``
 (so ``T`` stays positive), stored in the run checkpoint and applied in every predict path as
 the timed step ``calibrate``. Argmax, and so accuracy and AUC, do not change; probabilities
 do. Regression targets have nothing to calibrate: the step is the identity (``T = 1``).
 
-``CalibrationQuality`` measures probability quality on held-out rows before (``T = 1``) and
-after calibration: NLL, ECE (15 equal-width confidence bins) and Brier score.
+``CalibrationQuality`` measures probability quality before (``T = 1``) and after
+calibration on the other, *report* half of the held-out rows (never the rows ``T`` was
+fitted on, so the calibrated figures are out of sample): NLL, ECE (15 equal-width
+confidence bins) and the Brier score in its one, multi-class definition,
+``mean over rows of sum over classes (p_c - y_c)^2`` (range 0..2), for every kind: a binary
+target counts both classes, so its value is twice the one-class ``(p - y)^2`` some tools
+report, and a 2-class category target gets the same number as the same binary target.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import torch
 
 from tasks.stages.compute import Engine, PredictOutputs
+from tasks.stages.split import calibration_fit_rows
 from tasks.stages.tensorize import Tensorized
 
 ECE_BINS = 15
@@ -61,10 +70,8 @@ def ece(probs_NC: torch.Tensor, labels_N: torch.Tensor, bins: int = ECE_BINS) ->
 
 
 def brier(probs_NC: torch.Tensor, labels_N: torch.Tensor) -> float:
-    """Brier score: mean squared error of the probabilities; multi-class sums over classes,
-    binary is the usual ``(p - y)^2`` of the positive class."""
-    if probs_NC.shape[-1] == 2:
-        return float(((probs_NC[:, 1] - labels_N.double()) ** 2).mean())
+    """Brier score, one definition for every kind: the mean over rows of the squared error
+    summed over classes (a binary target's [N, 2] probabilities count both classes)."""
     onehot = torch.nn.functional.one_hot(labels_N, probs_NC.shape[-1]).double()
     return float(((probs_NC - onehot) ** 2).sum(-1).mean())
 
@@ -102,9 +109,11 @@ def fit_temperature(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str, m
 
 @torch.no_grad()
 def validation_logits(engine: Engine, tz: Tensorized) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw prediction logits and labels of a chunk's held-out, labelled cells, computed
+    """Raw prediction logits and labels of a chunk's held-out, labelled cells of the fit
+    half (``calibration_fit_rows``), computed
     with the engine's model but outside its timings (this is fitting, not serving)."""
-    rows = torch.nonzero(~tz.is_train).flatten()
+    fit = torch.from_numpy(calibration_fit_rows(tz.keys))
+    rows = torch.nonzero(~tz.is_train & fit).flatten()
     xs, ys = [], []
     if rows.numel() == 0:
         return torch.empty(0), torch.empty(0)
@@ -135,6 +144,16 @@ class CalibrationQuality:
         self._logits.append(raw_logits.detach().float()[mask].cpu())
         self._labels.append(labels[mask].cpu())
 
+    def begin_pass(self) -> None:
+        """Scored on one predict pass (the latest), as ``quality.*``: repeats add no rows."""
+        self._logits.clear()
+        self._labels.clear()
+
+    @property
+    def rows(self) -> int:
+        """Labelled cells scored (``calibration.report_rows``)."""
+        return sum(int(x.shape[0]) for x in self._logits)
+
     def metrics(self) -> dict[str, float]:
         """``quality.*`` suffixes: ``nll|ece|brier`` calibrated (what is served) and
         ``uncalibrated.nll|ece|brier`` (``T = 1``)."""
@@ -146,6 +165,13 @@ class CalibrationQuality:
         out = {f"uncalibrated.{k}": v for k, v in scores(x, y, self.kind, 1.0).items()}
         out.update(scores(x, y, self.kind, self.temperature))
         return out
+
+
+def report_mask(keys: pa.Array | pa.ChunkedArray, mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (held-out, labelled cells, [B, ...]) narrowed to the report half of the rows:
+    the rows the temperature was not fitted on."""
+    report = torch.from_numpy(~calibration_fit_rows(keys)).to(mask.device)
+    return mask.bool() & report.view(-1, *([1] * (mask.dim() - 1)))
 
 
 def calibrate_outputs(outs: PredictOutputs, temperature: float, kind: str) -> PredictOutputs:

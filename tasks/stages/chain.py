@@ -33,7 +33,7 @@ from tasks.runtime import progress
 from tasks.runtime.writes import named_write_errors
 from tasks.sources.files import SourceTable
 from tasks.spec import Spec
-from tasks.stages.calibrate import CalibrationQuality, calibrate_outputs
+from tasks.stages.calibrate import CalibrationQuality, calibrate_outputs, report_mask
 from tasks.stages.compute import Engine, PredictOutputs
 from tasks.stages.encode import encode, text_columns
 from tasks.stages.preprocess import Preprocessed, preprocess
@@ -236,7 +236,8 @@ class Chain:
         outs, seconds = self._timed("compute", lambda: engine.predict(tz, self.outputs), where, runner)
         sink("compute", seconds, rows)
         if outs.label_mask is not None and outs.labels is not None:  # quality bookkeeping: untimed
-            self.calibration.add(outs.tensors["prediction"], outs.labels, outs.label_mask)
+            # only the rows the temperature was not fitted on (out-of-sample calibration quality)
+            self.calibration.add(outs.tensors["prediction"], outs.labels, report_mask(tz.keys, outs.label_mask))
         t = self.temperature
         outs, seconds = self._timed("calibrate", lambda: calibrate_outputs(outs, t, spec.task.kind), None, runner)
         sink("calibrate", seconds, rows)

@@ -22,6 +22,10 @@ Design choices:
   string has no n-grams, so it gets a dedicated one-hot slot of its own.
 - A plug-in is loaded and probed (``["", "probe text"]`` must give float32 ``[2, dim]``)
   before any work; a bad path or a wrong output is a ``UserError`` (exit 2).
+- Every output is checked for finite values, at the probe and on every call: a NaN or
+  infinite vector is a ``UserError`` naming the encoder and the first such cell (at the
+  probe, exit 2 before work; in a run, the run ends FAILED with that error) rather than an
+  INVALID verdict, since no figure of a run fed NaN inputs means anything.
 """
 
 from __future__ import annotations
@@ -162,6 +166,7 @@ def load_encoder(name: str, dim: int) -> TextEncoder:
             f"return float32 [n, run.text.dim] = [2, {dim}]. Fix the encoder or set "
             "run.text.dim to its width."
         )
+    _check_finite(out, probe, where)
     encoder: TextEncoder = fn
     return encoder
 
@@ -178,8 +183,27 @@ def check_text(spec: Spec) -> None:
         load_encoder(spec.run.text.encoder, spec.run.text.dim)
 
 
-def encode_column(arr: pa.Array, encoder: TextEncoder, dim: int) -> pa.FixedSizeListArray:
-    """A string column -> ``fixed_size_list<float32, dim>``; nulls stay null entries."""
+def _check_finite(got: np.ndarray, values: pa.Array, where: str) -> None:
+    """A NaN or infinite vector would enter the model as an ordinary value and silently turn
+    its predictions (and quality) into NaN: refuse it, naming the encoder and a cell."""
+    bad_rows = ~np.isfinite(got).all(axis=1)
+    if not bad_rows.any():
+        return
+    first = int(np.flatnonzero(bad_rows)[0])
+    text = str(values[first].as_py())
+    raise UserError(
+        f"{where} returned non-finite values (NaN or infinity) for {int(bad_rows.sum()):,} of "
+        f"{len(values):,} text cells, first for {text[:40]!r}{'...' if len(text) > 40 else ''}; "
+        "it must return finite float32 vectors (e.g. guard a division by a zero norm). Fix the "
+        "encoder, or set run.text.encoder=hashed."
+    )
+
+
+def encode_column(
+    arr: pa.Array, encoder: TextEncoder, dim: int, *, where: str = "the text encoder"
+) -> pa.FixedSizeListArray:
+    """A string column -> ``fixed_size_list<float32, dim>``; nulls stay null entries; a
+    non-finite output is a ``UserError`` naming ``where`` (the encoder)."""
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
     valid = arr.is_valid()
     values = arr.filter(valid)
@@ -191,6 +215,7 @@ def encode_column(arr: pa.Array, encoder: TextEncoder, dim: int) -> pa.FixedSize
                 f"the text encoder returned shape {got.shape} for {len(values)} cells; "
                 f"it must return [n, {dim}] (run.text.dim)."
             )
+        _check_finite(got, values, where)
         matrix[valid.to_numpy(zero_copy_only=False)] = got
     mask = arr.is_null() if arr.null_count else None
     return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), dim, mask=mask)
@@ -239,12 +264,16 @@ def encode(spec: Spec, pre: Preprocessed) -> Encoded:
         return Encoded(pre, 0)
     dim = spec.run.text.dim
     encoder = load_encoder(spec.run.text.encoder, dim)
+    where = f"run.text.encoder '{spec.run.text.encoder}'"
 
     def tree(branches: list[Branch]) -> Children:
         return {b.name: (b.columns, tree(b.branches)) for b in branches if _has_text(b)}
 
     table, cells = _rebuild(
-        pre.table, spec.schema_.root.columns, tree(spec.schema_.branches), lambda arr: encode_column(arr, encoder, dim)
+        pre.table,
+        spec.schema_.root.columns,
+        tree(spec.schema_.branches),
+        lambda arr: encode_column(arr, encoder, dim, where=where),
     )
     return Encoded(replace(pre, table=table), cells)
 

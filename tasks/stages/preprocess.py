@@ -7,8 +7,8 @@ order them, number them within their parent and apply the overflow rule against
 so the result has one row per root key with nested lists to any depth. A root row with no
 children gets an empty (null) list: it still flows through.
 
-The train/validation split is a hash of the root key, so it is the same in every chunk,
-run and mode.
+The train/validation split is a stable hash of the root key (tasks/stages/split.py), so it
+is the same in every chunk, run, mode and library version.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import cast
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from tasks.runtime.errors import UserError
 from tasks.spec import Branch, Spec
 from tasks.stages.retrieve import ROOT, Retrieved
+from tasks.stages.split import TRAIN, split_is_train
 
-TRAIN = "__train"
+__all__ = ["TRAIN", "Preprocessed", "preprocess", "split_is_train"]
 
 
 @dataclass
@@ -33,21 +33,6 @@ class Preprocessed:
     root_rows: int
     overflow_dropped: dict[str, int] = field(default_factory=dict)
     child_rows: dict[str, int] = field(default_factory=dict)  # kept rows per branch
-
-
-def split_is_train(keys: pl.Series, validation_fraction: float) -> pl.Series:
-    """Deterministic split by root key: splitmix64 for integer keys, Polars hash otherwise."""
-    if keys.dtype.is_integer():
-        z = keys.cast(pl.Int64).to_numpy().astype(np.uint64)
-        with np.errstate(over="ignore"):
-            z = z + np.uint64(0x9E3779B97F4A7C15)
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            z = z ^ (z >> np.uint64(31))
-        bucket = z % np.uint64(10_000)
-    else:
-        bucket = keys.hash(seed=0).to_numpy() % np.uint64(10_000)
-    return pl.Series(TRAIN, bucket >= np.uint64(round(validation_fraction * 10_000)))
 
 
 def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFrame, int]:

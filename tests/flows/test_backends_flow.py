@@ -50,8 +50,8 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp
     raw["run"].update(
         backend="onnxruntime",
         system_metrics_interval_s=0,
-        min_steady_batches=0,
-        min_steady_seconds=0,
+        min_steady_batches=1,
+        min_steady_seconds=0.000001,
         onnxruntime={"intra_op_threads": 1},
     )
     s = parse_spec(raw)

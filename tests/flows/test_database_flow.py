@@ -23,8 +23,8 @@ SMALL = [
     "run.epochs=1",
     "run.batch_size=512",
     "run.device=cpu",
-    "run.min_steady_batches=0",
-    "run.min_steady_seconds=0",
+    "run.min_steady_batches=1",
+    "run.min_steady_seconds=0.000001",
     "run.system_metrics_interval_s=0",
     "task.outputs=[prediction, 'topk:2']",
 ]
@@ -152,8 +152,9 @@ def test_calibration_is_fitted_stored_and_applied(runs):
     assert served["calibration.temperature"] == trained["calibration.temperature"]
     for k in ("nll", "ece", "brier"):
         assert f"quality.{k}" in served and f"quality.uncalibrated.{k}" in served
-    # fitted on these validation rows by minimising NLL: never worse than T = 1
-    assert trained["quality.nll"] <= trained["quality.uncalibrated.nll"] + 1e-9
+    # fitted on one half of the held-out cells, scored on the other: together all of them, once
+    assert trained["calibration.report_rows"] > 0
+    assert trained["calibration.fit_rows"] + trained["calibration.report_rows"] == trained["quality.rows"]
 
 
 @pytest.mark.slow

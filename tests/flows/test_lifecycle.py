@@ -23,9 +23,9 @@ SMALL = [
     "--set",
     "run.batch_size=512",
     "--set",
-    "run.min_steady_seconds=0",
+    "run.min_steady_seconds=0.000001",
     "--set",
-    "run.min_steady_batches=0",
+    "run.min_steady_batches=1",
 ]
 
 

@@ -34,8 +34,8 @@ SMALL = [
     "run.device=cpu",
     "run.batch_size=2048",
     "lineitem.max_length=2",
-    "run.min_steady_batches=0",
-    "run.min_steady_seconds=0",
+    "run.min_steady_batches=1",
+    "run.min_steady_seconds=0.000001",
 ]
 POOL = "relflow-test"
 CRON = "0 3 * * *"

@@ -57,8 +57,8 @@ def _spec(null_values: list[str] | None = None) -> dict:
             "epochs": 1,
             "warmup_batches": 0,
             "device": "cpu",
-            "min_steady_batches": 0,
-            "min_steady_seconds": 0,
+            "min_steady_batches": 1,
+            "min_steady_seconds": 0.000001,
             "system_metrics_interval_s": 0,
         },
     }

@@ -88,7 +88,7 @@ def test_noise_runs_fresh_processes_and_logs_cv_and_mde_on_the_parent(tmp_path: 
 
     spec_file = shop4_files / "shop.yaml"
     spec_file.write_text(yaml.safe_dump(shop_spec))
-    sets = ["run.min_steady_batches=0", "run.min_steady_seconds=0", "run.system_metrics_interval_s=0"]
+    sets = ["run.min_steady_batches=1", "run.min_steady_seconds=0.000001", "run.system_metrics_interval_s=0"]
     args = [str(spec_file), "--runs", "2", *(a for s in sets for a in ("--set", s))]
     got = _noise(args, tmp_path)
     assert got.returncode == 0, got.stderr[-3000:]

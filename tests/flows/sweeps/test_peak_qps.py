@@ -23,9 +23,9 @@ SHRINK = [
     "--set",
     "source.generate.tpch.scale=0.002",
     "--set",
-    "run.min_steady_batches=0",
+    "run.min_steady_batches=1",
     "--set",
-    "run.min_steady_seconds=0",
+    "run.min_steady_seconds=0.000001",
 ]
 
 

@@ -28,8 +28,8 @@ BASE = [
     "model.layers=1",
     "run.mode=predict",
     "run.device=cpu",
-    "run.min_steady_batches=0",
-    "run.min_steady_seconds=0",
+    "run.min_steady_batches=1",
+    "run.min_steady_seconds=0.000001",
 ]
 GRID = {"run.batch_size": [1024, 2048], "run.packing": ["auto", "off"], "lineitem.max_length": [1, 2]}
 CLI_GRID = ["--grid", "run.batch_size=1024,2048", "--grid", "run.packing=auto,off", "--grid", "lineitem.max_length=1,2"]

@@ -37,8 +37,8 @@ SMALL = [
     "run.batch_size=2048",
     "lineitem.max_length=2",
     "run.mode=predict",
-    "run.min_steady_batches=0",
-    "run.min_steady_seconds=0",
+    "run.min_steady_batches=1",
+    "run.min_steady_seconds=0.000001",
     "run.system_metrics_interval_s=0",
 ]
 POOL = "relflow-hosts"

@@ -81,6 +81,10 @@ def test_quality_delta_and_drop_rule():
     assert drop_reasons(S, acc) == ["quality drop vs reference 0.0500 > run.max_quality_drop 0.01"]
     assert drop_reasons(S, quality_delta("accuracy", {"accuracy": 0.86}, {"accuracy": 0.85})) == []
     assert "missing" in drop_reasons(S, {})[0]
+    # a NaN drop (NaN headline on either side) compared false with the limit, so it passed
+    nan = drop_reasons(S, quality_delta("accuracy", {"accuracy": float("nan")}, {"accuracy": 0.85}))
+    assert len(nan) == 1 and nan[0].startswith("quality.drop_vs_reference is NaN"), nan
+    assert "run.max_quality_drop 0.01 cannot be shown to hold" in nan[0]
 
 
 @pytest.fixture
@@ -190,3 +194,36 @@ def test_quantized_checkpoint_cannot_resume_training(trained_ckpt, tmp_path):
     resume = parse_spec({**raw, "run": {**raw["run"], "mode": "train+predict"}})
     with pytest.raises(UserError, match="no optimizer state"):
         load_run_checkpoint(q, resume)
+
+
+def test_predict_refuses_a_checkpoint_trained_with_another_validation_fraction(trained_ckpt, tmp_path):
+    """Held-out rows of another fraction would include rows the checkpoint trained on: refused
+    when the checkpoint loads (plan(), before any work), naming both values and the fix, and
+    so is a checkpoint that does not record its split; the format (quantize) keeps the record."""
+    from tasks.backends.bundle import export_bundle
+    from tasks.backends.checkpoint import load_run_checkpoint
+
+    spec, path = trained_ckpt
+    raw = spec.to_dict()
+    other = parse_spec({**raw, "task": {**raw["task"], "validation_fraction": 0.5}})
+    with pytest.raises(UserError) as err:
+        load_run_checkpoint(path, other)
+    msg = str(err.value)
+    for part in (f"run.checkpoint '{path}'", "task.validation_fraction 0.2", "the spec has 0.5", "=0.2"):
+        assert part in msg, (part, msg)
+    with pytest.raises(UserError, match="task.validation_fraction 0.2"):
+        export_bundle(path, other, ("prediction",), tmp_path / "bundles")
+    assert not (tmp_path / "bundles").exists()  # refused before exporting anything
+    q = tmp_path / "shop.fp16.ckpt"
+    quantize_checkpoint(path, q, "fp16")
+    assert load_run_checkpoint(q, spec)["load"].weights_format == "fp16"  # the record survives
+    with pytest.raises(UserError, match="task.validation_fraction 0.2"):
+        load_run_checkpoint(q, other)
+    # a checkpoint from before the split was recorded cannot be shown to be safe
+    from model.checkpoint import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(path)
+    old = tmp_path / "old.ckpt"
+    save_checkpoint(old, ckpt.model, extra={k: v for k, v in ckpt.extra.items() if k != "split"})
+    with pytest.raises(UserError, match="does not record the train/held-out split"):
+        load_run_checkpoint(old, spec)

@@ -39,3 +39,6 @@ def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(shop_sp
     writer.abort()
     # predict's own first call compiled its eval graphs: the figure includes that compile
     assert compute_stage.compiled_frames() > before_predict
+    # calibration quality is scored on the held-out cells the fit did not use, all of them
+    fit_rows, report_rows = work.result.extra["calibration.fit_rows"], work.chain.calibration.rows
+    assert report_rows > 0 and fit_rows + report_rows == work.chain.engine.quality.metrics()["rows"]

@@ -252,3 +252,21 @@ def test_database_url_with_a_secret_query_value_is_refused(shop_spec):
 def test_set_value_that_is_not_yaml_is_named(shop_spec):
     with pytest.raises(UserError, match=r"--set run.compile.options is not valid YAML"):
         apply_overrides(dict(shop_spec), ["run.compile.options={a: [1}"])
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fix"),
+    [
+        ("min_steady_batches", 0, "set it to 1 or more"),
+        ("min_steady_seconds", 0, "set it to above 0"),
+        ("min_steady_seconds", -0.5, "set it to above 0"),
+    ],
+)
+def test_a_steady_window_of_zero_is_refused_naming_the_key_and_the_fix(key, value, fix):
+    # 0 let a run with no steady batch be VALID and publish compute.steady_rows_per_s 0
+    raw = raw_default()
+    raw["run"][key] = value
+    msg = error_of(raw)
+    assert f"run.{key}" in msg and fix in msg and "steady rows/s" in msg, msg
+    raw["run"][key] = 1 if key == "min_steady_batches" else 0.000001  # the smallest legal values
+    assert getattr(parse_spec(raw).run, key) > 0

@@ -18,8 +18,59 @@ def test_ece_and_brier_by_hand():
     assert calibrate.brier(torch.tensor([[0.2, 0.7, 0.1]], dtype=torch.float64), torch.tensor([1])) == pytest.approx(
         0.04 + 0.09 + 0.01
     )
-    # binary: the usual (p - y)^2 of the positive class
-    assert calibrate.brier(probs, labels) == pytest.approx((0.1**2 + 0.6**2) / 2)
+    # one definition for every kind: the squared error summed over both classes of a 2-column
+    # row too, (0.1^2 + 0.1^2) and (0.6^2 + 0.6^2), i.e. twice the one-class (p - y)^2
+    assert calibrate.brier(probs, labels) == pytest.approx((2 * 0.1**2 + 2 * 0.6**2) / 2)
+
+
+def test_brier_of_a_binary_target_equals_the_same_2_class_category_target():
+    logit = torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64)
+    labels = torch.tensor([1.0, 1.0, 0.0])
+    binary = calibrate.scores(logit, labels, "binary", 1.0)["brier"]
+    # the same probabilities as 2-class softmax logits (0, z): sigmoid(z) = softmax([0, z])[1]
+    category = calibrate.scores(
+        torch.stack([torch.zeros(3, dtype=torch.float64), logit], -1), labels.long(), "category", 1.0
+    )
+    assert binary == pytest.approx(category["brier"])
+    p = torch.sigmoid(logit)
+    assert binary == pytest.approx(float((2 * (p - labels.double()) ** 2).mean()))
+
+
+def test_calibration_fits_and_reports_on_disjoint_held_out_rows(shop_spec, shop_tables, write_tables, prepare_chunk):
+    """The temperature is fitted on one half of the held-out rows and quality.nll|ece|brier
+    scored on the other: together exactly the held-out labelled cells, never overlapping."""
+    import pyarrow as pa
+
+    from tasks.stages.compute import Engine
+
+    n = 200  # the shop's customers, widened so both halves of the held-out rows are populated
+    shop_tables["customers"] = pa.table(
+        {
+            "c_id": pa.array(range(1, n + 1), pa.int64()),
+            "c_balance": pa.array([float(i % 17) for i in range(n)]),
+            "c_segment": pa.array(["a", "b", "c", "a"] * (n // 4)),
+            "c_since": shop_tables["customers"]["c_since"].take([i % 5 for i in range(n)]),
+            "churn": pa.array(["yes", "no", "no", "yes", "no"] * (n // 5)),
+        }
+    )
+    spec, enc, schema, tz = prepare_chunk(shop_spec, write_tables(shop_tables))
+    engine = Engine(spec, schema, torch.device("cpu"), encoding=enc)
+    assert tz.batch is not None
+    held = tz.batch.label_present.bool() & ~tz.is_train
+    fit_x, _ = calibrate.validation_logits(engine, tz)
+    assert 0 < fit_x.shape[0] < int(held.sum())  # the fit saw only part of the held-out cells
+    from tasks.stages.split import calibration_fit_rows
+
+    report = calibrate.report_mask(tz.keys, held)
+    assert fit_x.shape[0] + int(report.sum()) == int(held.sum())
+    fit_rows = torch.from_numpy(calibration_fit_rows(tz.keys))
+    assert not (report & fit_rows).any()  # no report cell is a fit row
+    assert fit_x.shape[0] == int((held & fit_rows).sum())
+    q = calibrate.CalibrationQuality(spec.task.kind)
+    q.add(torch.randn(len(held), 3), tz.batch.labels, report)
+    assert q.rows == int(report.sum())
+    q.begin_pass()  # the next predict pass starts empty: repeats do not add rows
+    assert q.rows == 0
 
 
 def test_regression_and_unit_temperature_are_the_identity():

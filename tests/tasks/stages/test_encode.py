@@ -107,7 +107,14 @@ def write_plugin(folder: Path) -> None:
         "    n = pc.utf8_length(strings).to_numpy(zero_copy_only=False).astype(np.float32)\n"
         "    return np.stack([n, -n, np.ones_like(n), np.zeros_like(n)], axis=1)\n\n"
         "def wrong_width(strings):\n"
-        "    return np.zeros((len(strings), 3), np.float32)\n"
+        "    return np.zeros((len(strings), 3), np.float32)\n\n"
+        "def nan_always(strings):\n"
+        "    return np.full((len(strings), 4), np.nan, np.float32)\n\n"
+        "def nan_on_long(strings):\n"  # passes the probe ('' and 'probe text'), not the data
+        "    n = pc.utf8_length(strings).to_numpy(zero_copy_only=False).astype(np.float32)\n"
+        "    out = np.stack([n, -n, np.ones_like(n), np.zeros_like(n)], axis=1)\n"
+        "    out[n > 12, 1] = np.inf\n"
+        "    return out\n"
     )
 
 
@@ -127,6 +134,7 @@ def test_plugin_encoder_is_loaded_by_import_path(shop_spec, text_files, tmp_path
         ("no_such_module_i13:encode", "cannot import module 'no_such_module_i13'"),
         ("i13_plugin_encoder:missing", "has no attribute 'missing'"),
         ("i13_plugin_encoder:wrong_width", "[2, 4]"),
+        ("i13_plugin_encoder:nan_always", "non-finite values (NaN or infinity) for 2 of 2 text cells"),
     ],
 )
 def test_bad_encoder_paths_are_user_errors(name, says, tmp_path, monkeypatch):
@@ -135,6 +143,18 @@ def test_bad_encoder_paths_are_user_errors(name, says, tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"run.text.encoder") as err:
         load_encoder(name, 4)
     assert says in str(err.value) and err.value.exit_code == 2
+
+
+def test_a_plugin_encoders_non_finite_output_on_the_data_is_a_named_error(shop_spec, text_files, tmp_path, monkeypatch):
+    write_plugin(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec_dict = shop_text_spec(shop_spec, encoder="i13_plugin_encoder:nan_on_long", dim=4)
+    with pytest.raises(UserError) as err:
+        prepare(spec_dict, text_files)  # the probe passes; the 14-character cell does not
+    msg = str(err.value)
+    assert "run.text.encoder 'i13_plugin_encoder:nan_on_long' returned non-finite values" in msg, msg
+    assert "for 1 of 4 text cells" in msg and "run.text.encoder=hashed" in msg
+    assert err.value.exit_code == 2
 
 
 def test_encoder_must_be_hashed_or_an_import_path(shop_spec):
