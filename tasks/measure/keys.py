@@ -524,7 +524,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         HOST_OTHER_CPU_FRACTION,
         "share of all cores' time used by other processes during the timed "
-        "region (from the OS CPU counters minus this process tree)",
+        "region (from the OS CPU counters minus this process tree; the tree's time includes "
+        "descendants reaped by a still-live child, e.g. g++ under Inductor's compile workers)",
     ),
     (
         "stage.<stage>.<phase>.bytes",
