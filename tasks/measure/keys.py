@@ -444,7 +444,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         HOST_PEAK_BYTES,
         "peak resident memory of the benchmark process plus its child processes "
         "(DataLoader workers, Inductor's compiler processes), from the kernel's high-water marks "
-        "(VmHWM of each, ru_maxrss of reaped children); shared pages count once per process",
+        "(the process's VmHWM; each live child's VmHWM minus the pages it shares, so pages a forked "
+        "worker shares with its parent count once, in the parent: USS-style, not PSS; ru_maxrss of a "
+        "reaped child no sample saw, whole)",
     ),
     (
         HOST_PEAK_EXCLUDING_COMPILER_BYTES,
