@@ -6,9 +6,10 @@ the figures, so the harness does not have to catch a peak in the act:
 
 - this process: ``VmHWM`` (/proc/self/status), its peak resident set, reset at ``start`` by
   writing ``5`` to /proc/self/clear_refs, so it is the peak of the measured window;
-- live children: each child's own ``VmHWM``, read at each sample, **minus the pages it shares
-  at that sample** (``Shared_Clean + Shared_Dirty`` of /proc/<pid>/smaps_rollup: pages another
-  process maps too). A child's figure is its peak so far, so a worker that spikes between two
+- live children: each child's own ``VmHWM``, read at each sample, **minus the pages it shares**
+  (``Shared_Clean + Shared_Dirty`` of /proc/<pid>/smaps_rollup: pages another process maps
+  too; re-read about once a second, ``SHARED_REFRESH_S``, since the read walks the child's page
+  tables). A child's figure is its peak so far, so a worker that spikes between two
   samples is still counted; the pages a forked worker shares with its parent (the whole
   dataset array a DataLoader worker inherits and only reads) are in the parent's figure
   already and are not counted again. Summing each child's full resident set instead made two
@@ -44,6 +45,8 @@ sample, since exec changes what a process is under the same pid.
 Footprint: the sampler wakes every ``interval`` (0.1 s) while children exist and every
 ``IDLE_INTERVAL_S`` (1 s) while none do, and lists children through
 /proc/<pid>/task/<tid>/children (the process's own tree, not every process on the host).
+A child's shared pages (smaps_rollup, the one costly read) are re-read at most once a second
+and never more often than 50x the read's own time, so they cost at most about 2% of a core.
 The sampler before this (a 20 ms walk of all of /proc) cost the model measurable throughput on
 a 2-core host: benchmarks/bench_crosscheck.py measures each side activity's cost.
 """
@@ -70,6 +73,12 @@ HARNESS, COMPILER, WORKLOAD = "harness", "compiler", "workload"
 MIN_CHILD_AGE_S = 0.05  # longer than any fork-to-exec window
 INTERVAL_S = 0.1  # while children exist: their high-water marks catch what happens in between
 IDLE_INTERVAL_S = 1.0  # while none do: only to notice a new one (one that exits first is reaped)
+# A child's shared pages are re-read at most this often, and never more often than 50x the read
+# took: smaps_rollup walks the child's page tables (40 ms for a 500 MB worker on a loaded 2-core
+# host, against 0.3 ms for VmHWM). New pages show at once in VmHWM; only pages a worker stops
+# sharing (copy-on-write) show up to one refresh late.
+SHARED_REFRESH_S = 1.0
+SHARED_READ_BUDGET = 50
 KIB = 1024
 _HWM = re.compile(rb"VmHWM:\s+(\d+) kB")
 _RSS = re.compile(rb"VmRSS:\s+(\d+) kB")
@@ -104,13 +113,6 @@ def shared_bytes(pid: int | str = "self") -> int:
         full = psutil.Process(int(pid) if pid != "self" else None).memory_full_info()
         return int(full.rss - full.uss)
     return sum(int(m) for m in _SHARED.findall(rollup)) * KIB
-
-
-def child_private_peak_bytes(pid: int) -> tuple[int, int]:
-    """(the child's ``VmHWM``, that peak less the pages it shares now): what the child adds to
-    its parent's memory, shared pages counted once, in the parent."""
-    peak = high_water_bytes(pid)
-    return peak, max(peak - shared_bytes(pid), 0)
 
 
 def reset_high_water() -> bool:
@@ -163,6 +165,8 @@ class PeakMemory:
         self._own_hwm = False  # VmHWM reset at start: it is this window's peak
         self._reaped_at_start = 0
         self._largest_child_seen = 0  # the largest child VmHWM a sample read (ru_maxrss's rival)
+        # (pid, create time, name) -> (shared bytes, when to read them again): an exec re-reads
+        self._shared: dict[tuple[int, float, str], tuple[int, float]] = {}
         self._children_seen = False
         # (pid, create time, name) -> role: a reused pid or an exec gets a fresh look
         self._roles: dict[tuple[int, float, str], str] = {}
@@ -188,6 +192,18 @@ class PeakMemory:
                 pass
         return out
 
+    def _shared_bytes(self, child: psutil.Process, now: float) -> int:
+        """The child's shared pages, re-read when the last read is old enough (see SHARED_REFRESH_S)."""
+        key = (child.pid, child.create_time(), child.name())
+        cached = self._shared.get(key)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        t0 = wall_clock()
+        shared = shared_bytes(child.pid)
+        took = wall_clock() - t0
+        self._shared[key] = (shared, now + max(SHARED_REFRESH_S, SHARED_READ_BUDGET * took))
+        return shared
+
     def _own_bytes(self) -> int:
         return high_water_bytes() if self._own_hwm else psutil.Process(self._pid).memory_info().rss
 
@@ -201,12 +217,15 @@ class PeakMemory:
             try:
                 if now - self._first_seen.setdefault((child.pid, child.create_time()), now) < MIN_CHILD_AGE_S:
                     continue
-                hwm, peak = child_private_peak_bytes(child.pid)
+                hwm = high_water_bytes(child.pid)
                 kind = self._role(child)  # after the read: an exec in between shows here
+                if kind == HARNESS:
+                    continue
+                # what the child adds to the tree: its peak less the pages it shares (in the parent's)
+                peak = max(hwm - self._shared_bytes(child, now), 0)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue  # exited between listing and reading
-            if kind != HARNESS:  # Prefect's server is never reaped in the window
-                self._largest_child_seen = max(self._largest_child_seen, hwm)
+            self._largest_child_seen = max(self._largest_child_seen, hwm)  # Prefect's server never counts
             if kind == WORKLOAD:
                 workload += peak
             elif kind == COMPILER:
