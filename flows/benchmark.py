@@ -35,6 +35,7 @@ from flows.artifacts import publish_run_artifact
 from flows.floors import run_floor_metrics
 from model.meta import inspect_on_meta
 from tasks.backends.checkpoint import load_run_checkpoint, save_run_checkpoint
+from tasks.backends.served import fp8_metrics
 from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings, start_backend
 from tasks.checks.data import check_data_before_work, check_files, check_table_folders
 from tasks.checks.preflight import check_before_work
@@ -374,6 +375,8 @@ def collect(run: Run) -> dict[str, float]:
     load = p.checkpoint.get("load") if p.checkpoint else None
     if load is not None:
         result.extra.update(load.metrics())
+    result.extra.update(fp8_metrics(engine.model))
+    run.backend_tags = engine.backend.tags()  # after the passes: weights_native reads their fp8 fallbacks
     engine.close()
     engine.profiler.close()
     result.rows_written = run.writer.rows

@@ -146,10 +146,15 @@ class Fp8Linear(torch.nn.Module):
     """A Linear whose weight stays fp8 e4m3 (per-output-channel scales) on supported CUDA:
     activations are scaled per row to e4m3 and multiplied with ``torch._scaled_mm``
     (row-wise scales, bf16 out, then cast back). Shapes the kernel refuses (dims not
-    multiples of 16) fall back to the dequantized weight for that call."""
+    multiples of 16) fall back to the dequantized weight for that call, and ``fallback_calls``
+    counts those calls: a run whose weights are tagged native must not have computed from the
+    expanded weight behind the tag (under packing most calls' row counts are not multiples of
+    16). The count is a tensor buffer, bumped in place, so compiled regions neither guard on
+    it nor recompile as it changes, and reading it is the caller's one sync."""
 
     weight_fp8_t: torch.Tensor
     scale_1N: torch.Tensor
+    fallback_calls: torch.Tensor
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -157,10 +162,13 @@ class Fp8Linear(torch.nn.Module):
         self.register_buffer("weight_fp8_t", q.t())  # column-major [in, out] as _scaled_mm wants
         self.register_buffer("scale_1N", scale.float().view(1, -1))
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
+        # not persistent: run state, never part of a checkpoint
+        self.register_buffer("fallback_calls", torch.zeros((), dtype=torch.int64, device=q.device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] % 16 or self.in_features % 16 or self.out_features % 16:
+            self.fallback_calls.add_(1)
             w = (self.weight_fp8_t.float() * self.scale_1N).t().to(x.dtype)
             return torch.nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
         amax = x2.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12)
@@ -170,6 +178,13 @@ class Fp8Linear(torch.nn.Module):
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+def fp8_fallback_calls(model: torch.nn.Module) -> int | None:
+    """Calls of the model's ``Fp8Linear`` modules that computed from the dequantized weight;
+    None when it has none (its weights are not native fp8)."""
+    counts = [m.fallback_calls for m in model.modules() if isinstance(m, Fp8Linear)]
+    return int(torch.stack(counts).sum().item()) if counts else None  # one device sync
 
 
 def use_native_fp8(model: torch.nn.Module, weights: dict[str, Any]) -> int:

@@ -18,6 +18,7 @@ import torch
 
 from model import RelationalTransformer
 from model.batch import Batch
+from model.quantize import fp8_fallback_calls
 from model.regions import CompileSettings
 
 
@@ -61,8 +62,10 @@ class PyTorchBackend:
         return out
 
     def tags(self) -> dict[str, str]:
+        # native fp8 only if no call fell back to the dequantized weight (read after the passes)
+        native = self.weights_native and not fp8_fallback_calls(self.model)
         return {
             "relflow.backend": self.name,
             "relflow.weights_format": self.weights_format,
-            "relflow.weights_native": str(self.weights_native).lower(),
+            "relflow.weights_native": str(native).lower(),
         }

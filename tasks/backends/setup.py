@@ -20,6 +20,7 @@ from model.quantize import fp8_native_supported
 from tasks.backends import Backend
 from tasks.backends.bundle import Bundle, export_bundle, read_bundle
 from tasks.backends.pytorch import PyTorchBackend
+from tasks.backends.served import model_bytes
 from tasks.measure.clock import Clock
 from tasks.measure.records import BackendSetup, CheckpointLoad
 from tasks.runtime.errors import UserError
@@ -117,6 +118,8 @@ def start_backend(
     """The backend the run's predict passes serve through, handed to the engine; returns its
     set-up costs and tags."""
     backend, setup = _start(spec, engine, plan, checkpoint_path, load, clock)
+    if load is not None:  # what the served model holds (native fp8 codes at 1 byte), not the expanded state
+        load.model_bytes_after_load = model_bytes(engine.model)
     engine.serve_with(backend)
     return setup, backend.tags()
 

@@ -2,8 +2,12 @@
 
 The 1-minute load average read at the end of a run is mostly the benchmark's own load, so
 it cannot tell a busy host from a busy benchmark. Here the CPU time of the whole machine
-(``psutil.cpu_times``: /proc/stat on Linux) minus the CPU time of this process and its
-children (DataLoader workers, a local Prefect server) is the time other processes used:
+(``psutil.cpu_times``: /proc/stat on Linux) minus the CPU time of this process tree is the
+time other processes used. This process tree's CPU time is: our own, that of the children we
+reaped, and, for every live descendant (DataLoader workers, a local Prefect server, Inductor's
+compile-worker pool), its own time **plus that of the descendants it reaped**: a compile worker
+that runs g++ and waits for it is still alive while g++'s (often larger) CPU time sits in the
+worker's ``children_user|system``, and that time is ours, not other work:
 
 - ``other_cpu_fraction_before(window)``: sampled over a short window just before the timed
   region, while the benchmark itself is idle;
@@ -33,14 +37,17 @@ def busy_cpu_seconds() -> float:
 
 
 def own_cpu_seconds() -> float:
-    """CPU seconds of this process, its reaped children and its live descendants."""
+    """CPU seconds of this process tree: this process, its live descendants, and every
+    descendant any of them reaped (a reaped process's time moves into its reaper's
+    ``children_*``; a live process's own ``children_*`` holds only reaped ones, so nothing
+    counts twice)."""
     proc = psutil.Process()
     t = proc.cpu_times()
     own = t.user + t.system + t.children_user + t.children_system
     for child in proc.children(recursive=True):
         try:
             c = child.cpu_times()
-            own += c.user + c.system
+            own += c.user + c.system + c.children_user + c.children_system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return float(own)

@@ -218,6 +218,7 @@ EXPORT_BYTES = "export.bytes"
 EXPORT_QUANTIZE_SECONDS = "export.quantize_seconds"
 BACKEND_LOAD_SECONDS = "backend.load_seconds"
 BACKEND_MODEL_BYTES = "backend.model_bytes"
+BACKEND_FP8_FALLBACK_CALLS = "backend.fp8_fallback_calls"
 GRAPH_BREAKS_WARMUP = "graph_breaks_warmup"  # compute(phase, GRAPH_BREAKS_WARMUP)
 QUALITY_DELTA_VS_REFERENCE = "quality.delta_vs_reference"
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
@@ -459,7 +460,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         HOST_PEAK_BYTES,
         "peak resident memory of the benchmark process plus its child processes "
         "(DataLoader workers, Inductor's compiler processes), from the kernel's high-water marks "
-        "(VmHWM of each, ru_maxrss of reaped children); shared pages count once per process",
+        "(the process's VmHWM; each live child's VmHWM minus the pages it shares, so pages a forked "
+        "worker shares with its parent count once, in the parent: USS-style, not PSS; ru_maxrss of a "
+        "reaped child no sample saw, whole)",
     ),
     (
         HOST_PEAK_EXCLUDING_COMPILER_BYTES,
@@ -494,7 +497,12 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (CHECKPOINT_BYTES, "bytes of the run.checkpoint file loaded (any weight format)"),
     (CHECKPOINT_LOAD_SECONDS, "seconds to read and expand run.checkpoint to full precision (before the timed region)"),
     (HOST_AFTER_LOAD_BYTES, "resident memory of the process right after loading run.checkpoint"),
-    (MODEL_BYTES_AFTER_LOAD, "bytes of the model's tensors as loaded (int8/int4 expand: equals fp32)"),
+    (
+        MODEL_BYTES_AFTER_LOAD,
+        "resident bytes of the served model's weights (state_dict tensors) once the backend is set up, each "
+        "storage once at its stored dtype (native fp8 codes 1 byte; portable PyTorch expands "
+        "fp16/int8/int4 to fp32 at load, so those equal fp32)",
+    ),
     (MODEL_BYTES_FP32, "bytes the same tensors take in fp32"),
     (EXPORT_SECONDS, "run.backend onnxruntime without a bundle: seconds exporting the served checkpoint (not in e2e)"),
     (EXPORT_BYTES, "bytes of the exported model.onnx"),
@@ -504,6 +512,11 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ),
     (BACKEND_LOAD_SECONDS, "seconds creating the serving backend (ONNX Runtime session; 0 for PyTorch)"),
     (BACKEND_MODEL_BYTES, "bytes of the model file the backend serves (ONNX file, or the checkpoint)"),
+    (
+        BACKEND_FP8_FALLBACK_CALLS,
+        "native fp8 (Fp8Linear) only: Linear calls that dequantized the whole weight because a dim "
+        "(the row count, under packing) was not a multiple of 16; relflow.weights_native=true only at 0",
+    ),
     (HARNESS_DATA_SECONDS, "seconds to check inputs and generate data before the run"),
     (HARNESS_STARTUP_SECONDS, "Prefect + MLflow start-up (never inside e2e)"),
     (HARNESS_MLFLOW_STARTUP_SECONDS, "MLflow run start"),
@@ -542,7 +555,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         HOST_OTHER_CPU_FRACTION,
         "share of all cores' time used by other processes during the timed "
-        "region (from the OS CPU counters minus this process tree)",
+        "region (from the OS CPU counters minus this process tree; the tree's time includes "
+        "descendants reaped by a still-live child, e.g. g++ under Inductor's compile workers)",
     ),
     (
         HOST_STEAL_FRACTION,

@@ -6,15 +6,27 @@ the figures, so the harness does not have to catch a peak in the act:
 
 - this process: ``VmHWM`` (/proc/self/status), its peak resident set, reset at ``start`` by
   writing ``5`` to /proc/self/clear_refs, so it is the peak of the measured window;
-- live children: each child's own ``VmHWM``, read at each sample; a child's figure is its peak
-  so far, so a worker that spikes between two samples is still counted;
+- live children: each child's own ``VmHWM``, read at each sample, **minus the pages it shares**
+  (``Shared_Clean + Shared_Dirty`` of /proc/<pid>/smaps_rollup: pages another process maps
+  too; re-read about once a second, ``SHARED_REFRESH_S``, since the read walks the child's page
+  tables). A child's figure is its peak so far, so a worker that spikes between two
+  samples is still counted; the pages a forked worker shares with its parent (the whole
+  dataset array a DataLoader worker inherits and only reads) are in the parent's figure
+  already and are not counted again. Summing each child's full resident set instead made two
+  forked workers over a 200 MB array read about 3x the memory the host used;
 - children that exited: ``ru_maxrss`` of the reaped children (``getrusage(RUSAGE_CHILDREN)``),
   the largest peak of any descendant this process (or a reaped child of it) waited for. It
-  only says something when it rose during the window (it is never reset), and then that child
-  was one of ours: a 300 MB compiler process that lives 50 ms between two samples is counted.
+  only says something when it rose during the window (it is never reset) **above every peak
+  a sample saw** (a sampled child is counted already, shared pages once; a forked worker's
+  peak, shared pages and all, rises into ``ru_maxrss`` when it is reaped), and then an unseen
+  child was one of ours: a 300 MB compiler process that lives 50 ms between two samples is
+  counted, in full (nothing says any more which of its pages were shared).
 
-The sum of peaks reached at different moments is an upper bound of the true simultaneous
-peak, as is counting pages a forked worker shares with its parent once per process.
+So the figure is the parent's peak plus each child's peak of the pages only it maps: pages
+the tree shares with its parent count once, pages two children share with each other but not
+with the parent are not counted (none such in a DataLoader or Inductor tree; a PSS sum would
+split them, but PSS has no high-water mark to catch a spike with). The sum of peaks reached
+at different moments is an upper bound of the true simultaneous peak.
 Prefect's temporary API server, a child of a run started without ``PREFECT_API_URL``, is
 harness, not workload, and is not counted (it is reaped at exit, after the window).
 
@@ -33,6 +45,8 @@ sample, since exec changes what a process is under the same pid.
 Footprint: the sampler wakes every ``interval`` (0.1 s) while children exist and every
 ``IDLE_INTERVAL_S`` (1 s) while none do, and lists children through
 /proc/<pid>/task/<tid>/children (the process's own tree, not every process on the host).
+A child's shared pages (smaps_rollup, the one costly read) are re-read at most once a second
+and never more often than 50x the read's own time, so they cost at most about 2% of a core.
 The sampler before this (a 20 ms walk of all of /proc) cost the model measurable throughput on
 a 2-core host: benchmarks/bench_crosscheck.py measures each side activity's cost.
 """
@@ -59,9 +73,16 @@ HARNESS, COMPILER, WORKLOAD = "harness", "compiler", "workload"
 MIN_CHILD_AGE_S = 0.05  # longer than any fork-to-exec window
 INTERVAL_S = 0.1  # while children exist: their high-water marks catch what happens in between
 IDLE_INTERVAL_S = 1.0  # while none do: only to notice a new one (one that exits first is reaped)
+# A child's shared pages are re-read at most this often, and never more often than 50x the read
+# took: smaps_rollup walks the child's page tables (40 ms for a 500 MB worker on a loaded 2-core
+# host, against 0.3 ms for VmHWM). New pages show at once in VmHWM; only pages a worker stops
+# sharing (copy-on-write) show up to one refresh late.
+SHARED_REFRESH_S = 1.0
+SHARED_READ_BUDGET = 50
 KIB = 1024
 _HWM = re.compile(rb"VmHWM:\s+(\d+) kB")
 _RSS = re.compile(rb"VmRSS:\s+(\d+) kB")
+_SHARED = re.compile(rb"Shared_(?:Clean|Dirty|Hugetlb):\s+(\d+) kB")
 
 
 def role(child: psutil.Process) -> str:
@@ -82,6 +103,16 @@ def high_water_bytes(pid: int | str = "self") -> int:
     status = Path(f"/proc/{pid}/status").read_bytes()
     m = _HWM.search(status) or _RSS.search(status)
     return int(m.group(1)) * KIB if m else 0
+
+
+def shared_bytes(pid: int | str = "self") -> int:
+    """Resident bytes of ``pid`` that another process maps too (its resident set minus its USS)."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_bytes()
+    except FileNotFoundError:  # a kernel before 4.14: psutil adds up /proc/<pid>/smaps (slower)
+        full = psutil.Process(int(pid) if pid != "self" else None).memory_full_info()
+        return int(full.rss - full.uss)
+    return sum(int(m) for m in _SHARED.findall(rollup)) * KIB
 
 
 def reset_high_water() -> bool:
@@ -133,6 +164,9 @@ class PeakMemory:
         self._has_children_file = Path(f"/proc/{self._pid}/task/{self._pid}/children").exists()
         self._own_hwm = False  # VmHWM reset at start: it is this window's peak
         self._reaped_at_start = 0
+        self._largest_child_seen = 0  # the largest child VmHWM a sample read (ru_maxrss's rival)
+        # (pid, create time, name) -> (shared bytes, when to read them again): an exec re-reads
+        self._shared: dict[tuple[int, float, str], tuple[int, float]] = {}
         self._children_seen = False
         # (pid, create time, name) -> role: a reused pid or an exec gets a fresh look
         self._roles: dict[tuple[int, float, str], str] = {}
@@ -158,6 +192,18 @@ class PeakMemory:
                 pass
         return out
 
+    def _shared_bytes(self, child: psutil.Process, now: float) -> int:
+        """The child's shared pages, re-read when the last read is old enough (see SHARED_REFRESH_S)."""
+        key = (child.pid, child.create_time(), child.name())
+        cached = self._shared.get(key)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        t0 = wall_clock()
+        shared = shared_bytes(child.pid)
+        took = wall_clock() - t0
+        self._shared[key] = (shared, now + max(SHARED_REFRESH_S, SHARED_READ_BUDGET * took))
+        return shared
+
     def _own_bytes(self) -> int:
         return high_water_bytes() if self._own_hwm else psutil.Process(self._pid).memory_info().rss
 
@@ -171,17 +217,23 @@ class PeakMemory:
             try:
                 if now - self._first_seen.setdefault((child.pid, child.create_time()), now) < MIN_CHILD_AGE_S:
                     continue
-                peak = high_water_bytes(child.pid)
+                hwm = high_water_bytes(child.pid)
                 kind = self._role(child)  # after the read: an exec in between shows here
+                if kind == HARNESS:
+                    continue
+                # what the child adds to the tree: its peak less the pages it shares (in the parent's)
+                peak = max(hwm - self._shared_bytes(child, now), 0)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue  # exited between listing and reading
+            self._largest_child_seen = max(self._largest_child_seen, hwm)  # Prefect's server never counts
             if kind == WORKLOAD:
                 workload += peak
             elif kind == COMPILER:
                 compiler += peak
         total = workload + compiler
         reaped = reaped_children_peak_bytes()
-        if reaped > self._reaped_at_start:  # a child reaped in this window: its peak is ours
+        # a child reaped in this window whose peak no sample saw: an unseen child, and ours
+        if reaped > max(self._reaped_at_start, self._largest_child_seen):
             total = max(total, own + reaped)
         self.host_peak_bytes = max(self.host_peak_bytes, total)
         self.host_peak_excluding_compiler_bytes = max(self.host_peak_excluding_compiler_bytes, workload)

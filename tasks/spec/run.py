@@ -140,20 +140,14 @@ class Run(Strict):
     compile: CompileSettings = Field(default_factory=CompileSettings)
     loader: Loader = Field(default_factory=Loader)
     warmup_batches: int = Field(2, ge=0)
-<<<<<<< HEAD
     repeats: int = Field(
         1,
         ge=1,
         description="predict passes; from 3, medians over passes 1.. (pass 0 holds the first call), "
         "from 7 their 95% intervals",
     )
-    min_steady_batches: int = Field(10, ge=0, description="validity: fewer makes the run INVALID")
-    min_steady_seconds: float = Field(1.0, ge=0, description="validity: less makes the run INVALID")
-=======
-    repeats: int = Field(1, ge=1, description="predict passes; >=2 adds medians, >=6 their 95% intervals")
     min_steady_batches: int = Field(10, description="validity: fewer makes the run INVALID (at least 1)")
     min_steady_seconds: float = Field(1.0, description="validity: less makes the run INVALID (above 0)")
->>>>>>> h19a
     max_recompiles: int = Field(0, ge=0, description="validity: recompiles after warm-up allowed")
     max_host_load: float | None = Field(
         0.5,

@@ -2,7 +2,8 @@
 
 ``Engine`` holds the model, optimizer and per-phase timings for the whole run, so the
 first call (lazy compilation included) and warm-up batches are counted once per phase, not
-once per chunk. Each batch is timed in two parts with the synchronising clock: getting the
+once per chunk. Each batch is timed in two parts through the clock's window (the
+synchronising clock on CPU; CUDA events read once per window on CUDA, tasks/measure/clock.py): getting the
 input ready (slicing the chunk, host->device copy) and the model step. The first part is
 time the device waits for input (``device.input_wait_fraction``).
 """
@@ -35,7 +36,7 @@ from model.throughput import Logger, ThroughputCallback
 from tasks.backends import Backend
 from tasks.backends.pytorch import PyTorchBackend, whole_model
 from tasks.measure import keys as K
-from tasks.measure.clock import Clock
+from tasks.measure.clock import Clock, Window
 from tasks.measure.profiling import SteadyProfiler
 from tasks.measure.quality import Quality
 from tasks.measure.records import PhaseTimings
@@ -338,14 +339,20 @@ class Engine:
                 )
         return self._data_module
 
-    def _timed(self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]]) -> Iterator[tuple[Batch, int]]:
-        """Yield batches, charging the wait for each one to ``t.input_seconds``."""
+    def _timed(
+        self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]], window: Window
+    ) -> Iterator[tuple[Batch, int]]:
+        """Yield batches, charging the wait for each one to ``t.input_seconds`` (through the
+        loop's ``window``: on CUDA, at its next flush)."""
+
+        def waited(seconds: float) -> None:
+            t.input_seconds += seconds
+
         while True:
             steady = t.in_steady_state
             frames, breaks = compiled_frames(), graph_breaks()
-            with self.clock.measure() as wait:
+            with window.span(waited):
                 item = next(batches, None)
-            t.input_seconds += wait.seconds
             if item is None:
                 return
             yield item  # the caller runs the step before asking for the next batch
@@ -367,9 +374,12 @@ class Engine:
         self.model.train()
         order = rows[torch.randperm(rows.numel(), generator=self._generator)]
         t = self.train_timings
+        window = self.clock.window()  # per-batch spans; on CUDA one device sync per window
         with self.clock.measure() as wall:
-            for part, n in self._timed("train", t, self.batches(tz, order, shuffle=True)):
-                with self.profiler.batch("train", t.in_steady_state), self.clock.measure() as step:
+            for part, n in self._timed("train", t, self.batches(tz, order, shuffle=True), window):
+                steady = t.in_steady_state
+                recorded = functools.partial(self._record, "train", t, rows=n, part=part)
+                with self.profiler.batch("train", steady), window.span(recorded):
                     with self.autocast():
                         outs = self.forward(part, outputs=("prediction",))
                         loss = self.model.loss(part, outs)
@@ -381,8 +391,9 @@ class Engine:
                     else:
                         loss.backward()
                         self.optimizer.step()
-                self._record("train", t, step.seconds, n, part)
+                window.batch_done(steady)
                 t.updates += 1
+            window.flush()
         self.wall_seconds += wall.seconds
         self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
 
@@ -406,14 +417,17 @@ class Engine:
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in need}
         inputs: list[Batch] = []  # loader mode: masks and labels come back with the batches
         t = self.predict_timings
+        window = self.clock.window()
         with self.clock.measure() as wall:
             self._ran_rows = []
             bucketed = self.spec.run.bucketing == "by_length"
-            for part, n in self._timed("predict", t, self.batches(tz, torch.arange(tz.root_rows))):
-                with self.profiler.batch("predict", t.in_steady_state), self.clock.measure() as step:
+            for part, n in self._timed("predict", t, self.batches(tz, torch.arange(tz.root_rows)), window):
+                steady = t.in_steady_state
+                recorded = functools.partial(self._record, "predict", t, rows=n, part=part)
+                with self.profiler.batch("predict", steady), window.span(recorded):
                     outs = self.backend.step(part, need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
-                self._record("predict", t, step.seconds, n, part)
+                window.batch_done(steady)
                 self._count_batch(part)
                 for k, v in outs.items():
                     parts[k].append(
@@ -422,6 +436,7 @@ class Engine:
                 if tz.batch is None:
                     part = part.to("cpu")
                     inputs.append(bucketing.pad_batch_back(part, self.schema) if bucketed else part)
+            window.flush()
         self.wall_seconds += wall.seconds
         self.paths_seen.add(self.backend.encoder_path())
         tensors = {k: torch.cat(v) for k, v in parts.items()}

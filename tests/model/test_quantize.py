@@ -125,3 +125,39 @@ def test_fp8_stays_native_on_supported_cuda(model, tmp_path):
         got = native.model.eval()(batch)["prediction"]
     assert native.model.last_encoder_path == "packed"  # Fp8Linear counts as a stock layer
     assert (got - want).abs().max() < 0.1 * want.abs().max() + 1e-3
+
+
+def _fp8_linear(in_features: int, out_features: int):
+    from model.quantize import Fp8Linear
+
+    torch.manual_seed(0)
+    entry = quantize_tensor(torch.randn(out_features, in_features), "fp8")
+    return Fp8Linear(entry["q"], entry["scale"], torch.zeros(out_features))
+
+
+def test_fp8_linear_counts_the_calls_that_dequantize_the_weight():
+    """The fallback's count, on hand-made row counts: 16 and 32 rows take the fp8 kernel
+    (``torch._scaled_mm``; this torch also runs it on CPU), 5 and 17 rows dequantize."""
+    layer = _fp8_linear(32, 16)
+    with torch.no_grad():
+        for rows in (16, 5, 32, 17):
+            layer(torch.randn(rows, 32))
+        assert int(layer.fallback_calls) == 2
+        layer(torch.randn(3, 7, 32))  # 21 rows once flattened: a fallback
+    assert int(layer.fallback_calls) == 3
+    narrow = _fp8_linear(24, 16)  # in_features 24 is no multiple of 16: every call falls back
+    with torch.no_grad():
+        narrow(torch.randn(16, 24))
+    assert int(narrow.fallback_calls) == 1
+    assert "fallback_calls" not in layer.state_dict()  # run state, never in a checkpoint
+
+
+def test_fp8_fallback_calls_sums_a_models_fp8_linears_and_is_none_without_them():
+    from model.quantize import fp8_fallback_calls
+
+    model = torch.nn.Sequential(_fp8_linear(32, 32), torch.nn.ReLU(), _fp8_linear(32, 16))
+    with torch.no_grad():
+        model(torch.randn(5, 32))  # both layers fall back
+        model(torch.randn(16, 32))  # neither does
+    assert fp8_fallback_calls(model) == 2
+    assert fp8_fallback_calls(torch.nn.Sequential(torch.nn.Linear(32, 16))) is None

@@ -151,6 +151,40 @@ def test_pytorch_backend_tags_fp8_as_expanded_off_supported_cuda(trained_ckpt, t
     assert (tags["relflow.weights_format"], tags["relflow.weights_native"]) == ("fp32", "true")
 
 
+def test_native_fp8_is_measured_as_served_and_tagged_native_only_without_fallbacks(
+    trained_ckpt, shop_spec, shop_files, prepare_chunk, tmp_path, monkeypatch
+):
+    """The run's path with native fp8: start_backend swaps Fp8Linear in, the figure is the
+    served model's bytes, and predict batches whose row counts are no multiple of 16 are
+    counted and take the native tag away. Native fp8 needs CUDA 8.9+; this torch also runs
+    ``torch._scaled_mm`` on CPU, so the capability gate (and only it) is opened here."""
+    from model.quantize import Fp8Linear
+    from tasks.backends import setup
+    from tasks.backends.checkpoint import load_run_checkpoint
+    from tasks.backends.served import fp8_metrics
+    from tasks.measure.clock import Clock
+    from tasks.stages.compute import Engine
+
+    spec, path = trained_ckpt
+    _, _, _, tz = prepare_chunk(shop_spec, shop_files)
+    quantize_checkpoint(path, tmp_path / "s.fp8.ckpt", "fp8")
+    got = load_run_checkpoint(tmp_path / "s.fp8.ckpt", spec)
+    load = got["load"]
+    assert load.model_bytes_after_load == load.model_bytes_fp32  # expanded, before the backend
+    monkeypatch.setattr(setup, "fp8_native_supported", lambda device: True)
+    engine = Engine(spec, got["schema"], torch.device("cpu"), got["model"], encoding=got["encoding"])
+    _, tags = setup.start_backend(spec, engine, setup.BackendPlan(), None, load, Clock())
+    fp8 = [m for m in engine.model.modules() if isinstance(m, Fp8Linear)]
+    assert fp8 and tags["relflow.weights_native"] == "true"  # nothing has run yet
+    # each swapped weight: 1 byte per value instead of 4, plus its fp32 per-row scales
+    saved = sum(3 * m.weight_fp8_t.numel() - 4 * m.out_features for m in fp8)
+    assert load.model_bytes_after_load == load.model_bytes_fp32 - saved
+    engine.predict(tz, ("prediction",))
+    calls = fp8_metrics(engine.model)["backend.fp8_fallback_calls"]
+    assert calls == sum(int(m.fallback_calls) for m in fp8) > 0  # packed rows: few multiples of 16
+    assert engine.backend.tags()["relflow.weights_native"] == "false"
+
+
 @pytest.mark.slow
 def test_bundle_is_content_hashed_complete_and_checked(trained_ckpt, tmp_path):
     from tasks.backends.bundle import export_bundle, read_bundle

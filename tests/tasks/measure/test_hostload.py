@@ -17,6 +17,32 @@ def test_a_child_process_is_our_own_cpu():
     assert own_cpu_seconds() - before >= 0.5
 
 
+# A child that starts a CPU-burning grandchild, reaps it, and stays alive until its stdin closes
+# (Inductor's compile worker running g++): the grandchild's time is in the live child's
+# children_user|system only.
+REAPER = (
+    "import subprocess, sys\n"
+    "subprocess.run([sys.executable, '-c', sys.argv[1]], check=True)\n"
+    "print('reaped', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_cpu_of_a_grandchild_reaped_by_a_live_child_is_our_own():
+    before = own_cpu_seconds()
+    child = subprocess.Popen(
+        [sys.executable, "-c", REAPER, BURN.format(s=0.6)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "reaped"
+        during = own_cpu_seconds() - before  # the child is alive, the burner reaped by it
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait()
+    assert during >= 0.55  # the grandchild's 0.6 s (plus two interpreters' start-up)
+
+
 def test_a_process_that_is_not_ours_is_other_cpu(tmp_path):
     done = tmp_path / "done"
     busy0, own0 = busy_cpu_seconds(), own_cpu_seconds()
