@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tasks.measure.hostload import OtherCpu, busy_cpu_seconds, other_cpu_fraction_before, own_cpu_seconds
+from tasks.measure.hostload import OtherCpu, busy_cpu_seconds, own_cpu_seconds
 
 # Burns ``seconds`` of its own CPU time (not wall time: the host may be busy), then exits.
 BURN = "import time\nwhile time.process_time() < {s}: pass\n"
@@ -55,7 +55,24 @@ def test_a_process_that_is_not_ours_is_other_cpu(tmp_path):
     assert other >= 0.45
 
 
-def test_fractions_are_shares_of_all_cores():
-    assert 0.0 <= other_cpu_fraction_before(0.05) <= 1.0 + 1e-6
-    share = OtherCpu().start()
-    assert 0.0 <= share.stop() <= 1.0 + 1e-6
+def _scripted(monkeypatch, wall: list[float], busy: list[float], own: list[float], cores: int) -> None:
+    """Scripted OS counters: each call returns the next reading."""
+    from tasks.measure import hostload
+
+    for name, values in (("wall_clock", wall), ("busy_cpu_seconds", busy), ("own_cpu_seconds", own)):
+        it = iter(values)
+        monkeypatch.setattr(hostload, name, lambda it=it: next(it))
+    monkeypatch.setattr(hostload.os, "cpu_count", lambda: cores)
+
+
+def test_the_fraction_is_other_cpu_over_all_cores_wall_time(monkeypatch):
+    # Before: asserted a clamped value lies in [0, 1], which any formula passes.
+    # 10 s on 2 cores = 20 core-seconds; the host was busy 13 of them, 8 ours: 5 / 20 = 0.25
+    _scripted(monkeypatch, wall=[100.0, 110.0], busy=[50.0, 63.0], own=[7.0, 15.0], cores=2)
+    assert OtherCpu().start().stop() == 0.25
+    # our own CPU never counts as other work, even when it is all the host did
+    _scripted(monkeypatch, wall=[0.0, 4.0], busy=[0.0, 8.0], own=[0.0, 8.0], cores=2)
+    assert OtherCpu().start().stop() == 0.0
+    # tick rounding can make "other" overshoot the wall: capped at every core busy
+    _scripted(monkeypatch, wall=[0.0, 1.0], busy=[0.0, 2.5], own=[0.0, 0.0], cores=2)
+    assert OtherCpu().start().stop() == 1.0

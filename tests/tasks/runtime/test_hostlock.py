@@ -24,10 +24,43 @@ def test_lock_file_is_created_world_writable(tmp_path, monkeypatch):
     old = os.umask(0o022)
     try:
         with host_lock() as waited:
-            assert waited >= 0
+            assert waited < 1.0  # nobody held it
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666
+
+
+def test_the_wait_is_the_time_another_holder_kept_the_lock(tmp_path, monkeypatch):
+    # Before: only "waited >= 0" was checked, true of any clock. Here another open file
+    # description holds the flock; host_lock must wait for its release and report that wait,
+    # read from a scripted clock: 12.5 s between the attempt and the grant.
+    import fcntl
+    import threading
+
+    from tasks.runtime import hostlock
+
+    path = tmp_path / "host.lock"
+    monkeypatch.setenv("RELFLOW_LOCK_FILE", str(path))
+    path.write_text("")
+    ticks = iter([100.0, 112.5])
+    monkeypatch.setattr(hostlock, "wall_clock", lambda: next(ticks))
+    holder = open(path)  # noqa: SIM115 - released by the test below
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    seen: dict[str, object] = {}
+    asked = threading.Event()
+
+    def waiter() -> None:
+        with hostlock.host_lock(on_wait=asked.set) as waited:
+            seen["waited"] = waited
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert asked.wait(30), "host_lock never reported that it waits"
+    assert "waited" not in seen  # still blocked while the holder has it
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    holder.close()
+    t.join(30)
+    assert seen["waited"] == 12.5
 
 
 @pytest.fixture
