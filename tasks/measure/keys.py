@@ -46,6 +46,7 @@ E2E_TRAIN_SECONDS = "e2e.train.seconds"
 E2E_TRAIN_ROWS = "e2e.train.rows"
 E2E_TRAIN_ROWS_PER_S = "e2e.train.rows_per_s"
 E2E_TRAIN_EPOCHS = "e2e.train.epochs"
+E2E_TRAIN_RANKS_MEAN_SECONDS = "e2e.train.ranks_mean_seconds"  # run.distributed
 
 
 def compute(phase: str, what: str) -> str:
@@ -281,22 +282,31 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "stage.<stage>.<phase>.seconds",
         "seconds in one stage, summed over chunks and over the phase's "
-        "epochs (train) or passes (predict); train has no write stage",
+        "epochs (train) or passes (predict); train has no write stage. run.distributed train: the "
+        "slowest rank's seconds (the rank with the largest retrieve..compute total), so the stages add up "
+        "to e2e.train.seconds",
     ),
     (
         "stage.<stage>.<phase>.rows",
         "root rows through the stage in that phase (train: training rows "
-        "for compute, all chunk rows for the data stages)",
+        "for compute, all chunk rows for the data stages; run.distributed: every rank's rows)",
     ),
     ("stage.<stage>.<phase>.rows_per_s", "rows / seconds of that stage in that phase"),
     (E2E_PREDICT_SECONDS, "headline: seconds of the predict passes, retrieve..write (root-key listing included, once)"),
     (E2E_PREDICT_ROWS, "root rows predicted, summed over passes"),
     (E2E_PREDICT_ROWS_PER_S, "headline: e2e.predict.rows / e2e.predict.seconds"),
     (E2E_PREDICT_PASSES, "predict passes measured (run.repeats)"),
-    (E2E_TRAIN_SECONDS, "seconds of the training epochs, retrieve..compute"),
+    (
+        E2E_TRAIN_SECONDS,
+        "seconds of the training epochs, retrieve..compute (run.distributed: the slowest rank's total)",
+    ),
     (E2E_TRAIN_ROWS, "training rows through the compute stage, summed over epochs"),
     (E2E_TRAIN_ROWS_PER_S, "e2e.train.rows / e2e.train.seconds (trained rows per second)"),
     (E2E_TRAIN_EPOCHS, "training epochs run"),
+    (
+        E2E_TRAIN_RANKS_MEAN_SECONDS,
+        "run.distributed: the ranks' mean retrieve..compute seconds (e2e.train.seconds is the slowest rank's)",
+    ),
     (
         "<key>.median",
         "median over predict passes after the first (pass 0 holds the first call) of e2e.predict.rows_per_s or "
