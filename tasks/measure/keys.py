@@ -217,6 +217,10 @@ BACKEND_LOAD_SECONDS = "backend.load_seconds"
 BACKEND_MODEL_BYTES = "backend.model_bytes"
 GRAPH_BREAKS_WARMUP = "graph_breaks_warmup"  # compute(phase, GRAPH_BREAKS_WARMUP)
 QUALITY_DELTA_VS_REFERENCE = "quality.delta_vs_reference"
+# Request scenarios: the same steady rows over two different times (tasks/scenarios/latency.py).
+LATENCY_ROWS_PER_SERVICE_S = "latency.rows_per_service_s"
+LATENCY_ROWS_PER_WALL_S = "latency.rows_per_wall_s"
+LATENCY_SERVICE_SECONDS = "latency.service_seconds"
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
 
 
@@ -292,9 +296,18 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "for compute, all chunk rows for the data stages; run.distributed: every rank's rows)",
     ),
     ("stage.<stage>.<phase>.rows_per_s", "rows / seconds of that stage in that phase"),
-    (E2E_PREDICT_SECONDS, "headline: seconds of the predict passes, retrieve..write (root-key listing included, once)"),
+    (
+        E2E_PREDICT_SECONDS,
+        "headline: seconds of the predict passes, retrieve..write (root-key listing included, once); request "
+        "scenarios: the step seconds of every served call, cold included (service time, not the scenario's "
+        "wall time: see latency.rows_per_service_s and latency.rows_per_wall_s)",
+    ),
     (E2E_PREDICT_ROWS, "root rows predicted, summed over passes"),
-    (E2E_PREDICT_ROWS_PER_S, "headline: e2e.predict.rows / e2e.predict.seconds"),
+    (
+        E2E_PREDICT_ROWS_PER_S,
+        "headline: e2e.predict.rows / e2e.predict.seconds (request scenarios: rows per service second of every "
+        "served call; the scenario's own figures are latency.rows_per_service_s and latency.rows_per_wall_s)",
+    ),
     (E2E_PREDICT_PASSES, "predict passes measured (run.repeats)"),
     (
         E2E_TRAIN_SECONDS,
@@ -420,6 +433,21 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (MEMORY_BUDGET_BYTES, "the budget the estimate was checked against (run.max_memory_bytes or half of available)"),
     (DATA_ROWS_READ, "source rows read (root and branch tables), summed over reads"),
     (
+        LATENCY_SERVICE_SECONDS,
+        "request scenarios: seconds the steady served calls spent in their steps (retrieve..write; a server "
+        "batch once), without queueing, idle waits or harness time between steps",
+    ),
+    (
+        LATENCY_ROWS_PER_SERVICE_S,
+        "request scenarios: root rows of the steady requests / latency.service_seconds (rows per second of "
+        "service time: what the serving path sustains while busy)",
+    ),
+    (
+        LATENCY_ROWS_PER_WALL_S,
+        "request scenarios: root rows of the steady requests / latency.duration_seconds (rows per wall second "
+        "of the scenario: queueing, idle waits for arrivals and batch fill, harness time included)",
+    ),
+    (
         "latency.<what>",
         "request scenarios (run.scenario single_stream | server): requests, "
         "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean (nearest-rank), "
@@ -440,8 +468,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ("calibration.<what>", "temperature scaling: temperature, fit_seconds, fit_rows"),
     (
         DATA_PADDED_COORDS,
-        "coordinates the predict batches actually materialised, per pass (with "
-        "run.bucketing each batch is padded to its own longest context, not the schema's reserved shape)",
+        "coordinates the predict batches actually materialised, per predict pass that ran (request "
+        "scenarios: per served request, the cold one included; with run.bucketing each batch is padded to "
+        "its own longest context, not the schema's reserved shape)",
     ),
     (DATA_BATCH_OCCUPANCY_P50, "median over predict batches of present / materialised coordinates"),
     (DATA_BATCH_OCCUPANCY_MIN, "lowest predict-batch occupancy"),
@@ -477,7 +506,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ),
     (
         QUALITY_DELTA_VS_REFERENCE,
-        "headline quality minus the reference's (accuracy/auc: higher is better; mae: lower is better)",
+        "headline quality minus the reference's, over the same rows (offline: the last pass's held-out "
+        "rows; request scenarios: every served request's rows, repeats and the cold request included, "
+        "on both sides) (accuracy/auc: higher is better; mae: lower is better)",
     ),
     (
         QUALITY_DROP_VS_REFERENCE,
