@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from tasks.backends.checkpoint import load_run_checkpoint
+from tasks.backends.lengths import saved_lengths
 from tasks.measure import keys as K
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec, parse_spec
@@ -34,6 +35,16 @@ def check_reference(spec: Spec, encoding: Any) -> dict[str, Any] | None:
     if not path:
         return None
     ref = load_run_checkpoint(Path(path), spec)
+    # The reference scores rows the run's chain tensorized at the run's reserved lengths, so
+    # it must reserve the same (the loaders' rule accepts a saved length below max_length).
+    want = {b.name: b.max_length for b, _ in spec.schema_.walk()}
+    have = saved_lengths(ref["schema"])
+    if have != want:
+        raise UserError(
+            f"run.reference_checkpoint '{path}' reserves {have} rows per parent, the run reserves "
+            f"{want}; use a reference made from the served checkpoint (relflow-bench quantize CKPT "
+            "--format fp16)."
+        )
     if encoding is not None and ref["encoding"].to_dict() != encoding.to_dict():
         raise UserError(
             f"run.reference_checkpoint '{path}' was fitted on other vocabularies than the served "

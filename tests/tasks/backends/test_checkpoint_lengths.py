@@ -157,3 +157,16 @@ def test_checkpoint_checks_accept_the_run_checkpoint_under_its_configured_spec(o
     ckpt, _ = own_checkpoint
     saved = load_checkpoint(ckpt).model
     check_matches_spec(saved.schema, saved.config, parse_spec(_configured(shop_spec)), "checkpoint")
+
+
+def test_a_reference_must_reserve_the_runs_lengths(own_checkpoint, shop_spec):
+    """The reference scores rows the run's chain tensorized: the rule that accepts a saved
+    length below max_length must not let a shorter reference through to fail after the run."""
+    from tasks.backends.lengths import with_lengths
+    from tasks.measure.reference import check_reference
+
+    ckpt, _ = own_checkpoint
+    configured = parse_spec(_configured(shop_spec, mode="predict", reference_checkpoint=str(ckpt)))
+    with pytest.raises(UserError, match="reserves"):
+        check_reference(configured, None)  # a run reserving 5 and 6
+    assert check_reference(with_lengths(configured, {"orders": 3, "lines": 4}), None) is not None
