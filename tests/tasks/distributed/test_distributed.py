@@ -123,10 +123,9 @@ def test_two_gloo_processes_train_like_one(tpch_small, tmp_path):
         "compute.train.mfu",  # rank 0's steady batch shapes (it read 0: the flow's engine trained nothing)
     ):
         assert m2[key] > 0, key
-    # The train stages are the slowest rank's, each second once: they add up to e2e.train.
-    stages = sum(m2[f"stage.{s}.train.seconds"] for s in ("retrieve", "preprocess", "tensorize", "compute"))
-    assert stages == pytest.approx(m2["e2e.train.seconds"])
-    assert m2["e2e.train.ranks_mean_seconds"] <= m2["e2e.train.seconds"]
+    # which aggregate the train stages are is tested exactly in test_rank_totals.py; here the
+    # ranks' mean is published beside the slowest rank's total
+    assert m2["e2e.train.ranks_mean_seconds"] > 0
     assert m2["compute.train.total_rows_per_s"] == pytest.approx(
         m2["compute.train.rank0.rows_per_s"] + m2["compute.train.rank1.rows_per_s"]
     )
