@@ -297,7 +297,14 @@ def timed_body(run: Run) -> None:
         if run.plan.reference is not None:  # still under the host lock, after the region
             progress.emit("phase", name="reference quality (not timed)")
             run.reference_quality = reference_quality(
-                s, run.plan.reference, len(work.chunks), work.prepare_untimed, run.plan.device
+                s,
+                run.plan.reference,
+                len(work.chunks),
+                work.prepare_untimed,
+                run.plan.device,
+                # a request scenario: the rows its requests scored, repeats and the cold one included
+                run.latency.scored_keys if run.latency is not None else None,
+                work.chain.prepare_untimed,
             )
     run.buckets = region.metrics()
     run.region = {
@@ -362,7 +369,9 @@ def collect(run: Run) -> dict[str, float]:
     work, chain = run.work, run.work.chain
     engine, enc = chain.engine, chain.encoding
     result.extra[K.COMPILED_FRAMES] = float(compute_stage.compiled_frames() - engine.frames_at_start)
-    result.extra.update(batch_coordinate_metrics(engine.batch_coords, s.run.repeats, len(engine.batch_shapes)))
+    # per predict pass that ran; a request scenario's batches are per served request
+    units = run.latency.served_requests if run.latency is not None else result.predict_passes
+    result.extra.update(batch_coordinate_metrics(engine.batch_coords, units, len(engine.batch_shapes)))
     if chain.has_text:
         enc_s = sum(st["encode"].seconds for st in result.stages.values())
         result.extra[K.DATA_TEXT_CELLS] = float(work.text_cells_per_pass)

@@ -24,6 +24,7 @@ from model.arrow import Encoding, NodeLayout
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.config import ModelConfig
 from model.schema import ModelSchema, NodeDef
+from tasks.backends.lengths import spec_for_saved
 from tasks.measure.clock import Clock
 from tasks.measure.records import CheckpointLoad
 from tasks.runtime.errors import UserError
@@ -79,8 +80,11 @@ def load_error_reason(path: Path, err: BaseException) -> str:
 
 
 def check_matches_spec(schema: ModelSchema, config: ModelConfig, spec: Spec, what: str) -> None:
-    """Refuse a model whose schema or size differs from the spec's, naming the difference."""
-    lay = layout(spec)
+    """Refuse a model whose schema or size differs from the spec's, naming the difference.
+    Reserved lengths are compared after the rule every loader applies (a saved length up to
+    max_length is the run's: tasks/backends/lengths.py), so a run's own checkpoint is accepted
+    under the spec that trained it."""
+    lay = layout(spec_for_saved(spec, schema))
 
     def spec_shape(n: NodeLayout) -> list[Any]:
         return [n.name, list(n.columns), n.max_length, n.reduce, [spec_shape(c) for c in n.children]]
@@ -91,7 +95,8 @@ def check_matches_spec(schema: ModelSchema, config: ModelConfig, spec: Spec, wha
     if have != want or schema.target.column != spec.task.target:
         raise UserError(
             f"{what} was trained on a different schema: checkpoint {have} vs "
-            f"spec {want}. Use the spec that trained it, or train a new checkpoint."
+            f"spec {want} (a saved length may be below a branch's max_length, never above). "
+            "Use the spec that trained it, or train a new checkpoint."
         )
     size = {k: getattr(spec.model, k) for k in ("d_model", "layers", "heads")}
     saved = {k: asdict(config)[k] for k in size}

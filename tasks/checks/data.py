@@ -348,6 +348,7 @@ def check_data_before_work(spec: Spec, sources: dict[str, SourceTable]) -> tuple
 
     Returns the spec the run uses (each branch reserving at most the data's observed
     maximum rows per parent), the ``data.*``/``memory.*`` counts to log, and warnings."""
+    from tasks.backends.lengths import with_lengths
     from tasks.checks import memory_budget
 
     facts = check_data(spec, sources)
@@ -358,24 +359,31 @@ def check_data_before_work(spec: Spec, sources: dict[str, SourceTable]) -> tuple
     metrics.update({K.reserved_rows(b): float(n) for b, n in lengths.items()})
     metrics[K.MEMORY_ESTIMATED_CHUNK_BYTES] = float(est.chunk_bytes)
     metrics[K.MEMORY_BUDGET_BYTES] = float(est.budget_bytes)
-    return memory_budget.with_lengths(spec, lengths), metrics, facts.warnings
+    return with_lengths(spec, lengths), metrics, facts.warnings
 
 
 def _checkpoint_lengths(spec: Spec) -> dict[str, int] | None:
-    """Predict with a checkpoint keeps its reserved lengths (row-position embeddings)."""
-    if spec.run.mode != "predict" or not spec.run.checkpoint:
-        return None
-    path = Path(spec.run.checkpoint)
-    if not path.is_file():
-        return None  # load_run_checkpoint names the problem
-    from model.checkpoint import load_checkpoint
+    """Predict with a saved model keeps its reserved lengths (row-position embeddings): the
+    checkpoint's, or the bundle's when ONNX Runtime serves one (tasks/backends/lengths.py)."""
+    from tasks.backends.lengths import saved_lengths
 
-    try:
-        schema = load_checkpoint(path).model.schema
-    except Exception:  # noqa: BLE001 - load_run_checkpoint reports unreadable files
+    if spec.run.mode != "predict":
         return None
-    out: dict[str, int] = {}
-    for node in schema.root.walk():
-        if node is not schema.root:
-            out[node.name] = node.max_length
-    return out
+    if spec.run.checkpoint:
+        path = Path(spec.run.checkpoint)
+        if not path.is_file():
+            return None  # load_run_checkpoint names the problem
+        from model.checkpoint import load_checkpoint
+
+        try:
+            return saved_lengths(load_checkpoint(path).model.schema)
+        except Exception:  # noqa: BLE001 - load_run_checkpoint reports unreadable files
+            return None
+    if spec.run.backend == "onnxruntime" and spec.run.onnxruntime.model:
+        from tasks.backends.bundle import read_bundle
+
+        try:
+            return saved_lengths(read_bundle(Path(spec.run.onnxruntime.model)).schema)
+        except UserError:  # check_backend names the problem
+            return None
+    return None

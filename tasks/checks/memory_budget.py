@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
+from tasks.backends.lengths import reserved_length
 from tasks.runtime.errors import UserError
 from tasks.spec import Branch, Spec
 
@@ -49,27 +49,12 @@ class Estimate:
 def reserved_lengths(
     spec: Spec, observed: dict[str, int], checkpoint_lengths: dict[str, int] | None = None
 ) -> dict[str, int]:
-    """Rows each branch reserves per parent: the data's maximum, capped by max_length."""
-    out = {}
-    for b, _ in spec.schema_.walk():
-        if checkpoint_lengths and checkpoint_lengths.get(b.name, b.max_length + 1) <= b.max_length:
-            out[b.name] = checkpoint_lengths[b.name]
-        else:
-            out[b.name] = max(1, min(b.max_length, observed.get(b.name, b.max_length)))
-    return out
-
-
-def with_lengths(spec: Spec, lengths: dict[str, int]) -> Spec:
-    """The spec with each branch's max_length replaced (the params keep the configured one)."""
-    raw = spec.to_dict()
-
-    def visit(branches: list[dict[str, Any]]) -> None:
-        for b in branches:
-            b["max_length"] = lengths.get(b["name"], b["max_length"])
-            visit(b.get("branches", []))
-
-    visit(raw["schema"]["branches"])
-    return Spec.model_validate(raw)
+    """Rows each branch reserves per parent: a saved model's where it fits, else the data's
+    maximum, capped by max_length (the one rule: tasks/backends/lengths.py)."""
+    saved = checkpoint_lengths or {}
+    return {
+        b.name: reserved_length(b.max_length, saved.get(b.name), observed.get(b.name)) for b, _ in spec.schema_.walk()
+    }
 
 
 def _row_bytes(cols: Mapping[str, str], has_target: bool, text_dim: int) -> tuple[int, int]:

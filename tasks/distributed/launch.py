@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,11 @@ import polars as pl
 import torch
 
 from tasks.measure import keys as K
-from tasks.measure.records import PhaseTimings
+from tasks.measure.records import PhaseTimings, RunResult
 from tasks.runtime.errors import UserError
 from tasks.scenarios.workload import Workload
 from tasks.spec import Spec
+from tasks.stages.compute import Engine
 
 HASH_SEED = 20_240_611  # fixed: the same key lands on the same rank in every run
 
@@ -107,6 +109,9 @@ class RankReport:
     allreduce_calls: int = 0
     encoder_paths: list[str] = field(default_factory=list)
     rows_read: int = 0  # source rows this rank read (root and branches), every epoch
+    # Root rows of its steady train batches by present shape, as [*shape, rows] lists (JSON):
+    # compute.train.mfu counts their FLOPs (tasks/measure/present_flops.py).
+    steady_shapes: list[list[int]] = field(default_factory=list)
 
     @property
     def timings(self) -> PhaseTimings:
@@ -117,6 +122,63 @@ class RankReport:
         t = self.timings
         secs = sum(t.steady_seconds)
         return sum(t.steady_rows) / secs if secs > 0 else 0.0
+
+
+def shapes_to_report(shapes: Counter[tuple[int, ...]]) -> list[list[int]]:
+    return [[*shape, n] for shape, n in sorted(shapes.items())]
+
+
+def shapes_from_report(rows: list[list[int]]) -> Counter[tuple[int, ...]]:
+    return Counter({tuple(r[:-1]): r[-1] for r in rows})
+
+
+@dataclass(frozen=True)
+class TrainStages:
+    """The train phase's stage table of a DDP job, each second counted once.
+
+    ``seconds`` are the **slowest rank's** (the one with the largest retrieve..compute total):
+    the ranks run in parallel, so the phase took at least that rank's time, and its stages
+    add up to ``e2e.train.seconds``. (Per-stage maxima over ranks, summed, describe no rank.)
+    ``rows`` are every rank's, so rows per second are the job's. ``mean_seconds`` is the
+    ranks' mean total (``e2e.train.ranks_mean_seconds``), beside it for the imbalance."""
+
+    seconds: dict[str, float]
+    rows: dict[str, int]
+    slowest_rank: int
+    mean_seconds: float
+
+
+def train_stages(reports: list[RankReport]) -> TrainStages:
+    totals = [sum(r.stage_seconds.values()) for r in reports]
+    slowest = reports[max(range(len(reports)), key=lambda i: totals[i])]
+    stages = {k for r in reports for k in (*r.stage_seconds, *r.stage_rows)}
+    return TrainStages(
+        {k: slowest.stage_seconds.get(k, 0.0) for k in stages},
+        {k: sum(r.stage_rows.get(k, 0) for r in reports) for k in stages},
+        slowest.rank,
+        sum(totals) / len(totals),
+    )
+
+
+def merge_into(result: RunResult, reports: list[RankReport]) -> TrainStages:
+    """The ranks' train stages, rows read and updates into the flow's ``result``."""
+    agg = train_stages(reports)
+    for stage, timing in result.stages["train"].items():  # (encode too, with text columns)
+        timing.add(agg.seconds.get(stage, 0.0), agg.rows.get(stage, 0))
+    result.updates_per_epoch = reports[0].updates_per_epoch
+    result.extra[K.DATA_ROWS_READ] = result.extra.get(K.DATA_ROWS_READ, 0.0) + sum(r.rows_read for r in reports)
+    result.extra[K.E2E_TRAIN_RANKS_MEAN_SECONDS] = agg.mean_seconds
+    return agg
+
+
+def adopt_rank0(engine: Engine, reports: list[RankReport]) -> None:
+    """compute.train.* of a distributed run are rank 0's: its step timings, encoder paths and
+    the steady batches' shapes (without them the flow's own engine, which trained nothing,
+    gave compute.train.mfu 0)."""
+    r0 = reports[0]
+    engine.train_timings = r0.timings
+    engine.paths_seen.update(r0.encoder_paths)
+    engine.steady_shapes["train"] = shapes_from_report(r0.steady_shapes)
 
 
 def metrics(reports: list[RankReport], threads: int, reference_rows_per_s: float | None) -> dict[str, float]:
@@ -184,7 +246,10 @@ def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking
     spec = work.spec
     d = spec.run.distributed
     assert d is not None  # the flow calls this only with run.distributed set
-    work.prepare(0, "train")  # fits the encoding (and builds the engine) as a 1-process run does
+    # The encoding is fitted on the first chunk (as a 1-process run does) outside the stage
+    # table: the ranks prepare every chunk again, and their seconds are the train stages'.
+    # This fit lands in harness.distributed_launch_seconds (tasks/scenarios/region.py).
+    work.chain.prepare_untimed(work.chunks[0])
     engine, enc = work.chain.engine, work.chain.encoding
     assert engine is not None and enc is not None  # set by the first chunk
     with tempfile.TemporaryDirectory(prefix="relflow-ddp-") as tmp:
@@ -209,17 +274,7 @@ def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking
         )
         state = torch.load(work_dir / "weights.pt", map_location=engine.device, weights_only=True)
     engine.model.load_state_dict(state)
-    r0 = reports[0]
-    engine.train_timings = r0.timings  # compute.train.* of a distributed run: rank 0's steps
-    engine.train_timings.updates = r0.timings.updates
-    engine.paths_seen.update(r0.encoder_paths)
-    result = work.result
-    for stage, timing in result.stages["train"].items():  # (encode too, with text columns)
-        # Ranks work in parallel: the stage took the slowest rank's time over every rank's rows.
-        timing.add(
-            max(r.stage_seconds.get(stage, 0.0) for r in reports), sum(r.stage_rows.get(stage, 0) for r in reports)
-        )
-    result.updates_per_epoch = r0.updates_per_epoch
-    result.train_epochs += spec.run.epochs
-    result.extra[K.DATA_ROWS_READ] = result.extra.get(K.DATA_ROWS_READ, 0.0) + sum(r.rows_read for r in reports)
+    adopt_rank0(engine, reports)
+    merge_into(work.result, reports)
+    work.result.train_epochs += spec.run.epochs
     return metrics(reports, d.threads_per_process, reference)

@@ -25,7 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from model.arrow import Encoding, model_schema
-from tasks.distributed.launch import RankReport, metrics, shard
+from tasks.distributed.launch import RankReport, metrics, shapes_to_report, shard
 from tasks.measure.clock import Clock, wall_clock
 from tasks.sources.open import open_sources
 from tasks.spec import parse_spec
@@ -132,6 +132,7 @@ def main(job_path: str) -> None:
             timer.calls,
             sorted(engine.paths_seen),
             rows_read,
+            shapes_to_report(engine.steady_shapes["train"]),
         )
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, asdict(report))

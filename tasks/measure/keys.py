@@ -46,6 +46,7 @@ E2E_TRAIN_SECONDS = "e2e.train.seconds"
 E2E_TRAIN_ROWS = "e2e.train.rows"
 E2E_TRAIN_ROWS_PER_S = "e2e.train.rows_per_s"
 E2E_TRAIN_EPOCHS = "e2e.train.epochs"
+E2E_TRAIN_RANKS_MEAN_SECONDS = "e2e.train.ranks_mean_seconds"  # run.distributed
 
 
 def compute(phase: str, what: str) -> str:
@@ -221,6 +222,10 @@ BACKEND_MODEL_BYTES = "backend.model_bytes"
 BACKEND_FP8_FALLBACK_CALLS = "backend.fp8_fallback_calls"
 GRAPH_BREAKS_WARMUP = "graph_breaks_warmup"  # compute(phase, GRAPH_BREAKS_WARMUP)
 QUALITY_DELTA_VS_REFERENCE = "quality.delta_vs_reference"
+# Request scenarios: the same steady rows over two different times (tasks/scenarios/latency.py).
+LATENCY_ROWS_PER_SERVICE_S = "latency.rows_per_service_s"
+LATENCY_ROWS_PER_WALL_S = "latency.rows_per_wall_s"
+LATENCY_SERVICE_SECONDS = "latency.service_seconds"
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
 
 
@@ -287,22 +292,40 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "stage.<stage>.<phase>.seconds",
         "seconds in one stage, summed over chunks and over the phase's "
-        "epochs (train) or passes (predict); train has no write stage",
+        "epochs (train) or passes (predict); train has no write stage. run.distributed train: the "
+        "slowest rank's seconds (the rank with the largest retrieve..compute total), so the stages add up "
+        "to e2e.train.seconds",
     ),
     (
         "stage.<stage>.<phase>.rows",
         "root rows through the stage in that phase (train: training rows "
-        "for compute, all chunk rows for the data stages)",
+        "for compute, all chunk rows for the data stages; run.distributed: every rank's rows)",
     ),
     ("stage.<stage>.<phase>.rows_per_s", "rows / seconds of that stage in that phase"),
-    (E2E_PREDICT_SECONDS, "headline: seconds of the predict passes, retrieve..write (root-key listing included, once)"),
+    (
+        E2E_PREDICT_SECONDS,
+        "headline: seconds of the predict passes, retrieve..write (root-key listing included, once); request "
+        "scenarios: the step seconds of every served call, cold included (service time, not the scenario's "
+        "wall time: see latency.rows_per_service_s and latency.rows_per_wall_s)",
+    ),
     (E2E_PREDICT_ROWS, "root rows predicted, summed over passes"),
-    (E2E_PREDICT_ROWS_PER_S, "headline: e2e.predict.rows / e2e.predict.seconds"),
+    (
+        E2E_PREDICT_ROWS_PER_S,
+        "headline: e2e.predict.rows / e2e.predict.seconds (request scenarios: rows per service second of every "
+        "served call; the scenario's own figures are latency.rows_per_service_s and latency.rows_per_wall_s)",
+    ),
     (E2E_PREDICT_PASSES, "predict passes measured (run.repeats)"),
-    (E2E_TRAIN_SECONDS, "seconds of the training epochs, retrieve..compute"),
+    (
+        E2E_TRAIN_SECONDS,
+        "seconds of the training epochs, retrieve..compute (run.distributed: the slowest rank's total)",
+    ),
     (E2E_TRAIN_ROWS, "training rows through the compute stage, summed over epochs"),
     (E2E_TRAIN_ROWS_PER_S, "e2e.train.rows / e2e.train.seconds (trained rows per second)"),
     (E2E_TRAIN_EPOCHS, "training epochs run"),
+    (
+        E2E_TRAIN_RANKS_MEAN_SECONDS,
+        "run.distributed: the ranks' mean retrieve..compute seconds (e2e.train.seconds is the slowest rank's)",
+    ),
     (
         "<key>.median",
         "median over predict passes after the first (pass 0 holds the first call) of e2e.predict.rows_per_s or "
@@ -416,6 +439,21 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (MEMORY_BUDGET_BYTES, "the budget the estimate was checked against (run.max_memory_bytes or half of available)"),
     (DATA_ROWS_READ, "source rows read (root and branch tables), summed over reads"),
     (
+        LATENCY_SERVICE_SECONDS,
+        "request scenarios: seconds the steady served calls spent in their steps (retrieve..write; a server "
+        "batch once), without queueing, idle waits or harness time between steps",
+    ),
+    (
+        LATENCY_ROWS_PER_SERVICE_S,
+        "request scenarios: root rows of the steady requests / latency.service_seconds (rows per second of "
+        "service time: what the serving path sustains while busy)",
+    ),
+    (
+        LATENCY_ROWS_PER_WALL_S,
+        "request scenarios: root rows of the steady requests / latency.duration_seconds (rows per wall second "
+        "of the scenario: queueing, idle waits for arrivals and batch fill, harness time included)",
+    ),
+    (
         "latency.<what>",
         "request scenarios (run.scenario single_stream | server): requests, "
         "roots_per_request, duration_seconds, request_ms.p50|p90|p99|max|mean (nearest-rank), "
@@ -446,8 +484,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ),
     (
         DATA_PADDED_COORDS,
-        "coordinates the predict batches actually materialised, per pass (with "
-        "run.bucketing each batch is padded to its own longest context, not the schema's reserved shape)",
+        "coordinates the predict batches actually materialised, per predict pass that ran (request "
+        "scenarios: per served request, the cold one included; with run.bucketing each batch is padded to "
+        "its own longest context, not the schema's reserved shape)",
     ),
     (DATA_BATCH_OCCUPANCY_P50, "median over predict batches of present / materialised coordinates"),
     (DATA_BATCH_OCCUPANCY_MIN, "lowest predict-batch occupancy"),
@@ -488,7 +527,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ),
     (
         QUALITY_DELTA_VS_REFERENCE,
-        "headline quality minus the reference's (accuracy/auc: higher is better; mae: lower is better)",
+        "headline quality minus the reference's, over the same rows (offline: the last pass's held-out "
+        "rows; request scenarios: every served request's rows, repeats and the cold request included, "
+        "on both sides) (accuracy/auc: higher is better; mae: lower is better)",
     ),
     (
         QUALITY_DROP_VS_REFERENCE,

@@ -18,9 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from tasks.backends.checkpoint import load_run_checkpoint
+from tasks.backends.lengths import saved_lengths
 from tasks.measure import keys as K
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec, parse_spec
@@ -34,6 +36,16 @@ def check_reference(spec: Spec, encoding: Any) -> dict[str, Any] | None:
     if not path:
         return None
     ref = load_run_checkpoint(Path(path), spec)
+    # The reference scores rows the run's chain tensorized at the run's reserved lengths, so
+    # it must reserve the same (the loaders' rule accepts a saved length below max_length).
+    want = {b.name: b.max_length for b, _ in spec.schema_.walk()}
+    have = saved_lengths(ref["schema"])
+    if have != want:
+        raise UserError(
+            f"run.reference_checkpoint '{path}' reserves {have} rows per parent, the run reserves "
+            f"{want}; use a reference made from the served checkpoint (relflow-bench quantize CKPT "
+            "--format fp16)."
+        )
     if encoding is not None and ref["encoding"].to_dict() != encoding.to_dict():
         raise UserError(
             f"run.reference_checkpoint '{path}' was fitted on other vocabularies than the served "
@@ -62,18 +74,57 @@ def reference_spec(spec: Spec) -> Spec:
 
 
 def reference_quality(
-    spec: Spec, ref: dict[str, Any], chunks: int, prepare: Callable[[int], Tensorized], device: torch.device
+    spec: Spec,
+    ref: dict[str, Any],
+    chunks: int,
+    prepare: Callable[[int], Tensorized],
+    device: torch.device,
+    scored_keys: list[np.ndarray] | None = None,
+    prepare_keys: Callable[[np.ndarray], Tensorized] | None = None,
 ) -> dict[str, float]:
-    """Held-out quality of the reference weights over ``chunks`` chunks (``prepare(i)``: the
-    workload's chain, untimed)."""
+    """Held-out quality of the reference weights over the rows the run scored: offline, every
+    chunk once (``prepare(i)``: the workload's chain, untimed), as the run's last pass did; a
+    request scenario, the root keys of every served call (``scored_keys``, repeats and the
+    cold request included), each row counted as often as the run's request quality counted it."""
     rspec = reference_spec(spec)
     engine = Engine(rspec, ref["schema"], device, ref["model"], encoding=ref["encoding"])
     try:
-        for i in range(chunks):
-            engine.predict(prepare(i), ("prediction",))
+        if scored_keys is None:
+            for i in range(chunks):
+                engine.predict(prepare(i), ("prediction",))
+        else:
+            assert prepare_keys is not None  # request scenarios prepare arbitrary keys
+            _score_served_rows(engine, scored_keys, prepare_keys, spec.run.chunk_rows)
     finally:
         engine.close()
     return engine.quality.metrics()
+
+
+def _score_served_rows(
+    engine: Engine, scored_keys: list[np.ndarray], prepare_keys: Callable[[np.ndarray], Tensorized], chunk_rows: int
+) -> None:
+    """Each distinct served key predicted once, its row then counted once per serving: the
+    same multiset of rows as the run's request quality, without one forward per request."""
+    served = np.concatenate(scored_keys) if scored_keys else np.empty(0, dtype=np.int64)
+    distinct = np.unique(served)
+    preds, labels, masks, keys = [], [], [], []
+    for i in range(0, len(distinct), chunk_rows):
+        tz = prepare_keys(distinct[i : i + chunk_rows])
+        outs = engine.predict(tz, ("prediction",))
+        assert outs.labels is not None and outs.label_mask is not None
+        preds.append(outs.tensors["prediction"])
+        labels.append(outs.labels)
+        masks.append(outs.label_mask)
+        keys.append(tz.keys.to_numpy(zero_copy_only=False))
+    engine.begin_predict_pass()  # drop the once-each scores: the multiset replaces them
+    if not keys:
+        return
+    have = np.concatenate(keys)
+    order = np.argsort(have, kind="stable")
+    at = order[np.searchsorted(have, served, sorter=order)]
+    assert np.array_equal(have[at], served), "a served key was not among the reference pass's rows"
+    index = torch.from_numpy(at)
+    engine.quality.add(torch.cat(preds)[index], torch.cat(labels)[index], torch.cat(masks)[index])
 
 
 def quality_delta(headline: str, run: dict[str, float], reference: dict[str, float]) -> dict[str, float]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tasks.measure import keys as K
 from tasks.scenarios import early_stopping
 from tasks.spec import Request
 
@@ -46,6 +47,24 @@ class LatencyRecord:
     target_qps: float | None = None
     roots: int = 1
     wait_s: float = 0.0  # server: idle, waiting for arrivals and batch fill (harness.request_wait_seconds)
+    # Steady served calls (a server batch once): their step seconds and root rows, so
+    # service-time and wall-time throughput are named apart (latency.rows_per_service_s and
+    # latency.rows_per_wall_s).
+    service_s: float = 0.0
+    rows: int = 0
+    # Root keys of every served call in order, the cold one included: the rows request quality
+    # scored, which the reference pass scores too (tasks/measure/reference.py).
+    scored_keys: list[np.ndarray] = field(default_factory=list)
+
+    def served(self, steps: dict[str, float], rows: int) -> None:
+        """One steady served call (a request, or a server batch of them)."""
+        self.service_s += sum(steps.values())
+        self.rows += rows
+
+    @property
+    def served_requests(self) -> int:
+        """Requests served, the cold one included (``data.padded_coords`` is per request)."""
+        return self.requests + (1 if self.first_latency_s is not None else 0)
 
     def add(self, latency: float, queue: float, steps: dict[str, float]) -> None:
         """One steady request; a step outside ``STEPS`` (``encode`` with text columns) gets
@@ -113,6 +132,9 @@ class LatencyRecord:
             m["latency.issue_lateness_ms.p99"] = float(nearest_rank_ms(late, 99))
             m["latency.issue_lateness_ms.max"] = float(late.max() * 1e3)
         m["latency.achieved_qps"] = self.requests / self.duration_s if self.duration_s > 0 else 0.0
+        m[K.LATENCY_SERVICE_SECONDS] = self.service_s
+        m[K.LATENCY_ROWS_PER_SERVICE_S] = self.rows / self.service_s if self.service_s > 0 else 0.0
+        m[K.LATENCY_ROWS_PER_WALL_S] = self.rows / self.duration_s if self.duration_s > 0 else 0.0
         if self.target_qps is not None:
             m["latency.target_qps"] = self.target_qps
         if self.batch_requests:

@@ -21,6 +21,7 @@ class RequestPath:
         self.work, self.writer, self.chain = work, writer, work.chain
         # A run without a checkpoint fits its encoding on the first chunk, untimed.
         self.chain.ready_engine(work.chunks[0])
+        self.scored_keys: list[np.ndarray] = []  # each call's root keys (LatencyRecord.scored_keys)
 
     def __call__(self, keys: np.ndarray) -> dict[str, float]:
         """Serve one request (or one batch of requests) for ``keys``; step -> seconds."""
@@ -34,6 +35,7 @@ class RequestPath:
         p = chain.prepare(keys, record, runner=run_directly)
         chain.serve(p.tz, self.writer, record, runner=run_directly)
         work.account(p, None)
+        self.scored_keys.append(keys)
         stage_table = work.result.stages["predict"]
         for name, sec in steps.items():
             stage_table[name].add(sec, rows[name])

@@ -34,7 +34,7 @@ def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | N
             for block in count():  # deterministic: a fresh seeded draw per 1024 requests
                 yield from request_keys(pool, 1024, req.roots, seed + 7919 * block)
 
-        return single_stream.run(
+        rec = single_stream.run(
             serve,
             stream(),
             clock,
@@ -43,9 +43,11 @@ def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | N
             roots=req.roots,
             max_requests=max_requests,
         )
+        rec.scored_keys = serve.scored_keys
+        return rec
     arrivals = poisson_arrivals(req.target_qps, req.min_requests, req.min_duration_s, seed)
     keys_of = request_keys(pool, len(arrivals) + 1, req.roots, seed)
-    return server.run(
+    rec = server.run(
         serve,
         arrivals,
         keys_of[1:],
@@ -55,3 +57,5 @@ def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | N
         cold_keys=keys_of[0],
         target_qps=req.target_qps,
     )
+    rec.scored_keys = serve.scored_keys
+    return rec

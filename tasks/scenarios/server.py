@@ -76,8 +76,10 @@ def run(
                 continue
         batch = [queue.popleft() for _ in range(min(max_batch, len(queue)))]
         start = clock.read() - t0
-        steps = serve(np.unique(keys[batch].reshape(-1)))
+        served = np.unique(keys[batch].reshape(-1))
+        steps = serve(served)
         end = clock.read() - t0
+        rec.served(steps, len(served))
         for i in batch:
             latency[i] = end - arrivals[i]
             queued[i] = start - arrivals[i]

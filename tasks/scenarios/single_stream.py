@@ -36,9 +36,11 @@ def run(
     while rec.requests < min_requests or elapsed < min_duration_s:
         if max_requests is not None and rec.requests >= max_requests:
             break
+        request = next(keys)
         with clock.measure() as span:
-            steps = serve(next(keys))
+            steps = serve(request)
         rec.add(span.seconds, 0.0, steps)
+        rec.served(steps, len(request))
         elapsed = clock.read() - start
     rec.duration_s = elapsed
     return rec

@@ -14,6 +14,8 @@ from typing import Any
 from tasks.measure import keys as K
 
 _E2E_LABEL = {"predict": "end-to-end predict (headline)", "train": "end-to-end train (trained rows)"}
+# A request scenario's stage table sums its served calls' steps: service time, not a headline.
+_REQUEST_E2E_LABEL = "served requests (service time, no queueing or idle)"
 
 
 def run_description(
@@ -31,6 +33,7 @@ def run_description(
         "| phase | stage | seconds | root rows | rows/s | share of phase |",
         "|---|---|---:|---:|---:|---:|",
     ]
+    requests = K.LATENCY_ROWS_PER_WALL_S in metrics
     for phase in K.PHASES:
         rows = [r for r in stage_table if r.get("phase", "predict") == phase]
         if not rows:
@@ -42,11 +45,17 @@ def run_description(
             )
         seconds, count, rate = (K.e2e(phase, w) for w in ("seconds", "rows", "rows_per_s"))
         if seconds in metrics:
+            label = _REQUEST_E2E_LABEL if phase == "predict" and requests else _E2E_LABEL[phase]
             lines.append(
-                f"| **{phase}** | **{_E2E_LABEL[phase]}** | **{metrics[seconds]:.3f}** | "
+                f"| **{phase}** | **{label}** | **{metrics[seconds]:.3f}** | "
                 f"{int(metrics.get(count, 0)):,} | **{metrics.get(rate, 0.0):,.0f}** | 100% |"
             )
     lines.append("")
+    if requests:
+        lines.append(
+            f"- requests: {metrics[K.LATENCY_ROWS_PER_WALL_S]:,.1f} rows per wall second of the scenario, "
+            f"{metrics.get(K.LATENCY_ROWS_PER_SERVICE_S, 0.0):,.1f} rows per second of service time"
+        )
     if K.STEADY_ROWS_PER_S in metrics:  # request scenarios report latency instead
         steady = f"- compute steady state: {metrics[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
         if K.TRAIN_STEADY_ROWS_PER_S in metrics:

@@ -87,3 +87,12 @@ def test_text_spec_serves_requests_valid_with_encode_in_its_own_bucket(text_runs
     assert m["latency.step_share.encode"] > 0
     shares = sum(v for k, v in m.items() if k.startswith("latency.step_share."))
     assert shares == pytest.approx(1.0, abs=1e-6)  # every second of a request in one bucket
+    # service and response throughput apart: the scenario's wall time holds the service time
+    assert m["latency.service_seconds"] <= m["latency.duration_seconds"]
+    assert m["latency.rows_per_wall_s"] == pytest.approx(
+        m["latency.rows_per_service_s"] * m["latency.service_seconds"] / m["latency.duration_seconds"]
+    )
+    # per served request (the cold one included), not every request's coordinates over run.repeats
+    # (data.coords_reserved sums every served call's): per request, padding stays within reserve
+    served = m["latency.requests"] + 1
+    assert m["data.padded_coords"] <= m["data.coords_reserved"] / served * (1 + 1e-9)

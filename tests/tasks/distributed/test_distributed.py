@@ -120,8 +120,12 @@ def test_two_gloo_processes_train_like_one(tpch_small, tmp_path):
         "compute.train.reference_rows_per_s",
         "compute.train.scaling_efficiency",
         "compute.train.allreduce_seconds",
+        "compute.train.mfu",  # rank 0's steady batch shapes (it read 0: the flow's engine trained nothing)
     ):
         assert m2[key] > 0, key
+    # which aggregate the train stages are is tested exactly in test_rank_totals.py; here the
+    # ranks' mean is published beside the slowest rank's total
+    assert m2["e2e.train.ranks_mean_seconds"] > 0
     assert m2["compute.train.total_rows_per_s"] == pytest.approx(
         m2["compute.train.rank0.rows_per_s"] + m2["compute.train.rank1.rows_per_s"]
     )
