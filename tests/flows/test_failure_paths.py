@@ -15,6 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from tasks.runtime.errors import UserError
 
+pytestmark = pytest.mark.slow  # real flow runs under the session's Prefect server
+
 
 def test_failing_run_is_ended_failed_even_when_the_writer_abort_raises(
     prefect_harness, shop_spec, shop_files, tmp_path, monkeypatch

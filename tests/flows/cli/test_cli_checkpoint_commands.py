@@ -20,6 +20,8 @@ import pytest
 import torch
 import yaml
 
+pytestmark = pytest.mark.slow  # each test starts the CLI in a subprocess (torch import, a 200 MB checkpoint)
+
 
 def _checkpoint(shop_spec, shop_files, prepare_chunk, folder: Path, **model: int) -> tuple[Path, Path]:
     """A run checkpoint of the shop workload (untrained weights: only its size matters here)

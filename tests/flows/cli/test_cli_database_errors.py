@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real CLI processes against database URLs
+
 REPO = Path(__file__).resolve().parents[3]
 
 

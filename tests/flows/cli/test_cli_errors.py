@@ -24,6 +24,8 @@ import polars as pl
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # every case is a real `python -m flows.cli run` process
+
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 TIMEOUT_S = 300

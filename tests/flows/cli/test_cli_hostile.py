@@ -24,6 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # 21 real `python -m flows.cli run` processes
+
 REPO = Path(__file__).resolve().parents[3]
 
 

@@ -19,8 +19,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow  # real CLI runs with their own Prefect server
 
 SECRET = "s3cretQ7zz"
 PREFECT_SERVER = "prefect.server.api.server:create_app"

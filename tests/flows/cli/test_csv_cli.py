@@ -19,6 +19,8 @@ import yaml
 
 from tasks.spec import PANDAS_NULL_VALUES
 
+pytestmark = pytest.mark.slow  # real CLI processes
+
 REPO = Path(__file__).resolve().parents[3]
 
 PEOPLE = "id;balance;since;churn\n" + "".join(

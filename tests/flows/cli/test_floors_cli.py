@@ -3,10 +3,13 @@ bad input as exit 2 before any measurement. In-process (Typer's runner) on the s
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from flows.cli.app import app
+
+pytestmark = pytest.mark.slow  # a Prefect server and a floor ledger measured for real
 
 
 def test_floors_prints_every_stage_and_caches_the_ledger(prefect_harness, shop_spec, shop_files, monkeypatch):

@@ -6,7 +6,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tasks.measure.memory import PeakMemory
+
+pytestmark = pytest.mark.slow  # forked processes that allocate hundreds of MB, sampled for real
 
 MIB = 2**20
 # Holds 300 MiB of touched memory until the parent closes its stdin.
