@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from flows.cli.app import app
 
+pytestmark = pytest.mark.slow  # a real MLflow SQLite store per test (migrations take seconds)
+
 
 @pytest.fixture()
 def store(tmp_path):

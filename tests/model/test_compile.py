@@ -55,6 +55,7 @@ def test_compile_is_in_place_returns_self_and_is_lazy(model, recorder):
     assert len(recorder.calls) == 4  # wrappers are reused
 
 
+@pytest.mark.slow
 def test_regions_are_encoder_stacks_and_attention_pools(model, recorder):
     batch = random_batch(model.schema, 3)
     model.compile()

@@ -180,6 +180,7 @@ def test_backend_matches_the_model_fp32(model, batch_size, fill, shape):
         torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=1e-5, msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_backend_keeps_quantized_weights_packed_and_matches(model, fmt):
     payload = quantize_state(model.state_dict(), fmt, "sha")
@@ -248,6 +249,7 @@ def test_triton_spec_mistakes_name_the_key(shop_spec, run, message):
         parse_spec(_spec(shop_spec, **run))
 
 
+@pytest.mark.slow
 def test_start_backend_serves_an_fp8_checkpoint_through_the_engine(shop_spec, shop_files, prepare_chunk, tmp_path):
     """The run's path: fp8 checkpoint -> check_backend -> start_backend -> Engine.predict, with
     the Triton backend's predictions equal to the PyTorch backend's over the same weights."""

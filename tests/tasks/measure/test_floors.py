@@ -126,6 +126,7 @@ def test_gemm_shapes_follow_the_model_and_the_data(shop_spec):
     assert (bs * spec.model.heads, seq, d // spec.model.heads, seq) in shapes
 
 
+@pytest.mark.slow
 def test_the_ledger_is_cached_per_host_and_never_from_a_busy_host(shop_spec, shop_files, monkeypatch, tmp_path):
     monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path / "cache"))
     shop_spec["run"]["output_dir"] = str(tmp_path / "outputs")

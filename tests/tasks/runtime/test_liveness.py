@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.runtime import liveness
@@ -25,6 +26,7 @@ def test_process_tags_identify_this_process():
     assert not liveness.is_alive({**tags, "relflow.boot_id": "another-boot"})
 
 
+@pytest.mark.slow
 def test_sigkilled_run_is_found_stale_and_ended_killed(mlflow_uri):
     code = (
         "import os, signal\nfrom tasks.tracking.store import Tracker\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from tasks.measure.records import RunResult
@@ -15,6 +16,8 @@ from tasks.spec import parse_spec
 from tasks.stages import compute as compute_stage
 from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
+
+pytestmark = pytest.mark.slow  # a real compile of the calibration fit and the first predict
 
 
 def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(shop_spec, many_shop_files, tmp_path):

@@ -70,6 +70,7 @@ def stubbed(monkeypatch, shop_spec, many_shop_files):
     return ft, workload
 
 
+@pytest.mark.slow
 def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_spec, tmp_path, monkeypatch):
     ft, workload = stubbed
     shop_spec["run"]["repeats"] = 2

@@ -19,6 +19,8 @@ from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.scenarios import server, single_stream
 
+pytestmark = pytest.mark.slow  # a real request path over the shop workload per test
+
 
 class FakeTime:
     """A clock that moves only when a call is served (``cost`` s) or the driver sleeps."""

@@ -126,6 +126,7 @@ def present_mask(out, name: str, engine: Engine) -> torch.Tensor:
     return out.present[node]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", ["off", "auto"])
 @pytest.mark.parametrize("workers", [0, 1])
 def test_bucketing_keeps_predictions_and_key_order(varied, packing, workers):
@@ -149,6 +150,7 @@ def test_bucketing_keeps_predictions_and_key_order(varied, packing, workers):
     assert sum(p for p, _ in on_engine.batch_coords) == on_tz.coords_present  # every cell once
 
 
+@pytest.mark.slow
 def test_training_batches_hold_whole_roots_and_follow_the_seed(varied):
     def trained(seed: int):
         d = varied_spec()

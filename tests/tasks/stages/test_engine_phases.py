@@ -93,6 +93,7 @@ def engine_for(spec, tz: Tensorized, enc, schema, **kw) -> Engine:
 COMPILED = {"compile": {"encoders": True, "pools": False, "backend": "eager", "dynamic": False}}
 
 
+@pytest.mark.slow
 def test_a_recompile_in_predict_is_charged_to_predict_not_train():
     torch._dynamo.reset()
     spec = parse_spec(spec_raw(**COMPILED))
@@ -107,6 +108,7 @@ def test_a_recompile_in_predict_is_charged_to_predict_not_train():
     assert eng.recompiles("train") == 0
 
 
+@pytest.mark.slow
 def test_a_recompile_in_train_is_charged_to_train_not_predict():
     torch._dynamo.reset()
     spec = parse_spec(spec_raw(**COMPILED))
@@ -154,6 +156,7 @@ def test_quality_rows_are_one_pass_not_multiplied_by_repeats():
 # --- settings that must not be ignored ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compile_mode_options_and_adamw_keys_reach_the_model():
     spec = parse_spec(
         spec_raw(

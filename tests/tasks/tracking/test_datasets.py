@@ -19,6 +19,8 @@ from tasks.tracking.datasets import describe_sources, model_input_schema, model_
 from tasks.tracking.run_note import run_description
 from tasks.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RUN_NOTE_TAG, Tracker, runs_page
 
+pytestmark = pytest.mark.slow  # real MLflow SQLite stores and logged models
+
 
 def test_database_sources_are_shown_masked():
     assert mask_uri("postgresql://bench:s3cret@db.local:5433/tpch?sslmode=require") == (

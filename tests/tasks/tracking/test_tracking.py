@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.runtime.errors import UserError
@@ -24,6 +25,7 @@ def test_flatten_names_branches_by_name(shop_spec):
     assert params["run.batch_size"] == "4"
 
 
+@pytest.mark.slow
 def test_a_run_finishes_with_batched_metrics_params_and_tags(mlflow_uri):
     tracker = Tracker("unit")
     run_id = tracker.start("r", tags={"relflow.spec_hash": "abc"})
@@ -44,6 +46,7 @@ def test_a_run_finishes_with_batched_metrics_params_and_tags(mlflow_uri):
     assert exp.artifact_location == (Path(mlflow_uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
 
 
+@pytest.mark.slow
 def test_a_failed_run_ends_with_the_error_recorded(mlflow_uri):
     client = MlflowClient(tracking_uri=mlflow_uri)
     Tracker("unit").fail(RuntimeError("never started"))  # before start: a no-op
