@@ -22,14 +22,15 @@ Which requests: always the ``TRACE_SLOWEST`` slowest (the outliers worth opening
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
 from tasks.scenarios.latency import LatencyRecord
-from tasks.tracking.store import Tracker
 
 TRACE_SLOWEST = 10
 SAMPLE_SALT = 0x7ACE  # the sample's own seeded stream, apart from the schedule's and keys' draws
@@ -105,7 +106,15 @@ def request_traces(rec: LatencyRecord, rate: float, seed: int) -> list[RequestTr
     return traces
 
 
-def log_request_traces(tracker: Tracker, rec: LatencyRecord, rate: float, seed: int) -> dict[str, float]:
+class TraceStore(Protocol):
+    """Where traces go: ``tasks.tracking.store.Tracker`` (named structurally: the store imports
+    this module's records)."""
+
+    def log_traces(self, traces: Sequence[RequestTrace]) -> None: ...
+    def count_traces(self) -> int: ...
+
+
+def log_request_traces(tracker: TraceStore, rec: LatencyRecord, rate: float, seed: int) -> dict[str, float]:
     """Build and store the sampled requests' traces (after the timed region); returns
     ``requests.traces_logged`` (counted back from the store) and what logging cost."""
     start = wall_clock()

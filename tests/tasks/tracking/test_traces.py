@@ -62,6 +62,8 @@ def test_traces_hold_every_step_span_at_its_duration_linked_to_the_run(mlflow_ur
     client = MlflowClient(tracking_uri=mlflow_uri)
     traces = client.search_traces(locations=[tracker.experiment_id], run_id=run_id)
     assert client.search_traces(locations=[tracker.experiment_id], run_id=other_id) == []
+    assert request_traces(LatencyRecord("server"), 0.01, 0) == []  # no requests, no traces
+    assert log_request_traces(other, LatencyRecord("server"), 0.01, 0)[K.REQUESTS_TRACES_LOGGED] == 0
     assert {int(t.info.tags["relflow.request"]) for t in traces} == expected
     for t in traces:
         i = int(t.info.tags["relflow.request"])
@@ -77,13 +79,6 @@ def test_traces_hold_every_step_span_at_its_duration_linked_to_the_run(mlflow_ur
         for s in steps[1:]:
             assert s.end_time_ns - s.start_time_ns == round((i + 1) * 1e-3 * 1e9), s.name
         assert all(a.end_time_ns == b.start_time_ns for a, b in zip(steps, steps[1:], strict=False))
-
-
-def test_no_requests_no_traces(mlflow_uri):
-    tracker = Tracker("traces")
-    tracker.start("r", tags={})
-    assert request_traces(LatencyRecord("single_stream"), 0.01, 0) == []
-    assert log_request_traces(tracker, LatencyRecord("single_stream"), 0.01, 0)[K.REQUESTS_TRACES_LOGGED] == 0
 
 
 class Ticking:
