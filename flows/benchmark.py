@@ -79,6 +79,7 @@ from tasks.stages.write import PredictionWriter
 from tasks.tracking.datasets import describe_sources, model_interface
 from tasks.tracking.run_note import run_description
 from tasks.tracking.store import Tracker, flatten
+from tasks.tracking.traces import log_request_traces
 
 _T = TypeVar("_T")
 
@@ -474,6 +475,9 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
     """Step 5: metrics, system metrics, tags and artifacts to MLflow; the run FINISHED.
     Returns the flow's summary."""
     engine, tracker = _engine(run), run.tracker
+    if run.latency is not None:  # sampled requests as MLflow traces, built from the record (not timed)
+        req = run.spec.run.request
+        metrics.update(log_request_traces(tracker, run.latency, req.trace_sample_rate, run.spec.run.seed))
     tracker.log_metrics(metrics)
     metrics.update(engine.flush_throughput(tracker))  # the callback logs its own estimate
     if run.latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps

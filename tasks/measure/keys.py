@@ -182,6 +182,10 @@ HARNESS_REGION_START = "harness.timed_region_start_unix_s"
 HARNESS_REGION_END = "harness.timed_region_end_unix_s"
 HARNESS_FLOW_SECONDS = "harness.flow_seconds"
 HARNESS_FLOW_OVERHEAD_SECONDS = "harness.flow_overhead_seconds"
+# Request traces (tasks/tracking/traces.py), logged after the timed region.
+HARNESS_TRACE_LOGGING_SECONDS = "harness.trace_logging_seconds"
+HARNESS_TRACE_LOGGING_SECONDS_PER_TRACE = "harness.trace_logging_seconds_per_trace"
+REQUESTS_TRACES_LOGGED = "requests.traces_logged"
 
 HOST_PEAK_FLOPS_PER_S = "host.peak_flops_per_s"
 HOST_PEAK_CACHED = "host.peak_cached"
@@ -588,6 +592,20 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (HARNESS_REGION_END, "unix time the timed region ended"),
     (HARNESS_FLOW_SECONDS, "flow seconds up to final logging"),
     (HARNESS_FLOW_OVERHEAD_SECONDS, "flow seconds outside e2e.train + e2e.predict"),
+    (
+        HARNESS_TRACE_LOGGING_SECONDS,
+        "request scenarios: seconds building and storing the request traces, after the timed "
+        "region (in no harness.region_seconds bucket and not in harness.flow_seconds)",
+    ),
+    (
+        HARNESS_TRACE_LOGGING_SECONDS_PER_TRACE,
+        "harness.trace_logging_seconds / requests.traces_logged: one trace's cost",
+    ),
+    (
+        REQUESTS_TRACES_LOGGED,
+        "request scenarios: requests stored as MLflow traces linked to the run (the 10 slowest "
+        "plus a run.request.trace_sample_rate share drawn with run.seed), counted back from the store",
+    ),
     (HOST_LOAD_PER_CORE_START, "1-minute load average per core before the region (context only)"),
     (
         HOST_OTHER_CPU_FRACTION_BEFORE,

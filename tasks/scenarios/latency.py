@@ -41,6 +41,10 @@ class LatencyRecord:
     steps_s: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STEPS})
     batch_requests: list[int] = field(default_factory=list)  # requests served per batch
     lateness_s: list[float] = field(default_factory=list)  # server: issue time - scheduled
+    # When each steady request started (scheduled arrival, or issue in single_stream), in s
+    # after ``start_unix``, the scenario's start: what a request's trace is laid out from.
+    start_s: list[float] = field(default_factory=list)
+    start_unix: float = 0.0
     first_latency_s: float | None = None
     first_steps_s: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
@@ -66,12 +70,13 @@ class LatencyRecord:
         """Requests served, the cold one included (``data.padded_coords`` is per request)."""
         return self.requests + (1 if self.first_latency_s is not None else 0)
 
-    def add(self, latency: float, queue: float, steps: dict[str, float]) -> None:
+    def add(self, latency: float, queue: float, steps: dict[str, float], *, start: float) -> None:
         """One steady request; a step outside ``STEPS`` (``encode`` with text columns) gets
         its own bucket, so no step's seconds fall into ``other``."""
         before = len(self.latency_s)
         self.latency_s.append(latency)
         self.queue_s.append(queue)
+        self.start_s.append(start)
         for s in dict.fromkeys((*STEPS, *steps)):
             self.steps_s.setdefault(s, [0.0] * before).append(steps.get(s, 0.0))
 

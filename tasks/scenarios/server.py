@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tasks.measure.clock import Clock
+from tasks.measure.clock import Clock, unix_time
 from tasks.scenarios.latency import LatencyRecord
 
 Serve = Callable[[np.ndarray], dict[str, float]]
@@ -52,6 +52,7 @@ def run(
     queue: deque[int] = deque()
     nxt = 0  # next request not yet arrived
     t0 = clock.read()
+    rec.start_unix = unix_time()
     end = 0.0
     slept_to = 0.0  # a wait's target counts as reached: ``read() - t0`` can round just below it
     while nxt < n or queue:
@@ -86,7 +87,7 @@ def run(
             steps_of[i] = steps
         rec.batch_requests.append(len(batch))
     for i in range(n):
-        rec.add(float(latency[i]), float(queued[i]), steps_of[i])
+        rec.add(float(latency[i]), float(queued[i]), steps_of[i], start=float(arrivals[i]))
     rec.duration_s = end
     rec.lateness_s = lateness.tolist()
     return rec

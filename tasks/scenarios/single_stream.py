@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from tasks.measure.clock import Clock
+from tasks.measure.clock import Clock, unix_time
 from tasks.scenarios.latency import LatencyRecord
 
 Serve = Callable[[np.ndarray], dict[str, float]]
@@ -32,6 +32,7 @@ def run(
         rec.first_steps_s = serve(next(keys))
     rec.first_latency_s = cold.seconds
     start = clock.read()
+    rec.start_unix = unix_time()
     elapsed = 0.0
     while rec.requests < min_requests or elapsed < min_duration_s:
         if max_requests is not None and rec.requests >= max_requests:
@@ -39,7 +40,8 @@ def run(
         request = next(keys)
         with clock.measure() as span:
             steps = serve(request)
-        rec.add(span.seconds, 0.0, steps)
+        # Issued just after the previous read of the loop (no extra clock read per request).
+        rec.add(span.seconds, 0.0, steps, start=elapsed)
         rec.served(steps, len(request))
         elapsed = clock.read() - start
     rec.duration_s = elapsed

@@ -109,6 +109,21 @@ class Request(Strict):
     latency_bound_ms: float = Field(100.0, gt=0, description="server: an early-stopping p99 above it is INVALID")
     min_duration_s: float = Field(60.0, ge=0, description="shorter runs are INVALID")
     min_requests: int = Field(1024, ge=1, description="fewer requests are INVALID")
+    trace_sample_rate: float = Field(
+        0.01,
+        description="share of steady requests logged as MLflow traces (seeded by run.seed), "
+        "besides the 10 slowest, which always are",
+    )
+
+    @field_validator("trace_sample_rate")
+    @classmethod
+    def _a_share(cls, v: float) -> float:
+        if not 0 <= v <= 1:  # also refuses NaN
+            raise ValueError(
+                f"{v} is not a share of the requests; set it from 0 (only the 10 slowest are "
+                "traced) to 1 (every request), default 0.01"
+            )
+        return v
 
 
 class Run(Strict):

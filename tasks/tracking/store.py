@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     import torch
 
     from tasks.tracking.datasets import DatasetInfo, ModelInterface
+    from tasks.tracking.traces import RequestTrace
 
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
@@ -208,6 +209,43 @@ class Tracker:
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self._id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+
+    def log_traces(self, traces: Sequence[RequestTrace]) -> None:
+        """Each as an MLflow trace in the run's experiment, linked to the run (trace metadata
+        ``mlflow.sourceRun``), every span at its recorded start and end; returns when all are
+        stored. MLflow's trace exporter writes to the fluent API's store, and its async queue
+        is flushed before that is restored."""
+        if not traces:
+            return
+        with _fluent_uri(self.uri):
+            for t in traces:
+                root = self.client.start_trace(
+                    t.name,
+                    experiment_id=self.experiment_id,
+                    start_time_ns=t.start_ns,
+                    run_id=self._id,
+                    tags=t.tags,
+                    attributes=t.attributes,
+                )
+                for s in t.spans:
+                    span = self.client.start_span(
+                        s.name, trace_id=root.trace_id, parent_id=root.span_id, start_time_ns=s.start_ns
+                    )
+                    self.client.end_span(root.trace_id, span.span_id, end_time_ns=s.end_ns)
+                self.client.end_trace(root.trace_id, end_time_ns=t.end_ns)
+            mlflow.flush_trace_async_logging()
+
+    def count_traces(self) -> int:
+        """Traces stored for the run (what ``requests.traces_logged`` reports)."""
+        n, token = 0, None
+        while True:
+            page = self.client.search_traces(
+                locations=[self.experiment_id], run_id=self._id, include_spans=False, max_results=500, page_token=token
+            )
+            n += len(page)
+            token = page.token
+            if not token:
+                return n
 
     def set_description(self, markdown: str) -> None:
         """The run page's description (MLflow renders it as markdown)."""

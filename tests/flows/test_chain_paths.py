@@ -96,3 +96,25 @@ def test_text_spec_serves_requests_valid_with_encode_in_its_own_bucket(text_runs
     # (data.coords_reserved sums every served call's): per request, padding stays within reserve
     served = m["latency.requests"] + 1
     assert m["data.padded_coords"] <= m["data.coords_reserved"] / served * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_single_stream_requests_open_as_traces_with_every_step(text_runs):
+    """Issue 21: the 10 slowest requests plus a 1% sample as MLflow traces linked to the run,
+    each with a span per step (encode included), the slowest one the run's slowest request."""
+    summary, run = text_runs["single_stream"]
+    m = run.data.metrics
+    client = MlflowClient(tracking_uri=summary["tracking_uri"])
+    traces = client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)
+    assert m["requests.traces_logged"] == len(traces)
+    assert 10 <= len(traces) <= 10 + round(m["latency.requests"] * 0.01)
+    assert m["harness.trace_logging_seconds"] > 0  # after the region, in none of its buckets
+    names = ["queue", "retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write"]
+    longest = 0
+    for t in traces:
+        root = next(s for s in t.data.spans if s.parent_id is None)
+        steps = sorted((s for s in t.data.spans if s.parent_id is not None), key=lambda s: s.start_time_ns)
+        assert [s.name for s in steps] == names
+        assert steps[-1].end_time_ns <= root.end_time_ns
+        longest = max(longest, root.end_time_ns - root.start_time_ns)
+    assert longest / 1e6 == pytest.approx(m["latency.request_ms.max"], abs=1e-5)

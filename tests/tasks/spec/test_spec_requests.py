@@ -13,6 +13,7 @@ def test_defaults_are_offline_with_loadgen_minimums(shop_spec):
     run = parse_spec(shop_spec).run
     assert run.scenario == "offline"
     assert (run.request.roots, run.request.max_batch, run.request.min_requests) == (1, 1, 1024)
+    assert run.request.trace_sample_rate == 0.01
 
 
 @pytest.mark.parametrize(
@@ -23,6 +24,8 @@ def test_defaults_are_offline_with_loadgen_minimums(shop_spec):
         ("request", {"target_qps": 0}, "run.request.target_qps"),
         ("request", {"roots": 0}, "run.request.roots"),
         ("request", {"latency_bound": 5}, "unknown key 'run.request.latency_bound'"),
+        ("request", {"trace_sample_rate": 1.5}, "'run.request.trace_sample_rate': Value error, 1.5 is not a share"),
+        ("request", {"trace_sample_rate": -0.1}, "'run.request.trace_sample_rate': Value error, -0.1 is not a share"),
     ],
 )
 def test_bad_request_settings_name_the_key(shop_spec, key, value, needle):
