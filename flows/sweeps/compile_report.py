@@ -48,6 +48,18 @@ VARIANTS: dict[str, tuple[bool, bool]] = {
 }
 
 
+# Every cache a compile can be warmed from, pointed into one folder per (variant, round): a
+# "cold" run starts with all of them empty, its "warm" twin reuses exactly what it filled.
+# Inductor's FX-graph and AOTAutograd caches live under TORCHINDUCTOR_CACHE_DIR; Triton's
+# compiled kernels (CUDA) default to ~/.triton/cache, shared by every run unless moved.
+COMPILER_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+def compiler_cache_env(cache_dir: Path) -> dict[str, str]:
+    """The environment that isolates every compiler cache under ``cache_dir``."""
+    return {var: str(cache_dir / sub) for var, sub in COMPILER_CACHES.items()}
+
+
 def _run_variant(
     spec: Path, overrides: list[str], variant: str, cache_dir: Path | None, parent_run_id: str, workdir: Path, tag: str
 ) -> RunReport:
@@ -55,7 +67,7 @@ def _run_variant(
     out = workdir / f"{tag}.json"
     env = dict(os.environ)
     if cache_dir is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+        env.update(compiler_cache_env(cache_dir))
     cmd = [
         sys.executable,
         "-m",
@@ -119,7 +131,11 @@ def summarize(samples: list[Sample]) -> list[dict[str, Cell]]:
         return None if mi is None else (mi.low, mi.high)[side]
 
     def recompiles(g: Group) -> float:
-        return max(g.values(K.compute("predict", "recompiles")) + g.values(K.compute("train", "recompiles")))
+        # NaN (printed "-") when no round logged the count: never a silent 0, never max() of NaN
+        return max(
+            g.values(K.compute("predict", "recompiles")) + g.values(K.compute("train", "recompiles")),
+            default=math.nan,
+        )
 
     p, t = K.STEADY_ROWS_PER_S, K.TRAIN_STEADY_ROWS_PER_S
     return summarize_groups(
@@ -152,8 +168,15 @@ def summarize(samples: list[Sample]) -> list[dict[str, Cell]]:
 def _speedup(r: dict[str, Cell], phase: str) -> str:
     """``1.23x``, with the paired per-round interval when the rounds support one."""
     ratio, low, high = r[f"{phase}_speedup_vs_eager"], r[f"{phase}_speedup_ci_low"], r[f"{phase}_speedup_ci_high"]
+    if not isinstance(ratio, int | float) or math.isnan(ratio):
+        return "-"
     text = f"{ratio:.2f}x"
     return text if low is None or high is None else f"{text} [{low:.2f}, {high:.2f}]"
+
+
+def _num(value: Cell, fmt: str) -> str:
+    """A figure, or "-" when no round logged it (a train figure of a predict-mode spec)."""
+    return "-" if not isinstance(value, int | float) or math.isnan(value) else format(value, fmt)
 
 
 def to_markdown(rows: list[dict[str, Cell]]) -> str:
@@ -176,17 +199,17 @@ def to_markdown(rows: list[dict[str, Cell]]) -> str:
             [
                 str(r["variant"]),
                 str(r["cache"]),
-                f"{r['predict_first_call_s']:.2f}",
-                f"{r['predict_steady_rows_per_s']:,.0f} "
-                f"[{interval_text(r['predict_ci_low'], r['predict_ci_high'], r['rounds'])}]",
+                _num(r["predict_first_call_s"], ".2f"),
+                _num(r["predict_steady_rows_per_s"], ",.0f")
+                + f" [{interval_text(r['predict_ci_low'], r['predict_ci_high'], r['rounds'])}]",
                 _speedup(r, "predict"),
-                f"{r['train_first_call_s']:.2f}",
-                f"{r['train_steady_rows_per_s']:,.0f} "
-                f"[{interval_text(r['train_ci_low'], r['train_ci_high'], r['rounds'])}]",
+                _num(r["train_first_call_s"], ".2f"),
+                _num(r["train_steady_rows_per_s"], ",.0f")
+                + f" [{interval_text(r['train_ci_low'], r['train_ci_high'], r['rounds'])}]",
                 _speedup(r, "train"),
-                f"{int(r['recompiles'])}",
-                f"{r['host_peak_mib']:,.0f}",
-                f"{r['host_peak_excluding_compiler_mib']:,.0f}",
+                _num(r["recompiles"], ".0f"),
+                _num(r["host_peak_mib"], ",.0f"),
+                _num(r["host_peak_excluding_compiler_mib"], ",.0f"),
             ]
             for r in rows
         ),

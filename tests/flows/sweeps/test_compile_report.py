@@ -46,3 +46,29 @@ def test_compile_report_speedup_is_paired_by_round():
     # fewer rounds: medians, no interval, and the speedup without one
     few = compile_summarize([s for s in samples if s.round < 3])
     assert "| eager | none | 0.50 | 1,100 [n=3<6, no CI] | 1.00x | 1.50 |" in compile_markdown(few)
+
+
+def test_a_cold_run_isolates_every_compiler_cache(tmp_path):
+    # Before, only TORCHINDUCTOR_CACHE_DIR moved: Triton's kernel cache (~/.triton/cache on
+    # CUDA) stayed shared, so later "cold" rounds were warm.
+    from flows.sweeps.compile_report import compiler_cache_env
+
+    env = compiler_cache_env(tmp_path / "c")
+    assert env == {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "c" / "inductor"),
+        "TRITON_CACHE_DIR": str(tmp_path / "c" / "triton"),
+    }
+
+
+def test_missing_figures_print_as_missing_not_nan_or_a_crash():
+    # A predict-mode spec logs no train figures and (here) no recompile counts: before, the
+    # recompile column was max() of an empty list (ValueError) and other cells printed "nan".
+    samples = []
+    for r in range(2):
+        for variant, cache in (("eager", "none"), ("pools", "cold"), ("pools", "warm")):
+            m = {K.STEADY_ROWS_PER_S: 1000.0, K.FIRST_CALL_SECONDS: 0.5, K.HOST_PEAK_BYTES: 2.0**30}
+            samples.append(Sample(variant, r, RunReport(f"{variant}-{cache}-{r}", m, "VALID"), cache=cache))
+    md = compile_markdown(compile_summarize(samples))
+    assert "nan" not in md.lower()
+    assert "| eager | none | 0.50 | 1,000 [n=2<6, no CI] | 1.00x | - | - [" in md
+    assert md.splitlines()[2].endswith("| - | 1,024 | - |")
