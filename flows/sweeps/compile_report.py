@@ -4,7 +4,8 @@ Variants: eager, encoders, pools, encoders+pools. Every measurement is a full
 ``relflow-bench run`` in a fresh process (compilation state, allocator and caches never
 leak between variants), interleaved round by round with the order rotated, so drift on a
 shared machine hits every variant alike. Compiled variants run twice per round: with an
-empty Inductor cache (cold) and again with the cache the cold run just filled (warm).
+empty cache (cold) and again with the caches the cold run just filled (warm): every compiler
+cache (Inductor's and Triton's, ``COMPILER_CACHES``) moves into one folder per variant and round.
 
 Each process is a child MLflow run under one parent run; the summary table (medians over
 rounds, order-statistic 95% intervals of those medians from 6 rounds (the default; fewer
