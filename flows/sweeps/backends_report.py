@@ -8,9 +8,11 @@ with the order rotated (as ``compile-report``), every one against the fp16 check
 its quality reference:
 
     pytorch_eager_fp32   the trained checkpoint, eager (packed path where eligible)
+    pytorch_eager_fp32_padded  the same with run.packing=off: the padded path the ONNX graph runs
     pytorch_compiled     the same, run.compile.model: true (whole model, dynamic shapes)
     pytorch_fp16|int8|int4  the quantized checkpoints, expanded to fp32 at load
-    onnxruntime_fp32     the bundle in ONNX Runtime (padded path), CPUExecutionProvider
+    onnxruntime_fp32     the bundle in ONNX Runtime (padded path), CPUExecutionProvider, as
+                         many intra-op threads as torch (tag relflow.onnxruntime.intra_op_threads)
     onnxruntime_int8     ONNX Runtime's dynamic int8 quantization of the bundle
     triton_fp16|fp8|int8 the quantized checkpoints served packed by the Triton backend (fp16
                          compute); CUDA hosts only, skipped and said so elsewhere
@@ -36,6 +38,9 @@ from tasks.measure.report import RunReport, Sample
 ORT = "run.backend=onnxruntime"
 VARIANTS: dict[str, Callable[[dict[str, str]], list[str]]] = {
     "pytorch_eager_fp32": lambda f: [f"run.checkpoint={f['fp32']}"],
+    # the ONNX graph is the padded path: PyTorch padded too separates the backend's effect
+    # from the packing algorithm's
+    "pytorch_eager_fp32_padded": lambda f: [f"run.checkpoint={f['fp32']}", "run.packing=off"],
     "pytorch_compiled": lambda f: [f"run.checkpoint={f['fp32']}", "run.compile.model=true"],
     "pytorch_fp16": lambda f: [f"run.checkpoint={f['fp16']}"],
     "pytorch_int8": lambda f: [f"run.checkpoint={f['int8']}"],

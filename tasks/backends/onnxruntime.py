@@ -64,6 +64,11 @@ def dynamic_int8(bundle: Bundle, clock: Clock) -> tuple[Path, float | None]:
     return target, span.seconds
 
 
+def intra_op_threads(settings: OnnxRuntime) -> int:
+    """The session's intra-op threads: the setting, or (0) torch's intra-op thread count."""
+    return settings.intra_op_threads or torch.get_num_threads()
+
+
 class OnnxRuntimeBackend:
     name = "onnxruntime"
 
@@ -72,7 +77,11 @@ class OnnxRuntimeBackend:
 
         check_providers(settings)
         opts = onnxruntime.SessionOptions()
-        opts.intra_op_num_threads = settings.intra_op_threads
+        # Like for like with PyTorch: 0 means torch's own intra-op thread count (the run's
+        # run.threads), not ONNX Runtime's default of one per core, which differs under a
+        # thread cap and made the backends report compare two thread counts.
+        self.intra_op_threads = intra_op_threads(settings)
+        opts.intra_op_num_threads = self.intra_op_threads
         opts.inter_op_num_threads = settings.inter_op_threads
         opts.graph_optimization_level = getattr(
             onnxruntime.GraphOptimizationLevel, LEVELS[settings.graph_optimization_level]
@@ -114,6 +123,7 @@ class OnnxRuntimeBackend:
             "relflow.bundle_path": str(self.bundle.path),
             "relflow.onnx_model_file": self.model_file.name,
             "relflow.onnxruntime.quantization": self.settings.quantization or "none",
+            "relflow.onnxruntime.intra_op_threads": str(self.intra_op_threads),
             "relflow.weights_format": (
                 "dynamic_int8" if self.settings.quantization else m.get("checkpoint_weights_format", "fp32")
             ),

@@ -45,7 +45,9 @@ class OnnxRuntime(Strict):
         None, description="bundle folder from relflow-bench export; null: the run exports the checkpoint it uses first"
     )
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
-    intra_op_threads: int = Field(0, ge=0, description="0 = ONNX Runtime's default (one per core)")
+    intra_op_threads: int = Field(
+        0, ge=0, description="0 = torch's intra-op thread count (like for like with PyTorch; tag relflow.torch_threads)"
+    )
     inter_op_threads: int = Field(0, ge=0)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     quantization: Literal["dynamic_int8"] | None = Field(

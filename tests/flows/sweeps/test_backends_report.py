@@ -65,3 +65,31 @@ def test_summary_takes_medians_and_the_right_file_per_backend():
     fig = backends_figure(list(rows.values()))
     assert [t.name for t in fig.data] == ["steady compute", "end-to-end predict", "accuracy delta"]
     assert list(fig.data[0].x) == list(rows)
+
+
+def test_like_for_like_variants_threads_reference_and_compiler_memory():
+    # Before: no padded PyTorch variant (ONNX Runtime runs the padded graph, PyTorch packed),
+    # the fp16 reference's delta of 0 looked like a measurement, and a compiled variant's peak
+    # held its compiler processes with nothing beside it.
+    files = {"fp32": "a.ckpt", "fp16": "a.fp16.ckpt", "int8": "i", "int4": "j", "fp8": "k", "bundle": "b"}
+    assert VARIANTS["pytorch_eager_fp32_padded"](files) == ["run.checkpoint=a.ckpt", "run.packing=off"]
+    samples = [
+        sample("pytorch_fp16", 0, 100.0, **{"quality.delta_vs_reference": 0.0}),
+        sample("pytorch_compiled", 0, 120.0, **{"memory.host_peak_excluding_compiler_bytes": 2**29}),
+    ]
+    rows = {r["variant"]: r for r in summarize(samples, "accuracy")}
+    assert rows["pytorch_compiled"]["peak_rss_mib"] == 1024.0
+    assert rows["pytorch_compiled"]["peak_rss_excluding_compiler_mib"] == 512.0
+    md = to_markdown(list(rows.values()), "accuracy")
+    assert "| +0.0000 (is the reference) |" in md
+    assert "| 1,024 | 512 |" in md and "without compiler MiB" in md
+
+
+def test_onnxruntime_threads_default_to_torchs_count():
+    import torch
+
+    from tasks.backends.onnxruntime import intra_op_threads
+    from tasks.spec.run import OnnxRuntime
+
+    assert intra_op_threads(OnnxRuntime()) == torch.get_num_threads()
+    assert intra_op_threads(OnnxRuntime(intra_op_threads=3)) == 3
