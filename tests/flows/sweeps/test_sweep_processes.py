@@ -138,7 +138,6 @@ def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(t
                 print(f"{label:<45} {k:<34} {c[k]:>14,.3f} {s[k]:>14,.3f} {ratio:>7.3f}")
     for label, c, s in rows:
         assert abs(c[RSS] / s[RSS] - 1) <= RSS_TOLERANCE, label
-        assert c["memory.host_peak_bytes"] >= c[RSS] and s["memory.host_peak_bytes"] >= s[RSS], label
         for k in ("compute.first_call_seconds", "compute.train.first_call_seconds"):
             ratio = c[k] / s[k]
             assert 1 / FIRST_CALL_NOISE <= ratio <= FIRST_CALL_NOISE, (label, k, c[k], s[k])
