@@ -589,7 +589,12 @@ def _utilisation(
     if result.train is not None:
         train_shape = inspect_on_meta(engine.schema, config, outputs=("prediction",))
         phases["train"] = work(result.train, float(train_shape["flops_per_root_row"]), ("prediction",), "train")
-    return {**mfu_metrics(peak.flops_per_s, phases), K.HOST_PEAK_CACHED: float(peak.cached)}
+    rank_peak = None
+    if s.run.distributed is not None and "train" in phases:  # the ranks trained, at their own thread count
+        host = fingerprint(p.device)["relflow.host_fingerprint"]
+        threads = s.run.distributed.threads_per_process
+        rank_peak = peak_flops(host, p.device, s.run.precision, threads=threads).flops_per_s
+    return {**mfu_metrics(peak.flops_per_s, phases, rank_peak), K.HOST_PEAK_CACHED: float(peak.cached)}
 
 
 def _log_profile(tracker: Tracker, engine: compute_stage.Engine) -> dict[str, list[dict[str, Any]]]:

@@ -188,6 +188,7 @@ HARNESS_TRACE_LOGGING_SECONDS_PER_TRACE = "harness.trace_logging_seconds_per_tra
 REQUESTS_TRACES_LOGGED = "requests.traces_logged"
 
 HOST_PEAK_FLOPS_PER_S = "host.peak_flops_per_s"
+TRAIN_RANK_PEAK_FLOPS_PER_S = "compute.train.rank_peak_flops_per_s"
 HOST_PEAK_CACHED = "host.peak_cached"
 MFU = "mfu"  # compute(phase, MFU)
 MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
@@ -412,6 +413,11 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         HOST_PEAK_FLOPS_PER_S,
         "the host's peak: best rate of a dense n x n x n matmul on the run's device, "
         "precision and thread count, cached per host fingerprint (relflow-bench peak)",
+    ),
+    (
+        TRAIN_RANK_PEAK_FLOPS_PER_S,
+        "DDP runs: the peak at a rank's torch thread count (run.distributed.threads_per_process), "
+        "the denominator of compute.train.mfu|mfu_reserved there instead of host.peak_flops_per_s",
     ),
     (HOST_PEAK_CACHED, "1 when the peak came from the cache, 0 when measured in this run (after the timed region)"),
     (DATA_ROOT_ROWS, "distinct root rows of the workload"),

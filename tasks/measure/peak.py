@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,18 @@ def cache_file() -> Path:
     return Path(base) / "peak_flops.json"
 
 
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` for the block (``None``: left as it is)."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _key(fingerprint: str, device: torch.device, dtype: str) -> str:
     return f"{fingerprint}|{device}|{dtype}|threads={torch.get_num_threads()}"
 
@@ -70,8 +84,16 @@ def measure(device: torch.device, dtype: str, size: int | None = None, reps: int
     return Peak(2.0 * n**3 / best, str(device), dtype, torch.get_num_threads(), n, unix_time(), busy)
 
 
-def peak_flops(fingerprint: str, device: torch.device, dtype: str, remeasure: bool = False) -> Peak:
-    """The cached peak for this host/device/dtype/threads, measured on a miss."""
+def peak_flops(
+    fingerprint: str, device: torch.device, dtype: str, remeasure: bool = False, threads: int | None = None
+) -> Peak:
+    """The cached peak for this host/device/dtype/threads, measured on a miss. ``threads``:
+    the peak at that torch thread count (a DDP rank's), not this process's."""
+    with torch_threads(threads):
+        return _peak_flops(fingerprint, device, dtype, remeasure)
+
+
+def _peak_flops(fingerprint: str, device: torch.device, dtype: str, remeasure: bool) -> Peak:
     path = cache_file()
     key = _key(fingerprint, device, dtype)
     try:

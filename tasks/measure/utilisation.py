@@ -29,14 +29,24 @@ class PhaseWork:
     steady_seconds: float
 
 
-def mfu_metrics(peak_flops_per_s: float, phases: dict[str, PhaseWork]) -> dict[str, float]:
-    """``compute[.train].model_flops_per_s[_reserved]`` and ``.mfu[_reserved]`` per phase."""
-    out = {K.HOST_PEAK_FLOPS_PER_S: peak_flops_per_s}
+def mfu_metrics(
+    peak_flops_per_s: float, phases: dict[str, PhaseWork], train_rank_peak: float | None = None
+) -> dict[str, float]:
+    """``compute[.train].model_flops_per_s[_reserved]`` and ``.mfu[_reserved]`` per phase.
 
-    def share(flops_per_s: float) -> float:
-        return flops_per_s / peak_flops_per_s if peak_flops_per_s > 0 else 0.0
+    ``train_rank_peak``: a DDP run's training is measured in the ranks, each with
+    ``run.distributed.threads_per_process`` threads, so its MFU is against the peak at that
+    thread count (``compute.train.rank_peak_flops_per_s``), not this process's."""
+    out = {K.HOST_PEAK_FLOPS_PER_S: peak_flops_per_s}
+    if train_rank_peak is not None:
+        out[K.TRAIN_RANK_PEAK_FLOPS_PER_S] = train_rank_peak
 
     for phase, w in phases.items():
+        peak = train_rank_peak if phase == "train" and train_rank_peak is not None else peak_flops_per_s
+
+        def share(flops_per_s: float, peak: float = peak) -> float:
+            return flops_per_s / peak if peak > 0 else 0.0
+
         factor = TRAIN_FLOPS_FACTOR if phase == "train" else 1.0
         present = factor * w.present_flops / w.steady_seconds if w.steady_seconds > 0 else 0.0
         reserved = factor * w.reserved_flops_per_row * w.steady_rows_per_s
@@ -49,15 +59,20 @@ def mfu_metrics(peak_flops_per_s: float, phases: dict[str, PhaseWork]) -> dict[s
 
 def utilisation_reasons(metrics: dict[str, float]) -> list[str]:
     """A utilisation above 1 means the FLOP count or the peak is wrong: the run is INVALID."""
-    peak = metrics.get(K.HOST_PEAK_FLOPS_PER_S, 0.0)
     reasons = []
     for phase in K.PHASES:
+        peak_key = (
+            K.TRAIN_RANK_PEAK_FLOPS_PER_S
+            if phase == "train" and K.TRAIN_RANK_PEAK_FLOPS_PER_S in metrics
+            else K.HOST_PEAK_FLOPS_PER_S
+        )
+        peak = metrics.get(peak_key, 0.0)
         for mfu, flops in ((K.MFU, K.MODEL_FLOPS_PER_S), (K.MFU_RESERVED, K.MODEL_FLOPS_PER_S_RESERVED)):
             value = metrics.get(K.compute(phase, mfu))
             if value is not None and value > 1.0:
                 reasons.append(
                     f"{K.compute(phase, mfu)} {value:.2f} > 1: {K.compute(phase, flops)} "
                     f"{metrics.get(K.compute(phase, flops), 0.0):.3g} FLOP/s exceeds "
-                    f"{K.HOST_PEAK_FLOPS_PER_S} {peak:.3g} (the FLOP count or the measured peak is wrong)"
+                    f"{peak_key} {peak:.3g} (the FLOP count or the measured peak is wrong)"
                 )
     return reasons

@@ -104,3 +104,26 @@ def test_a_peak_measured_on_a_busy_host_is_not_cached(tmp_path, monkeypatch):
     finally:
         for pid in pids.read_text().split():
             os.kill(int(pid), signal.SIGKILL)
+
+
+def test_ddp_train_mfu_is_against_the_peak_at_the_ranks_thread_count():
+    # Before: the ranks' training (1 thread each) was divided by the flow's 2-thread peak.
+    work = PhaseWork(reserved_flops_per_row=100.0, steady_rows_per_s=1.0, present_flops=250.0, steady_seconds=0.5)
+    m = mfu_metrics(1000.0, {"predict": work, "train": work}, train_rank_peak=500.0)
+    assert m["compute.mfu"] == 0.5  # 500 FLOP/s over the host's 1,000
+    assert m["compute.train.mfu"] == 3.0  # 1,500 FLOP/s over the rank's 500
+    assert m["compute.train.rank_peak_flops_per_s"] == 500.0
+    (reason, *_) = utilisation_reasons(m)
+    assert "compute.train.rank_peak_flops_per_s 500" in reason
+
+
+def test_a_peak_at_another_thread_count_is_measured_there_and_threads_restored(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("tasks.measure.peak.BUSY_HOST_FRACTION", 1.0)
+    before = torch.get_num_threads()
+    one = peak_flops("fp-threads", torch.device("cpu"), "fp32", threads=1)
+    assert one.threads == 1 and torch.get_num_threads() == before
+    import json
+
+    keys = list(json.loads((tmp_path / "peak_flops.json").read_text()))
+    assert keys == ["fp-threads|cpu|fp32|threads=1"]
