@@ -23,12 +23,13 @@ def noise_cmd(
     from flows.sweeps.noise import check_runs, collect, summarize, to_markdown
     from tasks.measure import keys as K
     from tasks.spec import load_spec
-    from tasks.tracking.store import Tracker
 
     tracker = None
     try:
         check_runs(runs)
-        s = load_spec(spec, list(set_ or []))  # bad input: exit 2 before any run
+        s = load_spec(spec, list(set_ or []))  # bad input: exit 2 before any run, and before MLflow loads
+        from tasks.tracking.store import Tracker
+
         tracker = Tracker(s.name)
         parent = tracker.start(f"{s.name}-noise", {"relflow.spec_hash": s.spec_hash, "relflow.report": "noise"})
         console.print(f"parent MLflow run {parent} in experiment '{s.name}': {runs} fresh-process runs")

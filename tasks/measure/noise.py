@@ -20,7 +20,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import t as student_t
 
 ALPHA = 0.05
 POWER = 0.8
@@ -40,6 +39,8 @@ def mde_two(cv_a: float, n_a: int, cv_b: float, n_b: int, alpha: float = ALPHA, 
     if n_a < 2 or n_b < 2 or not (math.isfinite(cv_a) and math.isfinite(cv_b)):
         return math.nan
     df = n_a + n_b - 2
+    from scipy.stats import t as student_t  # here: scipy.stats takes seconds to import, and CLI checks come first
+
     factor = float(student_t.ppf(1 - alpha / 2, df) + student_t.ppf(power, df))
     return factor * math.sqrt(cv_a**2 / n_a + cv_b**2 / n_b)
 

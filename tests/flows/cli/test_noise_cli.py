@@ -32,7 +32,6 @@ def _noise(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.slow
 def test_one_run_is_refused_before_any_work(tmp_path: Path):
     got = _noise(["--runs", "1"], tmp_path)
     assert got.returncode == 2
@@ -40,7 +39,6 @@ def test_one_run_is_refused_before_any_work(tmp_path: Path):
     assert not (tmp_path / "mlflow.db").exists()  # no parent run was opened
 
 
-@pytest.mark.slow
 def test_a_bad_override_is_refused_before_any_work(tmp_path: Path):
     got = _noise(["--set", "run.batch_sise=5"], tmp_path)
     assert got.returncode == 2
