@@ -63,6 +63,7 @@ from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.offline import predict_pass
+from tasks.scenarios.outputs import check_outputs
 from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
@@ -294,6 +295,10 @@ def timed_body(run: Run) -> None:
         other_during = other.stop()
         stolen = steal_fraction(ticks_start, CpuTicks.now())
         run.tracker.stop_system_metrics()
+        if run.latency is not None and run.latency.served_outputs is not None:  # under the lock, after the region
+            progress.emit("phase", name="output check (not timed)")
+            run.latency.output_check = check_outputs(work.chain, run.latency.served_outputs, s.run)
+            run.latency.served_outputs = None  # the served tensors are no longer needed
         if run.plan.reference is not None:  # still under the host lock, after the region
             progress.emit("phase", name="reference quality (not timed)")
             run.reference_quality = reference_quality(
@@ -463,6 +468,8 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
     reasons = verdict(run.spec, metrics, _engine(run).quality.headline)
     if run.latency is not None:
         reasons += latency_verdict(run.spec.run.scenario, run.spec.run.request, metrics)
+        if run.latency.output_check is not None:
+            reasons += run.latency.output_check.reasons()
     if not run.quality_meaningful and run.spec.task.min_quality is not None:
         reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
     if run.quality_meaningful:  # a model no better than the majority class / the mean

@@ -89,4 +89,5 @@ def run(
         rec.add(float(latency[i]), float(queued[i]), steps_of[i])
     rec.duration_s = end
     rec.lateness_s = lateness.tolist()
+    rec.request_keys = list(keys)
     return rec

@@ -40,6 +40,7 @@ def run(
         with clock.measure() as span:
             steps = serve(request)
         rec.add(span.seconds, 0.0, steps)
+        rec.request_keys.append(request)
         rec.served(steps, len(request))
         elapsed = clock.read() - start
     rec.duration_s = elapsed

@@ -109,6 +109,12 @@ class Request(Strict):
     latency_bound_ms: float = Field(100.0, gt=0, description="server: an early-stopping p99 above it is INVALID")
     min_duration_s: float = Field(60.0, ge=0, description="shorter runs are INVALID")
     min_requests: int = Field(1024, ge=1, description="fewer requests are INVALID")
+    check_outputs: bool = Field(
+        True,
+        description="compare each served root's predictions with an offline pass over the same keys (same "
+        "weights, backend and calibration), after the timed region; beyond the tolerance (tasks/spec/tolerance.py) "
+        "the run is INVALID",
+    )
 
 
 class Run(Strict):
