@@ -255,3 +255,54 @@ def test_a_cache_shows_in_the_repeat_ratio():
 
     rec = single_stream.run(uncached, iter([np.array([1])] * 6), clock, min_requests=5, min_duration_s=0)
     assert rec.metrics()[K.REQUESTS_REPEAT_KEY_SPEEDUP] == pytest.approx(1.0)
+
+
+def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files, tmp_path):
+    """A per-order target: cells of absent orders (padding) are not outputs, so a backend that
+    writes anything there matches; one that moves a present cell does not."""
+    from tasks.measure.records import RunResult
+    from tasks.scenarios.request import RequestPath
+    from tasks.scenarios.schedule import validation_keys
+    from tasks.scenarios.workload import Workload
+    from tasks.sources.files import resolve_sources
+    from tasks.stages.chain import Chain
+    from tasks.stages.write import PredictionWriter
+
+    shop_spec["task"] = {"target": "o_status", "branch": "orders", "kind": "category"}
+    shop_spec["run"].update(scenario="single_stream", mode="predict")  # untrained weights: outputs all the same
+    spec = parse_spec(shop_spec)
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")), RunResult())
+    work.list_keys()
+    pool = validation_keys(np.concatenate(work.chunks), spec.task.validation_fraction)
+
+    def serve(backend_of) -> tuple:
+        writer = PredictionWriter(tmp_path / "branch.parquet")
+        path = RequestPath(work, writer)
+        engine = work.chain.engine
+        real = engine.backend
+        engine.serve_with(backend_of(real))
+        rec = single_stream.run(
+            path, iter([pool[i : i + 1] for i in range(5)]), work.chain.clock, min_requests=4, min_duration_s=0
+        )
+        engine.serve_with(real)
+        writer.abort()
+        return rec, check_outputs(work.chain, path.outputs, spec.run)
+
+    class OnCells(Perturbed):
+        def __init__(self, inner, present: bool) -> None:
+            super().__init__(inner, 1.0)
+            self.present = present
+
+        def step(self, batch, outputs):
+            outs = dict(self.inner.step(batch, outputs))
+            mask = batch.nodes["orders"].present
+            cells = mask if self.present else ~mask
+            outs["prediction"] = outs["prediction"] + self.delta * cells.unsqueeze(-1)
+            return outs
+
+    _, padding = serve(lambda real: OnCells(real, present=False))
+    assert padding.mismatched_roots == 0 and padding.max_abs_diff < 1e-6
+    _, present = serve(lambda real: OnCells(real, present=True))
+    with_orders = {str(k) for k in pool[:5]}  # roots with at least one order are mismatched
+    assert 0 < present.mismatched_roots <= 5 and present.worst_root in with_orders
+    assert present.max_abs_diff == pytest.approx(1.0 / work.chain.temperature, rel=1e-4)
