@@ -45,24 +45,32 @@ class Perturbed:
         return outs
 
 
-@pytest.fixture
-def trained(shop_spec, many_shop_files, tmp_path):
-    """A trained tiny engine with a fitted-looking temperature, and its request path pieces."""
+@pytest.fixture(scope="module")
+def trained_once(shop_kit, many_shop_folder):
+    """A trained tiny engine with a fitted-looking temperature (once per module: every test
+    puts back the backend it swaps), and the held-out keys to ask for."""
     from tasks.measure.records import RunResult
     from tasks.scenarios.schedule import validation_keys
     from tasks.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
     from tasks.stages.chain import Chain
 
+    shop_spec = shop_kit.spec()
     shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
     shop_spec["run"]["scenario"] = "single_stream"
     spec = parse_spec(shop_spec)
-    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_folder), torch.device("cpu")), RunResult())
     work.list_keys()
     work.train()
     work.chain.set_temperature(TEMPERATURE)
     pool = validation_keys(np.concatenate(work.chunks), spec.task.validation_fraction)
     assert len(pool) >= 4
+    return spec, work, pool
+
+
+@pytest.fixture
+def trained(trained_once, tmp_path):
+    spec, work, pool = trained_once
     return spec, work, pool, tmp_path
 
 
