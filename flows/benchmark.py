@@ -63,7 +63,7 @@ from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.offline import predict_pass
-from tasks.scenarios.outputs import check_outputs
+from tasks.scenarios.outputs import OutputCheck, check_offline_outputs, check_outputs
 from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
@@ -199,6 +199,7 @@ class Run:
     backend_setup: BackendSetup = field(default_factory=BackendSetup)
     backend_tags: dict[str, str] = field(default_factory=dict)
     reference_quality: dict[str, float] | None = None
+    output_check: OutputCheck | None = None  # run.check_outputs (offline)
 
     @property
     def quality_meaningful(self) -> bool:
@@ -299,6 +300,10 @@ def timed_body(run: Run) -> None:
             progress.emit("phase", name="output check (not timed)")
             run.latency.output_check = check_outputs(work.chain, run.latency.served_outputs, s.run)
             run.latency.served_outputs = None  # the served tensors are no longer needed
+        if work.served_outputs is not None:  # run.check_outputs (offline): under the lock, after the region
+            progress.emit("phase", name="output check vs a plain pass (not timed)")
+            run.output_check = check_offline_outputs(work.chain, work.served_outputs)
+            work.served_outputs = None
         if run.plan.reference is not None:  # still under the host lock, after the region
             progress.emit("phase", name="reference quality (not timed)")
             run.reference_quality = reference_quality(
@@ -415,6 +420,8 @@ def collect(run: Run) -> dict[str, float]:
         result.extra.update(quality_delta(engine.quality.headline, result.quality, run.reference_quality))
     if run.latency is not None:
         result.extra.update(run.latency.metrics())
+    if run.output_check is not None:
+        result.extra.update(run.output_check.metrics())
     result.extra.update(
         {
             K.HARNESS_DATA_SECONDS: p.data_seconds,
@@ -474,6 +481,8 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
         reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
     if run.quality_meaningful:  # a model no better than the majority class / the mean
         reasons += no_better_than_baseline(metrics)
+    if run.output_check is not None:
+        reasons += run.output_check.reasons()
     return reasons + utilisation_reasons(metrics) + drop_reasons(run.spec, metrics)
 
 

@@ -235,6 +235,11 @@ REQUESTS_OUTPUTS_ROOTS_CHECKED = "requests.outputs_roots_checked"
 REQUESTS_OUTPUTS_TOLERANCE = "requests.outputs_tolerance"
 REQUESTS_REPEAT_KEY_SPEEDUP = "requests.repeat_key_speedup"
 REQUESTS_REPEAT_KEYS = "requests.repeat_keys"
+# run.check_outputs (offline): the last pass vs a plain pass (no bucketing, padded, eager).
+PREDICT_OUTPUTS_MAX_ABS_DIFF = "predict.outputs_max_abs_diff"
+PREDICT_OUTPUTS_MISMATCHED_ROOTS = "predict.outputs_mismatched_roots"
+PREDICT_OUTPUTS_ROOTS_CHECKED = "predict.outputs_roots_checked"
+PREDICT_OUTPUTS_TOLERANCE = "predict.outputs_tolerance"
 
 
 def noise(metric: str, what: str) -> str:
@@ -498,6 +503,21 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         REQUESTS_REPEAT_KEYS,
         "request scenarios: root keys in at least two steady requests (requests.repeat_key_speedup)",
+    ),
+    (
+        PREDICT_OUTPUTS_MAX_ABS_DIFF,
+        "run.check_outputs (offline): the largest |served - plain| prediction value over every root row of the "
+        "last predict pass, against a pass over the same keys with no bucketing, padded attention and PyTorch "
+        "eager (same weights, precision and temperature), after the timed region",
+    ),
+    (
+        PREDICT_OUTPUTS_MISMATCHED_ROOTS,
+        "run.check_outputs (offline): roots beyond predict.outputs_tolerance (any: INVALID)",
+    ),
+    (PREDICT_OUTPUTS_ROOTS_CHECKED, "run.check_outputs (offline): roots compared"),
+    (
+        PREDICT_OUTPUTS_TOLERANCE,
+        "run.check_outputs (offline): the served numerics' tolerance (tasks/spec/tolerance.py)",
     ),
     (
         SERVER_PEAK_QPS,

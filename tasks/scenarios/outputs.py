@@ -18,6 +18,13 @@ present cells:
 request left out), the latency of its first serving over the median latency of its later
 servings; the figure is the median of that ratio over those keys (``requests.repeat_keys``).
 About 1 when nothing is cached; well above 1 means later servings of a key got faster.
+
+Offline (``run.check_outputs``): the last predict pass's rows are kept the same way and
+compared with a plain pass over the same keys: a second ``Chain`` of the same class over the
+same sources, encoding, schema, weights and temperature, with no bucketing, padded attention
+and PyTorch eager (``plain_spec``): bucketed vs unbucketed, packed vs padded and ONNX Runtime
+or Triton vs eager, as ``predict.outputs_*``. Native fp8 weights are not covered (the plain
+engine loads plain Linear weights).
 """
 
 from __future__ import annotations
@@ -30,9 +37,9 @@ import pyarrow as pa
 import torch
 
 from tasks.measure import keys as K
-from tasks.spec import Run
+from tasks.spec import Run, Spec, parse_spec
 from tasks.spec.tolerance import output_tolerance
-from tasks.stages.chain import Chain
+from tasks.stages.chain import Chain, Weights
 from tasks.stages.compute import PredictOutputs
 
 
@@ -59,24 +66,43 @@ class OutputCheck:
     worst_root: str | None  # the root with the largest difference
     tolerance_row: str
     tolerance: float
+    offline: bool = False  # predict.outputs_* (run.check_outputs), else requests.outputs_*
+
+    @property
+    def _keys(self) -> tuple[str, str, str, str]:
+        if self.offline:
+            return (
+                K.PREDICT_OUTPUTS_MAX_ABS_DIFF,
+                K.PREDICT_OUTPUTS_MISMATCHED_ROOTS,
+                K.PREDICT_OUTPUTS_ROOTS_CHECKED,
+                K.PREDICT_OUTPUTS_TOLERANCE,
+            )
+        return (
+            K.REQUESTS_OUTPUTS_MAX_ABS_DIFF,
+            K.REQUESTS_OUTPUTS_MISMATCHED_ROOTS,
+            K.REQUESTS_OUTPUTS_ROOTS_CHECKED,
+            K.REQUESTS_OUTPUTS_TOLERANCE,
+        )
 
     def metrics(self) -> dict[str, float]:
+        diff, mismatched, checked, tolerance = self._keys
         return {
-            K.REQUESTS_OUTPUTS_MAX_ABS_DIFF: self.max_abs_diff,
-            K.REQUESTS_OUTPUTS_MISMATCHED_ROOTS: float(self.mismatched_roots),
-            K.REQUESTS_OUTPUTS_ROOTS_CHECKED: float(self.roots_checked),
-            K.REQUESTS_OUTPUTS_TOLERANCE: self.tolerance,
+            diff: self.max_abs_diff,
+            mismatched: float(self.mismatched_roots),
+            checked: float(self.roots_checked),
+            tolerance: self.tolerance,
         }
 
     def reasons(self) -> list[str]:
         if self.mismatched_roots == 0:
             return []
         diff = "NaN" if math.isnan(self.max_abs_diff) else f"{self.max_abs_diff:.3g}"
+        other = "a plain pass (no bucketing, padded, PyTorch eager)" if self.offline else "an offline pass"
         return [
-            f"{K.REQUESTS_OUTPUTS_MAX_ABS_DIFF} {diff} > the {self.tolerance_row} tolerance {self.tolerance:g} "
+            f"{self._keys[0]} {diff} > the {self.tolerance_row} tolerance {self.tolerance:g} "
             f"(tasks/spec/tolerance.py): {self.mismatched_roots} of {self.roots_checked} served roots differ "
-            f"from an offline pass over the same keys, worst root {self.worst_root}; the serving path "
-            "computes something else (a cache, stale weights, another calibration)"
+            f"from {other} over the same keys, worst root {self.worst_root}; the serving path "
+            "computes something else (a cache, stale weights, another calibration, a wrong fast path)"
         ]
 
 
@@ -108,17 +134,20 @@ def _per_root_diff(a: torch.Tensor, am: torch.Tensor, b: torch.Tensor, bm: torch
     return d.reshape(d.shape[0], -1).amax(1)
 
 
-def check_outputs(chain: Chain, served: ServedOutputs, run: Run) -> OutputCheck:
-    """Compare every served root row with an offline pass over the distinct served keys."""
+def check_outputs(chain: Chain, served: ServedOutputs, run: Run, reference: Chain | None = None) -> OutputCheck:
+    """Compare every served root row with an offline pass over the distinct served keys,
+    through ``reference`` (default: the served chain itself)."""
     row, tol = output_tolerance(run)
+    offline = reference is not None
     if not served.keys:
-        return OutputCheck(0, 0, 0.0, 0, None, row, tol)
+        return OutputCheck(0, 0, 0.0, 0, None, row, tol, offline)
+    ref_chain = reference or chain
     served_keys = pa.concat_arrays(served.keys).to_numpy(zero_copy_only=False)
     distinct = np.unique(served_keys)
     ref_keys, ref_vals, ref_masks = [], [], []
     n = run.chunk_rows
     for i in range(0, len(distinct), n):
-        tz, outs = chain.predict_untimed(distinct[i : i + n])
+        tz, outs = ref_chain.predict_untimed(distinct[i : i + n])
         v, m = _target_values(chain, outs)
         ref_keys.append(tz.keys.to_numpy(zero_copy_only=False))
         ref_vals.append(v)
@@ -149,7 +178,48 @@ def check_outputs(chain: Chain, served: ServedOutputs, run: Run) -> OutputCheck:
         worst_root=str(distinct[top]),
         tolerance_row=row,
         tolerance=tol,
+        offline=offline,
     )
+
+
+def plain_spec(spec: Spec) -> Spec:
+    """The run's spec for the plain pass: no bucketing, padded attention, PyTorch eager, the
+    same precision (so the tolerance is the served numerics' row)."""
+    raw = spec.to_dict()
+    run = dict(raw["run"])
+    run.update(
+        backend="pytorch",
+        bucketing="off",
+        packing="off",
+        compile={},
+        loader={},
+        checkpoint=None,
+        reference_checkpoint=None,
+        max_quality_drop=None,
+        check_outputs=False,
+        profile=False,
+        distributed=None,
+    )
+    return parse_spec({**raw, "run": run})
+
+
+def check_offline_outputs(chain: Chain, served: ServedOutputs) -> OutputCheck:
+    """``run.check_outputs``: the served pass's rows vs the plain pass's, same weights and temperature."""
+    engine = chain.engine
+    assert engine is not None and chain.encoding is not None  # after the predict passes
+    plain = Chain(
+        plain_spec(chain.spec),
+        chain.sources,
+        chain.device,
+        encoding=chain.encoding,
+        schema=chain.schema,
+        weights=Weights(model=engine.model.state_dict(), temperature=chain.temperature),
+    )
+    try:
+        return check_outputs(chain, served, chain.spec.run, reference=plain)
+    finally:
+        if plain.engine is not None:
+            plain.engine.close()
 
 
 def _cat_padded(values: list[torch.Tensor], masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

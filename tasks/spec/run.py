@@ -207,6 +207,21 @@ class Run(Strict):
         description="validity: INVALID when the headline quality is worse than the "
         "reference's by more than this (needs run.reference_checkpoint)",
     )
+    check_outputs: bool = Field(
+        False,
+        description="offline: compare the last pass's predictions with a plain pass (no bucketing, padded, "
+        "PyTorch eager) over the same keys after the timed region; INVALID beyond the tolerance "
+        "(tasks/spec/tolerance.py). Request scenarios: run.request.check_outputs",
+    )
+
+    @model_validator(mode="after")
+    def _check_outputs_offline(self) -> Run:
+        if self.check_outputs and self.scenario != "offline":
+            raise ValueError(
+                f"run.check_outputs compares offline passes; a {self.scenario} run checks its served outputs "
+                "with run.request.check_outputs (default true): drop run.check_outputs or set run.scenario: offline"
+            )
+        return self
 
     @model_validator(mode="after")
     def _repeats_are_offline(self) -> Run:

@@ -314,3 +314,74 @@ def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files,
     with_orders = {str(k) for k in pool[:5]}  # roots with at least one order are mismatched
     assert 0 < present.mismatched_roots <= 5 and present.worst_root in with_orders
     assert present.max_abs_diff == pytest.approx(1.0 / work.chain.temperature, rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def bucketed_once(shop_kit, many_shop_folder):
+    """A trained tiny engine serving offline passes bucketed by length, packed (run.check_outputs)."""
+    from tasks.measure.records import RunResult
+    from tasks.scenarios.workload import Workload
+    from tasks.sources.files import resolve_sources
+    from tasks.stages.chain import Chain
+
+    shop_spec = shop_kit.spec()
+    shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
+    shop_spec["run"].update(bucketing="by_length", packing="auto", check_outputs=True, chunk_rows=16)
+    spec = parse_spec(shop_spec)
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_folder), torch.device("cpu")), RunResult())
+    work.list_keys()
+    work.train()
+    work.chain.set_temperature(TEMPERATURE)
+    return spec, work
+
+
+def _offline_pass(work, tmp_path):
+    from tasks.scenarios.offline import predict_pass
+    from tasks.stages.write import PredictionWriter
+
+    writer = PredictionWriter(tmp_path / "offline.parquet")
+    predict_pass(work, writer, 0)
+    writer.abort()
+    assert work.served_outputs is not None and len(work.served_outputs.keys) == len(work.chunks) == 3
+    return work.served_outputs
+
+
+def test_offline_bucketed_packed_pass_equals_the_plain_pass(bucketed_once, tmp_path):
+    from tasks.scenarios.outputs import check_offline_outputs
+
+    spec, work = bucketed_once
+    check = check_offline_outputs(work.chain, _offline_pass(work, tmp_path))
+    assert check.roots_checked == check.servings == 40  # every root row of the pass, once
+    assert check.mismatched_roots == 0 and check.max_abs_diff < 1e-6, check
+    m = check.metrics()
+    assert set(m) == {
+        K.PREDICT_OUTPUTS_MAX_ABS_DIFF,
+        K.PREDICT_OUTPUTS_MISMATCHED_ROOTS,
+        K.PREDICT_OUTPUTS_ROOTS_CHECKED,
+        K.PREDICT_OUTPUTS_TOLERANCE,
+    }
+    assert all(K.documented(k) for k in m)
+
+
+def test_offline_perturbed_backend_is_invalid_against_the_plain_pass(bucketed_once, tmp_path):
+    from tasks.scenarios.outputs import check_offline_outputs
+
+    spec, work = bucketed_once
+    engine = work.chain.engine
+    real = engine.backend
+    engine.serve_with(Perturbed(real, 1e-3))
+    try:
+        served = _offline_pass(work, tmp_path)
+    finally:
+        engine.serve_with(real)
+    check = check_offline_outputs(work.chain, served)
+    assert check.mismatched_roots == 40
+    assert check.max_abs_diff == pytest.approx(1e-3 / TEMPERATURE, rel=1e-3)
+    (reason,) = check.reasons()
+    assert reason.startswith(f"{K.PREDICT_OUTPUTS_MAX_ABS_DIFF} ") and "a plain pass" in reason
+
+
+def test_run_check_outputs_is_offline_only(shop_spec):
+    shop_spec["run"].update(scenario="single_stream", check_outputs=True)
+    with pytest.raises(Exception, match="run.request.check_outputs"):
+        parse_spec(shop_spec)
