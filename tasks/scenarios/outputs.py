@@ -23,8 +23,8 @@ Offline (``run.check_outputs``): the last predict pass's rows are kept the same 
 compared with a plain pass over the same keys: a second ``Chain`` of the same class over the
 same sources, encoding, schema, weights and temperature, with no bucketing, padded attention
 and PyTorch eager (``plain_spec``): bucketed vs unbucketed, packed vs padded and ONNX Runtime
-or Triton vs eager, as ``predict.outputs_*``. Native fp8 weights are not covered (the plain
-engine loads plain Linear weights).
+or Triton vs eager, as ``predict.outputs_max_abs_diff`` and the three others of its family.
+Native fp8 weights are not covered (the plain engine loads plain Linear weights).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class OutputCheck:
     worst_root: str | None  # the root with the largest difference
     tolerance_row: str
     tolerance: float
-    offline: bool = False  # predict.outputs_* (run.check_outputs), else requests.outputs_*
+    offline: bool = False  # run.check_outputs (offline keys), else run.request.check_outputs (request keys)
 
     @property
     def _keys(self) -> tuple[str, str, str, str]:
