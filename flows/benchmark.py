@@ -63,6 +63,7 @@ from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.latency import verdict as latency_verdict
 from tasks.scenarios.offline import predict_pass
+from tasks.scenarios.outputs import OutputCheck, check_offline_outputs, check_outputs
 from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
@@ -199,6 +200,7 @@ class Run:
     backend_setup: BackendSetup = field(default_factory=BackendSetup)
     backend_tags: dict[str, str] = field(default_factory=dict)
     reference_quality: dict[str, float] | None = None
+    output_check: OutputCheck | None = None  # run.check_outputs (offline)
 
     @property
     def quality_meaningful(self) -> bool:
@@ -295,6 +297,14 @@ def timed_body(run: Run) -> None:
         other_during = other.stop()
         stolen = steal_fraction(ticks_start, CpuTicks.now())
         run.tracker.stop_system_metrics()
+        if run.latency is not None and run.latency.served_outputs is not None:  # under the lock, after the region
+            progress.emit("phase", name="output check (not timed)")
+            run.latency.output_check = check_outputs(work.chain, run.latency.served_outputs, s.run)
+            run.latency.served_outputs = None  # the served tensors are no longer needed
+        if work.served_outputs is not None:  # run.check_outputs (offline): under the lock, after the region
+            progress.emit("phase", name="output check vs a plain pass (not timed)")
+            run.output_check = check_offline_outputs(work.chain, work.served_outputs)
+            work.served_outputs = None
         if run.plan.reference is not None:  # still under the host lock, after the region
             progress.emit("phase", name="reference quality (not timed)")
             run.reference_quality = reference_quality(
@@ -411,6 +421,8 @@ def collect(run: Run) -> dict[str, float]:
         result.extra.update(quality_delta(engine.quality.headline, result.quality, run.reference_quality))
     if run.latency is not None:
         result.extra.update(run.latency.metrics())
+    if run.output_check is not None:
+        result.extra.update(run.output_check.metrics())
     result.extra.update(
         {
             K.HARNESS_DATA_SECONDS: p.data_seconds,
@@ -464,10 +476,14 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
     reasons = verdict(run.spec, metrics, _engine(run).quality.headline)
     if run.latency is not None:
         reasons += latency_verdict(run.spec.run.scenario, run.spec.run.request, metrics)
+        if run.latency.output_check is not None:
+            reasons += run.latency.output_check.reasons()
     if not run.quality_meaningful and run.spec.task.min_quality is not None:
         reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
     if run.quality_meaningful:  # a model no better than the majority class / the mean
         reasons += no_better_than_baseline(metrics)
+    if run.output_check is not None:
+        reasons += run.output_check.reasons()
     return reasons + utilisation_reasons(metrics) + drop_reasons(run.spec, metrics)
 
 

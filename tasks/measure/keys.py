@@ -232,6 +232,19 @@ LATENCY_ROWS_PER_SERVICE_S = "latency.rows_per_service_s"
 LATENCY_ROWS_PER_WALL_S = "latency.rows_per_wall_s"
 LATENCY_SERVICE_SECONDS = "latency.service_seconds"
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
+# Request scenarios: served outputs vs an offline pass over the same keys, and repeated keys
+# (tasks/scenarios/outputs.py).
+REQUESTS_OUTPUTS_MAX_ABS_DIFF = "requests.outputs_max_abs_diff"
+REQUESTS_OUTPUTS_MISMATCHED_ROOTS = "requests.outputs_mismatched_roots"
+REQUESTS_OUTPUTS_ROOTS_CHECKED = "requests.outputs_roots_checked"
+REQUESTS_OUTPUTS_TOLERANCE = "requests.outputs_tolerance"
+REQUESTS_REPEAT_KEY_SPEEDUP = "requests.repeat_key_speedup"
+REQUESTS_REPEAT_KEYS = "requests.repeat_keys"
+# run.check_outputs (offline): the last pass vs a plain pass (no bucketing, padded, eager).
+PREDICT_OUTPUTS_MAX_ABS_DIFF = "predict.outputs_max_abs_diff"
+PREDICT_OUTPUTS_MISMATCHED_ROOTS = "predict.outputs_mismatched_roots"
+PREDICT_OUTPUTS_ROOTS_CHECKED = "predict.outputs_roots_checked"
+PREDICT_OUTPUTS_TOLERANCE = "predict.outputs_tolerance"
 
 
 def noise(metric: str, what: str) -> str:
@@ -473,6 +486,48 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "kept apart), first_request.step_ms.<step>, step_ms.<step>.mean, step_share.<step|queue|other>, "
         "queue_ms.p50|p99, achieved_qps, target_qps, batch_requests.mean|max; cdf_ms is a series whose "
         "steps 0..100 are the percentiles, in ms",
+    ),
+    (
+        REQUESTS_OUTPUTS_MAX_ABS_DIFF,
+        "run.request.check_outputs: the largest |served - offline| prediction value (as the write step gets it, "
+        "calibrated; the target's present cells) over every served root row, the cold request included, "
+        "against an offline pass over the same keys with the same weights, backend and temperature",
+    ),
+    (
+        REQUESTS_OUTPUTS_MISMATCHED_ROOTS,
+        "run.request.check_outputs: distinct served roots with a serving beyond requests.outputs_tolerance "
+        "(any: INVALID)",
+    ),
+    (REQUESTS_OUTPUTS_ROOTS_CHECKED, "run.request.check_outputs: distinct served roots compared"),
+    (
+        REQUESTS_OUTPUTS_TOLERANCE,
+        "run.request.check_outputs: the absolute tolerance of the run's serving numerics (tasks/spec/tolerance.py: "
+        "fp32 1e-5, bf16 5e-2, fp16 5e-3, int8 5e-2, onnxruntime 1e-4, triton 1e-4)",
+    ),
+    (
+        REQUESTS_REPEAT_KEY_SPEEDUP,
+        "request scenarios: median over root keys in at least two steady requests (cold request left out) of "
+        "the latency of the key's first serving / the median latency of its later servings (ratio; about 1 "
+        "without a cache, above 1: later servings faster); absent when no key repeats",
+    ),
+    (
+        REQUESTS_REPEAT_KEYS,
+        "request scenarios: root keys in at least two steady requests (requests.repeat_key_speedup)",
+    ),
+    (
+        PREDICT_OUTPUTS_MAX_ABS_DIFF,
+        "run.check_outputs (offline): the largest |served - plain| prediction value over every root row of the "
+        "last predict pass, against a pass over the same keys with no bucketing, padded attention and PyTorch "
+        "eager (same weights, precision and temperature), after the timed region",
+    ),
+    (
+        PREDICT_OUTPUTS_MISMATCHED_ROOTS,
+        "run.check_outputs (offline): roots beyond predict.outputs_tolerance (any: INVALID)",
+    ),
+    (PREDICT_OUTPUTS_ROOTS_CHECKED, "run.check_outputs (offline): roots compared"),
+    (
+        PREDICT_OUTPUTS_TOLERANCE,
+        "run.check_outputs (offline): the served numerics' tolerance (tasks/spec/tolerance.py)",
     ),
     (
         SERVER_PEAK_QPS,

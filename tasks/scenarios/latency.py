@@ -16,6 +16,7 @@ import numpy as np
 
 from tasks.measure import keys as K
 from tasks.scenarios import early_stopping
+from tasks.scenarios.outputs import OutputCheck, ServedOutputs, repeat_key_speedup
 from tasks.spec import Request
 
 STEPS = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
@@ -59,6 +60,12 @@ class LatencyRecord:
     # Root keys of every served call in order, the cold one included: the rows request quality
     # scored, which the reference pass scores too (tasks/measure/reference.py).
     scored_keys: list[np.ndarray] = field(default_factory=list)
+    # Root keys of each steady request, aligned with latency_s (requests.repeat_key_speedup).
+    request_keys: list[np.ndarray] = field(default_factory=list)
+    # run.request.check_outputs: what the served calls wrote, and its comparison with an
+    # offline pass after the timed region (tasks/scenarios/outputs.py).
+    served_outputs: ServedOutputs | None = None
+    output_check: OutputCheck | None = None
 
     def served(self, steps: dict[str, float], rows: int) -> None:
         """One steady served call (a request, or a server batch of them)."""
@@ -145,6 +152,9 @@ class LatencyRecord:
         if self.batch_requests:
             m["latency.batch_requests.mean"] = float(np.mean(self.batch_requests))
             m["latency.batch_requests.max"] = float(np.max(self.batch_requests))
+        m.update(repeat_key_speedup(self.request_keys, self.latency_s))
+        if self.output_check is not None:
+            m.update(self.output_check.metrics())
         return m
 
 

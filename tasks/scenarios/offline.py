@@ -8,6 +8,7 @@ pass (``e2e.predict.rows_per_s`` samples) and the steady compute rows/s of its b
 
 from __future__ import annotations
 
+from tasks.scenarios.outputs import ServedOutputs
 from tasks.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
 
@@ -23,10 +24,14 @@ def predict_pass(work: Workload, writer: PredictionWriter, repeat: int) -> None:
         engine.begin_predict_pass()
         chain.calibration.begin_pass()
     rows = 0
+    kept = ServedOutputs() if work.spec.run.check_outputs else None  # references only, the last pass's
     for i in range(len(work.chunks)):
         tz = work.prepare(i, "predict")
-        chain.serve(tz, writer, sink, {"chunk": i, "phase": "predict", "repeat": repeat})
+        outs = chain.serve(tz, writer, sink, {"chunk": i, "phase": "predict", "repeat": repeat})
+        if kept is not None:
+            kept.keep(tz.keys, outs)
         rows += tz.root_rows
+    work.served_outputs = kept
     result.rows_predicted += rows
     result.predict_passes += 1
     engine = chain.engine

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tasks.scenarios.outputs import ServedOutputs
 from tasks.scenarios.workload import Workload
 from tasks.stages.chain import run_directly
 from tasks.stages.write import PredictionWriter
@@ -22,6 +23,8 @@ class RequestPath:
         # A run without a checkpoint fits its encoding on the first chunk, untimed.
         self.chain.ready_engine(work.chunks[0])
         self.scored_keys: list[np.ndarray] = []  # each call's root keys (LatencyRecord.scored_keys)
+        # run.request.check_outputs: each call's written predictions, by reference
+        self.outputs = ServedOutputs() if work.spec.run.request.check_outputs else None
 
     def __call__(self, keys: np.ndarray) -> dict[str, float]:
         """Serve one request (or one batch of requests) for ``keys``; step -> seconds."""
@@ -33,7 +36,9 @@ class RequestPath:
 
         chain, work = self.chain, self.work
         p = chain.prepare(keys, record, runner=run_directly)
-        chain.serve(p.tz, self.writer, record, runner=run_directly)
+        outs = chain.serve(p.tz, self.writer, record, runner=run_directly)
+        if self.outputs is not None:
+            self.outputs.keep(p.tz.keys, outs)
         work.account(p, None)
         self.scored_keys.append(keys)
         stage_table = work.result.stages["predict"]

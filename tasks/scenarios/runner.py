@@ -43,7 +43,7 @@ def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | N
             roots=req.roots,
             max_requests=max_requests,
         )
-        rec.scored_keys = serve.scored_keys
+        rec.scored_keys, rec.served_outputs = serve.scored_keys, serve.outputs
         return rec
     arrivals = poisson_arrivals(req.target_qps, req.min_requests, req.min_duration_s, seed)
     keys_of = request_keys(pool, len(arrivals) + 1, req.roots, seed)
@@ -57,5 +57,5 @@ def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | N
         cold_keys=keys_of[0],
         target_qps=req.target_qps,
     )
-    rec.scored_keys = serve.scored_keys
+    rec.scored_keys, rec.served_outputs = serve.scored_keys, serve.outputs
     return rec

@@ -90,4 +90,5 @@ def run(
         rec.add(float(latency[i]), float(queued[i]), steps_of[i], start=float(arrivals[i]))
     rec.duration_s = end
     rec.lateness_s = lateness.tolist()
+    rec.request_keys = list(keys)
     return rec

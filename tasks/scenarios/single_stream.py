@@ -42,6 +42,7 @@ def run(
             steps = serve(request)
         # Issued just after the previous read of the loop (no extra clock read per request).
         rec.add(span.seconds, 0.0, steps, start=elapsed)
+        rec.request_keys.append(request)
         rec.served(steps, len(request))
         elapsed = clock.read() - start
     rec.duration_s = elapsed

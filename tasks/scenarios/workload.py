@@ -17,6 +17,7 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.records import RunResult, StageTiming
+from tasks.scenarios.outputs import ServedOutputs
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_temperature, validation_logits
 from tasks.stages.chain import Chain, Prepared, StageSink
 from tasks.stages.retrieve import list_root_keys
@@ -31,6 +32,7 @@ class Workload:
         self._counted: set[int] = set()  # chunks whose data figures are in the result
         self.text_cells = 0  # every encode call (encode.cells_per_s)
         self.text_cells_per_pass = 0  # once per chunk (data.text_cells)
+        self.served_outputs: ServedOutputs | None = None  # run.check_outputs: the last pass's rows
         if chain.has_text:  # the application's text encoder: an extra timed step, before tensorize
             for phase, st in result.stages.items():
                 result.stages[phase] = (

@@ -116,6 +116,12 @@ class Request(Strict):
         description="share of steady requests logged as MLflow traces (seeded by run.seed), "
         "besides the 10 slowest, which always are",
     )
+    check_outputs: bool = Field(
+        True,
+        description="compare each served root's predictions with an offline pass over the same keys (same "
+        "weights, backend and calibration), after the timed region; beyond the tolerance (tasks/spec/tolerance.py) "
+        "the run is INVALID",
+    )
 
     @field_validator("trace_sample_rate")
     @classmethod
@@ -218,6 +224,21 @@ class Run(Strict):
         description="validity: INVALID when the headline quality is worse than the "
         "reference's by more than this (needs run.reference_checkpoint)",
     )
+    check_outputs: bool = Field(
+        False,
+        description="offline: compare the last pass's predictions with a plain pass (no bucketing, padded, "
+        "PyTorch eager) over the same keys after the timed region; INVALID beyond the tolerance "
+        "(tasks/spec/tolerance.py). Request scenarios: run.request.check_outputs",
+    )
+
+    @model_validator(mode="after")
+    def _check_outputs_offline(self) -> Run:
+        if self.check_outputs and self.scenario != "offline":
+            raise ValueError(
+                f"run.check_outputs compares offline passes; a {self.scenario} run checks its served outputs "
+                "with run.request.check_outputs (default true): drop run.check_outputs or set run.scenario: offline"
+            )
+        return self
 
     @model_validator(mode="after")
     def _repeats_are_offline(self) -> Run:

@@ -167,6 +167,16 @@ class Chain:
         self.ensure_engine()
         return tz
 
+    def predict_untimed(self, keys: np.ndarray) -> tuple[Tensorized, PredictOutputs]:
+        """read .. compute -> calibrate for ``keys`` outside every timing and run figure, with
+        the served engine, backend and temperature (the output check's offline pass); nothing
+        is written."""
+        tz = self.prepare_untimed(keys)
+        engine = self._engine()
+        with engine.untracked():
+            outs = engine.predict(tz, self.outputs)
+        return tz, calibrate_outputs(outs, self.temperature, self.spec.task.kind)
+
     def _tensorize(self, pre: Preprocessed) -> Tensorized:
         if self.encoding is None or self.schema is None:  # no checkpoint: fit on this chunk
             self.encoding, self.schema = fit(self.spec, pre)

@@ -11,10 +11,11 @@ time the device waits for input (``device.input_wait_fraction``).
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from model.batch import Batch
 from model.data import ArrowDataModule
 from model.optim import AdamW
 from model.precision import autocast_context
+from model.quantize import Fp8Linear
 from model.schema import ModelSchema
 from model.throughput import Logger, ThroughputCallback
 from tasks.backends import Backend
@@ -195,6 +197,27 @@ class Engine:
     def begin_predict_pass(self) -> None:
         """Quality is scored on one pass (the latest), not accumulated over repeats."""
         self.quality = self._new_quality()
+
+    @contextmanager
+    def untracked(self) -> Iterator[None]:
+        """Predict calls inside leave every run figure as it was (the output check's offline
+        pass, after the timed region): no batch is steady (so no throughput, FLOPs shape,
+        recompile or profile is charged), and the timings, coordinates, quality, wall time and
+        fp8 fallback counts are put back after."""
+        saved = (self.predict_timings, self.batch_coords, self.batch_shapes, self.quality, self.wall_seconds)
+        paths, breaks = set(self.paths_seen), dict(self.warmup_breaks)
+        fallbacks = [
+            (m.fallback_calls, m.fallback_calls.clone()) for m in self.model.modules() if isinstance(m, Fp8Linear)
+        ]
+        self.predict_timings = PhaseTimings(sys.maxsize)  # warm-up never ends: nothing is steady
+        self.batch_coords, self.batch_shapes, self.quality = [], set(), self._new_quality()
+        try:
+            yield
+        finally:
+            self.predict_timings, self.batch_coords, self.batch_shapes, self.quality, self.wall_seconds = saved
+            self.paths_seen, self.warmup_breaks = paths, breaks
+            for live, before in fallbacks:
+                live.copy_(before)
 
     def _record(self, phase: str, t: PhaseTimings, seconds: float, rows: int, part: Batch) -> None:
         if t.in_steady_state:

@@ -96,6 +96,10 @@ def test_text_spec_serves_requests_valid_with_encode_in_its_own_bucket(text_runs
     # (data.coords_reserved sums every served call's): per request, padding stays within reserve
     served = m["latency.requests"] + 1
     assert m["data.padded_coords"] <= m["data.coords_reserved"] / served * (1 + 1e-9)
+    # the served predictions are an offline pass's over the same keys (run.request.check_outputs)
+    assert m["requests.outputs_roots_checked"] > 0
+    assert m["requests.outputs_mismatched_roots"] == 0
+    assert m["requests.outputs_max_abs_diff"] <= m["requests.outputs_tolerance"] == 1e-5
 
 
 @pytest.mark.slow

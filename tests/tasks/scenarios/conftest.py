@@ -30,3 +30,12 @@ def many_shop_files(shop_tables, write_tables) -> Path:
     """The shop tables eight times over (40 customers): both classes among the training rows
     and enough held-out rows to fit on and to draw requests from."""
     return write_tables(repeated_shop(shop_tables, 8))
+
+
+@pytest.fixture(scope="module")
+def many_shop_folder(shop_kit, tmp_path_factory) -> Path:
+    """``many_shop_files`` once per module, for module-scoped trained engines."""
+    folder = tmp_path_factory.mktemp("many_shop")
+    for name, table in repeated_shop(shop_kit.tables(), 8).items():
+        shop_kit.write_table(table, folder / f"{name}.parquet")
+    return folder
