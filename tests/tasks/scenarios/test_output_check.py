@@ -119,38 +119,30 @@ def test_server_batches_equal_the_offline_pass(trained):
     assert check.mismatched_roots == 0 and check.max_abs_diff <= OUTPUT_TOLERANCE["fp32"]
 
 
+def _figures(work) -> tuple:
+    """Every figure of the engine and chain the offline check could move."""
+    engine, chain = work.chain.engine, work.chain
+    t = engine.predict_timings
+    return (
+        t.first_call_seconds,
+        list(t.warmup_seconds),
+        list(t.steady_seconds),
+        list(engine.batch_coords),
+        set(engine.batch_shapes),
+        engine.quality.metrics(),
+        chain.calibration.metrics(),
+        engine.wall_seconds,
+        dict(engine.steady_shapes["predict"]),
+        engine.throughput["predict"].batches,
+    )
+
+
 def test_the_offline_pass_moves_no_run_figure(trained):
     spec, work, pool, tmp_path = trained
     rec, path = _single_stream(work, pool, tmp_path)
-    engine, chain = work.chain.engine, work.chain
-    t = engine.predict_timings
-    before = (
-        t.first_call_seconds,
-        list(t.warmup_seconds),
-        list(t.steady_seconds),
-        list(engine.batch_coords),
-        set(engine.batch_shapes),
-        engine.quality.metrics(),
-        chain.calibration.metrics(),
-        engine.wall_seconds,
-        dict(engine.steady_shapes["predict"]),
-        engine.throughput["predict"].batches,
-    )
-    check_outputs(chain, path.outputs, spec.run)
-    t = engine.predict_timings
-    after = (
-        t.first_call_seconds,
-        list(t.warmup_seconds),
-        list(t.steady_seconds),
-        list(engine.batch_coords),
-        set(engine.batch_shapes),
-        engine.quality.metrics(),
-        chain.calibration.metrics(),
-        engine.wall_seconds,
-        dict(engine.steady_shapes["predict"]),
-        engine.throughput["predict"].batches,
-    )
-    assert after == before
+    before = _figures(work)
+    check_outputs(work.chain, path.outputs, spec.run)
+    assert _figures(work) == before
 
 
 def test_a_perturbed_serving_path_is_invalid(trained):
