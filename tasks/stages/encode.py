@@ -16,7 +16,8 @@ Design choices:
   (``run.text.encoder: module:function``) gets them as one Arrow string array, so a real
   sentence encoder batches as it likes. No Python loop over rows anywhere in this path.
 - ``hashed``: deterministic signed feature hashing (no weights, no vocabulary) of the
-  lower-cased UTF-8 bytes: byte trigrams within each string plus whitespace-separated words,
+  lower-cased UTF-8 bytes: byte trigrams within each string plus its words (runs of bytes
+  between ASCII whitespace, as ``bytes.split()``; no empty words),
   each hashed with a polynomial hash over prefix sums (uint64, wrapping), finalised with
   splitmix64, bucketed into ``dim`` slots with a sign, then L2-normalised per cell. The empty
   string has no n-grams, so it gets a dedicated one-hot slot of its own.
@@ -49,6 +50,7 @@ _P = np.uint64(0x100000001B3)  # odd, so it has an inverse modulo 2**64
 _P_INV = np.uint64(pow(int(_P), -1, 2**64))
 _WORD_SALT = np.uint64(0x5BD1E9955BD1E995)
 _EMPTY_SLOT_SALT = 0x9E3779B97F4A7C15
+_ASCII_WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", dtype=np.uint8)  # bytes.split()'s set
 
 
 def _splitmix(h: np.ndarray) -> np.ndarray:
@@ -108,14 +110,26 @@ def hashed(strings: pa.Array, dim: int, ngram: int = 3) -> np.ndarray:
             gram_hash = gram_hash * _P + padded[k : k + data.size]
         gram_hash = gram_hash[ok] + np.uint64(ngram) * _P
     gram_row = row_of_byte[ok]
-    # whitespace-separated words: their byte ranges come from the split's own buffers
-    words = pc.utf8_split_whitespace(lower)
-    word_counts = pc.list_value_length(words).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = pc.list_flatten(words)
-    flat = flat.combine_chunks() if isinstance(flat, pa.ChunkedArray) else flat
-    w_offsets, w_data = _buffers(flat)
-    word_hash = _segment_hashes(w_data, w_offsets[:-1], w_offsets[1:]) ^ _WORD_SALT
-    word_row = np.repeat(np.arange(n, dtype=np.int64), word_counts)
+    # words: maximal runs of non-whitespace bytes within a string (bytes.split() semantics),
+    # found on the byte buffer itself. Not pc.utf8_split_whitespace: in pyarrow 25 it
+    # sometimes split the last string of a buffer differently (a trailing space kept in the
+    # word, or an extra empty word) from one call to the next on equal arrays, so one row's
+    # vector depended on memory it does not own (issue 21's output check found it).
+    in_word = ~np.isin(data, _ASCII_WHITESPACE)
+    first_byte = np.zeros(data.size, dtype=bool)
+    first_byte[offsets[:-1][lengths > 0]] = True
+    last_byte = np.zeros(data.size, dtype=bool)
+    last_byte[offsets[1:][lengths > 0] - 1] = True
+    prev_in = np.zeros_like(in_word)  # the byte before is in the same word
+    prev_in[1:] = in_word[:-1]
+    prev_in &= ~first_byte
+    next_in = np.zeros_like(in_word)
+    next_in[:-1] = in_word[1:]
+    next_in &= ~last_byte
+    w_starts = np.flatnonzero(in_word & ~prev_in)
+    w_ends = np.flatnonzero(in_word & ~next_in) + 1
+    word_hash = _segment_hashes(data, w_starts, w_ends) ^ _WORD_SALT
+    word_row = row_of_byte[w_starts]
     h = _splitmix(np.concatenate([gram_hash, word_hash]))
     rows = np.concatenate([gram_row, word_row])
     slot = (h % np.uint64(dim)).astype(np.int64)

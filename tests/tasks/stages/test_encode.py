@@ -39,6 +39,58 @@ def test_hashed_is_deterministic_normalised_and_similarity_aware():
     np.testing.assert_array_equal(hashed(texts.slice(2, 2), 32), a[2:4])
 
 
+M64 = 2**64
+
+
+def _mix(h: int) -> int:
+    """splitmix64's finaliser, on Python ints."""
+    z = (h + 0x9E3779B97F4A7C15) % M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % M64
+    return z ^ (z >> 31)
+
+
+def _reference_hashed(text: str, dim: int) -> np.ndarray:
+    """The hashed encoder's definition, one string at a time in plain Python: byte trigrams
+    and ``bytes.split()`` words (no empty words), polynomial hashes with base P plus the
+    length times P, words salted, splitmix64, slot = h % dim, sign from the top bit."""
+    P, salt = 0x100000001B3, 0x5BD1E9955BD1E995
+    b = text.lower().encode()
+    hashes = []
+    for i in range(len(b) - 2):
+        h = 0
+        for byte in b[i : i + 3]:
+            h = (h * P + byte) % M64
+        hashes.append((h + 3 * P) % M64)
+    for word in b.split():
+        h = sum(byte * pow(P, i, M64) for i, byte in enumerate(word)) % M64
+        hashes.append(((h + len(word) * P) % M64) ^ salt)
+    out = np.zeros(dim)
+    for h in map(_mix, hashes):
+        out[h % dim] += -1.0 if h >> 63 else 1.0
+    return out / (np.linalg.norm(out) or 1.0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "rs. furiously even ",  # a trailing space: pyarrow's split gave an extra empty word, or kept the space
+        "  leading and   runs\tof\nwhitespace  ",
+        "one",
+        "ab",  # too short for a trigram: words only
+        "Ünïcode wörds ok",
+    ],
+)
+def test_hashed_is_its_definition_words_are_bytes_split(text):
+    """Found by the output check (issue 21): one row's vector changed from call to call with
+    the memory after its buffer. The vector is now its definition, for any neighbours."""
+    got = hashed(pa.array(["x y", text]), 16)[1]
+    np.testing.assert_allclose(got, _reference_hashed(text, 16), atol=1e-6)
+    # last in its buffer, first, or alone: the same vector
+    np.testing.assert_array_equal(hashed(pa.array([text]), 16)[0], got)
+    np.testing.assert_array_equal(hashed(pa.array([text, "tail"]), 16)[0], got)
+
+
 def test_nulls_stay_null_entries_and_empty_strings_are_values():
     col = encode_column(pa.array([None, "", "a b", None], pa.string()), load_encoder("hashed", 8), 8)
     assert pa.types.is_fixed_size_list(col.type) and col.type.list_size == 8
