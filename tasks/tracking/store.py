@@ -38,7 +38,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from tasks.measure.clock import unix_time  # noqa: E402
 from tasks.runtime import interrupts, liveness  # noqa: E402
 from tasks.runtime.errors import UserError  # noqa: E402
-from tasks.runtime.masking import mask_uri  # noqa: E402
+from tasks.runtime.masking import mask_secrets, mask_uri  # noqa: E402
 from tasks.tracking.uri import default_artifact_root as default_artifact_root  # noqa: E402  (re-exported)
 from tasks.tracking.uri import is_server as is_server  # noqa: E402
 from tasks.tracking.uri import tracking_uri as tracking_uri  # noqa: E402
@@ -361,8 +361,9 @@ class Tracker:
         interrupts.untrack_run(self.run_id)
         try:
             self.stop_system_metrics()
-            self.set_tags({"relflow.error": f"{type(error).__name__}: {error}"})
-            self.log_text("".join(traceback.format_exception(error)), "error.txt")
+            # The error may quote a URI with its secret (a database's or a server's message).
+            self.set_tags({"relflow.error": mask_secrets(f"{type(error).__name__}: {error}")})
+            self.log_text(mask_secrets("".join(traceback.format_exception(error))), "error.txt")
         finally:
             self.client.set_terminated(self._id, "KILLED" if killed else "FAILED")
 

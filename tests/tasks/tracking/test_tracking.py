@@ -66,6 +66,16 @@ def test_a_failed_run_ends_with_the_error_recorded(mlflow_uri):
         "bad key 7"
         in client.search_runs([tracker.experiment_id], "attributes.status = 'FAILED'")[0].data.tags["relflow.error"]
     )
+    # A library's error quoting a URI with its secret is stored masked, in the tag and the traceback.
+    tracker = Tracker("unit")
+    run_id = tracker.start("r", tags={})
+    tracker.fail(ConnectionError("postgresql://bob:s3cretQ@db/mlflow?sslpassword=s3cretQ refused"))
+    tag = client.get_run(run_id).data.tags["relflow.error"]
+    error_txt = Path(
+        client.download_artifacts(run_id, "error.txt", str(Path(mlflow_uri.removeprefix("sqlite:///")).parent))
+    ).read_text()
+    assert "s3cretQ" not in tag + error_txt
+    assert "postgresql://bob:***@db/mlflow?sslpassword=*** refused" in tag and "ConnectionError" in error_txt
 
 
 def test_system_metrics_touch_no_store_until_flushed(mlflow_uri, monkeypatch):
