@@ -28,7 +28,10 @@ def _closed_port() -> int:
 @pytest.mark.parametrize(
     ("uri", "shown"),
     [
-        (f"HTTPS://alice:{SECRET}@127.0.0.1:{{port}}/", "HTTPS://***@127.0.0.1:"),  # refused: credentials
+        (
+            f"HTTPS://alice:{SECRET}@127.0.0.1:{{port}}/",
+            "carries credentials (user:password@host: HTTPS://***@127.0.0.1:",
+        ),
         (f"Http://127.0.0.1:{{port}}/?api_key={SECRET}", "?api_key=***"),  # refused: cannot be reached
         (f"PostgreSQL+psycopg://bench:{SECRET}@127.0.0.1:{{port}}/mlflow", "PostgreSQL+psycopg://bench:***@127.0.0.1:"),
     ],
