@@ -186,7 +186,8 @@ class Tracker:
         return self.run_id
 
     def log_params(self, params: dict[str, Any]) -> None:
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        # Masked (tasks/runtime/masking.py): a free-form spec value may hold a URI with a secret.
+        items = [Param(k, mask_secrets(str(v))[:6000]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self._id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
@@ -208,7 +209,7 @@ class Tracker:
             self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self._id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        self.client.log_batch(self._id, tags=[RunTag(k, mask_secrets(str(v))[:5000]) for k, v in tags.items()])
 
     def log_traces(self, traces: Sequence[RequestTrace]) -> None:
         """Each as an MLflow trace in the run's experiment, linked to the run (trace metadata
