@@ -19,6 +19,8 @@ import re
 from typing import Any
 from uuid import UUID
 
+from tasks.tracking.uri import is_server
+
 log = logging.getLogger(__name__)
 
 
@@ -65,7 +67,7 @@ def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def run_url(summary: dict[str, Any]) -> str | None:
     """The MLflow UI address of the run when the store is a server, else None."""
     uri = str(summary.get("tracking_uri") or "")
-    if not uri.startswith(("http://", "https://")):
+    if not is_server(uri):  # HTTPS://, too
         return None
     return f"{uri.rstrip('/')}/#/experiments/{summary['experiment_id']}/runs/{summary['run_id']}"
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri
 from tasks.spec.sections import load_spec_and_sections
 from tasks.tracking.store import tracking_uri
 
@@ -106,7 +107,7 @@ def require_server() -> str:
         err = client.api_healthcheck()
     if err is not None:
         raise UserError(
-            f"The Prefect server at PREFECT_API_URL={url} does not answer ({err}); start "
+            f"The Prefect server at PREFECT_API_URL={mask_uri(url)} does not answer ({err}); start "
             "it with `prefect server start --host 127.0.0.1` or fix PREFECT_API_URL."
         )
     return url

@@ -40,6 +40,7 @@ from flows.cli.noise import noise_cmd
 from flows.cli.peak import peak_qps_cmd
 from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
 from tasks.measure.clock import wall_clock
+from tasks.runtime.masking import mask_log_secrets
 
 app = typer.Typer(
     help="Benchmark relational (nested-schema) transformers over the complete workload: "
@@ -129,6 +130,7 @@ def _run_benchmark(
     check_settings(s)
     from flows.benchmark import benchmark, plan
 
+    mask_log_secrets()  # with --debug too: Prefect's and MLflow's log lines show URIs masked
     if not debug:
         hide_user_error_logs()
     # Bad input fails in a second, not after the server's start-up; the flow repeats the cheap

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_secrets
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 DEFAULT_SPEC = BENCHMARKS / "tpch_orders.yaml"
@@ -35,12 +36,11 @@ def fail(err: BaseException, debug: bool) -> NoReturn:
     """End a command on ``err``: exit 2 for bad input, 1 otherwise (re-raise with --debug)."""
     if debug:
         raise err
+    message = escape(mask_secrets(str(err)))  # a library's error may quote a URI with its secret
     if isinstance(err, UserError):
-        console.print(f"[bold red]error:[/] {escape(str(err))}")  # "[us, tz=UTC]" is not markup
+        console.print(f"[bold red]error:[/] {message}")  # "[us, tz=UTC]" is not markup
         raise typer.Exit(UserError.exit_code)
-    console.print(
-        f"[bold red]failed:[/] {type(err).__name__}: {escape(str(err))}\n(rerun with --debug for the traceback)"
-    )
+    console.print(f"[bold red]failed:[/] {type(err).__name__}: {message}\n(rerun with --debug for the traceback)")
     raise typer.Exit(1)
 
 

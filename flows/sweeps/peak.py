@@ -30,6 +30,7 @@ from flows.sweeps.launch import Launched, launch_local, prefect_api_url
 from tasks.measure import keys as K
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
+from tasks.runtime.masking import mask_uri
 from tasks.scenarios.peak import PeakResult, Probe, check_args, search
 from tasks.spec import apply_overrides, parse_spec
 from tasks.tracking.store import Tracker
@@ -180,7 +181,7 @@ def peak_qps(
     return {
         "parent_run_id": parent,
         "experiment": base.name,
-        "tracking_uri": tracker.uri,
+        "tracking_uri": mask_uri(tracker.uri),  # printed and in --json
         "bound_ms": bound_ms,
         "peak_qps": res.low,
         "bracket": [res.low, res.high],

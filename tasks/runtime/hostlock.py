@@ -80,6 +80,17 @@ def check_lock_file() -> None:
             f"The host lock file '{path}' (RELFLOW_LOCK_FILE) cannot be created: this user cannot "
             f"write in '{probe}'; {fix}."
         )
+    # os.access answers yes to root everywhere, /proc and a root-squashed NFS mount included:
+    # a real file is created (and removed) where the lock file will be, leaving nothing behind.
+    try:
+        fd, name = tempfile.mkstemp(prefix=".relflow-lock-probe-", dir=probe)
+    except OSError as err:
+        raise UserError(
+            f"The host lock file '{path}' (RELFLOW_LOCK_FILE) cannot be created: no file can be "
+            f"created in '{probe}' ({err.strerror or err}); {fix}."
+        ) from None
+    os.close(fd)
+    os.unlink(name)
 
 
 @contextmanager

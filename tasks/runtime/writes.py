@@ -27,7 +27,8 @@ def named_write_errors(path: Path, what: str, setting: str) -> Iterator[None]:
     except OSError as err:
         if err.errno not in FIXABLE:
             raise
-        reason = err.strerror or os.strerror(err.errno or 0)
+        # The C library's words: pyarrow's strerror is "Error writing bytes to file. Detail: [errno 28] ...".
+        reason = os.strerror(err.errno or 0)
         fix = (
             "free space on that disk (df -h shows it)"
             if err.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -57,7 +57,7 @@ class Spec(Strict):
             if self.task.target == key:
                 raise ValueError(
                     f"task.target '{key}' is {where}: a key identifies rows and is not predicted "
-                    "(it is read and written as the key column). Set task.target to the column to predict."
+                    "(it is read and written as the key column); set task.target to the column to predict"
                 )
         for out in self.task.outputs:
             head, _, arg = out.partition(":")

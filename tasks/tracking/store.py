@@ -38,7 +38,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from tasks.measure.clock import unix_time  # noqa: E402
 from tasks.runtime import interrupts, liveness  # noqa: E402
 from tasks.runtime.errors import UserError  # noqa: E402
-from tasks.runtime.masking import mask_uri  # noqa: E402
+from tasks.runtime.masking import mask_secrets, mask_uri  # noqa: E402
 from tasks.tracking.uri import default_artifact_root as default_artifact_root  # noqa: E402  (re-exported)
 from tasks.tracking.uri import is_server as is_server  # noqa: E402
 from tasks.tracking.uri import tracking_uri as tracking_uri  # noqa: E402
@@ -186,7 +186,8 @@ class Tracker:
         return self.run_id
 
     def log_params(self, params: dict[str, Any]) -> None:
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        # Masked (tasks/runtime/masking.py): a free-form spec value may hold a URI with a secret.
+        items = [Param(k, mask_secrets(str(v))[:6000]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self._id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
@@ -208,7 +209,7 @@ class Tracker:
             self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self._id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        self.client.log_batch(self._id, tags=[RunTag(k, mask_secrets(str(v))[:5000]) for k, v in tags.items()])
 
     def log_traces(self, traces: Sequence[RequestTrace]) -> None:
         """Each as an MLflow trace in the run's experiment, linked to the run (trace metadata
@@ -361,8 +362,9 @@ class Tracker:
         interrupts.untrack_run(self.run_id)
         try:
             self.stop_system_metrics()
-            self.set_tags({"relflow.error": f"{type(error).__name__}: {error}"})
-            self.log_text("".join(traceback.format_exception(error)), "error.txt")
+            # The error may quote a URI with its secret (a database's or a server's message).
+            self.set_tags({"relflow.error": mask_secrets(f"{type(error).__name__}: {error}")})
+            self.log_text(mask_secrets("".join(traceback.format_exception(error))), "error.txt")
         finally:
             self.client.set_terminated(self._id, "KILLED" if killed else "FAILED")
 

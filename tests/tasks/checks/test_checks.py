@@ -114,6 +114,19 @@ def test_duplicate_root_keys_are_counted_and_refused(shop_spec, shop_tables, wri
         check_data(spec, sources)
 
 
+@pytest.mark.parametrize("nulls", [2, 5])  # some, and all: all-null keys looked like 4 duplicates of None
+def test_null_root_keys_are_refused_as_nulls_with_count_and_fix(nulls, shop_spec, shop_tables, write_tables, tmp_path):
+    c = shop_tables["customers"]
+    keys = pa.array([None] * nulls + list(range(1, 6 - nulls)), pa.int64())
+    customers = c.set_column(c.schema.get_field_index("c_id"), "c_id", keys)
+    spec, sources = _setup(_predict(shop_spec), {**shop_tables, "customers": customers}, write_tables, tmp_path)
+    with pytest.raises(UserError) as err:
+        check_data(spec, sources)
+    msg = str(err.value)
+    assert f"Table 'customers' has {nulls} of 5 rows with a null root key in 'c_id'" in msg
+    assert "Drop or fill those rows" in msg and "duplicate" not in msg and "None" not in msg
+
+
 def _target(values):
     return lambda t: t.set_column(4, "churn", pa.array(values, pa.string()))
 

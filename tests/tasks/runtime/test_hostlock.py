@@ -109,3 +109,36 @@ def test_another_users_read_only_lock_file_still_locks(shared_tmp):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "held after" in out and "PermissionError" not in err
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("folder", "is a folder, not a file"),
+        ("under-a-file", "is not a folder"),
+        ("proc", "no file can be created in '/proc'"),  # os.access says yes to root there
+    ],
+)
+def test_a_lock_file_that_cannot_be_used_is_refused_up_front(where, says, tmp_path, monkeypatch):
+    from tasks.runtime.errors import UserError
+    from tasks.runtime.hostlock import check_lock_file
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    path = {"folder": tmp_path / "folder", "under-a-file": tmp_path / "file" / "host.lock"}.get(
+        where, Path("/proc/relflow-bench-test.lock")
+    )
+    monkeypatch.setenv("RELFLOW_LOCK_FILE", str(path))
+    with pytest.raises(UserError) as err:
+        check_lock_file()
+    msg = str(err.value)
+    assert f"'{path}' (RELFLOW_LOCK_FILE)" in msg and says in msg and "set RELFLOW_LOCK_FILE to" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]  # no probe left behind
+
+
+def test_a_lock_file_in_a_missing_folder_passes_and_nothing_is_left_behind(tmp_path, monkeypatch):
+    from tasks.runtime.hostlock import check_lock_file
+
+    monkeypatch.setenv("RELFLOW_LOCK_FILE", str(tmp_path / "new" / "host.lock"))
+    check_lock_file()  # host_lock creates the folder and the file when it first locks
+    assert list(tmp_path.iterdir()) == []

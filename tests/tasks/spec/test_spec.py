@@ -242,6 +242,16 @@ def test_target_equal_to_a_key_is_named_as_such(shop_spec):
         parse_spec(bad)
 
 
+@pytest.mark.parametrize(("target", "where"), [("o_id", "the key"), ("o_cust", "the parent_key")])
+def test_branch_target_equal_to_a_branch_key_is_named_as_such(shop_spec, target, where):
+    bad = {**shop_spec, "task": {**shop_spec["task"], "branch": "orders", "target": target}}
+    with pytest.raises(
+        UserError, match=rf"task.target '{target}' is {where} of branch 'orders': a key identifies"
+    ) as err:
+        parse_spec(bad)
+    assert "set task.target to the column to predict" in str(err.value) and ".." not in str(err.value)
+
+
 def test_database_url_with_a_secret_query_value_is_refused(shop_spec):
     spec = {**shop_spec, "source": {"database": {"url": "Postgresql://bob@h/db?password=hunter2"}}}
     with pytest.raises(UserError) as err:

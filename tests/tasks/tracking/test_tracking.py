@@ -66,6 +66,22 @@ def test_a_failed_run_ends_with_the_error_recorded(mlflow_uri):
         "bad key 7"
         in client.search_runs([tracker.experiment_id], "attributes.status = 'FAILED'")[0].data.tags["relflow.error"]
     )
+    # A URI with its secret (a free-form spec value, a library's error) is stored masked: params,
+    # tags, the error tag and the traceback.
+    tracker = Tracker("unit")
+    run_id = tracker.start("r", tags={})
+    tracker.log_params({"run.compile.options.cache": "https://u:s3cretQ@cache.example/x", "run.batch_size": 4})
+    tracker.set_tags({"relflow.note": "from HTTP://h/?token=s3cretQ"})
+    tracker.fail(ConnectionError("postgresql://bob:s3cretQ@db/mlflow?sslpassword=s3cretQ refused"))
+    data = client.get_run(run_id).data
+    assert data.params == {"run.compile.options.cache": "https://***@cache.example/x", "run.batch_size": "4"}
+    assert data.tags["relflow.note"] == "from HTTP://h/?token=***"
+    tag = data.tags["relflow.error"]
+    error_txt = Path(
+        client.download_artifacts(run_id, "error.txt", str(Path(mlflow_uri.removeprefix("sqlite:///")).parent))
+    ).read_text()
+    assert "s3cretQ" not in tag + error_txt
+    assert "postgresql://bob:***@db/mlflow?sslpassword=*** refused" in tag and "ConnectionError" in error_txt
 
 
 def test_system_metrics_touch_no_store_until_flushed(mlflow_uri, monkeypatch):
