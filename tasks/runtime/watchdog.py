@@ -17,6 +17,13 @@ once) and then ends every process still carrying the CLI's mark: Prefect's serve
 (asked to stop, it logs tracebacks), the others get SIGTERM (a sweep's configuration ends
 its own MLflow run KILLED) and SIGKILL after ``GRACE_S``. A normal exit finds nothing left.
 
+A process the CLI *forks* without exec (a DataLoader worker, a ``multiprocessing`` fork) does
+not show the mark: ``/proc/<pid>/environ`` is the environment at exec time, and the CLI set
+its mark after that. So the CLI registers an at-fork hook: each such child appends its own
+``<pid>@<start time>`` to ``forks_file(token)`` (created by the first fork only), and the
+watcher ends those too (pid and start time must both match: pids are reused), then removes
+the file.
+
 Run as a script (``python watchdog.py PID MARK``) it imports only the standard library and
 psutil, so it starts in a few tens of milliseconds.
 """
@@ -27,7 +34,9 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 
@@ -41,6 +50,24 @@ def mark(pid: int) -> str:
     return f"{pid}@{psutil.Process(pid).create_time():.3f}"
 
 
+def forks_file(token: str) -> Path:
+    """Where the CLI's forked children (``token`` is the CLI's mark) record themselves."""
+    return Path(tempfile.gettempdir()) / f"relflow-cli-{token}.forks"
+
+
+def _record_fork(path: Path) -> None:
+    """At-fork hook, in the new child: append its mark (one short O_APPEND write, so forks at
+    the same time do not interleave)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{mark(os.getpid())}\n".encode())
+        finally:
+            os.close(fd)
+    except (OSError, psutil.Error):  # the child's own work matters more than its record
+        pass
+
+
 def start() -> subprocess.Popen[bytes] | None:
     """Mark this process's environment and start its watcher (the CLI's entry calls it once)."""
     me = mark(os.getpid())
@@ -48,6 +75,8 @@ def start() -> subprocess.Popen[bytes] | None:
     if me in owners:
         return None  # already watched (main() called twice in one process)
     os.environ[OWNERS_ENV] = " ".join([*owners, me])
+    forks = forks_file(me)
+    os.register_at_fork(after_in_child=lambda: _record_fork(forks))
     env = {k: v for k, v in os.environ.items() if k != OWNERS_ENV}  # the watcher is not ours to end
     try:
         return subprocess.Popen(
@@ -90,6 +119,23 @@ def owned(token: str) -> list[psutil.Process]:
     return found
 
 
+def forked(token: str) -> list[psutil.Process]:
+    """The CLI's forked children recorded in ``forks_file(token)`` that still run."""
+    try:
+        lines = forks_file(token).read_text().split()
+    except OSError:  # no fork, no file
+        return []
+    found = []
+    for line in dict.fromkeys(lines):
+        try:
+            pid = int(line.split("@", 1)[0])
+            if mark(pid) == line:  # the same process, not a reused pid
+                found.append(psutil.Process(pid))
+        except (ValueError, psutil.Error):
+            continue
+    return found
+
+
 def end(procs: list[psutil.Process]) -> None:
     for proc in procs:
         try:
@@ -110,11 +156,14 @@ def end(procs: list[psutil.Process]) -> None:
 def main(argv: list[str]) -> None:
     pid, token = int(argv[1]), argv[2]
     _wait_for_exit(pid, token)
-    for _ in range(3):  # a child may have started another process meanwhile
-        procs = owned(token)
-        if not procs:
-            return
-        end(procs)
+    try:
+        for _ in range(3):  # a child may have started another process meanwhile
+            procs = owned(token) + forked(token)
+            if not procs:
+                return
+            end(procs)
+    finally:
+        forks_file(token).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
