@@ -20,7 +20,7 @@ its own MLflow run KILLED) and SIGKILL after ``GRACE_S``. A normal exit finds no
 A process the CLI *forks* without exec (a DataLoader worker, a ``multiprocessing`` fork) does
 not show the mark: ``/proc/<pid>/environ`` is the environment at exec time, and the CLI set
 its mark after that. So the CLI registers an at-fork hook: each such child appends its own
-``<pid>@<start time>`` to ``forks_file(token)`` (created by the first fork only), and the
+``<pid>@<start ticks>`` to ``forks_file(token)`` (created by the first fork only), and the
 watcher ends those too (pid and start time must both match: pids are reused), then removes
 the file.
 
@@ -55,16 +55,29 @@ def forks_file(token: str) -> Path:
     return Path(tempfile.gettempdir()) / f"relflow-cli-{token}.forks"
 
 
-def _record_fork(path: Path) -> None:
-    """At-fork hook, in the new child: append its mark (one short O_APPEND write, so forks at
-    the same time do not interleave)."""
+def _start_ticks(pid: int) -> str:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), read
+    with bare system calls: the at-fork hook may run between fork and exec in a threaded
+    process, where taking a lock (psutil's, the import lock) could hang the child."""
+    fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     try:
+        stat = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    return stat[stat.rindex(b")") + 2 :].split()[19].decode()  # after "(comm)": fields 3, 4, ...
+
+
+def _record_fork(path: Path) -> None:
+    """At-fork hook, in the new child: append ``<pid>@<start ticks>`` (one short O_APPEND write,
+    so forks at the same time do not interleave)."""
+    try:
+        pid = os.getpid()
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, f"{mark(os.getpid())}\n".encode())
+            os.write(fd, f"{pid}@{_start_ticks(pid)}\n".encode())
         finally:
             os.close(fd)
-    except (OSError, psutil.Error):  # the child's own work matters more than its record
+    except (OSError, ValueError, IndexError):  # the child's own work matters more than its record
         pass
 
 
@@ -129,9 +142,9 @@ def forked(token: str) -> list[psutil.Process]:
     for line in dict.fromkeys(lines):
         try:
             pid = int(line.split("@", 1)[0])
-            if mark(pid) == line:  # the same process, not a reused pid
+            if f"{pid}@{_start_ticks(pid)}" == line:  # the same process, not a reused pid
                 found.append(psutil.Process(pid))
-        except (ValueError, psutil.Error):
+        except (OSError, ValueError, IndexError, psutil.Error):  # gone, or not ours
             continue
     return found
 

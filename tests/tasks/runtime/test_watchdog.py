@@ -69,3 +69,14 @@ def test_no_child_outlives_the_cli(how):
     _, watching = psutil.wait_procs([watcher], timeout=WITHIN_S)
     assert not watching, "the watcher did not end"
     assert not watchdog.forks_file(token).exists(), "the watcher left its record of forks behind"
+
+
+def test_a_recorded_fork_is_ended_only_while_its_pid_names_the_same_process(tmp_path, monkeypatch):
+    """Pids are reused: a record whose start time no longer matches names someone else's process."""
+    monkeypatch.setattr(watchdog.tempfile, "gettempdir", lambda: str(tmp_path))
+    me = os.getpid()
+    path = watchdog.forks_file("cli@1.000")
+    path.write_text(f"{me}@1\n")  # this pid, but a process that started one tick after boot
+    assert watchdog.forked("cli@1.000") == []
+    watchdog._record_fork(path)  # as the at-fork hook writes it, for this process
+    assert [p.pid for p in watchdog.forked("cli@1.000")] == [me]
