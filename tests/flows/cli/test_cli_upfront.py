@@ -1,6 +1,6 @@
 """Every command that reads a spec checks it before importing torch, Prefect or MLflow
-(issue 24 item 7: bad input exited after 10-15 s of imports; ``floors`` took 36 s,
-``serve`` 20 s and ``backends-report`` 12 s to say "unknown key"). What was imported is
+(issue 24 item 7: bad input exited after 10-15 s of imports; ``floors`` took 23 s,
+``serve`` 14 s and ``backends-report`` 9 s to say "unknown key"). What was imported is
 read from ``-X importtime``, not from the clock: the host's load moves the time.
 """
 
