@@ -27,7 +27,6 @@ from typing import Any
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 from tasks.spec.sections import load_spec_and_sections
-from tasks.tracking.store import tracking_uri
 
 
 @dataclass
@@ -150,6 +149,7 @@ def deploy(planned: list[Planned], pool: str, working_dir: Path) -> list[str]:
     from prefect.types.entrypoint import EntrypointType
 
     from flows.benchmark import benchmark
+    from tasks.tracking.store import tracking_uri  # MLflow: after the specs were validated
 
     uri = tracking_uri()
     deployments = []

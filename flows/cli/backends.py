@@ -114,13 +114,16 @@ def backends_report_cmd(
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Train once, then every backend / weight-format variant in fresh processes, interleaved."""
-    from flows.sweeps.backends_report import VARIANTS, run_report
     from tasks.runtime.errors import UserError
+    from tasks.spec import load_spec
 
     # SIGTERM unwinds like Ctrl-C: the running variant is stopped (its run ends KILLED) and
     # the parent run is ended too, never left RUNNING.
     overrides = start_run_command(debug, set_, scale)
     try:
+        load_spec(spec, overrides)  # before MLflow and the report's imports (10+ s): a bad spec exits in a second
+        from flows.sweeps.backends_report import VARIANTS, run_report
+
         unknown = [v for v in variant or [] if v not in VARIANTS]
         if unknown:
             raise UserError(f"--variant {unknown} unknown; choose from {list(VARIANTS)}.")

@@ -257,11 +257,13 @@ def serve_cmd(
 ) -> None:
     """Create or update Prefect deployments of the benchmark flow (needs `prefect server start`)."""
     from flows.schedules import default_pool, deploy, ensure_pool, plan_deployments, require_server
-    from tasks.tracking.store import tracking_uri
+    from tasks.spec.sections import load_spec_and_sections
 
     quiet_prefect(debug)
     try:
         paths = list(specs or sorted(BENCHMARKS.glob("*.yaml")))
+        for path in paths:  # before torch (the default pool), Prefect and MLflow: a bad spec exits in a second
+            load_spec_and_sections(path, list(set_ or []))
         pool = pool or default_pool()
         planned = plan_deployments(paths, pool, list(set_ or []), cron, timezone)
         url = require_server()
@@ -277,6 +279,8 @@ def serve_cmd(
     for p, i in zip(planned, ids, strict=True):
         table.add_row(f"benchmark/{p.name}", f"{p.cron} ({p.timezone})" if p.cron else "on demand", str(p.path), i)
     out.print(table)
+    from tasks.tracking.store import tracking_uri
+
     out.print(
         f"runs are recorded in {mask_uri(tracking_uri())}\nstart a worker:  prefect worker start --pool "
         f"'{pool}'\nrun one now:     prefect deployment run 'benchmark/{planned[0].name}'"

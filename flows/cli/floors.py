@@ -31,14 +31,15 @@ def floors_cmd(
     """Each stage's floor on this host for the spec's data, cached per host fingerprint."""
     overrides = start_run_command(debug, set_, scale)
     try:
+        from tasks.spec import load_spec
+
+        s = load_spec(spec, overrides)  # before torch, Prefect and MLflow (10+ s): a bad spec exits in a second
         from flows.benchmark import plan
         from flows.floors import orchestration_floor
         from tasks.measure.environment import fingerprint
         from tasks.measure.floors import ledger
         from tasks.measure.peak import BUSY_HOST_FRACTION
-        from tasks.spec import load_spec
 
-        s = load_spec(spec, overrides)
         checked = plan(s, spec.resolve().parent)
         if checked.generated:
             console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")

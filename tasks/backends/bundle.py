@@ -37,6 +37,28 @@ from tasks.spec import Spec, load_yaml, parse_spec
 from tasks.stages.split import check_split
 
 MODEL_FILE = "model.onnx"
+MAX_BUNDLE_JSON_BYTES = 1_000_000  # manifest.json and config.json: a few KB when written by export
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A bundle's JSON file as a mapping, bounded; a damaged or foreign file is a ``UserError``
+    (it raised a bare ``JSONDecodeError``, exit 1, and a huge one was read whole)."""
+    again = "export the checkpoint again."
+    size = path.stat().st_size
+    if size > MAX_BUNDLE_JSON_BYTES:
+        raise UserError(
+            f"export bundle file '{path}' is {size:,} bytes, over the {MAX_BUNDLE_JSON_BYTES:,}-byte limit "
+            f"(MAX_BUNDLE_JSON_BYTES); it was not written by export: {again}"
+        )
+    try:
+        data = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UserError(f"export bundle file '{path}' is not valid JSON ({err}); {again}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"export bundle file '{path}' must hold a JSON object; {again}")
+    return data
+
+
 DYNAMIC_INT8_FILE = "model.dynamic_int8.onnx"
 
 
@@ -165,7 +187,7 @@ def read_bundle(path: Path) -> Bundle:
             f"run.onnxruntime.model '{path}' is not an export bundle (missing {missing or 'the folder'}); "
             "pass a folder written by 'relflow-bench export SPEC --checkpoint CKPT'."
         )
-    manifest = json.loads((path / "manifest.json").read_text())
+    manifest = _read_json(path / "manifest.json")
     digest = hashlib.sha256()
     for name in (MODEL_FILE, "config.json", "spec.yaml"):
         digest.update(name.encode())
@@ -175,4 +197,4 @@ def read_bundle(path: Path) -> Bundle:
             f"export bundle '{path}' does not match its manifest's content hash (a file was changed "
             "after export); export the checkpoint again."
         )
-    return Bundle(path, manifest, json.loads((path / "config.json").read_text()))
+    return Bundle(path, manifest, _read_json(path / "config.json"))

@@ -4,7 +4,9 @@ YAML is read bounded, before anything else looks at it: a 1.4 KB document of nes
 aliases (a "billion laughs") expands exponentially and took 19.6 GB in ten minutes. So
 aliases (``*name``, and with them ``<<`` merge keys) are refused, as are files over
 ``MAX_SPEC_BYTES`` and nesting deeper than ``MAX_SPEC_DEPTH``: a spec is small and flat
-enough to write out, and each limit's message names it.
+enough to write out, and each limit's message names it. An integer longer than
+``MAX_SPEC_INT_DIGITS`` is refused too: Python's own guard (4,300 digits) raised a bare
+``ValueError``, which ended the command with exit 1 instead of naming the value.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tasks.spec.workload import Spec
 
 MAX_SPEC_BYTES = 1_000_000  # the shipped specs are under 4 KB
 MAX_SPEC_DEPTH = 64  # nested mappings/lists; the deepest shipped spec nests about 12
+MAX_SPEC_INT_DIGITS = 100  # characters of one integer: far beyond any count or seed
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -47,6 +50,17 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        if len(node.value) > MAX_SPEC_INT_DIGITS:
+            raise UserError(
+                f"the integer at line {node.start_mark.line + 1} is {len(node.value):,} characters long, over "
+                f"the {MAX_SPEC_INT_DIGITS}-character limit (MAX_SPEC_INT_DIGITS); write a number of usual size."
+            )
+        return super().construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def load_yaml(text: str, what: str) -> Any:

@@ -4,6 +4,7 @@ checks, load-time expansion and its measurements, the reference-quality rule, bu
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,26 @@ def test_not_a_bundle_is_a_user_error(tmp_path: Path):
     from tasks.backends.bundle import read_bundle
 
     with pytest.raises(UserError, match="not an export bundle"):
+        read_bundle(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        (b"{not json", "manifest.json' is not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "manifest.json' is not valid JSON"),  # RecursionError in json
+        (b"[1, 2]", "manifest.json' must hold a JSON object"),
+        (b" " * 1_000_001, "over the 1,000,000-byte limit (MAX_BUNDLE_JSON_BYTES)"),
+    ],
+)
+def test_a_damaged_bundle_manifest_is_a_user_error(tmp_path: Path, manifest: bytes, message: str):
+    """Issue 24: every JSON the CLI reads is bounded and a damaged one exits 2 (was exit 1)."""
+    from tasks.backends.bundle import MODEL_FILE, read_bundle
+
+    for name in (MODEL_FILE, "config.json", "spec.yaml"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "manifest.json").write_bytes(manifest)
+    with pytest.raises(UserError, match=re.escape(message)):
         read_bundle(tmp_path)
 
 

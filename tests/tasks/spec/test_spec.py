@@ -236,6 +236,19 @@ def test_spec_yaml_is_read_bounded(tmp_path, shop_spec):
         apply_overrides(dict(shop_spec), ["run.compile.options={a: &a [1], b: *a}"])
 
 
+def test_an_over_long_integer_is_refused_naming_the_limit(tmp_path, shop_spec):
+    """Python's 4,300-digit guard raised a bare ValueError: the CLI exited 1 ("failed:")."""
+    from tasks.spec.parse import MAX_SPEC_INT_DIGITS
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(shop_spec) + "seed_like: " + "9" * 5000 + "\n")
+    with pytest.raises(UserError, match=r"integer at line \d+ is 5,000 characters long.*MAX_SPEC_INT_DIGITS"):
+        load_spec(path)
+    with pytest.raises(UserError, match="--set run.seed: the integer at line 1"):
+        apply_overrides(dict(shop_spec), ["run.seed=0x" + "f" * MAX_SPEC_INT_DIGITS])
+    assert apply_overrides(dict(shop_spec), ["run.seed=" + "9" * MAX_SPEC_INT_DIGITS])["run"]["seed"] > 0
+
+
 def test_target_equal_to_a_key_is_named_as_such(shop_spec):
     bad = {**shop_spec, "task": {**shop_spec["task"], "target": shop_spec["schema"]["root"]["key"]}}
     with pytest.raises(UserError, match=r"task.target 'c_id' is schema.root.key: a key identifies rows"):
