@@ -112,6 +112,7 @@ class RankReport:
     # Root rows of its steady train batches by present shape, as [*shape, rows] lists (JSON):
     # compute.train.mfu counts their FLOPs (tasks/measure/present_flops.py).
     steady_shapes: list[list[int]] = field(default_factory=list)
+    stage_bytes: dict[str, int] = field(default_factory=dict)  # Prepared.stage_bytes, every epoch
 
     @property
     def timings(self) -> PhaseTimings:
@@ -139,13 +140,14 @@ class TrainStages:
     ``seconds`` are the **slowest rank's** (the one with the largest retrieve..compute total):
     the ranks run in parallel, so the phase took at least that rank's time, and its stages
     add up to ``e2e.train.seconds``. (Per-stage maxima over ranks, summed, describe no rank.)
-    ``rows`` are every rank's, so rows per second are the job's. ``mean_seconds`` is the
+    ``rows`` and ``bytes`` are every rank's, so rows and bytes per second are the job's. ``mean_seconds`` is the
     ranks' mean total (``e2e.train.ranks_mean_seconds``), beside it for the imbalance."""
 
     seconds: dict[str, float]
     rows: dict[str, int]
     slowest_rank: int
     mean_seconds: float
+    bytes: dict[str, int] = field(default_factory=dict)
 
 
 def train_stages(reports: list[RankReport]) -> TrainStages:
@@ -157,6 +159,7 @@ def train_stages(reports: list[RankReport]) -> TrainStages:
         {k: sum(r.stage_rows.get(k, 0) for r in reports) for k in stages},
         slowest.rank,
         sum(totals) / len(totals),
+        {k: sum(r.stage_bytes.get(k, 0) for r in reports) for k in {k for r in reports for k in r.stage_bytes}},
     )
 
 
@@ -165,6 +168,7 @@ def merge_into(result: RunResult, reports: list[RankReport]) -> TrainStages:
     agg = train_stages(reports)
     for stage, timing in result.stages["train"].items():  # (encode too, with text columns)
         timing.add(agg.seconds.get(stage, 0.0), agg.rows.get(stage, 0))
+        timing.bytes += agg.bytes.get(stage, 0)
     result.updates_per_epoch = reports[0].updates_per_epoch
     result.extra[K.DATA_ROWS_READ] = result.extra.get(K.DATA_ROWS_READ, 0.0) + sum(r.rows_read for r in reports)
     result.extra[K.E2E_TRAIN_RANKS_MEAN_SECONDS] = agg.mean_seconds

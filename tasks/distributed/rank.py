@@ -92,6 +92,7 @@ def main(job_path: str) -> None:
         seconds = {s: 0.0 for s in (*chain.prepare_stages, "compute")}
         rows = {s: 0 for s in seconds}
         rows_read = 0
+        stage_bytes: dict[str, int] = {}
 
         def add(stage: str, sec: float, n_rows: int) -> None:
             seconds[stage] += sec
@@ -117,6 +118,8 @@ def main(job_path: str) -> None:
                     if i not in cache or len(chunks) > 1:  # one chunk stays in memory across epochs
                         prepared = chain.prepare(chunk, add)
                         rows_read += prepared.rows_read
+                        for stage, nbytes in prepared.stage_bytes().items():
+                            stage_bytes[stage] = stage_bytes.get(stage, 0) + nbytes
                         cache = {i: prepared.tz}
                     chain.train(cache[i], add)
                 if epoch == 0:
@@ -133,6 +136,7 @@ def main(job_path: str) -> None:
             sorted(engine.paths_seen),
             rows_read,
             shapes_to_report(engine.steady_shapes["train"]),
+            stage_bytes,
         )
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, asdict(report))

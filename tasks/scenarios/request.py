@@ -40,6 +40,7 @@ class RequestPath:
         if self.outputs is not None:
             self.outputs.keep(p.tz.keys, outs)
         work.account(p, None)
+        work.add_bytes(p, "predict")
         self.scored_keys.append(keys)
         stage_table = work.result.stages["predict"]
         for name, sec in steps.items():

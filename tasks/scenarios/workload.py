@@ -85,13 +85,16 @@ class Workload:
             return self._kept[i]
         p = self.chain.prepare(self.chunks[i], self.sink(phase), {"chunk": i, "phase": phase})
         self.account(p, i)
-        stages = self.result.stages[phase]  # bytes per stage: the floor ledger's rates
-        stages["retrieve"].bytes += p.bytes_read
-        stages["preprocess"].bytes += p.arrow_bytes
-        stages["tensorize"].bytes += p.tz.produced_bytes
+        self.add_bytes(p, phase)
         if phase == "train" and len(self.chunks) == 1:
             self._kept[i] = p.tz
         return p.tz
+
+    def add_bytes(self, p: Prepared, phase: str) -> None:
+        """A prepared chunk's or request's stage bytes into ``phase``'s stage table."""
+        stages = self.result.stages[phase]
+        for stage, n in p.stage_bytes().items():
+            stages[stage].bytes += n
 
     def prepare_untimed(self, i: int) -> Tensorized:
         """Chunk ``i`` outside every timing (kept training tensors are reused)."""

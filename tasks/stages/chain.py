@@ -74,6 +74,12 @@ class Prepared:
     text_cells: int = 0  # cells the encode step turned into vectors
     arrow_bytes: int = 0  # Arrow bytes retrieve handed to preprocess (its input)
 
+    def stage_bytes(self) -> dict[str, int]:
+        """Bytes per stage (``stage.<stage>.<phase>.bytes``, the floor ledger's rates): what
+        retrieve read, the Arrow bytes preprocess got, the tensor bytes tensorize made. The one
+        definition every path that prepares (chunks, requests, DDP ranks) adds up."""
+        return {"retrieve": self.bytes_read, "preprocess": self.arrow_bytes, "tensorize": self.tz.produced_bytes}
+
 
 @dataclass
 class Weights:

@@ -126,6 +126,9 @@ def test_two_gloo_processes_train_like_one(tpch_small, tmp_path):
     # which aggregate the train stages are is tested exactly in test_rank_totals.py; here the
     # ranks' mean is published beside the slowest rank's total
     assert m2["e2e.train.ranks_mean_seconds"] > 0
+    # stage bytes are every rank's (they were 0): the shards' tensors add up to the whole
+    assert m2["stage.tensorize.train.bytes"] == m1["stage.tensorize.train.bytes"] > 0
+    assert m2["stage.retrieve.train.bytes"] > 0 and m2["stage.preprocess.train.bytes"] > 0
     assert m2["compute.train.total_rows_per_s"] == pytest.approx(
         m2["compute.train.rank0.rows_per_s"] + m2["compute.train.rank1.rows_per_s"]
     )

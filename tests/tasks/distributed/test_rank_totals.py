@@ -31,13 +31,27 @@ RANK_ROWS = [
     {"retrieve": 6, "preprocess": 6, "tensorize": 6, "compute": 5},
     {"retrieve": 4, "preprocess": 4, "tensorize": 4, "compute": 3},
 ]
+RANK_BYTES = [
+    {"retrieve": 1000, "preprocess": 700, "tensorize": 300},
+    {"retrieve": 900, "preprocess": 600, "tensorize": 200},
+]
 SHAPES = [[2, 3, 5], [1, 1, 2]]  # rank 0's steady batches: 5 roots at (2 orders, 3 lines), 2 at (1, 1)
 
 
 def _reports() -> list[RankReport]:
     timings = asdict(PhaseTimings(0, first_call_seconds=0.5, steady_seconds=[0.25, 0.25], steady_rows=[4, 3]))
     return [
-        RankReport(r, timings, RANK_SECONDS[r], RANK_ROWS[r], 6 - r, 2, rows_read=100 * (r + 1), steady_shapes=SHAPES)
+        RankReport(
+            r,
+            timings,
+            RANK_SECONDS[r],
+            RANK_ROWS[r],
+            6 - r,
+            2,
+            rows_read=100 * (r + 1),
+            steady_shapes=SHAPES,
+            stage_bytes=RANK_BYTES[r],
+        )
         for r in range(2)
     ]
 
@@ -58,6 +72,10 @@ def test_train_stages_are_the_slowest_ranks_and_every_ranks_rows():
     assert m["stage.preprocess.train.seconds"] == pytest.approx(1.0)  # rank 1's, not the max (2.0)
     assert m[K.E2E_TRAIN_RANKS_MEAN_SECONDS] == pytest.approx(8.5)
     assert m[K.DATA_ROWS_READ] == 300
+    # bytes are every rank's, like rows (they were 0: the ranks never reported them)
+    assert m["stage.retrieve.train.bytes"] == 1900
+    assert m["stage.preprocess.train.bytes"] == 1300
+    assert m["stage.tensorize.train.bytes"] == 500
     assert K.documented(K.E2E_TRAIN_RANKS_MEAN_SECONDS)
 
 

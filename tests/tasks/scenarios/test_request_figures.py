@@ -132,3 +132,21 @@ def test_delta_vs_reference_compares_the_rows_the_requests_scored(served):
     # every held-out row once (the old reference pass) is another set of rows: this setup tells them apart
     once = reference_quality(spec, ref, len(work.chunks), work.prepare_untimed, torch.device("cpu"))
     assert any(once[k] != pytest.approx(v, abs=1e-6) for k, v in run_quality.items())
+
+
+def test_request_stage_bytes_are_every_served_requests(served):
+    """stage.<stage>.predict.bytes of a request run count each served request's bytes (they
+    counted none: only the key listing's read reached the predict retrieve)."""
+    spec, work, rec = served
+    pool_keys = [k for k in rec.scored_keys]
+    expected = {"retrieve": 0, "preprocess": 0, "tensorize": 0}
+    for keys in pool_keys:
+        for stage, n in work.chain.prepare(keys, lambda *_: None).stage_bytes().items():
+            expected[stage] += n
+    m = work.result.metrics()
+    from tasks.stages.retrieve import list_root_keys
+
+    _, listing = list_root_keys(spec, work.chain.sources)  # the key listing's read, charged to predict
+    assert m["stage.tensorize.predict.bytes"] == expected["tensorize"] > 0
+    assert m["stage.preprocess.predict.bytes"] == expected["preprocess"] > 0
+    assert m["stage.retrieve.predict.bytes"] == pytest.approx(expected["retrieve"] + listing)
