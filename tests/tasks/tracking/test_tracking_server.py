@@ -76,14 +76,23 @@ def _bench_cmd(*more: str) -> list[str]:
     return [sys.executable, "-m", "flows.cli", "run", *(a for o in SMALL for a in ("--set", o)), *more]
 
 
-@pytest.mark.slow
-def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small):
+@pytest.fixture(scope="module")
+def pg_mlflow():
+    """One PostgreSQL-backed MLflow server for the tests that only log to it (the four hosts'
+    runs and the load test, each in experiments of its own): its start-up and migrations are
+    paid once. The auth test runs its own server (another app)."""
     with (
         private_dir() as tmp_path,
         running_postgres(tmp_path / "pg") as pg,
         running_mlflow_server(create_database(pg, "mlflow"), tmp_path / "server") as url,
-        running_prefect_server(tmp_path / "prefect") as api,
     ):
+        yield tmp_path, url
+
+
+@pytest.mark.slow
+def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small, pg_mlflow):
+    tmp_path, url = pg_mlflow
+    with running_prefect_server(tmp_path / "prefect") as api:
         procs = []
         for i in range(4):  # four hosts: each its own host lock, all at once; one Prefect server
             work = tmp_path / f"host{i}"
@@ -137,30 +146,27 @@ def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small):
 
 
 @pytest.mark.slow
-def test_load_test_loses_nothing_on_the_server():
-    with (
-        private_dir() as tmp_path,
-        running_postgres(tmp_path / "pg") as pg,
-        running_mlflow_server(create_database(pg, "mlflow"), tmp_path / "server") as url,
-    ):
-        done = subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "benchmarks" / "bench_tracking.py"),
-                "--uri",
-                url,
-                "--uri",
-                f"sqlite:///{tmp_path / 'mlflow.db'}",
-                "--processes",
-                "4",
-                "--runs",
-                "3",
-            ],
-            env=_env(tmp_path, url, "load"),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+def test_load_test_loses_nothing_on_the_server(pg_mlflow):
+    tmp_path, url = pg_mlflow
+    # the load test logs into an experiment of its own (load-test-<id>) on the shared server
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "bench_tracking.py"),
+            "--uri",
+            url,
+            "--uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--processes",
+            "4",
+            "--runs",
+            "3",
+        ],
+        env=_env(tmp_path, url, "load"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     print(done.stdout)  # the concurrent-logging table (pytest -s)
     assert done.returncode == 0, done.stderr[-3000:]
     results = {r["store"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])["results"]}
