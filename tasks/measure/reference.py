@@ -25,7 +25,8 @@ from tasks.backends.checkpoint import load_run_checkpoint
 from tasks.backends.lengths import saved_lengths
 from tasks.measure import keys as K
 from tasks.runtime.errors import UserError
-from tasks.spec import Spec, parse_spec
+from tasks.spec import Spec
+from tasks.spec.derived import eager_spec
 from tasks.stages.compute import Engine
 from tasks.stages.tensorize import Tensorized
 
@@ -56,21 +57,8 @@ def check_reference(spec: Spec, encoding: Any) -> dict[str, Any] | None:
 
 
 def reference_spec(spec: Spec) -> Spec:
-    """The run's spec for the reference pass: PyTorch eager, in-process encoding."""
-    raw = spec.to_dict()
-    run = dict(raw["run"])
-    run.update(
-        backend="pytorch",
-        compile={},
-        loader={},
-        checkpoint=None,
-        max_quality_drop=None,
-        reference_checkpoint=None,
-        precision="fp32",
-        profile=False,
-        distributed=None,
-    )
-    return parse_spec({**raw, "run": run})
+    """The run's spec for the reference pass: PyTorch eager, in-process encoding, fp32."""
+    return eager_spec(spec, precision="fp32")
 
 
 def reference_quality(

@@ -37,7 +37,8 @@ import pyarrow as pa
 import torch
 
 from tasks.measure import keys as K
-from tasks.spec import Run, Spec, parse_spec
+from tasks.spec import Run, Spec
+from tasks.spec.derived import eager_spec
 from tasks.spec.tolerance import output_tolerance
 from tasks.stages.chain import Chain, Weights
 from tasks.stages.compute import PredictOutputs
@@ -185,22 +186,7 @@ def check_outputs(chain: Chain, served: ServedOutputs, run: Run, reference: Chai
 def plain_spec(spec: Spec) -> Spec:
     """The run's spec for the plain pass: no bucketing, padded attention, PyTorch eager, the
     same precision (so the tolerance is the served numerics' row)."""
-    raw = spec.to_dict()
-    run = dict(raw["run"])
-    run.update(
-        backend="pytorch",
-        bucketing="off",
-        packing="off",
-        compile={},
-        loader={},
-        checkpoint=None,
-        reference_checkpoint=None,
-        max_quality_drop=None,
-        check_outputs=False,
-        profile=False,
-        distributed=None,
-    )
-    return parse_spec({**raw, "run": run})
+    return eager_spec(spec, bucketing="off", packing="off")
 
 
 def check_offline_outputs(chain: Chain, served: ServedOutputs) -> OutputCheck:
