@@ -416,6 +416,7 @@ def data_tpch(
     """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once."""
     from tasks.sources.tpch import ensure_tpch
 
+    install_interrupts("tpchgen-cli was stopped and the temporary data folder removed.")
     try:
         t0 = wall_clock()
         folder, generated = ensure_tpch(scale)
