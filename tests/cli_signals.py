@@ -18,9 +18,9 @@ from tasks.measure.clock import wall_clock
 
 
 def terminate_when(
-    args: list[str], cwd: Path, started: Callable[[], bool], env: dict[str, str]
+    args: list[str], cwd: Path, started: Callable[[int], bool], env: dict[str, str]
 ) -> tuple[int, str, float, list[list[str]]]:
-    """Run the CLI, SIGTERM it as soon as ``started()``; returns (exit code, stderr, seconds
+    """Run the CLI, SIGTERM it as soon as ``started(pid)``; returns (exit code, stderr, seconds
     from the signal to the exit, command lines of its children still alive after it)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", *args],
@@ -31,10 +31,12 @@ def terminate_when(
         text=True,
     )
     deadline = time.monotonic() + 120
-    while not started():
+    while not started(proc.pid):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"the command ended ({proc.returncode}) before its temporary output appeared")
+            pytest.fail(
+                f"the command ended ({proc.returncode}) before it was ready for the signal (temporary output, handler)"
+            )
         time.sleep(0.005)
     children = psutil.Process(proc.pid).children(recursive=True)
     sent = wall_clock()
@@ -43,3 +45,14 @@ def terminate_when(
     seconds = wall_clock() - sent
     alive = [c.cmdline() for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     return proc.returncode, err, seconds, alive
+
+
+def catches_sigterm(pid: int) -> bool:
+    """The process has installed a SIGTERM handler (bit 15 of SigCgt in /proc): for commands
+    whose temporary file lives too briefly to be seen, the signal then arrives mid-work."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))

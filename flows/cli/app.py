@@ -378,6 +378,7 @@ def peak_cmd(
     remeasure: Annotated[bool, typer.Option(help="Measure again and replace the cached value.")] = False,
 ) -> None:
     """The host's peak matmul FLOP/s (the MFU denominator), cached per host fingerprint."""
+    install_interrupts("the peak was not cached and no temporary file was left.")  # as run's: exit 130
     import torch
 
     from tasks.measure.environment import fingerprint

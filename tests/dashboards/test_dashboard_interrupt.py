@@ -20,7 +20,7 @@ def test_sigterm_while_drawing_exits_130_and_leaves_no_files(bench_runs, chromiu
     shutil.copy(bench_runs.uri.removeprefix("sqlite:///"), store)
     out = tmp_path / "dash"
 
-    def drawing() -> bool:  # the page is written (anywhere under --out): the PNGs come next
+    def drawing(pid: int) -> bool:  # the page is written (anywhere under --out): the PNGs come next
         return out.is_dir() and any(out.rglob("index.html"))
 
     code, err, seconds, alive = terminate_when(

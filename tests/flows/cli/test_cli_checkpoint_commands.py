@@ -51,7 +51,9 @@ def test_sigterm_during_quantize_exits_130_and_removes_the_partial_file(shop_spe
     ckpt, _ = _checkpoint(shop_spec, shop_files, prepare_chunk, tmp_path, d_model=1024, layers=4, heads=4)
     target = tmp_path / "shop.fp16.ckpt"
     tmp = tmp_path / ".shop.fp16.ckpt.tmp"
-    code, err, seconds, alive = terminate_when(["quantize", str(ckpt), "--format", "fp16"], tmp_path, tmp.exists, {})
+    code, err, seconds, alive = terminate_when(
+        ["quantize", str(ckpt), "--format", "fp16"], tmp_path, lambda pid: tmp.exists(), {}
+    )
     assert code == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
     assert not tmp.exists() and not target.exists()
@@ -65,7 +67,7 @@ def test_sigterm_during_export_exits_130_and_removes_the_temporary_bundle(
     ckpt, spec_file = _checkpoint(shop_spec, shop_files, prepare_chunk, tmp_path)
     out = tmp_path / "bundles"
 
-    def exporting() -> bool:
+    def exporting(pid: int) -> bool:
         return out.is_dir() and any(p.name.startswith(f".{shop_spec['name']}-export-") for p in out.iterdir())
 
     code, err, seconds, alive = terminate_when(
