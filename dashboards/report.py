@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from dashboards import figures
 from dashboards.backends import backends_figure, rows_from_runs
 from dashboards.floors import floor_ledger
 from dashboards.history import HISTORY_METRICS, HistoryStep, drop_invalid, history, select_history_runs
+from tasks.runtime import interrupts
 from tasks.tracking.store import RunRecord
 
 SYSTEM_CHROMIUM = "/usr/bin/chromium"
@@ -121,8 +123,27 @@ class Written:
 
 def write(d: Dashboard, out: Path, source: str, *, png: bool = True) -> Written:
     """Write ``index.html`` and one PNG per figure into ``out``; PNGs are skipped (and
-    ``png_skipped`` says why) when no Chrome/Chromium can draw them."""
+    ``png_skipped`` says why) when no Chrome/Chromium can draw them.
+
+    Drawn into a temporary folder inside ``out`` and moved in when complete: an error or a
+    signal (Kaleido's PNGs take seconds) leaves neither a page without its PNGs nor a
+    half-written PNG; the interrupt handler removes the folder, since it exits directly."""
     out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".dashboard-", dir=out))
+    forget = interrupts.on_interrupt(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    try:
+        drawn = _draw(d, tmp, source, png=png)
+        files = []
+        for f in drawn.files:
+            os.replace(f, out / f.name)
+            files.append(out / f.name)
+        return Written(files, drawn.png_skipped)
+    finally:
+        forget()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _draw(d: Dashboard, out: Path, source: str, *, png: bool) -> Written:
     page = out / "index.html"
     page.write_text(to_html(d, source), encoding="utf-8")
     if not png:

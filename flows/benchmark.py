@@ -558,8 +558,8 @@ def benchmark(
     run = start_run(s, p, flow_start, launched_at, parent_run_id, tags, thread_tags)
     forget_outputs = interrupts.on_interrupt(lambda: _remove_outputs(run.output))
     run.result.extra.update(p.data_metrics)
-    run.memory.start()
     try:
+        run.memory.start()  # inside: a sampler that cannot start must not leave the run RUNNING
         timed_body(run)
         metrics = collect(run)
         summary = log_run(run, metrics, judge(run, metrics))

@@ -380,6 +380,7 @@ def peak_cmd(
     remeasure: Annotated[bool, typer.Option(help="Measure again and replace the cached value.")] = False,
 ) -> None:
     """The host's peak matmul FLOP/s (the MFU denominator), cached per host fingerprint."""
+    install_interrupts("the peak was not cached and no temporary file was left.")  # as run's: exit 130
     import torch
 
     from tasks.measure.environment import fingerprint
@@ -418,6 +419,7 @@ def data_tpch(
     """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once."""
     from tasks.sources.tpch import ensure_tpch
 
+    install_interrupts("tpchgen-cli was stopped and the temporary data folder removed.")
     try:
         t0 = wall_clock()
         folder, generated = ensure_tpch(scale)

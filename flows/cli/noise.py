@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import DEFAULT_SPEC, console, fail, out
+from flows.cli.common import DEFAULT_SPEC, console, handle_run_error, install_interrupts, out
 
 
 def noise_cmd(
@@ -30,6 +30,7 @@ def noise_cmd(
         s = load_spec(spec, list(set_ or []))  # bad input: exit 2 before any run, and before MLflow loads
         from tasks.tracking.store import Tracker
 
+        install_interrupts()  # as run's: exit 130, the runs ended KILLED (the parent here, each run by its process)
         tracker = Tracker(s.name)
         parent = tracker.start(f"{s.name}-noise", {"relflow.spec_hash": s.spec_hash, "relflow.report": "noise"})
         console.print(f"parent MLflow run {parent} in experiment '{s.name}': {runs} fresh-process runs")
@@ -47,7 +48,7 @@ def noise_cmd(
     except (Exception, KeyboardInterrupt) as err:
         if tracker is not None:
             tracker.fail(err)
-        fail(err, debug)
+        handle_run_error(err, debug, "the noise report's parent MLflow run was ended KILLED.")
     out.print(md)
     for key in K.NOISE_METRICS:
         if K.noise(key, "mde") in figures:

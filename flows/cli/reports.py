@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import console, fail, out
+from flows.cli.common import console, fail, install_interrupts, out
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 
@@ -322,6 +322,8 @@ def dashboard_cmd(
     from dashboards import report
     from tasks.tracking.store import Tracker, experiment_names, search_runs, tracking_uri
 
+    # as run's: exit 130, the files being drawn removed, the dashboard's MLflow run ended KILLED
+    install_interrupts("the dashboard's unfinished files were removed and its MLflow run ended KILLED.")
     try:
         names = experiment_names()
         if experiment is None:

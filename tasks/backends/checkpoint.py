@@ -64,18 +64,24 @@ def save_run_checkpoint(path: Path, engine: Engine, enc: Encoding, spec: Spec) -
 def load_error_reason(path: Path, err: BaseException) -> str:
     """Why ``path`` could not be loaded as a checkpoint, in words (torch's own text misleads:
     an empty file gives an empty message, a pickle of Python objects suggests
-    ``weights_only=False``, which would run whatever the file holds)."""
-    if "weights_only" in str(err) and "GLOBAL" in str(err):  # torch's safe loader met a Python object
+    ``weights_only=False``, which would run whatever the file holds, and a zip that is no
+    checkpoint asks for an enhancement request to PyTorch). torch's text is passed on only
+    when it is none of those."""
+    text = str(err).strip()
+    if "weights_only" in text and "GLOBAL" in text:  # torch's safe loader met a Python object
         return (
-            "it is not a relflow checkpoint: it holds pickled Python objects, which are refused "
-            "for safety (loading them can run arbitrary code)"
+            "the file is not a relflow checkpoint and is refused for safety: it holds pickled "
+            "Python objects, and loading them could run arbitrary code"
         )
     size = path.stat().st_size if path.is_file() else None
     if size == 0:
         return "the file is empty (0 bytes): the run that wrote it did not finish"
-    text = str(err).strip()
-    if isinstance(err, EOFError | KeyError | pickle.UnpicklingError) or not text:
-        return f"it is not a relflow checkpoint, or it is truncated ({size:,} bytes; {type(err).__name__})"
+    unreadable = isinstance(err, EOFError | KeyError | pickle.UnpicklingError) or not text
+    # "weights_only" never reaches the user (its advice would run the file's code); a zip
+    # without torch's records is not a checkpoint whatever torch says about it
+    if unreadable or "weights_only" in text or "hasRecord" in text or "PytorchStreamReader" in text:
+        shown = "" if size is None else f"{size:,} bytes; "
+        return f"it is not a relflow checkpoint, or it is truncated ({shown}{type(err).__name__})"
     return text
 
 

@@ -24,6 +24,7 @@ import torch
 
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import OtherCpu
+from tasks.runtime import interrupts
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -112,10 +113,14 @@ def _peak_flops(fingerprint: str, device: torch.device, dtype: str, remeasure: b
 
 def save_cache(path: Path, cache: dict[str, Any]) -> None:
     """A per-host measurement cache (peak FLOPs, floor ledgers) written whole, atomically."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    forget = interrupts.on_interrupt(lambda: tmp.unlink(missing_ok=True))  # a signal skips the finally
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cache, indent=1))
         tmp.replace(path)  # concurrent writers: last one wins, never a torn file
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next time
+    finally:
+        forget()
+        tmp.unlink(missing_ok=True)

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.measure.clock import wall_clock
+from tasks.runtime import interrupts
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_secrets
 from tasks.spec import Spec
@@ -319,6 +320,12 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
     tmp = Path(tmp_name)
     tmp.unlink()  # DuckDB creates the file itself
     rows: dict[str, int] = {}
+
+    def remove_tmp() -> None:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+
+    forget = interrupts.on_interrupt(remove_tmp)  # a signal exits without reaching the finally
     try:
         con = duckdb.connect(str(tmp))
         try:
@@ -332,8 +339,8 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
             con.close()
         os.replace(tmp, target)
     finally:
-        tmp.unlink(missing_ok=True)
-        Path(f"{tmp}.wal").unlink(missing_ok=True)
+        forget()
+        remove_tmp()
     return rows
 
 

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tasks.runtime import interrupts
 from tasks.runtime.errors import UserError
 
 TPCH_TABLES = ("customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier")
@@ -39,6 +40,9 @@ def ensure_tpch(scale: float, root: Path | None = None) -> tuple[Path, bool]:
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".sf{scale:g}-", dir=target.parent))
+    # A signal ends the process without unwinding to the ``finally`` below (interrupts.py
+    # exits directly, after stopping tpchgen-cli): the handler removes the folder itself.
+    forget = interrupts.on_interrupt(lambda: shutil.rmtree(tmp, ignore_errors=True))
     try:
         subprocess.run(
             [exe, "parquet", "-s", f"{scale:g}", "--output-dir", str(tmp)],
@@ -54,6 +58,7 @@ def ensure_tpch(scale: float, root: Path | None = None) -> tuple[Path, bool]:
     except subprocess.CalledProcessError as err:
         raise UserError(f"tpchgen-cli failed for scale {scale:g}: {err.stderr.strip()}") from None
     finally:
+        forget()
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target, True

@@ -3,22 +3,22 @@
 SIGTERM while either writes: exit 130 and its temporary file or folder removed, as ``run``
 ends (tasks/runtime/interrupts.py); before, quantize left a ``.<name>.ckpt.tmp`` and both
 died by the signal (143). A bad checkpoint is exit 2 for quantize as for run and export,
-with a reason that is not empty and does not suggest ``weights_only=False``.
+with a reason that is not empty and does not suggest ``weights_only=False`` (quantize's and the
+loaders' reasons in-process: tests/tasks/backends/test_checkpoint_refusals.py; here export's
+exit through the real process).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from cli_signals import terminate_when
 
 pytestmark = pytest.mark.slow  # each test starts the CLI in a subprocess (torch import, a 200 MB checkpoint)
 
@@ -46,32 +46,19 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _terminate_when(args: list[str], cwd: Path, started: Callable[[], bool]) -> tuple[int, str]:
-    """Run the CLI and SIGTERM it as soon as ``started()`` (its temporary output exists)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 300
-    while not started():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the command ended ({proc.returncode}) before its temporary output appeared")
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, err
-
-
 def test_sigterm_during_quantize_exits_130_and_removes_the_partial_file(shop_spec, shop_files, prepare_chunk, tmp_path):
     # d_model 1024: a ~200 MB fp32 checkpoint, so the fp16 file takes a while to write
     ckpt, _ = _checkpoint(shop_spec, shop_files, prepare_chunk, tmp_path, d_model=1024, layers=4, heads=4)
     target = tmp_path / "shop.fp16.ckpt"
     tmp = tmp_path / ".shop.fp16.ckpt.tmp"
-    code, err = _terminate_when(["quantize", str(ckpt), "--format", "fp16"], tmp_path, tmp.exists)
+    code, err, seconds, alive = terminate_when(
+        ["quantize", str(ckpt), "--format", "fp16"], tmp_path, lambda pid: tmp.exists(), {}
+    )
     assert code == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
     assert not tmp.exists() and not target.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".shop")) == []
+    assert not alive and seconds < 10
 
 
 def test_sigterm_during_export_exits_130_and_removes_the_temporary_bundle(
@@ -80,15 +67,16 @@ def test_sigterm_during_export_exits_130_and_removes_the_temporary_bundle(
     ckpt, spec_file = _checkpoint(shop_spec, shop_files, prepare_chunk, tmp_path)
     out = tmp_path / "bundles"
 
-    def exporting() -> bool:
+    def exporting(pid: int) -> bool:
         return out.is_dir() and any(p.name.startswith(f".{shop_spec['name']}-export-") for p in out.iterdir())
 
-    code, err = _terminate_when(
-        ["export", str(spec_file), "--checkpoint", str(ckpt), "--out", str(out)], tmp_path, exporting
+    code, err, seconds, alive = terminate_when(
+        ["export", str(spec_file), "--checkpoint", str(ckpt), "--out", str(out)], tmp_path, exporting, {}
     )
     assert code == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
     assert list(out.iterdir()) == []  # neither the temporary folder nor a bundle
+    assert not alive and seconds < 10
 
 
 def _pickle_of_objects(path: Path) -> None:
@@ -97,25 +85,6 @@ def _pickle_of_objects(path: Path) -> None:
             return (os.getcwd, ())
 
     torch.save({"x": Payload()}, path)
-
-
-@pytest.mark.parametrize(
-    ("name", "make", "reason"),
-    [
-        ("empty", lambda p: p.write_bytes(b""), "the file is empty (0 bytes)"),
-        ("pickle", _pickle_of_objects, "is not a relflow checkpoint: it holds pickled Python objects"),
-        ("junk", lambda p: p.write_bytes(b"not a checkpoint" * 8), "is not a relflow checkpoint, or it is truncated"),
-    ],
-)
-def test_quantize_refuses_a_bad_checkpoint_with_exit_2_and_a_reason(tmp_path, name, make, reason):
-    bad = tmp_path / f"{name}.ckpt"
-    make(bad)
-    r = _cli(["quantize", str(bad), "--format", "fp16"], tmp_path)
-    assert r.returncode == 2, r.stderr[-2000:]
-    msg = " ".join(r.stderr.split())
-    assert f"checkpoint '{bad}' cannot be quantized: " in msg and reason in msg, msg
-    assert "weights_only" not in msg and "Traceback" not in msg
-    assert [p.name for p in tmp_path.iterdir()] == [bad.name]  # no partial output
 
 
 def test_export_names_a_pickle_as_not_a_relflow_checkpoint(shop_spec, shop_files, prepare_chunk, tmp_path):
