@@ -72,7 +72,7 @@ def _sets(items: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_eight_configuration_sweep_finishes_and_children_match_standalone_runs(tmp_path):
+def test_four_configuration_sweep_finishes_and_children_match_standalone_runs(tmp_path):
     sweep = subprocess.run(
         [sys.executable, "-m", "flows.cli", "sweep", str(SPEC), *GRID, *_sets([*SHRINK, PACKING])],
         cwd=tmp_path,
