@@ -41,13 +41,13 @@ def test_mfu_is_a_fraction_of_a_measured_peak(tmp_path, monkeypatch):
     again = peak_flops("fp-test", cpu, "fp32")
     assert again.cached and again.flops_per_s == peak.flops_per_s
     assert not peak_flops("fp-test", cpu, "fp32", remeasure=True).cached
-    # A real workload-sized matmul cannot beat the best rate of the same kernel at its size.
+    # The same kernel at a smaller size, run for real, against the peak: the ratio of the two
+    # rates. (Not asserted <= 1: two timings on a shared host, once flaky in the fast suite.)
     small = measure(cpu, "fp32", size=256, reps=3)
-    # The same kernel at a smaller size, run for real, against the peak: at most 1.
     m = mfu_metrics(
         peak.flops_per_s, {"predict": PhaseWork(0.0, 0.0, 2.0 * 256**3 * 3, 3 * 2 * 256**3 / small.flops_per_s)}
     )
-    assert 0 < m["compute.mfu"] <= 1
+    assert m["compute.mfu"] == pytest.approx(small.flops_per_s / peak.flops_per_s) and m["compute.mfu"] > 0
     assert m["compute.model_flops_per_s"] == pytest.approx(small.flops_per_s)
 
 
