@@ -130,17 +130,13 @@ def write(d: Dashboard, out: Path, source: str, *, png: bool = True) -> Written:
     half-written PNG; the interrupt handler removes the folder, since it exits directly."""
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".dashboard-", dir=out))
-    forget = interrupts.on_interrupt(lambda: shutil.rmtree(tmp, ignore_errors=True))
-    try:
+    with interrupts.removed_on_exit(lambda: shutil.rmtree(tmp, ignore_errors=True)):
         drawn = _draw(d, tmp, source, png=png)
         files = []
         for f in drawn.files:
             os.replace(f, out / f.name)
             files.append(out / f.name)
         return Written(files, drawn.png_skipped)
-    finally:
-        forget()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _draw(d: Dashboard, out: Path, source: str, *, png: bool) -> Written:

@@ -37,6 +37,7 @@ from tasks.spec import Spec, load_yaml, parse_spec
 from tasks.stages.split import check_split
 
 MODEL_FILE = "model.onnx"
+DYNAMIC_INT8_FILE = "model.dynamic_int8.onnx"
 MAX_BUNDLE_JSON_BYTES = 1_000_000  # manifest.json and config.json: a few KB when written by export
 
 
@@ -57,9 +58,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"export bundle file '{path}' must hold a JSON object; {again}")
     return data
-
-
-DYNAMIC_INT8_FILE = "model.dynamic_int8.onnx"
 
 
 def temp_prefix(name: str) -> str:

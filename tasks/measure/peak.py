@@ -114,13 +114,10 @@ def _peak_flops(fingerprint: str, device: torch.device, dtype: str, remeasure: b
 def save_cache(path: Path, cache: dict[str, Any]) -> None:
     """A per-host measurement cache (peak FLOPs, floor ledgers) written whole, atomically."""
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    forget = interrupts.on_interrupt(lambda: tmp.unlink(missing_ok=True))  # a signal skips the finally
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)  # concurrent writers: last one wins, never a torn file
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next time
-    finally:
-        forget()
-        tmp.unlink(missing_ok=True)
+    with interrupts.removed_on_exit(lambda: tmp.unlink(missing_ok=True)):  # a signal included
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(cache, indent=1))
+            tmp.replace(path)  # concurrent writers: last one wins, never a torn file
+        except OSError:
+            pass  # an unwritable cache only costs a re-measurement next time

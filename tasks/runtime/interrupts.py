@@ -21,7 +21,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tasks.measure.clock import wall_clock
@@ -58,6 +59,19 @@ def on_interrupt(cleanup: Callable[[], None]) -> Callable[[], None]:
         _cleanups.pop(key, None)
 
     return forget
+
+
+@contextmanager
+def removed_on_exit(cleanup: Callable[[], None]) -> Iterator[None]:
+    """``cleanup`` (a temporary file's or folder's removal) when the block ends, however it
+    ends: normally, by an error, or by a signal (the handler exits directly, past any
+    ``finally``, so it runs the registered cleanup itself)."""
+    forget = on_interrupt(cleanup)
+    try:
+        yield
+    finally:
+        forget()
+        cleanup()
 
 
 def install(message: str | None = None) -> None:

@@ -325,8 +325,7 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
         tmp.unlink(missing_ok=True)
         Path(f"{tmp}.wal").unlink(missing_ok=True)
 
-    forget = interrupts.on_interrupt(remove_tmp)  # a signal exits without reaching the finally
-    try:
+    with interrupts.removed_on_exit(remove_tmp):  # however this ends, a signal included
         con = duckdb.connect(str(tmp))
         try:
             for name, path in _tables(folder).items():
@@ -338,9 +337,6 @@ def build_duckdb(folder: Path, target: Path, keys: dict[str, tuple[str, ...]] = 
         finally:
             con.close()
         os.replace(tmp, target)
-    finally:
-        forget()
-        remove_tmp()
     return rows
 
 

@@ -40,25 +40,20 @@ def ensure_tpch(scale: float, root: Path | None = None) -> tuple[Path, bool]:
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".sf{scale:g}-", dir=target.parent))
-    # A signal ends the process without unwinding to the ``finally`` below (interrupts.py
-    # exits directly, after stopping tpchgen-cli): the handler removes the folder itself.
-    forget = interrupts.on_interrupt(lambda: shutil.rmtree(tmp, ignore_errors=True))
-    try:
-        subprocess.run(
-            [exe, "parquet", "-s", f"{scale:g}", "--output-dir", str(tmp)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+    # removed however this ends, a signal included (interrupts.py also stops tpchgen-cli)
+    with interrupts.removed_on_exit(lambda: shutil.rmtree(tmp, ignore_errors=True)):
+        try:
+            subprocess.run(
+                [exe, "parquet", "-s", f"{scale:g}", "--output-dir", str(tmp)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        except subprocess.CalledProcessError as err:
+            raise UserError(f"tpchgen-cli failed for scale {scale:g}: {err.stderr.strip()}") from None
         if all((target / f"{t}.parquet").is_file() for t in TPCH_TABLES):
             return target, False  # another process finished first and may be reading it
         if target.exists():  # an incomplete folder from before: replace it
             shutil.rmtree(target)
         tmp.rename(target)
-    except subprocess.CalledProcessError as err:
-        raise UserError(f"tpchgen-cli failed for scale {scale:g}: {err.stderr.strip()}") from None
-    finally:
-        forget()
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return target, True

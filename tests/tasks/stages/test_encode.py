@@ -22,6 +22,7 @@ from tasks.stages.chain import Chain
 from tasks.stages.compute import Engine
 from tasks.stages.encode import encode_column, hashed, load_encoder
 from tasks.stages.retrieve import list_root_keys
+from tests.reference_hashes import M64, splitmix64
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -37,17 +38,6 @@ def test_hashed_is_deterministic_normalised_and_similarity_aware():
     assert np.abs(a[3]).sum() > 0  # the empty string has a vector of its own
     # the same cell hashes the same whatever else is in the array (no per-batch state)
     np.testing.assert_array_equal(hashed(texts.slice(2, 2), 32), a[2:4])
-
-
-M64 = 2**64
-
-
-def _mix(h: int) -> int:
-    """splitmix64's finaliser, on Python ints."""
-    z = (h + 0x9E3779B97F4A7C15) % M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % M64
-    return z ^ (z >> 31)
 
 
 def _reference_hashed(text: str, dim: int) -> np.ndarray:
@@ -66,7 +56,7 @@ def _reference_hashed(text: str, dim: int) -> np.ndarray:
         h = sum(byte * pow(P, i, M64) for i, byte in enumerate(word)) % M64
         hashes.append(((h + len(word) * P) % M64) ^ salt)
     out = np.zeros(dim)
-    for h in map(_mix, hashes):
+    for h in map(splitmix64, hashes):
         out[h % dim] += -1.0 if h >> 63 else 1.0
     return out / (np.linalg.norm(out) or 1.0)
 

@@ -17,16 +17,8 @@ from tasks.stages.split import (
     split_is_train,
     split_record,
 )
-
-M = 2**64
-
-
-def _splitmix64(z: int) -> int:
-    """The finaliser written out over Python ints, independently of the numpy code."""
-    z = (z + 0x9E3779B97F4A7C15) % M
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % M
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % M
-    return z ^ (z >> 31)
+from tests.reference_hashes import M64 as M
+from tests.reference_hashes import splitmix64 as _splitmix64
 
 
 def test_fnv1a64_matches_the_published_test_vectors():
