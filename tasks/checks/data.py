@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -34,7 +33,9 @@ import pyarrow.parquet as pq
 
 from tasks.measure import keys as K
 from tasks.runtime.errors import UserError
+from tasks.sources.databases import DatabaseTable, quote
 from tasks.sources.files import SUFFIX_FORMAT, SourceTable
+from tasks.sources.tables import Sources, Table
 from tasks.spec import Spec
 
 
@@ -89,12 +90,14 @@ def _file_schema(src: SourceTable, path: Path) -> pa.Schema:
         ) from None
 
 
-def check_files(spec: Spec, sources: dict[str, SourceTable]) -> None:
+def check_files(spec: Spec, sources: Sources) -> None:
     """Every file readable; the files of one table agree on the types of the used columns."""
     used = _used_columns(spec)
     for name, src in sources.items():
-        if src.format not in ("parquet", "ipc"):
-            continue  # CSV: one set of types is inferred over all files (tasks/sources/csv.py)
+        if isinstance(src, DatabaseTable) or src.format not in ("parquet", "ipc"):
+            # A database checks its own storage; CSV: one set of types is inferred over all
+            # files (tasks/sources/csv.py).
+            continue
         first = None
         for path in src.files:
             schema = _file_schema(src, path)
@@ -160,15 +163,12 @@ def _target_table(spec: Spec) -> str:
     return {b.name: b for b, _ in spec.schema_.walk()}[spec.task.branch].table
 
 
-def _scan(src: SourceTable, columns: list[str]) -> pl.LazyFrame:
+def _scan(src: Table, columns: list[str]) -> pl.LazyFrame:
     """Only ``columns`` of the table, read as retrieve reads them (CSV with the pinned types
     of ``tasks/sources/csv.py``; a database table by one query)."""
-    if src.format not in ("parquet", "ipc", "csv"):  # a tasks.sources.databases.DatabaseTable
-        from tasks.sources.databases import quote
-
-        table: Any = src  # a DatabaseTable, duck-typed as SourceTable
+    if isinstance(src, DatabaseTable):
         sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(src.name)}"
-        return pl.DataFrame(table.conform(table.db.query(sql))).lazy()
+        return pl.DataFrame(src.conform(src.db.query(sql))).lazy()
     files = [str(f) for f in src.files]
     if src.format == "parquet":
         lf = pl.scan_parquet(files)
@@ -179,7 +179,7 @@ def _scan(src: SourceTable, columns: list[str]) -> pl.LazyFrame:
     return lf.select(columns)
 
 
-def _collect(src: SourceTable, lf: pl.LazyFrame) -> pl.DataFrame:
+def _collect(src: Table, lf: pl.LazyFrame) -> pl.DataFrame:
     try:
         return lf.collect()
     except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as err:
@@ -190,11 +190,11 @@ def _collect(src: SourceTable, lf: pl.LazyFrame) -> pl.DataFrame:
         ) from None
 
 
-def _keys(src: SourceTable, column: str) -> pl.Series:
+def _keys(src: Table, column: str) -> pl.Series:
     return _collect(src, _scan(src, [column])).to_series()
 
 
-def check_data(spec: Spec, sources: dict[str, SourceTable]) -> DataFacts:
+def check_data(spec: Spec, sources: Sources) -> DataFacts:
     """Keys, duplicates, non-finite values, target and branch lengths (see the module doc)."""
     facts = DataFacts()
     root = spec.schema_.root
@@ -264,7 +264,7 @@ def _check_duplicates(table: str, key: str, keys: pl.Series, facts: DataFacts) -
         )
 
 
-def _check_non_finite(spec: Spec, sources: dict[str, SourceTable], facts: DataFacts) -> None:
+def _check_non_finite(spec: Spec, sources: Sources, facts: DataFacts) -> None:
     numeric: dict[str, set[str]] = {}
     root = spec.schema_.root
     numeric.setdefault(root.table, set()).update(c for c, k in root.columns.items() if k == "numeric")
@@ -298,7 +298,7 @@ def _check_non_finite(spec: Spec, sources: dict[str, SourceTable], facts: DataFa
                 facts.warnings.append(f"column '{table}.{c}': {nan:,} NaN values are read as nulls (data.non_finite)")
 
 
-def _check_target(spec: Spec, sources: dict[str, SourceTable], root_keys: pl.Series, facts: DataFacts) -> None:
+def _check_target(spec: Spec, sources: Sources, root_keys: pl.Series, facts: DataFacts) -> None:
     from tasks.stages.preprocess import split_is_train
 
     task, root = spec.task, spec.schema_.root
@@ -342,7 +342,7 @@ def _check_target(spec: Spec, sources: dict[str, SourceTable], root_keys: pl.Ser
         )
 
 
-def check_data_before_work(spec: Spec, sources: dict[str, SourceTable]) -> tuple[Spec, dict[str, float], list[str]]:
+def check_data_before_work(spec: Spec, sources: Sources) -> tuple[Spec, dict[str, float], list[str]]:
     """Every data check, then the memory estimate against the budget (``check_files`` ran
     before the metadata checks).
 

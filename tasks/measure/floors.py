@@ -46,8 +46,8 @@ from tasks.measure import keys as K
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import OtherCpu
 from tasks.measure.peak import BUSY_HOST_FRACTION, DTYPES, save_cache
-from tasks.sources.databases import DB_FORMATS, quote
-from tasks.sources.files import SourceTable
+from tasks.sources.databases import DatabaseTable, quote
+from tasks.sources.tables import Sources, Table
 from tasks.spec import CompileSettings, Spec
 from tasks.stages.chain import Chain
 from tasks.stages.retrieve import ROOT, list_root_keys, node_columns
@@ -105,11 +105,11 @@ def best_seconds(step: Callable[[], object], clock: Clock, reps: int = REPS) -> 
 # -- the floors -------------------------------------------------------------------------------
 
 
-def _plain_read(src: SourceTable, columns: list[str]) -> tuple[Callable[[], object], int]:
+def _plain_read(src: Table, columns: list[str]) -> tuple[Callable[[], object], int]:
     """The plainest read of ``columns`` of every row group of ``src``, and its bytes as the
     retrieve stage counts them."""
-    if src.format in DB_FORMATS:
-        db: Any = src  # tasks.sources.databases.DatabaseTable (duck-types SourceTable)
+    if isinstance(src, DatabaseTable):
+        db = src
         sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(db.name)}"
         return (lambda: db.db.query(sql)), int(db.db.query(sql).nbytes)
     files = list(src.files)
@@ -134,7 +134,7 @@ def _plain_read(src: SourceTable, columns: list[str]) -> tuple[Callable[[], obje
     return (lambda: [src.scan_csv(p).select(columns).collect() for p in files]), sum(p.stat().st_size for p in files)
 
 
-def retrieve_floor(spec: Spec, sources: dict[str, SourceTable], clock: Clock) -> Floor:
+def retrieve_floor(spec: Spec, sources: Sources, clock: Clock) -> Floor:
     """Every node's table, its columns, read plainly: bytes over the sum of best times."""
     cols = node_columns(spec)
     tables = {ROOT: spec.schema_.root.table} | {b.name: b.table for b, _ in spec.schema_.walk()}
@@ -232,12 +232,12 @@ def cache_file() -> Path:
     return Path(base) / "floors.json"
 
 
-def data_key(spec: Spec, sources: dict[str, SourceTable], device: torch.device) -> str:
+def data_key(spec: Spec, sources: Sources, device: torch.device) -> str:
     """What the floors depend on besides the host: the files (size, mtime) or database, the
     columns, the shapes, the output folder, device, precision and threads."""
     files: list[Any] = []
     for name, src in sorted(sources.items()):
-        if src.format in DB_FORMATS:
+        if isinstance(src, DatabaseTable):
             files.append([name, src.format, list(src.files)])
         else:
             files += [[name, str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in src.files]
@@ -256,7 +256,7 @@ def data_key(spec: Spec, sources: dict[str, SourceTable], device: torch.device) 
 
 def measure(
     spec: Spec,
-    sources: dict[str, SourceTable],
+    sources: Sources,
     device: torch.device,
     key: str,
     orchestration: Callable[[Clock], Floor] | None = None,
@@ -285,7 +285,7 @@ def measure(
 
 def ledger(
     spec: Spec,
-    sources: dict[str, SourceTable],
+    sources: Sources,
     device: torch.device,
     fingerprint: str,
     orchestration: Callable[[Clock], Floor] | None = None,

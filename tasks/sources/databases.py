@@ -38,7 +38,6 @@ from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_secrets
 from tasks.spec import Spec
 
-DB_FORMATS = ("duckdb", "postgresql")
 # Few keys bind as a parameter list; more become an Arrow relation (DuckDB) or list (PG).
 LOOKUP_KEYS = 64
 
@@ -218,8 +217,8 @@ def close_all() -> None:
 
 @dataclass(frozen=True)
 class DatabaseTable:
-    """A table in a database; duck-types ``tasks.sources.files.SourceTable`` for the checks and
-    for ``tasks.stages.retrieve``."""
+    """A table in a database: ``name``, ``format``, ``files``, ``schema`` and ``num_rows`` as a
+    ``tasks.sources.files.SourceTable`` has them (``tasks.sources.tables.Table`` is either)."""
 
     name: str
     db: Connection

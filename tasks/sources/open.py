@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from tasks.sources.databases import DatabaseTable, kind_of, resolve_database
-from tasks.sources.files import SourceTable, resolve_sources
+from tasks.sources.files import resolve_sources
+from tasks.sources.tables import Sources
 from tasks.sources.tpch import ensure_tpch
 from tasks.spec import Spec
-
-Sources = dict[str, SourceTable]
-"""Table name -> its source (a ``DatabaseTable`` duck-types ``SourceTable`` for the stages)."""
 
 
 @dataclass
@@ -46,5 +43,5 @@ def open_sources(spec: Spec, spec_dir: Path) -> Sources:
     """The spec's tables, opened (the flow's ``plan`` adds its checks around the same calls)."""
     home = data_home(spec, spec_dir)
     if spec.source.database is not None:
-        return cast(Sources, open_database(spec, spec_dir, home))
-    return resolve_sources(spec, home.base)
+        return dict(open_database(spec, spec_dir, home))
+    return dict(resolve_sources(spec, home.base))

@@ -31,7 +31,7 @@ from tasks.backends import Backend
 from tasks.measure.clock import Clock
 from tasks.runtime import progress
 from tasks.runtime.writes import named_write_errors
-from tasks.sources.files import SourceTable
+from tasks.sources.tables import Sources
 from tasks.spec import Spec
 from tasks.stages.calibrate import CalibrationQuality, calibrate_outputs, report_mask
 from tasks.stages.compute import Engine, PredictOutputs
@@ -106,7 +106,7 @@ class Chain:
     def __init__(
         self,
         spec: Spec,
-        sources: dict[str, SourceTable],
+        sources: Sources,
         device: torch.device,
         *,
         clock: Clock | None = None,

@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from tasks.sources.databases import DB_FORMATS
+from tasks.sources.databases import DatabaseTable
 from tasks.sources.files import SourceTable
+from tasks.sources.tables import Sources, Table
 from tasks.spec import Branch, Spec
 
 ROOT = "root"
@@ -128,22 +129,19 @@ def _concat(parts: list[pa.Table], columns: list[str], src: SourceTable) -> pa.T
 READERS = {"parquet": _read_parquet, "ipc": _read_ipc, "csv": _read_csv}
 
 
-def read_rows(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
+def read_rows(src: Table, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
     """Rows of ``src`` whose ``key`` is in ``keys``, projected to ``columns``."""
-    if src.format in DB_FORMATS:  # a database table (tasks.sources.databases): SQL with bound keys
-        db_table: Any = src  # tasks.sources.databases.DatabaseTable (duck-types SourceTable)
-        rows: tuple[pa.Table, int] = db_table.read(columns, key, keys)
-        return rows
+    if isinstance(src, DatabaseTable):  # SQL with the keys bound as parameters
+        return src.read(columns, key, keys)
     return READERS[src.format](src, columns, key, keys)
 
 
-def list_root_keys(spec: Spec, sources: dict[str, SourceTable]) -> tuple[np.ndarray, int]:
+def list_root_keys(spec: Spec, sources: Sources) -> tuple[np.ndarray, int]:
     """All root keys, sorted (contiguous chunks prune row groups of key-sorted tables)."""
     root = spec.schema_.root
     src = sources[root.table]
-    if src.format in DB_FORMATS:
-        db_table: Any = src  # tasks.sources.databases.DatabaseTable
-        arr, nbytes = db_table.distinct(root.key)
+    if isinstance(src, DatabaseTable):
+        arr, nbytes = src.distinct(root.key)
         return arr.to_numpy(zero_copy_only=False), nbytes
     if src.format == "csv":
         keys = pl.concat([src.scan_csv(p).select(root.key) for p in src.files]).collect().to_series()
@@ -166,7 +164,7 @@ def list_root_keys(spec: Spec, sources: dict[str, SourceTable]) -> tuple[np.ndar
     return np.unique(arr), nbytes  # unique also sorts; duplicate root keys collapse
 
 
-def retrieve(spec: Spec, sources: dict[str, SourceTable], root_keys: np.ndarray) -> Retrieved:
+def retrieve(spec: Spec, sources: Sources, root_keys: np.ndarray) -> Retrieved:
     """Read the chunk's root rows and, top-down, the branch rows that hang under them."""
     cols = node_columns(spec)
     root = spec.schema_.root
@@ -199,5 +197,5 @@ def retrieve(spec: Spec, sources: dict[str, SourceTable], root_keys: np.ndarray)
     )
 
 
-def _key_type(src: SourceTable, column: str) -> pa.DataType:
+def _key_type(src: Table, column: str) -> pa.DataType:
     return src.schema.field(column).type

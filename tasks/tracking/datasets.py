@@ -23,7 +23,8 @@ import model as model_package
 from model import ModelConfig, ModelSchema
 from model.meta import output_shapes_on_meta
 from tasks.runtime.masking import mask_uri
-from tasks.sources.files import SourceTable
+from tasks.sources.databases import DatabaseTable
+from tasks.sources.tables import Sources, Table
 from tasks.spec import Branch, ColumnKind, Spec
 
 
@@ -36,18 +37,18 @@ class DatasetInfo:
     context: str  # how the run used it: the spec's run.mode (train+predict | predict)
 
 
-def _source_location(src: SourceTable) -> str:
-    db = getattr(src, "db", None)  # tasks.sources.databases.DatabaseTable: a table in a database
-    if db is not None:
+def _source_location(src: Table) -> str:
+    if isinstance(src, DatabaseTable):
+        db = src.db
         if db.kind == "duckdb":  # shown as duckdb:<file>: the local file
             return str(db.shown).removeprefix("duckdb:")
         return mask_uri(str(db.url))
     return str(src.files[0] if len(src.files) == 1 else src.files[0].parent)
 
 
-def _digest(src: SourceTable) -> str:
+def _digest(src: Table) -> str:
     h = hashlib.sha256(str(src.schema).encode())
-    if getattr(src, "db", None) is not None:
+    if isinstance(src, DatabaseTable):
         # A database table: its location, name and schema only (no query, so nothing is read).
         h.update(f"{_source_location(src)}\0{src.name}".encode())
         return h.hexdigest()[:12]
@@ -57,7 +58,7 @@ def _digest(src: SourceTable) -> str:
     return h.hexdigest()[:12]
 
 
-def describe_sources(spec: Spec, sources: dict[str, SourceTable]) -> list[DatasetInfo]:
+def describe_sources(spec: Spec, sources: Sources) -> list[DatasetInfo]:
     """One ``DatasetInfo`` per source table, in the spec's order."""
     return [
         DatasetInfo(name, _source_location(src), _digest(src), src.schema, spec.run.mode)
@@ -69,7 +70,7 @@ def _fields(columns: dict[str, ColumnKind], table: pa.Schema, skip: str | None) 
     return [table.field(c) for c in columns if c in table.names and c != skip]
 
 
-def model_input_schema(spec: Spec, sources: dict[str, SourceTable]) -> pa.Schema:
+def model_input_schema(spec: Spec, sources: Sources) -> pa.Schema:
     """The model's input as one nested row per root key: the root's feature columns with their
     source types, and each branch as a list of structs of its columns (nested branches inside).
     The target column is not an input (the model predicts it)."""
@@ -96,7 +97,7 @@ class ModelInterface:
 
 
 def model_interface(
-    spec: Spec, sources: dict[str, SourceTable], schema: ModelSchema, config: ModelConfig, outputs: Iterable[str]
+    spec: Spec, sources: Sources, schema: ModelSchema, config: ModelConfig, outputs: Iterable[str]
 ) -> ModelInterface:
     torch_version = torch.__version__.split("+")[0]  # a local tag (+cpu, +cu128) is not on PyPI
     return ModelInterface(
