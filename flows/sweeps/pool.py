@@ -28,14 +28,31 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.states import Crashed
 
+from flows.sweeps.grid import (
+    Config,
+    Row,
+    child_run_tags,
+    close_parent,
+    expand,
+    finished_children,
+    open_parent,
+    row_from_record,
+    sweep_hash,
+)
+from tasks.measure import keys as K
+from tasks.measure.clock import wall_clock
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 from tasks.spec import parse_spec
-from tasks.tracking.store import Tracker, search_runs
+from tasks.tracking.store import RunRecord, Tracker, search_runs
 
 TERMINAL_FAILED = {"FAILED", "CRASHED", "CANCELLED"}
 POLL_SECONDS = 3.0
@@ -76,7 +93,7 @@ def _worker_gone(client: Any, pool: str, worker: str | None) -> bool:
     return True  # the worker was deleted
 
 
-def _child_run(experiment: str, attempt: str, index: int) -> Any | None:
+def _child_run(experiment: str, attempt: str, index: int) -> RunRecord | None:
     found = search_runs(
         experiment,
         status=None,
@@ -96,23 +113,6 @@ def sweep_pool(
     tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Fan every grid configuration out as a flow run of ``deployment``; wait and record them."""
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect.states import Crashed
-
-    from flows.sweeps.grid import (
-        Row,
-        child_run_tags,
-        close_parent,
-        expand,
-        finished_children,
-        open_parent,
-        row_from_record,
-        sweep_hash,
-    )
-    from tasks.measure import keys as K
-    from tasks.measure.clock import wall_clock
-
     base = parse_spec(base_spec, "(sweep parameter 'base_spec')")
     configs = expand(base, grid)
     shash = sweep_hash(base, configs)
@@ -130,7 +130,7 @@ def sweep_pool(
     try:
         progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash, total=len(configs))
         done = finished_children(base.name, parent)
-        pending: dict[int, Any] = {}  # config index -> flow run id
+        pending: dict[int, UUID] = {}  # config index -> flow run id
         for c in configs:
             if c.spec_hash in done:
                 rows[c.index] = row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
@@ -221,7 +221,7 @@ def sweep_pool(
 
 def _failed(
     tracker: Tracker,
-    c: Any,
+    c: Config,
     attempt: str,
     parent: str,
     kind: str,
@@ -229,10 +229,8 @@ def _failed(
     flow_run: str,
     worker: str | None,
     message: str,
-) -> Any:
+) -> Row:
     """A FAILED row; the MLflow child ends FAILED (created FAILED if the flow never started one)."""
-    from flows.sweeps.grid import Row
-    from tasks.measure import keys as K
 
     error = (
         f"flow run {flow_run} ended {state}"

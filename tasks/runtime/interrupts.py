@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from tasks.measure.clock import wall_clock
 
@@ -31,7 +31,16 @@ ENDING_LIMIT_S = 8.0  # everything the handler does must fit in the 10 s the con
 EXIT_CODE = 130
 PREFECT_SERVER = "prefect.server.api.server:create_app"  # its temporary server's command line
 
-_runs: dict[str, Any] = {}  # run id -> Tracker (anything with ``fail(error)``)
+
+class EndsOnInterrupt(Protocol):
+    """What the handler ends: ``tasks.tracking.store.Tracker`` (a lower layer cannot name it)."""
+
+    run_id: str | None
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+_runs: dict[str, EndsOnInterrupt] = {}
 _cleanups: dict[int, Callable[[], None]] = {}
 _installed = False
 _ending = False
@@ -42,7 +51,7 @@ class Interrupted(KeyboardInterrupt):
     """What a run records as its error when a signal ended it."""
 
 
-def track_run(run_id: str, tracker: Any) -> None:
+def track_run(run_id: str, tracker: EndsOnInterrupt) -> None:
     _runs[run_id] = tracker
 
 
@@ -116,7 +125,7 @@ def _handle(signum: int, frame: Any) -> None:
             tracker.fail(Interrupted(f"{name}: the process was interrupted"))
         except Exception as err:  # noqa: BLE001
             print(
-                f"could not end MLflow run {getattr(tracker, 'run_id', '?')} KILLED ({err}); "
+                f"could not end MLflow run {tracker.run_id} KILLED ({err}); "
                 "the next run on this host marks it KILLED (found stale).",
                 file=sys.stderr,
             )
