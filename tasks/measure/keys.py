@@ -501,7 +501,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (REQUESTS_OUTPUTS_ROOTS_CHECKED, "run.request.check_outputs: distinct served roots compared"),
     (
         REQUESTS_OUTPUTS_TOLERANCE,
-        "run.request.check_outputs: the absolute tolerance of the run's serving numerics (tasks/spec/tolerance.py: "
+        "run.request.check_outputs: the tolerance of the run's serving numerics, on "
+        "|served - offline| / max(1, |offline|) (tasks/spec/tolerance.py: "
         "fp32 1e-5, bf16 5e-2, fp16 5e-3, int8 5e-2, onnxruntime 1e-4, triton 1e-4)",
     ),
     (

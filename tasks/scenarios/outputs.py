@@ -11,8 +11,9 @@ present cells:
 
 - ``requests.outputs_max_abs_diff``: the largest |served - offline| over every serving;
 - ``requests.outputs_mismatched_roots``: distinct roots with a serving beyond the tolerance
-  (tasks/spec/tolerance.py, by the serving numerics); one makes the run INVALID, the reason
-  names the figure, the tolerance and the worst root.
+  (tasks/spec/tolerance.py, by the serving numerics), judged on |served - offline| /
+  max(1, |offline|): absolute near zero, relative for large values; one makes the run
+  INVALID, the reason names the figure, the tolerance and the worst root.
 
 ``requests.repeat_key_speedup``: for each root key in at least two steady requests (the cold
 request left out), the latency of its first serving over the median latency of its later
@@ -100,8 +101,9 @@ class OutputCheck:
         diff = "NaN" if math.isnan(self.max_abs_diff) else f"{self.max_abs_diff:.3g}"
         other = "a plain pass (no bucketing, padded, PyTorch eager)" if self.offline else "an offline pass"
         return [
-            f"{self._keys[0]} {diff} > the {self.tolerance_row} tolerance {self.tolerance:g} "
-            f"(tasks/spec/tolerance.py): {self.mismatched_roots} of {self.roots_checked} served roots differ "
+            f"{self._keys[0]} {diff}: beyond the {self.tolerance_row} tolerance {self.tolerance:g} "
+            f"(|served - offline| / max(1, |offline|), tasks/spec/tolerance.py): "
+            f"{self.mismatched_roots} of {self.roots_checked} served roots differ "
             f"from {other} over the same keys, worst root {self.worst_root}; the serving path "
             "computes something else (a cache, stale weights, another calibration, a wrong fast path)"
         ]
@@ -118,9 +120,14 @@ def _target_values(chain: Chain, outs: PredictOutputs) -> tuple[torch.Tensor, to
     return pred, mask
 
 
-def _per_root_diff(a: torch.Tensor, am: torch.Tensor, b: torch.Tensor, bm: torch.Tensor) -> torch.Tensor:
-    """Largest |a - b| per row over the cells present on either side; a cell present on one
-    side only, or NaN on one side only, is an infinite difference (both NaN: equal)."""
+def _per_root_diff(
+    a: torch.Tensor, am: torch.Tensor, b: torch.Tensor, bm: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, over the cells present on either side: the largest |a - b|, and the largest
+    |a - b| / max(1, |b|), the difference the tolerance judges (absolute for values within
+    one unit of zero, relative above: float error grows with a value's size, and calibrated
+    logits reach hundreds). A cell present on one side only, or NaN on one side only, is an
+    infinite difference (both NaN: equal)."""
     shape = [max(x, y) for x, y in zip(a.shape, b.shape, strict=True)]
 
     def pad(x: torch.Tensor, fill: float | bool) -> torch.Tensor:
@@ -132,7 +139,8 @@ def _per_root_diff(a: torch.Tensor, am: torch.Tensor, b: torch.Tensor, bm: torch
     d = (a - b).abs()
     d = torch.where(a.isnan() & b.isnan(), 0.0, torch.nan_to_num(d, nan=math.inf))
     d = torch.where(am & bm, d, torch.where(am ^ bm, math.inf, 0.0))
-    return d.reshape(d.shape[0], -1).amax(1)
+    scaled = d / torch.nan_to_num(b.abs(), nan=1.0).clamp(min=1.0)
+    return d.reshape(d.shape[0], -1).amax(1), scaled.reshape(d.shape[0], -1).amax(1)
 
 
 def check_outputs(chain: Chain, served: ServedOutputs, run: Run, reference: Chain | None = None) -> OutputCheck:
@@ -165,17 +173,20 @@ def check_outputs(chain: Chain, served: ServedOutputs, run: Run, reference: Chai
     ref_v, ref_m = _cat_padded(ref_vals, ref_masks)
     srv_v, srv_m = _cat_padded([v for v, _ in diffs], [m for _, m in diffs])
     index = torch.from_numpy(at)
-    per_serving = _per_root_diff(srv_v, srv_m, ref_v[index], ref_m[index]).numpy()
+    per_serving, per_serving_scaled = (x.numpy() for x in _per_root_diff(srv_v, srv_m, ref_v[index], ref_m[index]))
     # per distinct root: its worst serving
     root_of = np.searchsorted(distinct, served_keys)
     worst = np.full(len(distinct), -np.inf)
     np.maximum.at(worst, root_of, per_serving)
-    top = int(np.argmax(worst))
+    worst_scaled = np.full(len(distinct), -np.inf)
+    np.maximum.at(worst_scaled, root_of, per_serving_scaled)
+    bad = ~(worst_scaled <= tol)
+    top = int(np.argmax(worst_scaled))
     return OutputCheck(
         roots_checked=len(distinct),
         servings=len(served_keys),
-        max_abs_diff=float(worst[top]),
-        mismatched_roots=int((~(worst <= tol)).sum()),
+        max_abs_diff=float(worst.max()),
+        mismatched_roots=int(bad.sum()),
         worst_root=str(distinct[top]),
         tolerance_row=row,
         tolerance=tol,

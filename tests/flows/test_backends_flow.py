@@ -9,6 +9,7 @@ import copy
 import json
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
@@ -16,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from model.checkpoint import file_sha256, quantize_checkpoint
 from tasks.measure.keys import STAGES, documented
 from tasks.spec import parse_spec
+from tasks.stages.split import split_is_train
 
 
 @pytest.fixture
@@ -53,6 +55,7 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp
         min_steady_batches=1,
         min_steady_seconds=0.000001,
         onnxruntime={"intra_op_threads": 1},
+        check_outputs=True,
     )
     s = parse_spec(raw)
     summary = benchmark(spec=s.to_dict(), spec_dir=str(shop4_files))
@@ -66,13 +69,24 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp
     # training ran PyTorch (packed: no dropout), the predict pass ONNX Runtime's padded graph
     assert tags["relflow.encoder_path"] == "packed,padded"
     # export happened outside the predict stages: logged on its own, e2e is still their sum
-    assert m["export.seconds"] > 0 and m["export.bytes"] > 0 and m["backend.load_seconds"] > 0
+    assert m["export.seconds"] > 0 and m["backend.load_seconds"] > 0
+    assert m["export.bytes"] == (Path(tags["relflow.bundle_path"]) / "model.onnx").stat().st_size
     stages = sum(m[f"stage.{st}.predict.seconds"] for st in STAGES)
     assert m["e2e.predict.seconds"] == pytest.approx(stages, rel=1e-6)
     assert m["harness.orchestration_seconds"] < m["export.seconds"]  # the export is not orchestration
     assert m["data.rows_predicted"] == 20 and m["compute.first_call_seconds"] > 0
-    assert m["quality.rows"] == 5 and 0.0 <= m["quality.accuracy"] <= 1.0
-    assert pq.read_table(summary["output_path"]).num_rows == 20
+    out = pl.from_arrow(pq.read_table(summary["output_path"]))
+    assert out.height == 20 and out["c_id"].n_unique() == 20
+    # quality.accuracy is its definition: ONNX Runtime's served predictions (the kept file) of
+    # the held-out, labelled customers (the hash split), against their labels.
+    labels = pl.read_parquet(shop4_files / "customers.parquet").select("c_id", "churn")
+    joined = out.join(labels, on="c_id")
+    held = joined.filter(~split_is_train(joined["c_id"], 0.2) & joined["churn"].is_not_null())
+    assert m["quality.rows"] == held.height == 5
+    assert m["quality.accuracy"] == pytest.approx((held["prediction"] == held["churn"]).mean(), abs=1e-12)
+    # ONNX Runtime computes what eager PyTorch computes for every root (run.check_outputs)
+    assert m["predict.outputs_roots_checked"] == 20 and m["predict.outputs_mismatched_roots"] == 0
+    assert m["predict.outputs_tolerance"] == 1e-4 and "predict.outputs" not in tags.get("relflow.invalid_reasons", "")
     # the bundle served is the export of the run's own checkpoint (saved before serving)
     manifest = json.loads((Path(tags["relflow.bundle_path"]) / "manifest.json").read_text())
     assert manifest["checkpoint_sha256"] == file_sha256(summary["checkpoint_path"])

@@ -377,3 +377,21 @@ def test_run_check_outputs_is_offline_only(shop_spec):
     shop_spec["run"].update(scenario="single_stream", check_outputs=True)
     with pytest.raises(Exception, match="run.request.check_outputs"):
         parse_spec(shop_spec)
+
+
+def test_the_tolerance_is_absolute_near_zero_and_relative_for_large_values():
+    """|a - b| / max(1, |b|) per cell, the worst cell per row; the absolute max is reported apart.
+    A fixed absolute tolerance marked float32 rounding of a calibrated logit near 483 (4 ulps
+    there) as a wrong serving path (tests/flows/test_backends_flow.py, ONNX Runtime vs eager)."""
+    from tasks.scenarios.outputs import _per_root_diff
+
+    ref = torch.tensor([[0.5, 483.0], [0.5, 2.0], [0.5, -300.0]], dtype=torch.float64)
+    served = ref + torch.tensor([[0.0, 1.2e-4], [5e-5, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    served[2, 1] = -300.0 * (1 + 2e-5)
+    present = torch.ones_like(ref, dtype=torch.bool)
+    absolute, scaled = _per_root_diff(served, present, ref, present)
+    assert absolute.tolist() == pytest.approx([1.2e-4, 5e-5, 6e-3], rel=1e-3)
+    assert scaled.tolist() == pytest.approx([1.2e-4 / 483.0, 5e-5, 2e-5], rel=1e-3)
+    # at fp32's 1e-5: the 483 row matches, the 5e-5 shift near zero and the 2e-5 relative
+    # shift at -300 do not
+    assert (scaled <= OUTPUT_TOLERANCE["fp32"]).tolist() == [True, False, False]
