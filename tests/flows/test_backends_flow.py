@@ -111,8 +111,17 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp
     assert tags2["relflow.backend"] == "pytorch" and tags2["relflow.weights_format"] == "int8"
     assert m2["checkpoint.bytes"] == (tmp_path / "s.int8.ckpt").stat().st_size
     assert m2["memory.model_bytes_after_load"] == m2["memory.model_bytes_fp32"]
-    assert "quality.delta_vs_reference" in m2 and "quality.reference.accuracy" in m2
+    # The reference pass is what a run of the fp16 checkpoint itself reports, over the same
+    # held-out rows: derived from an independent predict run, not restated from the rule.
+    raw3 = copy.deepcopy(raw2)
+    raw3["run"].update(checkpoint=str(tmp_path / "s.fp16.ckpt"), reference_checkpoint=None, max_quality_drop=None)
+    third = benchmark(spec=parse_spec(raw3).to_dict(), spec_dir=str(shop4_files))
+    m3 = MlflowClient(tracking_uri=uri).get_run(third["run_id"]).data.metrics
+    assert m3["quality.rows"] == m2["quality.rows"] == 5
+    assert m2["quality.reference.accuracy"] == pytest.approx(m3["quality.accuracy"], abs=1e-12)
+    assert m2["quality.delta_vs_reference"] == pytest.approx(m2["quality.accuracy"] - m3["quality.accuracy"], abs=1e-12)
     drop = m2["quality.drop_vs_reference"]
+    assert drop == pytest.approx(-m2["quality.delta_vs_reference"], abs=1e-12)  # accuracy: higher is better
     # the drop rule's verdict (other rules may also fire on a loaded host: not this test's subject)
     assert ("run.max_quality_drop" in tags2["relflow.invalid_reasons"]) == (drop > 0.0), tags2[
         "relflow.invalid_reasons"
