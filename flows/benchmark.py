@@ -467,7 +467,11 @@ def collect(run: Run) -> dict[str, float]:
     result.extra[K.HARNESS_FLOW_OVERHEAD_SECONDS] = flow_seconds - result.timed_stage_seconds
     metrics = result.metrics()
     calls = sum(st.calls for stages in result.stages.values() for st in stages.values())
-    metrics.update(run_floor_metrics(s, p.sources, p.device, metrics, float(shape["flops_per_root_row"]), calls))
+    # offline: the committed file is one row per root key in key order, the write floor's table
+    predictions = run.output if s.run.scenario == "offline" else None
+    metrics.update(
+        run_floor_metrics(s, p.sources, p.device, metrics, float(shape["flops_per_root_row"]), calls, predictions)
+    )
     return metrics
 
 

@@ -6,6 +6,8 @@ The floors themselves are measured in ``tasks/measure/floors.py``, after the tim
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -41,9 +43,11 @@ def run_floor_metrics(
     metrics: dict[str, float],
     flops_per_root_row: float,
     task_calls: int,
+    predictions: Path | None = None,
 ) -> dict[str, float]:
     """A finished run's ``floor.*`` metrics against this host's (cached) ledger; measured
-    after the timed region on a miss."""
+    after the timed region on a miss (``predictions``: the run's committed prediction file,
+    the write floor's table, so no forward pass is spent making one)."""
     host = fingerprint(device)["relflow.host_fingerprint"]
-    led = ledger(spec, sources, device, host, orchestration_floor)
+    led = ledger(spec, sources, device, host, orchestration_floor, predictions=predictions)
     return fractions(led, metrics, flops_per_root_row, task_calls)

@@ -18,8 +18,12 @@ one gets its own floor, measured on this host for the spec's data:
   imports Prefect) and handed in as a callable.
 
 The sample (one chunk of root keys, fresh weights) goes through the plan's own ``Chain``
-outside every timing. Like ``peak``, the ledger is cached per host fingerprint (and per data:
-files, columns, shapes, threads) in ``$RELFLOW_CACHE_DIR``, and a ledger measured while other
+outside every timing. The write floor writes one chunk's prediction table: after a run, the
+first chunk of rows of the run's own prediction file (the tables its write stage wrote),
+else (``relflow-bench floors``, no run) the sample's predictions, served once with fresh
+weights only for that (a forward pass over a chunk: seconds of a small run's overhead).
+Like ``peak``, the ledger is cached per host fingerprint (and per data: files, columns,
+shapes, threads) in ``$RELFLOW_CACHE_DIR``, and a ledger measured while other
 processes held more than ``BUSY_HOST_FRACTION`` of the cores is used once and never cached.
 ``fractions`` turns a run's metrics into ``floor.<stage>.fraction`` (its rate over the floor's,
 1.0 = at the floor).
@@ -224,6 +228,21 @@ class _KeepTables(PredictionWriter):
         self.rows += table.num_rows
 
 
+def first_rows(path: Path, rows: int) -> pa.Table | None:
+    """The first ``rows`` rows of a prediction file (whole row groups read, then sliced), or
+    None when it holds fewer."""
+    f = pq.ParquetFile(path)
+    if f.metadata.num_rows < rows:
+        return None
+    tables, n = [], 0
+    for rg in range(f.num_row_groups):
+        tables.append(f.read_row_group(rg))
+        n += tables[-1].num_rows
+        if n >= rows:
+            break
+    return pa.concat_tables(tables).slice(0, rows)
+
+
 # -- the ledger -------------------------------------------------------------------------------
 
 
@@ -260,8 +279,12 @@ def measure(
     device: torch.device,
     key: str,
     orchestration: Callable[[Clock], Floor] | None = None,
+    predictions: Path | None = None,
 ) -> Ledger:
-    """Every floor, now, with the share of the cores other work used meanwhile."""
+    """Every floor, now, with the share of the cores other work used meanwhile.
+
+    ``predictions``: a finished run's prediction file (one row per root key, in key order);
+    its first rows are the write floor's table when it has as many as the sample."""
     clock = Clock(device)
     other = OtherCpu().start()
     floors = {"retrieve": retrieve_floor(spec, sources, clock)}
@@ -270,14 +293,18 @@ def measure(
     # compiled spec neither compiles again here nor adds to the run's recompile bookkeeping.
     eager = spec.model_copy(update={"run": spec.run.model_copy(update={"compile": CompileSettings()})})
     chain = Chain(eager, sources, device, clock=clock)
-    tz = chain.prepare_untimed(np.asarray(keys[: spec.run.chunk_rows]))
+    sample = np.asarray(keys[: spec.run.chunk_rows])
+    tz = chain.prepare_untimed(sample)
     floors["tensorize"] = memcpy_floor(tz.tensors(), clock)
     floors["compute"] = compute_floor(spec, tz.coords_present / max(tz.root_rows, 1), device, clock)
-    kept = _KeepTables()
-    chain.serve(tz, kept, lambda stage, seconds, rows: None)
-    if chain.engine is not None:
-        chain.engine.close()
-    floors["write"] = write_floor(pa.concat_tables(kept.tables), Path(spec.run.output_dir).resolve(), clock)
+    table = first_rows(predictions, len(sample)) if predictions is not None else None
+    if table is None:  # no run's predictions to hand: the sample's, with fresh weights
+        kept = _KeepTables()
+        chain.serve(tz, kept, lambda stage, seconds, rows: None)
+        if chain.engine is not None:
+            chain.engine.close()
+        table = pa.concat_tables(kept.tables)
+    floors["write"] = write_floor(table, Path(spec.run.output_dir).resolve(), clock)
     if orchestration is not None:
         floors["orchestration"] = orchestration(clock)
     return Ledger(floors, key, unix_time(), other.stop())
@@ -290,6 +317,7 @@ def ledger(
     fingerprint: str,
     orchestration: Callable[[Clock], Floor] | None = None,
     remeasure: bool = False,
+    predictions: Path | None = None,
 ) -> Ledger:
     """The cached ledger for this host and data, measured on a miss (never inside a timed
     region: callers run it after theirs)."""
@@ -302,7 +330,7 @@ def ledger(
     hit = cache.get(key)
     if not remeasure and hit is not None and (orchestration is None or "orchestration" in hit["floors"]):
         return Ledger.from_json(hit, cached=True)
-    led = measure(spec, sources, device, key, orchestration)
+    led = measure(spec, sources, device, key, orchestration, predictions)
     if led.other_cpu_fraction > BUSY_HOST_FRACTION:
         return led  # a busy host's floors: this run only, measured again next time
     cache[key] = led.to_json()

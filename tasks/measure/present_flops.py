@@ -6,7 +6,9 @@ that work, so an MFU from it is inflated by about 1/occupancy (more for attentio
 quadratic in the instance length) and can exceed 1. Here each root row is counted at its own
 shape: every branch cut to that root's longest present instance (at least one slot, as the
 model keeps an axis for an empty branch). Root rows of the same shape share one meta-device
-count, so a workload costs one inspection per distinct shape, not one per row.
+count, so a workload costs one inspection per distinct shape, not one per row; and one per
+process, not one per phase (train and predict see the same shapes; each inspection builds a
+model on the meta device, ~0.1 s).
 
 A nested branch is cut to the longest present instance under that root (its siblings are
 counted at that length too): that is what a batch of that root alone would hold, so for
@@ -15,6 +17,7 @@ nested schemas the figure is an upper bound on the present work, and exact for o
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
@@ -44,5 +47,11 @@ def flops_of_shapes(
     outs = tuple(outputs)
     total = 0.0
     for shape, rows in shapes.items():
-        total += float(inspect_on_meta(cut(schema, shape), config, outputs=outs)["flops_per_root_row"]) * rows
+        total += float(_flops_per_root_row(cut(schema, shape), config, outs)) * rows
     return total
+
+
+@functools.lru_cache(maxsize=1024)
+def _flops_per_root_row(schema: ModelSchema, config: ModelConfig | None, outputs: tuple[str, ...]) -> int:
+    """``inspect_on_meta``'s count, once per (schema, config, outputs): it depends on nothing else."""
+    return inspect_on_meta(schema, config, outputs=outputs)["flops_per_root_row"]

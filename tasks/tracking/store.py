@@ -23,10 +23,11 @@ import os
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -77,6 +78,10 @@ def _fluent_uri(uri: str) -> Iterator[None]:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
             os.environ["MLFLOW_TRACKING_URI"] = env
+
+
+def _no_warning(requirements: list[str]) -> None:
+    """Stands in for MLflow's requirement check in ``Tracker.log_model`` (see there)."""
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -277,6 +282,7 @@ class Tracker:
         model takes a ``Batch`` of nested tensors, which ``torch.export`` cannot trace from the
         array examples that format requires. Returns the model URI."""
         import mlflow.pytorch
+        import mlflow.utils.environment as mlflow_env
         import numpy as np
         from mlflow.models.signature import ModelSignature
         from mlflow.types.schema import Schema, TensorSpec
@@ -293,8 +299,17 @@ class Tracker:
         flavour_log = logging.getLogger("mlflow.pytorch")
         level = flavour_log.level
         flavour_log.setLevel(logging.ERROR)  # its pickle-format warning: chosen deliberately, said above
+        # Before saving, MLflow checks the requirements against this environment only to warn
+        # about a mismatch: it maps every installed distribution to its modules first
+        # (importlib.metadata, 1.4 s once per process, i.e. per run). Ours are pinned to the
+        # versions this process runs (tasks/tracking/datasets.py), so it cannot warn.
+        no_check = (
+            mock.patch.object(mlflow_env, "warn_dependency_requirement_mismatches", _no_warning)
+            if hasattr(mlflow_env, "warn_dependency_requirement_mismatches")
+            else nullcontext()
+        )
         try:
-            with _fluent_uri(self.uri):  # the flavour logs through the fluent API's store
+            with _fluent_uri(self.uri), no_check:  # the flavour logs through the fluent API's store
                 info = mlflow.pytorch.log_model(
                     model,
                     name="model",

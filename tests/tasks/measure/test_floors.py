@@ -16,10 +16,12 @@ from tasks.measure.floors import (
     Floor,
     Ledger,
     _plain_read,
+    first_rows,
     fraction,
     fractions,
     gemm_shapes,
     ledger,
+    measure,
     memcpy_floor,
     retrieve_floor,
     write_floor,
@@ -143,3 +145,47 @@ def test_the_ledger_is_cached_per_host_and_never_from_a_busy_host(shop_spec, sho
     monkeypatch.setattr("tasks.measure.floors.BUSY_HOST_FRACTION", -1.0)  # every host is busy now
     busy = ledger(spec, sources, CPU, "busy-host")
     assert not busy.cached and not ledger(spec, sources, CPU, "busy-host").cached
+
+
+def _predictions_file(path, keys: list[int], row_group: int):
+    table = pa.table({"c_id": pa.array(keys, pa.int64()), "prediction": pa.array([f"p{k % 3}" for k in keys])})
+    pq.write_table(table, path, row_group_size=row_group, compression="zstd")
+    return table
+
+
+def test_first_rows_reads_whole_row_groups_and_slices(tmp_path):
+    table = _predictions_file(tmp_path / "p.parquet", list(range(10)), row_group=3)
+    assert first_rows(tmp_path / "p.parquet", 7).equals(table.slice(0, 7))  # across three row groups
+    assert first_rows(tmp_path / "p.parquet", 10).equals(table)
+    assert first_rows(tmp_path / "p.parquet", 11) is None  # fewer rows than asked for
+
+
+def test_after_a_run_the_write_floor_writes_its_predictions_without_a_forward_pass(
+    shop_spec, shop_files, tmp_path, monkeypatch
+):
+    """A finished run's prediction file is the write floor's table: no chunk is served with
+    fresh weights only to make one (seconds of every small run); a file with fewer rows than
+    the sample (a request scenario's) is not used."""
+    from tasks.stages.chain import Chain
+    from tasks.stages.retrieve import list_root_keys
+
+    shop_spec["run"]["output_dir"] = str(tmp_path / "outputs")
+    spec = parse_spec(shop_spec)
+    sources = resolve_sources(spec, shop_files)
+    keys, _ = list_root_keys(spec, sources)
+    sample = len(keys[: spec.run.chunk_rows])
+    served = []
+    real_serve = Chain.serve
+    monkeypatch.setattr(Chain, "serve", lambda self, *a, **k: served.append(1) or real_serve(self, *a, **k))
+
+    path = tmp_path / "run.parquet"
+    table = _predictions_file(path, [int(k) for k in keys] + [99], row_group=2)  # one row more than the sample
+    led = measure(spec, sources, CPU, "k", predictions=path)
+    assert served == []
+    assert led.floors["write"].how == f"write_table of {sample:,} rows"
+    pq.write_table(table.slice(0, sample), tmp_path / "same.parquet", compression="zstd")
+    assert led.floors["write"].amount == (tmp_path / "same.parquet").stat().st_size  # exactly those rows
+
+    _predictions_file(path, [int(k) for k in keys][:-1], row_group=2)  # fewer rows than the sample
+    fallback = measure(spec, sources, CPU, "k", predictions=path)
+    assert served == [1] and fallback.floors["write"].how == f"write_table of {sample:,} rows"

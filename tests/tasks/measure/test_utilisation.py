@@ -80,6 +80,29 @@ def test_present_flops_count_each_root_row_at_its_own_shape():
     assert flops_of_shapes(schema, cfg, ("prediction",), shapes) == 3 * per_row(2) + per_row(8) + 2 * per_row(1)
 
 
+def test_present_flops_inspect_each_shape_once_per_process(monkeypatch):
+    """Train and predict count the same shapes: one meta-device inspection each, not one per
+    phase, and the same figures as inspecting every time."""
+    import tasks.measure.present_flops as pf
+
+    cols = (ColumnDef("x", "numeric"), ColumnDef("y", "category", 5))
+    branch = NodeDef("b", (ColumnDef("v", "numeric"),), max_length=6)
+    schema = ModelSchema(NodeDef("r", cols, children=(branch,)), TargetDef("r", "y", "category", 3))
+    cfg = ModelConfig(d_model=8, layers=1, heads=2, ffn_mult=3)  # a config no other test counts
+    calls = []
+    monkeypatch.setattr(pf, "inspect_on_meta", lambda *a, **k: calls.append(a[0]) or inspect_on_meta(*a, **k))
+    shapes = Counter({(2,): 3, (5,): 1})
+    first = flops_of_shapes(schema, cfg, ("prediction",), shapes)
+    again = flops_of_shapes(schema, cfg, ("prediction",), Counter({(5,): 4, (2,): 1}))
+    assert len(calls) == 2  # (2,) and (5,), once each
+    per_row = {
+        n: inspect_on_meta(cut(schema, (n,)), cfg, outputs=("prediction",))["flops_per_root_row"] for n in (2, 5)
+    }
+    assert first == 3 * per_row[2] + per_row[5] and again == 4 * per_row[5] + per_row[2]
+    flops_of_shapes(schema, cfg, ("prediction", "root_embedding"), shapes)  # other outputs: counted anew
+    assert len(calls) == 4
+
+
 def test_a_peak_measured_on_a_busy_host_is_not_cached(tmp_path, monkeypatch):
     """Other processes (not this one's children: those count as the run's own work) busy on
     every core: the peak is measured for this call but the next call measures again."""
