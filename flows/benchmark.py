@@ -469,9 +469,7 @@ def collect(run: Run) -> dict[str, float]:
     calls = sum(st.calls for stages in result.stages.values() for st in stages.values())
     # offline: the committed file is one row per root key in key order, the write floor's table
     predictions = run.output if s.run.scenario == "offline" else None
-    metrics.update(
-        run_floor_metrics(s, p.sources, p.device, metrics, float(shape["flops_per_root_row"]), calls, predictions)
-    )
+    metrics.update(run_floor_metrics(s, p.sources, p.device, metrics, calls, predictions))
     return metrics
 
 

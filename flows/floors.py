@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.measure.clock import Clock
 from tasks.measure.environment import fingerprint
 from tasks.measure.floors import Floor, best_seconds, fractions, ledger
-from tasks.sources.files import SourceTable
+from tasks.sources.tables import Sources
 from tasks.spec import Spec
 
 CALLS = 10  # no-op task calls per timed repetition
@@ -38,10 +38,9 @@ def orchestration_floor(clock: Clock) -> Floor:
 
 def run_floor_metrics(
     spec: Spec,
-    sources: dict[str, SourceTable],
+    sources: Sources,
     device: torch.device,
     metrics: dict[str, float],
-    flops_per_root_row: float,
     task_calls: int,
     predictions: Path | None = None,
 ) -> dict[str, float]:
@@ -50,4 +49,4 @@ def run_floor_metrics(
     the write floor's table, so no forward pass is spent making one)."""
     host = fingerprint(device)["relflow.host_fingerprint"]
     led = ledger(spec, sources, device, host, orchestration_floor, predictions=predictions)
-    return fractions(led, metrics, flops_per_root_row, task_calls)
+    return fractions(led, metrics, task_calls)

@@ -348,7 +348,7 @@ def fraction(amount: float, seconds: float, floor_rate: float) -> float:
     return (amount / seconds) / floor_rate
 
 
-def fractions(led: Ledger, m: dict[str, float], flops_per_root_row: float, task_calls: int) -> dict[str, float]:
+def fractions(led: Ledger, m: dict[str, float], task_calls: int) -> dict[str, float]:
     """``floor.<stage>.fraction`` of a run's predict phase from its metrics, plus the floors'
     rates and preprocess's input rate and share. Stages the run did not count are left out."""
     out = led.metrics()
@@ -360,7 +360,14 @@ def fractions(led: Ledger, m: dict[str, float], flops_per_root_row: float, task_
     for name in ("retrieve", "tensorize", "write"):
         if stage(name, "bytes") > 0 and name in f:
             out[K.floor_fraction(name)] = fraction(stage(name, "bytes"), stage(name, "seconds"), f[name].rate)
-    present_flops = flops_per_root_row * m.get(K.DATA_OCCUPANCY, 1.0) * m.get(K.E2E_PREDICT_ROWS, 0.0)
+    # Present FLOPs of the predict passes by compute.mfu's one count (tasks/measure/
+    # present_flops.py: each root row at its own shape), per steady row, times the rows
+    # predicted: reserved FLOPs x coordinate occupancy, a second count, undercounts attention
+    # (quadratic in length) and disagreed with compute.mfu.
+    flops_rate = m.get(K.compute("predict", K.MODEL_FLOPS_PER_S), 0.0)
+    steady_rate = m.get(K.compute("predict", "steady_rows_per_s"), 0.0)
+    per_row = flops_rate / steady_rate if steady_rate > 0 else 0.0
+    present_flops = per_row * m.get(K.E2E_PREDICT_ROWS, 0.0)
     if present_flops > 0 and "compute" in f:
         out[K.floor_fraction("compute")] = fraction(present_flops, stage("compute", "seconds"), f["compute"].rate)
     orch = m.get(K.HARNESS_ORCHESTRATION_SECONDS, 0.0)

@@ -96,16 +96,20 @@ def test_fractions_of_a_run_from_its_metrics():
         "stage.compute.predict.seconds": 2.0,
         "stage.preprocess.predict.bytes": 300.0,
         "stage.preprocess.predict.seconds": 3.0,
-        K.DATA_OCCUPANCY: 0.5,
+        K.DATA_OCCUPANCY: 0.3,  # not in the count: the reserved shape x occupancy is not it
+        # compute.mfu's count: 1e7 present FLOPs per steady row (4e9 FLOP/s at 400 rows/s)
+        "compute.model_flops_per_s": 4e9,
+        "compute.steady_rows_per_s": 400.0,
         K.E2E_PREDICT_ROWS: 100.0,
         K.E2E_PREDICT_SECONDS: 9.0,
         K.HARNESS_ORCHESTRATION_SECONDS: 2.0,
     }
-    out = fractions(Ledger(floors, "k", 0.0, 0.0), m, flops_per_root_row=2e7, task_calls=5)
+    out = fractions(Ledger(floors, "k", 0.0, 0.0), m, task_calls=5)
     assert out[K.floor_fraction("retrieve")] == pytest.approx(0.25)
     assert out[K.floor_fraction("tensorize")] == pytest.approx(1.0)
     assert out[K.floor_fraction("write")] == pytest.approx(0.1)
-    # present FLOPs: 2e7 x 0.5 x 100 = 1e9 in 2 s against 1 GFLOP/s
+    # present FLOPs: 1e7 per row x 100 rows = 1e9 in 2 s against 1 GFLOP/s (not reserved x
+    # occupancy, which the old count used)
     assert out[K.floor_fraction("compute")] == pytest.approx(0.5)
     assert out[K.floor_fraction("orchestration")] == pytest.approx(0.25)  # 2.5 calls/s of 10
     assert out[K.FLOOR_PREPROCESS_INPUT_BYTES_PER_S] == pytest.approx(100.0)
@@ -113,7 +117,7 @@ def test_fractions_of_a_run_from_its_metrics():
     assert out[K.floor_rate("retrieve")] == 1000.0 and out[K.FLOOR_CACHED] == 0.0
     assert all(K.documented(k) for k in out)
     # a stage the run did not count (no bytes: a request scenario) gets no fraction
-    partial = fractions(Ledger(floors, "k", 0.0, 0.0), {K.E2E_PREDICT_ROWS: 0.0}, 1.0, 0)
+    partial = fractions(Ledger(floors, "k", 0.0, 0.0), {K.E2E_PREDICT_ROWS: 0.0}, 0)
     assert not [k for k in partial if k.endswith(".fraction")]
 
 
