@@ -1,14 +1,24 @@
 """Stage 2, preprocess: flat source rows -> one nested row per root key.
 
-A Polars plan per branch, top-down: keep only rows under surviving parent rows (children of
-rows that an overflow rule dropped are structurally skipped, not counted as overflow),
-order them, number them within their parent and apply the overflow rule against
+Eager Polars steps per branch, top-down: keep only rows under surviving parent rows
+(children of rows that an overflow rule dropped are structurally skipped, not counted as
+overflow), order them, number them within their parent and apply the overflow rule against
 ``max_length``. Then bottom-up: each branch becomes a ``list<struct>`` column on its parent,
 so the result has one row per root key with nested lists to any depth. A root row with no
 children gets an empty (null) list: it still flows through.
 
 The train/validation split is a stable hash of the root key (tasks/stages/split.py), so it
 is the same in every chunk, run, mode and library version.
+
+Eager, not a lazy plan: a request's few rows made planning and optimising a lazy query per
+branch the bulk of its preprocess time (a one-root request: about 3x the eager steps), and a
+chunk gains nothing from the optimiser here (every step is needed; the inputs are in memory).
+The steps and their order are the same. One difference, on purpose: children whose
+``order_by`` values tie keep the order they were read in (a stable sort of the rows as read).
+The lazy plan let its semi join reorder rows, and how depended on the Polars thread count, so
+which tied children ``max_length`` kept differed between a chunk and a request for the same key
+(the output check's offline pass vs the served request), and between hosts. Casts of key
+columns that already have the wanted type are skipped (a no-op cast is still a pass).
 """
 
 from __future__ import annotations
@@ -35,17 +45,19 @@ class Preprocessed:
     child_rows: dict[str, int] = field(default_factory=dict)  # kept rows per branch
 
 
-def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFrame, int]:
+def _apply_overflow(df: pl.DataFrame, b: Branch, seed: int) -> tuple[pl.DataFrame, int]:
     """Order children within their parent and keep at most ``max_length`` of them."""
     if b.order_by is not None:
-        lf = lf.sort(
+        df = df.sort(
             [b.parent_key, b.order_by.column],
             descending=[False, b.order_by.descending],
             nulls_last=True,
             maintain_order=True,
         )
     else:
-        lf = lf.sort(b.parent_key, maintain_order=True)
+        df = df.sort(b.parent_key, maintain_order=True)
+    if df.height <= b.max_length:  # no parent can have more: every rule keeps every row
+        return df, 0
     n = pl.len().over(b.parent_key)
     pos = pl.int_range(pl.len()).over(b.parent_key)
     if b.overflow == "keep_first" or b.overflow == "error":
@@ -54,7 +66,7 @@ def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFram
         keep = pos + b.max_length >= n  # not n - max_length: pl.len() is unsigned
     else:  # sample: a seeded random subset, still in order
         keep = pl.int_range(pl.len()).shuffle(seed=seed).over(b.parent_key) < b.max_length
-    df = lf.with_columns(__keep=keep, __n=n).collect()
+    df = df.with_columns(__keep=keep, __n=n)
     dropped = int(df.height - df["__keep"].sum())
     if dropped and b.overflow == "error":
         worst = df.filter(pl.col("__n") > b.max_length).sort("__n", descending=True).row(0, named=True)
@@ -64,29 +76,33 @@ def _apply_overflow(lf: pl.LazyFrame, b: Branch, seed: int) -> tuple[pl.DataFram
             f"max_length to at least {worst['__n']}, or choose overflow keep_first, keep_last "
             "or sample."
         )
-    return df.filter("__keep").drop("__keep", "__n"), dropped
+    return (df.filter("__keep").drop("__keep", "__n") if dropped else df.drop("__keep", "__n")), dropped
+
+
+def _cast(df: pl.DataFrame, column: str, dtype: pl.DataType) -> pl.DataFrame:
+    """``column`` as ``dtype``; the frame itself when it already is."""
+    return df if df.schema[column] == dtype else df.with_columns(pl.col(column).cast(dtype))
 
 
 def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
     root = spec.schema_.root
     frames = {name: cast(pl.DataFrame, pl.from_arrow(t)) for name, t in retrieved.tables.items()}
     target_node = spec.task.branch or ROOT
-    kept: dict[str, pl.DataFrame] = {ROOT: frames[ROOT].unique(root.key, keep="first").sort(root.key)}
+    roots = frames[ROOT]  # one row (a one-root request) is already unique and sorted
+    kept: dict[str, pl.DataFrame] = {
+        ROOT: roots if roots.height <= 1 else roots.unique(root.key, keep="first").sort(root.key)
+    }
     dropped: dict[str, int] = {}
 
     def down(branches: list[Branch], parent: str, parent_key: str) -> None:
-        parents = kept[parent].select(parent_key).lazy()
         for b in branches:
-            lf = (
-                frames[b.name]
-                .lazy()
-                .join(
-                    parents.select(pl.col(parent_key).cast(frames[b.name].schema[b.parent_key]).alias(b.parent_key)),
-                    on=b.parent_key,
-                    how="semi",
-                )
+            frame = frames[b.name]
+            parents = _cast(kept[parent].select(parent_key), parent_key, frame.schema[b.parent_key])
+            # in the order read, so the stable sort below breaks ties by it (see the module doc)
+            rows = frame.join(
+                parents.rename({parent_key: b.parent_key}), on=b.parent_key, how="semi", maintain_order="left"
             )
-            kept[b.name], dropped[b.name] = _apply_overflow(lf, b, spec.run.seed)
+            kept[b.name], dropped[b.name] = _apply_overflow(rows, b, spec.run.seed)
             if b.branches:
                 assert b.key is not None  # the spec requires a key on branches with branches
                 down(b.branches, b.name, b.key)
@@ -101,14 +117,14 @@ def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
             payload.append(spec.task.target)
         for child in b.branches:
             assert b.key is not None  # the spec requires a key on branches with branches
-            agg = up(child).with_columns(pl.col(child.parent_key).cast(df.schema[b.key]))
+            agg = _cast(up(child), child.parent_key, df.schema[b.key])
             df = df.join(agg, left_on=b.key, right_on=child.parent_key, how="left", maintain_order="left")
             payload.append(child.name)
         return df.group_by(b.parent_key, maintain_order=True).agg(pl.struct(payload).alias(b.name))
 
     out = kept[ROOT]
     for b in spec.schema_.branches:
-        agg = up(b).with_columns(pl.col(b.parent_key).cast(out.schema[root.key]))
+        agg = _cast(up(b), b.parent_key, out.schema[root.key])
         out = out.join(agg, left_on=root.key, right_on=b.parent_key, how="left", maintain_order="left")
     out = out.with_columns(split_is_train(out[root.key], spec.task.validation_fraction))
     return Preprocessed(
