@@ -15,6 +15,11 @@ sampler catches or misses) within 10%, and first call within the noise of a firs
 shared host (a factor of 3; a warm in-process compile cache makes a compiled first call 10x+
 faster, which this catches). Each side gets its own empty Inductor cache folder, so both
 measure a cold compile.
+
+Both sides talk to the session's one Prefect server (``PREFECT_API_URL``, tests/conftest.py), as
+a sweep's children talk to their sweep's: booting a temporary server in the sweep and in each
+standalone run cost three server start-ups and is not what this compares (that server is
+harness, left out of the memory figures, and starts before the timed region).
 """
 
 from __future__ import annotations
@@ -59,11 +64,11 @@ def _env(folder: Path, cache: str) -> dict[str, str]:
         PREFECT_HOME=str(folder / "prefect-home"),
         COLUMNS="200",
         TORCHINDUCTOR_CACHE_DIR=str(folder / cache),
-        # a busy shared host can take minutes to start Prefect's temporary server
+        # without the session's server (PREFECT_API_URL unset): a busy shared host can take
+        # minutes to start Prefect's temporary server
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",
         PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     )
-    env.pop("PREFECT_API_URL", None)  # as a user runs it: Prefect's temporary server
     return env
 
 

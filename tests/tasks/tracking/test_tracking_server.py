@@ -10,7 +10,10 @@
   benchmark experiment (clear error, exit 2, nothing created), and no credential lands in
   params, tags, artifacts or the CLI output.
 
-Slow: PostgreSQL and mlflow server start-up (~10 s), plus several small benchmark runs.
+Slow: PostgreSQL and mlflow server start-up (~10 s), plus several small benchmark runs. One
+PostgreSQL cluster serves the module (each server its own databases), and the benchmark
+processes use the session's Prefect server (tests/conftest.py) instead of starting one each:
+neither is what these tests are about.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,72 +81,87 @@ def _bench_cmd(*more: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pg_mlflow():
+def pg():
+    """One PostgreSQL cluster for the module; each MLflow server gets databases of its own."""
+    with private_dir() as tmp_path, running_postgres(tmp_path / "pg") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pg_mlflow(pg):
     """One PostgreSQL-backed MLflow server for the tests that only log to it (the four hosts'
     runs and the load test, each in experiments of its own): its start-up and migrations are
     paid once. The auth test runs its own server (another app)."""
-    with (
-        private_dir() as tmp_path,
-        running_postgres(tmp_path / "pg") as pg,
-        running_mlflow_server(create_database(pg, "mlflow"), tmp_path / "server") as url,
-    ):
+    with private_dir() as tmp_path, running_mlflow_server(create_database(pg, "mlflow"), tmp_path / "server") as url:
         yield tmp_path, url
 
 
-@pytest.mark.slow
-def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small, pg_mlflow):
-    tmp_path, url = pg_mlflow
-    with running_prefect_server(tmp_path / "prefect") as api:
-        procs = []
-        for i in range(4):  # four hosts: each its own host lock, all at once; one Prefect server
-            work = tmp_path / f"host{i}"
-            work.mkdir()
-            with open(work / "run.log", "w") as log:  # the child keeps its own descriptor
-                procs.append(
-                    (
-                        subprocess.Popen(
-                            _bench_cmd("--set", f"run.seed={i}", "--json", str(work / "s.json")),
-                            env=_env(tmp_path, url, f"host{i}", PREFECT_API_URL=api),
-                            cwd=work,
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                        ),
-                        work,
-                    )
-                )
-        for proc, work in procs:
-            code = proc.wait(timeout=900)
-            assert code == 0, (work / "run.log").read_text()[-3000:]
-        client = MlflowClient(tracking_uri=url)
-        exp = client.get_experiment_by_name("tpch-orders")
-        runs = client.search_runs([exp.experiment_id])
-        assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
-        for r in runs:
-            assert not [k for k in CONTRACT if k not in r.data.metrics], r.data.metrics.keys()
-            assert {a.path for a in client.list_artifacts(r.info.run_id)} >= ARTIFACTS
-        assert exp.artifact_location.startswith("mlflow-artifacts:")  # proxied by the server
-        assert list((tmp_path / "server" / "artifacts").rglob("spec.yaml"))
+@pytest.fixture
+def prefect_api(_cli_prefect_server, tmp_path) -> Iterator[str]:
+    """The session's Prefect server for the benchmark processes (one server, as a team runs
+    it); a server of the test's own when the session has none."""
+    api = _cli_prefect_server or os.environ.get("PREFECT_API_URL")
+    if api:
+        yield api
+        return
+    with running_prefect_server(tmp_path / "prefect") as own:
+        yield own
 
-        # reports read the same runs back through the server, unchanged
-        env = _env(tmp_path, url, "reports", PREFECT_API_URL=api)
-        a, b = (r.info.run_id for r in runs[:2])
-        for args in (
-            ["compare", a, b],
-            ["history", "tpch-orders"],
-            ["dashboard", "--experiment", "tpch-orders", "--out", str(tmp_path / "dash"), "--no-png"],
-            ["ui"],
-        ):
-            done = subprocess.run(
-                [sys.executable, "-m", "flows.cli", *args],
-                env=env,
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=300,
+
+@pytest.mark.slow
+def test_four_benchmark_processes_log_to_a_postgres_backed_server(tpch_small, pg_mlflow, prefect_api):
+    tmp_path, url = pg_mlflow
+    api = prefect_api
+    procs = []
+    for i in range(4):  # four hosts: each its own host lock, all at once; one Prefect server
+        work = tmp_path / f"host{i}"
+        work.mkdir()
+        with open(work / "run.log", "w") as log:  # the child keeps its own descriptor
+            procs.append(
+                (
+                    subprocess.Popen(
+                        _bench_cmd("--set", f"run.seed={i}", "--json", str(work / "s.json")),
+                        env=_env(tmp_path, url, f"host{i}", PREFECT_API_URL=api),
+                        cwd=work,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    ),
+                    work,
+                )
             )
-            assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
-        assert (tmp_path / "dash" / "index.html").exists()
-        assert url in done.stdout  # `ui` points at the server's own UI
+    for proc, work in procs:
+        code = proc.wait(timeout=900)
+        assert code == 0, (work / "run.log").read_text()[-3000:]
+    client = MlflowClient(tracking_uri=url)
+    exp = client.get_experiment_by_name("tpch-orders")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    for r in runs:
+        assert not [k for k in CONTRACT if k not in r.data.metrics], r.data.metrics.keys()
+        assert {a.path for a in client.list_artifacts(r.info.run_id)} >= ARTIFACTS
+    assert exp.artifact_location.startswith("mlflow-artifacts:")  # proxied by the server
+    assert list((tmp_path / "server" / "artifacts").rglob("spec.yaml"))
+
+    # reports read the same runs back through the server, unchanged
+    env = _env(tmp_path, url, "reports", PREFECT_API_URL=api)
+    a, b = (r.info.run_id for r in runs[:2])
+    for args in (
+        ["compare", a, b],
+        ["history", "tpch-orders"],
+        ["dashboard", "--experiment", "tpch-orders", "--out", str(tmp_path / "dash"), "--no-png"],
+        ["ui"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.cli", *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
+    assert (tmp_path / "dash" / "index.html").exists()
+    assert url in done.stdout  # `ui` points at the server's own UI
 
 
 @pytest.mark.slow
@@ -178,9 +197,9 @@ def test_load_test_loses_nothing_on_the_server(pg_mlflow):
 
 
 @pytest.mark.slow
-def test_basic_auth_read_only_user_cannot_create_runs(tpch_small):
+def test_basic_auth_read_only_user_cannot_create_runs(tpch_small, pg, prefect_api):
     admin_pw, writer_pw, reader_pw = "adm-Secret-7731", "wr-Secret-4410", "rd-Secret-9902"
-    with private_dir() as tmp_path, running_postgres(tmp_path / "pg") as pg:
+    with private_dir() as tmp_path:
         auth_ini = tmp_path / "basic_auth.ini"  # users and permissions in PostgreSQL too
         auth_db = create_database(pg, "mlflow_auth")
         auth_ini.write_text(
@@ -194,7 +213,7 @@ def test_basic_auth_read_only_user_cannot_create_runs(tpch_small):
             "MLFLOW_AUTH_CONFIG_PATH": str(auth_ini),
         }
         with running_mlflow_server(
-            create_database(pg, "mlflow"), tmp_path / "server", app_name="basic-auth", env=server_env
+            create_database(pg, "mlflow_basic_auth"), tmp_path / "server", app_name="basic-auth", env=server_env
         ) as url:
             from mlflow.server.auth.client import AuthServiceClient
 
@@ -217,7 +236,14 @@ def test_basic_auth_read_only_user_cannot_create_runs(tpch_small):
                     capture_output=True,
                     text=True,
                     timeout=1800,
-                    env=_env(tmp_path, url, name, MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=pw),
+                    env=_env(
+                        tmp_path,
+                        url,
+                        name,
+                        MLFLOW_TRACKING_USERNAME=user,
+                        MLFLOW_TRACKING_PASSWORD=pw,
+                        PREFECT_API_URL=prefect_api,
+                    ),
                 )
 
             wrote = bench("bench", writer_pw, "writer")  # creates the experiment: MANAGE on it
