@@ -245,18 +245,18 @@ def history_cmd(
             spec_hash=spec_hash,
             include_profiled=include_profiled,
         )
-        runs, invalid = drop_invalid(selected)
-        if not runs:
+        if not selected:
             raise UserError(
                 f"no FINISHED benchmark runs of '{spec_name}' on host fingerprint {host} with spec hash {spec}."
             )
+        runs, invalid = drop_invalid(selected)
         steps = [s for key in HISTORY_METRICS for s in history(runs, key, min_segment=min_segment, threshold=threshold)]
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
         fail(err, debug)
-    out.print(
-        f"{spec_name}: {len(runs)} FINISHED runs on host fingerprint {host}, spec hash {spec}, "
-        f"{runs[0].started_at:%Y-%m-%d %H:%M} .. {runs[-1].started_at:%Y-%m-%d %H:%M} UTC"
-    )
+    # Every selected run INVALID (a busy host) is a history with nothing to judge, not bad
+    # input: said, with the runs left out, and no step (so no regression exit).
+    span = f"{runs[0].started_at:%Y-%m-%d %H:%M} .. {runs[-1].started_at:%Y-%m-%d %H:%M} UTC" if runs else "none VALID"
+    out.print(f"{spec_name}: {len(runs)} FINISHED runs on host fingerprint {host}, spec hash {spec}, {span}")
     if invalid:
         out.print(
             f"[yellow]note:[/] left out {len(invalid)} INVALID run(s) (relflow.validity=INVALID; their figures "

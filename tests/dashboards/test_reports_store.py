@@ -75,3 +75,22 @@ def test_history_leaves_invalid_runs_out_and_says_how_many(store):
     assert res.exit_code == 0, res.output
     assert "left out 4 INVALID run(s)" in res.output
     assert "6 FINISHED runs" in res.output and "no steps detected" in res.output
+
+
+def test_history_of_only_invalid_runs_says_so_and_finds_no_step(store):
+    """Four runs at once on a 2-core host are all INVALID: history says it left them out and
+    exits 0 (it said "no FINISHED benchmark runs" and exited 2, which the four-host tracking
+    test hit whenever the latest run's spec hash had only an INVALID run)."""
+    uri, client, _ = store
+    exp = client.create_experiment("busy")
+    for i, v in enumerate([100, 50, 100, 50]):
+        tags = {"relflow.host_fingerprint": "h", "relflow.spec_hash": "s", "relflow.validity": "INVALID"}
+        _run(client, exp, {"e2e.predict.rows_per_s": float(v)}, tags, 1_700_000_000_000 + i * 60_000)
+    res = CliRunner().invoke(
+        app, ["history", "busy", "--fail-on-regression"], env={"MLFLOW_TRACKING_URI": uri, "COLUMNS": "200"}
+    )
+    assert res.exit_code == 0, res.output
+    assert "0 FINISHED runs" in res.output and "none VALID" in res.output
+    assert "left out 4 INVALID run(s)" in res.output and "no steps detected" in res.output
+    res = CliRunner().invoke(app, ["history", "nothing-here"], env={"MLFLOW_TRACKING_URI": uri, "COLUMNS": "200"})
+    assert res.exit_code == 2 and "no FINISHED benchmark runs" in res.output
