@@ -94,6 +94,11 @@ def peak_qps_cmd(
     low, high = summary["bracket"]
     if low is None:
         out.print(f"no probed rate held {summary['bound_ms']:g} ms; lowest failing rate {high}")
+        if summary.get("unloaded_above_bound"):
+            out.print(
+                "halving the rate no longer lowered the early-stopping p99, so the latency at low load is "
+                "above the bound: lower rates would fail the same (raise --bound-ms, or make one request faster)"
+            )
         raise typer.Exit(1)
     top = f"{high:.2f}" if high is not None else "not found (every probe held the bound)"
     out.print(

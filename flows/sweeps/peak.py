@@ -185,6 +185,7 @@ def peak_qps(
         "bound_ms": bound_ms,
         "peak_qps": res.low,
         "bracket": [res.low, res.high],
+        "unloaded_above_bound": res.unloaded_above_bound,
         "probes": [probe_dict(p) for p in res.probes],
     }
 
@@ -208,6 +209,11 @@ def log_result(tracker: Tracker, res: PeakResult) -> None:
     if res.high is not None:
         metrics[K.SERVER_PEAK_QPS_BRACKET_HIGH] = res.high
     tracker.log_metrics(metrics)
-    tracker.set_tags({"relflow.peak.bracketed": str(res.bracketed)})
+    tracker.set_tags(
+        {
+            "relflow.peak.bracketed": str(res.bracketed),
+            "relflow.peak.unloaded_above_bound": str(res.unloaded_above_bound),
+        }
+    )
     tracker.log_dict([probe_dict(p) for p in res.probes], "peak_probes.json")
     tracker.log_text(peak_figure(res).to_html(include_plotlyjs=True, full_html=True), "peak_qps.html")

@@ -58,9 +58,38 @@ def test_a_rate_that_passes_above_a_failure_is_never_the_peak(seed):
 
 
 def test_no_passing_rate_leaves_no_peak():
-    probe, _ = stub(lambda r: 400.0)
+    # the p99 falls with the rate (load sets it) but never reaches the bound
+    probe, _ = stub(lambda r: 100.0 + 300.0 * r)
     res = search(probe, bound_ms=50.0, start_qps=1.0, min_qps=0.1)
     assert res.low is None and res.high is not None and res.high <= 0.2
+    assert not res.unloaded_above_bound
+
+
+def test_halving_stops_when_the_rate_no_longer_sets_the_latency():
+    """A server whose p99 is 290 ms whatever the rate (its unloaded latency) against a 100 ms
+    bound: the search stops after one halving (10 then 5 QPS) instead of halving to min_qps,
+    each probe twice as long as the last (it ran 10, 5, 2.5, 1.25 QPS for over 10 minutes)."""
+    calls: list[float] = []
+
+    def probe(rate: float) -> Probe:  # keeps up with every rate (achieved = target)
+        calls.append(rate)
+        return Probe(rate, 290.0 - rate * 0.4, False, achieved_qps=rate)
+
+    res = search(probe, bound_ms=50.0, start_qps=10.0)
+    assert calls == [10.0, 5.0]
+    assert res.unloaded_above_bound and res.low is None and res.high == 5.0
+
+    # the same p99s from a server that falls behind up to 3 QPS (achieved 3 of 10 and of 5):
+    # saturated there, so halving goes on, and stops once two probes that kept up (2.5, 1.25)
+    # agree
+    calls.clear()
+    res = search(
+        lambda r: (calls.append(r), Probe(r, 290.0, False, achieved_qps=min(r, 3.0)))[1],
+        bound_ms=50.0,
+        start_qps=10.0,
+        min_qps=1.0,
+    )
+    assert calls == [10.0, 5.0, 2.5, 1.25] and res.unloaded_above_bound
 
 
 def test_search_brackets_the_capacity_of_a_queueing_server():
