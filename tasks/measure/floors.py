@@ -113,9 +113,9 @@ def _plain_read(src: Table, columns: list[str]) -> tuple[Callable[[], object], i
     """The plainest read of ``columns`` of every row group of ``src``, and its bytes as the
     retrieve stage counts them."""
     if isinstance(src, DatabaseTable):
-        db = src
-        sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(db.name)}"
-        return (lambda: db.db.query(sql)), int(db.db.query(sql).nbytes)
+        db = src.db
+        sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(src.name)}"
+        return (lambda: db.query(sql)), int(db.query(sql).nbytes)
     files = list(src.files)
     if src.format == "parquet":
         nbytes = 0
