@@ -195,6 +195,7 @@ class Run:
     work: Workload | None = None
     region: dict[str, float] | None = None
     buckets: dict[str, float] = field(default_factory=dict)  # the timed region by bucket (harness.*)
+    gc_pauses: dict[str, float] = field(default_factory=dict)  # collector pauses inside it (no bucket)
     ckpt_path: Path | None = None
     latency: LatencyRecord | None = None  # a single_stream / server run's
     backend_setup: BackendSetup = field(default_factory=BackendSetup)
@@ -318,6 +319,7 @@ def timed_body(run: Run) -> None:
                 work.chain.prepare_untimed,
             )
     run.buckets = region.metrics()
+    run.gc_pauses = region.gc.metrics()
     run.region = {
         "waited": waited,
         "start_unix": region_start_unix,
@@ -429,6 +431,7 @@ def collect(run: Run) -> dict[str, float]:
             K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
             K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
             **run.buckets,  # harness.region_seconds and its buckets (tasks/scenarios/region.py)
+            **run.gc_pauses,  # tasks/measure/gcpauses.py
             K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
             # When this run held the host: lets anyone check that timed regions never overlap.
             K.HARNESS_REGION_START: region["start_unix"],

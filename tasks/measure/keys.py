@@ -178,6 +178,8 @@ HARNESS_CALIBRATION_FIT_SECONDS = "harness.calibration_fit_seconds"
 HARNESS_REQUEST_WAIT_SECONDS = "harness.request_wait_seconds"
 HARNESS_DISTRIBUTED_LAUNCH_SECONDS = "harness.distributed_launch_seconds"
 HARNESS_LOCK_WAIT_SECONDS = "harness.lock_wait_seconds"
+HARNESS_REGION_GC_SECONDS = "harness.region_gc_seconds"
+HARNESS_REGION_GC_COLLECTIONS = "harness.region_gc_collections"
 HARNESS_REGION_START = "harness.timed_region_start_unix_s"
 HARNESS_REGION_END = "harness.timed_region_end_unix_s"
 HARNESS_FLOW_SECONDS = "harness.flow_seconds"
@@ -628,6 +630,12 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (HARNESS_STARTUP_SECONDS, "Prefect + MLflow start-up (never inside e2e)"),
     (HARNESS_MLFLOW_STARTUP_SECONDS, "MLflow run start"),
     (HARNESS_REGION_SECONDS, "wall seconds of the timed region; the harness.* buckets below add up to it exactly"),
+    (
+        HARNESS_REGION_GC_SECONDS,
+        "seconds Python's cyclic garbage collector ran inside the timed region (objects alive before it are "
+        "frozen out: gc.freeze); not a bucket, the pauses fall inside whichever bucket was running",
+    ),
+    (HARNESS_REGION_GC_COLLECTIONS, "collections (any generation) that ran inside the timed region"),
     (HARNESS_STAGE_SECONDS, "timed-region seconds in the stage table (both phases: e2e.train + e2e.predict)"),
     (
         HARNESS_ENGINE_SETUP_SECONDS,

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks.measure import keys as K
+from tasks.measure.gcpauses import GcPauses, frozen_collector
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.workload import Workload
 
@@ -41,6 +42,7 @@ class Region:
     work: Workload
     seconds: float = 0.0
     named: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    gc: GcPauses = field(default_factory=GcPauses)  # collector pauses inside the region, any bucket
 
     def _elsewhere(self) -> float:
         """Seconds already named outside the bucket being measured."""
@@ -89,7 +91,8 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
     """Run the timed region over ``work``; returns its buckets and the request record."""
     region = Region(work)
     latency = None
-    with work.chain.clock.measure() as span:
+    # The collect and freeze run before the region's clock starts (tasks/measure/gcpauses.py).
+    with frozen_collector(work.chain.clock) as region.gc, work.chain.clock.measure() as span:
         work.list_keys()
         if train:
             if steps.distributed:

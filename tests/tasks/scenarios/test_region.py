@@ -4,6 +4,7 @@ buckets add up to ``harness.region_seconds``."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -141,3 +142,41 @@ def test_a_server_run_names_its_idle_waits_and_its_untimed_encoding_fit(stubbed,
     assert m[K.HARNESS_REGION_SECONDS] == pytest.approx(served + ENGINE + latency.wait_s)
     assert m[K.HARNESS_ORCHESTRATION_SECONDS] == pytest.approx(0.0, abs=1e-9)
     assert np.isclose(sum(v for k, v in m.items() if k != K.HARNESS_REGION_SECONDS), m[K.HARNESS_REGION_SECONDS])
+
+
+def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_frozen(stubbed, shop_spec, monkeypatch):
+    """One collection inside the region, made to last 0.5 s on the fake clock: the region
+    reports exactly one collection of 0.5 s, its wall time holds those seconds (here in
+    orchestration: the pass is no stage), and what was alive before it is frozen inside."""
+    ft, workload = stubbed
+    shop_spec["run"]["mode"] = "predict"
+    work = workload(shop_spec)
+    frozen_inside: list[int] = []
+
+    def slow_collection(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop":  # before the region's own callback reads the clock
+            ft.t += 0.5
+
+    def predict(repeat: int) -> None:
+        frozen_inside.append(gc.get_freeze_count())
+        gc.collect()
+
+    steps = RegionSteps(
+        train=work.train, distributed=False, serving_backend=lambda: None, requests=None, predict_pass=predict
+    )
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection may add one of its own
+    gc.callbacks.append(slow_collection)
+    try:
+        before = gc.get_freeze_count()
+        region, _ = run_region(work, steps, train=False, repeats=1)
+    finally:
+        gc.callbacks.remove(slow_collection)
+        if was_enabled:
+            gc.enable()
+    assert region.gc.collections == 1
+    assert region.gc.seconds == 0.5
+    assert region.gc.metrics() == {K.HARNESS_REGION_GC_SECONDS: 0.5, K.HARNESS_REGION_GC_COLLECTIONS: 1.0}
+    assert region.metrics()[K.HARNESS_ORCHESTRATION_SECONDS] == 0.5
+    assert frozen_inside[0] > before + 1000  # the imports and the workload, frozen out of the pass
+    assert gc.get_freeze_count() == before  # and thawed when the region ends
