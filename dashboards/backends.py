@@ -18,11 +18,21 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tasks.measure import keys as K
-from tasks.measure.report import Cell, Group, RunReport, Sample, interval_text, markdown_table
+from tasks.measure.report import (
+    Cell,
+    Group,
+    RunReport,
+    Sample,
+    interval_text,
+    markdown_table,
+    slower_than_baseline,
+)
 from tasks.measure.report import summarize as summarize_groups
 from tasks.tracking.store import RunRecord
 
 REFERENCE_VARIANT = "pytorch_fp16"  # every variant's quality reference (flows/sweeps/backends_report.py)
+EAGER_VARIANT = "pytorch_eager_fp32"  # what a compiled variant must not fall below unsaid
+SLOWER_TAG = "relflow.report.compiled_slower_than_eager"  # on the parent: the notes, "; "-joined
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=130))
 
 
@@ -67,6 +77,22 @@ def summarize(samples: Sequence[Sample], headline: str) -> list[dict[str, Cell]]
     )
 
 
+def slower_than_eager(rows: Sequence[dict[str, Cell]]) -> list[str]:
+    """A note for each compiled variant whose steady interval lies wholly below eager fp32's."""
+    eager = next((r for r in rows if r["variant"] == EAGER_VARIANT), None)
+    if eager is None:
+        return []
+    return slower_than_baseline(
+        rows,
+        label=lambda r: str(r["variant"]),
+        is_candidate=lambda r: "compiled" in str(r["variant"]),
+        baseline=eager,
+        figure="steady rows/s",
+        low="steady_ci_low",
+        high="steady_ci_high",
+    )
+
+
 def to_markdown(rows: Sequence[dict[str, Cell]], headline: str) -> str:
     header = [
         "variant",
@@ -83,7 +109,7 @@ def to_markdown(rows: Sequence[dict[str, Cell]], headline: str) -> str:
         "graph breaks",
         "validity",
     ]
-    return markdown_table(
+    table = markdown_table(
         header,
         (
             [
@@ -107,6 +133,7 @@ def to_markdown(rows: Sequence[dict[str, Cell]], headline: str) -> str:
             for r in rows
         ),
     )
+    return "\n\n".join([table, *(f"Note: {n}." for n in slower_than_eager(rows))])
 
 
 def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Cell]]:

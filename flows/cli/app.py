@@ -342,7 +342,7 @@ def compile_report(
     tracker = None
     try:
         s = load_spec(spec, list(set_ or []))  # before the heavy imports: a bad spec exits in a second
-        from flows.sweeps.compile_report import collect, summarize, to_markdown
+        from flows.sweeps.compile_report import SLOWER_TAG, collect, slower_than_eager, summarize, to_markdown
         from tasks.measure import keys as K
         from tasks.tracking.store import Tracker
 
@@ -365,6 +365,8 @@ def compile_report(
         )
         rows = summarize(samples)
         md = to_markdown(rows)
+        if slower := slower_than_eager(rows):
+            tracker.set_tags({SLOWER_TAG: "; ".join(slower)})
         tracker.log_dict(rows, "compile_report.json")
         tracker.log_text(md, "compile_report.md")
         tracker.finish()

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dashboards.backends import backends_figure, summarize, to_markdown
+from dashboards.backends import SLOWER_TAG, backends_figure, slower_than_eager, summarize, to_markdown
 from tasks.measure import keys as K
 from tasks.measure.report import RunReport, Sample
 
@@ -184,6 +184,8 @@ def run_report(
         samples = collect(launch, repeats, variants, files, say)
         rows = summarize(samples, headline)
         md = to_markdown(rows, headline)
+        if slower := slower_than_eager(rows):
+            tracker.set_tags({SLOWER_TAG: "; ".join(slower)})
         tracker.log_dict({"rows": rows, "files": files}, "backends_report.json")
         tracker.log_text(md, "backends_report.md")
         tracker.log_text(

@@ -35,6 +35,7 @@ from tasks.measure.report import (
     interval_text,
     markdown_table,
     ratio_interval,
+    slower_than_baseline,
 )
 from tasks.measure.report import summarize as summarize_groups
 from tasks.measure.stats import MIN_CI_SAMPLES
@@ -166,6 +167,29 @@ def summarize(samples: list[Sample]) -> list[dict[str, Cell]]:
     )
 
 
+SLOWER_TAG = "relflow.report.compiled_slower_than_eager"  # on the parent: the notes below, "; "-joined
+
+
+def slower_than_eager(rows: list[dict[str, Cell]]) -> list[str]:
+    """A note for each compiled variant whose steady interval (predict or train) lies wholly
+    below eager's: compiling never slows a run down without the report saying so."""
+    eager = next((r for r in rows if r["variant"] == "eager"), None)
+    if eager is None:
+        return []
+    notes = []
+    for phase in ("predict", "train"):
+        notes += slower_than_baseline(
+            rows,
+            label=lambda r: "eager" if r["variant"] == "eager" else f"{r['variant']} ({r['cache']} cache)",
+            is_candidate=lambda r: r["variant"] != "eager",
+            baseline=eager,
+            figure=f"{phase} steady rows/s",
+            low=f"{phase}_ci_low",
+            high=f"{phase}_ci_high",
+        )
+    return notes
+
+
 def _speedup(r: dict[str, Cell], phase: str) -> str:
     """``1.23x``, with the paired per-round interval when the rounds support one."""
     ratio, low, high = r[f"{phase}_speedup_vs_eager"], r[f"{phase}_speedup_ci_low"], r[f"{phase}_speedup_ci_high"]
@@ -194,7 +218,7 @@ def to_markdown(rows: list[dict[str, Cell]]) -> str:
         "peak RSS MiB",
         "without compiler MiB",
     ]
-    return markdown_table(
+    table = markdown_table(
         header,
         (
             [
@@ -215,3 +239,4 @@ def to_markdown(rows: list[dict[str, Cell]]) -> str:
             for r in rows
         ),
     )
+    return "\n\n".join([table, *(f"Note: {n}." for n in slower_than_eager(rows))])

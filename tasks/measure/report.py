@@ -231,3 +231,33 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def slower_than_baseline(
+    rows: Sequence[Mapping[str, Cell]],
+    *,
+    label: Callable[[Mapping[str, Cell]], str],
+    is_candidate: Callable[[Mapping[str, Cell]], bool],
+    baseline: Mapping[str, Cell],
+    figure: str,
+    low: str,
+    high: str,
+) -> list[str]:
+    """A note for each candidate row whose 95% interval of ``figure`` lies wholly below the
+    baseline row's: e.g. a compiled variant's steady rows/s interval below eager's, which a
+    report must say rather than leave to a reader of the table. Rows without intervals (too
+    few rounds) are not judged."""
+    b_low = baseline.get(low)
+    if not isinstance(b_low, int | float) or math.isnan(b_low):
+        return []
+    notes = []
+    for r in rows:
+        r_low, r_high = r.get(low), r.get(high)
+        if not is_candidate(r) or not isinstance(r_high, int | float) or math.isnan(r_high):
+            continue
+        if r_high < b_low:
+            notes.append(
+                f"{label(r)} is slower than {label(baseline)}: its {figure} 95% interval "
+                f"[{r_low:,.0f}, {r_high:,.0f}] lies below {label(baseline)}'s, which starts at {b_low:,.0f}"
+            )
+    return notes

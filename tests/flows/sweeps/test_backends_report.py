@@ -93,3 +93,20 @@ def test_onnxruntime_threads_default_to_torchs_count():
 
     assert intra_op_threads(OnnxRuntime()) == torch.get_num_threads()
     assert intra_op_threads(OnnxRuntime(intra_op_threads=3)) == 3
+
+
+def test_a_compiled_variant_below_eager_is_said_in_the_table():
+    samples = [sample("pytorch_eager_fp32", r, 1000.0 + 10 * r) for r in range(6)]
+    samples += [sample("pytorch_compiled", r, 700.0 + r) for r in range(6)]
+    samples += [sample("pytorch_int8", r, 500.0) for r in range(6)]  # slower, but not compiled: not this rule
+    md = to_markdown(summarize(samples, "accuracy"), "accuracy")
+    note = (
+        "Note: pytorch_compiled is slower than pytorch_eager_fp32: its steady rows/s 95% interval "
+        "[700, 705] lies below pytorch_eager_fp32's, which starts at 1,000."
+    )
+    assert md.endswith("\n\n" + note)
+    assert md.count("Note:") == 1
+    fast = [sample("pytorch_eager_fp32", r, 1000.0) for r in range(6)] + [
+        sample("pytorch_compiled", r, 990.0 + 20 * r) for r in range(6)
+    ]
+    assert "Note:" not in to_markdown(summarize(fast, "accuracy"), "accuracy")

@@ -72,3 +72,27 @@ def test_missing_figures_print_as_missing_not_nan_or_a_crash():
     assert "nan" not in md.lower()
     assert "| eager | none | 0.50 | 1,000 [n=2<6, no CI] | 1.00x | - | - [" in md
     assert md.splitlines()[2].endswith("| - | 1,024 | - |")
+
+
+def test_a_compiled_variant_whose_interval_lies_below_eagers_is_said():
+    # eager 1000..1050 rows/s over 6 rounds (interval [1000, 1050]); pools warm at 0.8x
+    # ([800, 840], wholly below); pools cold at 0.95..1.05x (overlapping: not said)
+    samples = []
+    for r in range(6):
+        eager = 1000.0 + 10 * r
+        samples.append(_compile_sample("eager", "none", r, eager))
+        samples.append(_compile_sample("pools", "warm", r, eager * 0.8))
+        samples.append(_compile_sample("pools", "cold", r, eager * (0.95 + 0.02 * r)))
+    rows = compile_summarize(samples)
+    from flows.sweeps.compile_report import slower_than_eager
+
+    notes = slower_than_eager(rows)
+    assert notes == [
+        "pools (warm cache) is slower than eager: its predict steady rows/s 95% interval [800, 840] lies "
+        "below eager's, which starts at 1,000",
+        "pools (warm cache) is slower than eager: its train steady rows/s 95% interval [400, 420] lies "
+        "below eager's, which starts at 500",
+    ]
+    assert compile_markdown(rows).endswith("Note: " + notes[1] + ".")
+    # fewer rounds than an interval needs: nothing is judged
+    assert slower_than_eager(compile_summarize([s for s in samples if s.round < 5])) == []
