@@ -227,6 +227,7 @@ class Tracker:
             for t in traces:
                 root = self.client.start_trace(
                     t.name,
+                    inputs=t.inputs,
                     experiment_id=self.experiment_id,
                     start_time_ns=t.start_ns,
                     run_id=self._id,
@@ -238,7 +239,7 @@ class Tracker:
                         s.name, trace_id=root.trace_id, parent_id=root.span_id, start_time_ns=s.start_ns
                     )
                     self.client.end_span(root.trace_id, span.span_id, end_time_ns=s.end_ns)
-                self.client.end_trace(root.trace_id, end_time_ns=t.end_ns)
+                self.client.end_trace(root.trace_id, outputs=t.outputs, end_time_ns=t.end_ns)
             mlflow.flush_trace_async_logging()
 
     def count_traces(self) -> int:

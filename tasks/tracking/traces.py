@@ -4,7 +4,9 @@ One trace per sampled request, linked to the run, one child span per step in the
 ran: ``queue`` (server: scheduled arrival to its batch's start; 0 in single_stream), then
 ``retrieve``, ``preprocess``, ``encode`` (text columns only), ``tensorize``, ``compute``,
 ``calibrate``, ``write``. A p99 outlier opened in the MLflow UI's trace view shows which
-step was slow.
+step was slow. The root span's inputs (request, why traced, latency rank) and outputs (latency,
+slowest step and its ms) are what the UI's trace list shows in its default Input and Output
+columns: without them every row read ``-`` and the slow step was seen only by opening each.
 
 Tracing stays out of the timed region entirely: the traces are built afterwards from what
 the scenario recorded anyway (each request's start, queue wait and step seconds), with
@@ -54,6 +56,8 @@ class RequestTrace:
     spans: tuple[TraceSpan, ...]
     tags: dict[str, str]
     attributes: dict[str, str]
+    inputs: dict[str, str]
+    outputs: dict[str, str]
 
 
 def sample_requests(latency_s: np.ndarray, rate: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +89,9 @@ def request_traces(rec: LatencyRecord, rate: float, seed: int) -> list[RequestTr
         for name, seconds in (("queue", rec.queue_s[i]), *((s, rec.steps_s[s][i]) for s in steps)):
             spans.append(TraceSpan(name, t, t + _ns(seconds)))
             t = spans[-1].end_ns
-        why = [w for w, group in (("slowest", slowest), ("sampled", drawn)) if i in group]
+        why = ",".join(w for w, group in (("slowest", slowest), ("sampled", drawn)) if i in group)
+        worst = max(spans, key=lambda s: s.end_ns - s.start_ns)  # ties: the step that ran first
+        rank_text = f"{rank[i]} of {len(latency)} (1: slowest)"
         traces.append(
             RequestTrace(
                 name=f"{rec.scenario} request {i}",
@@ -95,11 +101,17 @@ def request_traces(rec: LatencyRecord, rate: float, seed: int) -> list[RequestTr
                 tags={
                     "relflow.scenario": rec.scenario,
                     "relflow.request": str(i),
-                    "relflow.traced_because": ",".join(why),
+                    "relflow.traced_because": why,
                 },
                 attributes={
                     "relflow.latency_ms": f"{rec.latency_s[i] * 1e3:.3f}",
-                    "relflow.latency_rank": f"{rank[i]} of {len(latency)} (1: slowest)",
+                    "relflow.latency_rank": rank_text,
+                },
+                inputs={"request": str(i), "traced_because": why, "latency_rank": rank_text},
+                outputs={
+                    "latency_ms": f"{rec.latency_s[i] * 1e3:.3f}",
+                    "slowest_step": worst.name,
+                    "slowest_step_ms": f"{(worst.end_ns - worst.start_ns) / 1e6:.3f}",
                 },
             )
         )

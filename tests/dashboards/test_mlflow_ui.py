@@ -2,64 +2,14 @@
 127.0.0.1 over the session's benchmark runs, its printed link opened in headless Chromium
 (Playwright). The link must land on the experiment's runs table (not MLflow's GenAI
 overview) showing every benchmark run with the tables it read, and a run page must show the
-stage table and verdict as its description.
+stage table and verdict as its description. The UI fixture lives in ``conftest.py``.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def mlflow_ui(bench_runs, tmp_path_factory):
-    """``relflow-bench ui`` on a free port; yields (base URL, printed stdout); stopped by SIGTERM."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("ui") / "ui.out"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": bench_runs.uri}
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "ui", "--port", str(port)],
-            cwd=bench_runs.folder,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300  # a busy 2-core machine takes a minute to start it
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"relflow-bench ui did not come up:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield base, log.read_text()
-    finally:
-        proc.send_signal(signal.SIGTERM)  # the command stops the MLflow server it started
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow

@@ -79,6 +79,27 @@ def test_traces_hold_every_step_span_at_its_duration_linked_to_the_run(mlflow_ur
         for s in steps[1:]:
             assert s.end_time_ns - s.start_time_ns == round((i + 1) * 1e-3 * 1e9), s.name
         assert all(a.end_time_ns == b.start_time_ns for a, b in zip(steps, steps[1:], strict=False))
+        # the trace list's default Input/Output columns read the root's inputs and outputs: the
+        # slowest step (every step i+1 ms, the queue i/10 ms: a tie, the first step wins) and why
+        assert root.inputs == {
+            "request": str(i),
+            "traced_because": t.info.tags["relflow.traced_because"],
+            "latency_rank": f"{30 - i} of 30 (1: slowest)",
+        }
+        assert root.outputs == {
+            "latency_ms": f"{rec.latency_s[i] * 1e3:.3f}",
+            "slowest_step": "retrieve",
+            "slowest_step_ms": f"{(i + 1):.3f}",
+        }
+        assert "slowest_step" in t.info.response_preview and "latency_rank" in t.info.request_preview
+
+
+def test_the_slowest_step_is_the_longest_span_the_queue_included():
+    rec = LatencyRecord("server", start_unix=1_800_000_000.0)
+    rec.add(0.050, 0.030, {"retrieve": 0.004, "compute": 0.012}, start=0.0)  # queued longest
+    rec.add(0.020, 0.001, {"retrieve": 0.004, "compute": 0.012}, start=0.1)  # computed longest
+    out = [t.outputs for t in request_traces(rec, 0.0, 0)]
+    assert [(o["slowest_step"], o["slowest_step_ms"]) for o in out] == [("queue", "30.000"), ("compute", "12.000")]
 
 
 class Ticking:
