@@ -11,8 +11,8 @@ reserved lengths, bucketed lengths and trimmed lengths.
 from __future__ import annotations
 
 import hashlib
-from decimal import Decimal
 from dataclasses import fields
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
