@@ -102,10 +102,25 @@ def _digest(batch: Batch) -> str:
 
 
 CASES = {
-    # (target column, kind, node): digest of encode at reserved and two trimmed lengths
-    ("y", "category", "root"): ("7f6e3f79b594a5f00883", "3686bcd8da346276ebbf", "1f9cd131cafa3ffdebd4"),
-    ("flag", "binary", "root"): ("e42ca982a5fed8100c68", "2051b93633126054081d", "25a8bab4f9f8b778ac00"),
-    ("r", "regression", "a"): ("0e03306673bc8487ee42", "7075f81c5c70b36cd826", "ac64eca762829964ff4a"),
+    # (target column, kind, node): digest of encode at reserved and two trimmed lengths, and of two roots without children
+    ("y", "category", "root"): (
+        "7f6e3f79b594a5f00883",
+        "3686bcd8da346276ebbf",
+        "1f9cd131cafa3ffdebd4",
+        "6f7751275877c3dfd4e5",
+    ),
+    ("flag", "binary", "root"): (
+        "e42ca982a5fed8100c68",
+        "2051b93633126054081d",
+        "25a8bab4f9f8b778ac00",
+        "dc77d2fbd95a916805fb",
+    ),
+    ("r", "regression", "a"): (
+        "0e03306673bc8487ee42",
+        "7075f81c5c70b36cd826",
+        "ac64eca762829964ff4a",
+        "99012303cd9a88cbbe6c",
+    ),
 }
 
 
@@ -121,5 +136,6 @@ def test_encode_gives_the_same_bytes_as_before(case):
         _digest(encode(table, schema, lay, enc)),
         _digest(encode_trimmed(table.slice(0, 200), schema, lay, enc)),
         _digest(encode_trimmed(table.slice(27, 5), schema, lay, enc)),  # a: 2 of 4 slots
+        _digest(encode(table.slice(46, 2), schema, lay, enc)),  # no branch rows at all
     )
     assert got == CASES[case]
