@@ -102,7 +102,7 @@ def _digest(batch: Batch) -> str:
 
 
 CASES = {
-    # (target column, kind, node): digest of encode at reserved and two trimmed lengths, and of two roots without children
+    # (target column, kind, node): digests at reserved and two trimmed lengths, and of two childless roots
     ("y", "category", "root"): (
         "7f6e3f79b594a5f00883",
         "3686bcd8da346276ebbf",
