@@ -3,7 +3,9 @@
 Draws the latest benchmark run that logged ``floor.<stage>.fraction``
 (tasks/measure/floors.py): 1.0 (the dashed line) is the plainest way this host does the same
 work, so a short bar is where the serving path leaves the most on the table. Preprocess has no
-single floor; its input rate and share are in the title.
+single floor; its input rate and share are in the title. Fractions against an untrusted ledger
+(``tasks.measure.floors.untrusted``: a busy host's floors, a stage faster than its floor) are
+drawn grey and hatched, with the reasons in the title.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import plotly.graph_objects as go
 
 from dashboards.figures import LAYOUT, _note, benchmark_runs
 from tasks.measure import keys as K
+from tasks.measure.floor_trust import untrusted
 from tasks.tracking.store import RunRecord
 
 
@@ -28,7 +31,11 @@ def floor_ledger(runs: Sequence[RunRecord]) -> go.Figure:
     run = with_floors[-1]
     stages = [s for s in K.FLOOR_STAGES if K.floor_fraction(s) in run.metrics]
     values = [run.metrics[K.floor_fraction(s)] for s in stages]
-    fig.add_bar(x=stages, y=values, text=[f"{v:.1%}" for v in values], textposition="outside", name="vs floor")
+    doubts = untrusted(run.metrics)
+    # Grey, hatched bars: a fraction against a floor that is not one must not read like a real one.
+    marker = {"color": "#bbbbbb", "pattern": {"shape": "/"}} if doubts else {}
+    name = "vs floor (untrusted)" if doubts else "vs floor"
+    fig.add_bar(x=stages, y=values, text=[f"{v:.1%}" for v in values], textposition="outside", name=name, marker=marker)
     fig.add_hline(y=1.0, line_dash="dash", line_color="#666")
     pre = run.metrics.get(K.FLOOR_PREPROCESS_INPUT_BYTES_PER_S)
     note = (
@@ -37,4 +44,6 @@ def floor_ledger(runs: Sequence[RunRecord]) -> go.Figure:
         else ""
     )
     fig.update_layout(title=f"Floor ledger of run {run.run_id[:8]} (predict){note}")
+    if doubts:
+        fig.update_layout(title=f"{fig.layout.title.text}<br>UNTRUSTED floors: {'; '.join(doubts)}")
     return fig

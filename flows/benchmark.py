@@ -44,6 +44,7 @@ from tasks.measure import keys as K
 from tasks.measure.baseline import no_better_than_baseline
 from tasks.measure.clock import Clock, unix_time, wall_clock
 from tasks.measure.environment import fingerprint, host_load_per_core
+from tasks.measure.floor_trust import UNTRUSTED_TAG, untrusted
 from tasks.measure.host_env import CpuTicks, steal_fraction
 from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
@@ -515,6 +516,9 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
             "relflow.invalid_reasons": "; ".join(reasons),
         }
     )
+    floor_doubts = untrusted(metrics)
+    if floor_doubts:  # the fractions stand on a floor that is not one; the run's own figures stay right
+        tracker.set_tags({UNTRUSTED_TAG: "; ".join(floor_doubts)})
     profile = _log_profile(tracker, engine)
     stage_table = run.result.stage_table()
     tracker.log_dict(stage_table, "stages.json")

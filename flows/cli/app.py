@@ -209,17 +209,22 @@ def _early_stopping(m: dict[str, float]) -> str:
     return "; ".join(parts)
 
 
-def _vs_floor(m: dict[str, float], phase: str, stage: str) -> str:
-    """The predict stage's ``floor.<stage>.fraction`` (tasks/measure/floors.py), or blank."""
+def _vs_floor(m: dict[str, float], phase: str, stage: str, trusted: bool) -> str:
+    """The predict stage's ``floor.<stage>.fraction`` (tasks/measure/floors.py), or blank;
+    marked when the ledger is not to be trusted (the reasons follow the table)."""
     value = m.get(f"floor.{stage}.fraction") if phase == "predict" else None
-    return "" if value is None else f"{value:.1%}"
+    if value is None:
+        return ""
+    return f"{value:.1%}" if trusted else f"[yellow]{value:.1%}*"
 
 
 def report(summary: dict[str, Any]) -> None:
     from tasks.measure import keys as K
+    from tasks.measure.floor_trust import untrusted
     from tasks.measure.records import describe_repeats
 
     m = summary["metrics"]
+    floor_doubts = untrusted(m)
     table = Table(title="Stages (training epochs and predict passes are separate phases)", title_justify="left")
     for col in ("phase", "stage", "seconds", "root rows", "rows/s", "share of phase", "vs floor"):
         table.add_column(col, justify="left" if col in ("phase", "stage") else "right")
@@ -235,7 +240,7 @@ def report(summary: dict[str, Any]) -> None:
                 f"{row['rows']:,}",
                 f"{row['rows_per_s']:,.0f}",
                 f"{row['share']:.1%}",
-                _vs_floor(m, str(row["phase"]), str(row["stage"])),
+                _vs_floor(m, str(row["phase"]), str(row["stage"]), not floor_doubts),
             )
         label = "end-to-end predict (headline)" if phase == "predict" else "end-to-end train (trained rows)"
         table.add_row(
@@ -249,6 +254,8 @@ def report(summary: dict[str, Any]) -> None:
             end_section=True,
         )
     out.print(table)
+    if floor_doubts:
+        out.print("[yellow]* vs floor untrusted: " + "; ".join(floor_doubts))
     for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
         text = describe_repeats(m, key)
         if text:

@@ -38,7 +38,7 @@ def floors_cmd(
         from flows.floors import orchestration_floor
         from tasks.measure.environment import fingerprint
         from tasks.measure.floors import ledger
-        from tasks.measure.peak import BUSY_HOST_FRACTION
+        from tasks.measure.hostload import BUSY_HOST_FRACTION
 
         checked = plan(s, spec.resolve().parent)
         if checked.generated:

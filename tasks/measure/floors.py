@@ -26,7 +26,7 @@ Like ``peak``, the ledger is cached per host fingerprint (and per data: files, c
 shapes, threads) in ``$RELFLOW_CACHE_DIR``, and a ledger measured while other
 processes held more than ``BUSY_HOST_FRACTION`` of the cores is used once and never cached.
 ``fractions`` turns a run's metrics into ``floor.<stage>.fraction`` (its rate over the floor's,
-1.0 = at the floor).
+1.0 = at the floor); ``floor_trust.untrusted`` says when those stand on a floor that is not one.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock, unix_time
-from tasks.measure.hostload import OtherCpu
-from tasks.measure.peak import BUSY_HOST_FRACTION, DTYPES, save_cache
+from tasks.measure.hostload import BUSY_HOST_FRACTION, OtherCpu
+from tasks.measure.peak import DTYPES, save_cache
 from tasks.sources.databases import DatabaseTable, quote
 from tasks.sources.tables import Sources, Table
 from tasks.spec import CompileSettings, Spec

@@ -26,6 +26,10 @@ import psutil
 
 from tasks.measure.clock import wall_clock
 
+# Above this share of the cores taken by other work, a measured peak or floor ledger is not
+# cached (tasks/measure/peak.py, floors.py) and a run's floor fractions are untrusted.
+BUSY_HOST_FRACTION = 0.1
+
 
 def busy_cpu_seconds() -> float:
     """CPU seconds all cores spent not idle since boot."""

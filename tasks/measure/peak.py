@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from tasks.measure.clock import Clock, unix_time
-from tasks.measure.hostload import OtherCpu
+from tasks.measure.hostload import BUSY_HOST_FRACTION, OtherCpu
 from tasks.runtime import interrupts
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,10 +39,6 @@ class Peak:
     measured_unix_s: float
     other_cpu_fraction: float = 0.0  # share of the cores other processes used while measuring
     cached: bool = False
-
-
-# Above this share of the cores taken by other work, a measured peak is not cached.
-BUSY_HOST_FRACTION = 0.1
 
 
 def cache_file() -> Path:

@@ -35,3 +35,17 @@ def test_runs_without_floors_draw_a_note_and_the_dashboard_has_the_chart():
     fig = floor_ledger([_run(0, {})])
     assert not fig.data and "no run with floor" in fig.layout.annotations[0].text
     assert "floor_ledger" in build("e", [_run(0, {})]).figures
+
+
+def test_a_ledger_from_a_busy_host_is_drawn_untrusted_with_its_reasons():
+    trusted = floor_ledger([_run(0, {K.floor_fraction("compute"): 0.3, K.FLOOR_OTHER_CPU_FRACTION: 0.02})])
+    assert trusted.data[0].name == "vs floor" and "UNTRUSTED" not in trusted.layout.title.text
+    busy = _run(
+        1, {K.floor_fraction("compute"): 1.51, K.floor_fraction("tensorize"): 1.43, K.FLOOR_OTHER_CPU_FRACTION: 0.37}
+    )
+    fig = floor_ledger([busy])
+    (bar,) = fig.data
+    assert bar.name == "vs floor (untrusted)" and bar.marker.pattern.shape == "/"
+    title = fig.layout.title.text
+    assert "UNTRUSTED floors" in title and "floor.other_cpu_fraction 0.37" in title
+    assert "floor.compute.fraction 1.51 > 1" in title and "floor.tensorize.fraction 1.43 > 1" in title

@@ -38,13 +38,17 @@ def floors_run(prefect_harness, tpch_small, tmp_path_factory):
         mp.chdir(folder)
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         mp.setenv("RELFLOW_CACHE_DIR", str(folder / "cache"))
+        # Every ledger counts as a busy host's for the trust verdict (not for caching), so the
+        # run must carry the untrusted tag whatever else this host is doing.
+        mp.setattr("tasks.measure.floor_trust.BUSY_HOST_FRACTION", -1.0)
         summary = benchmark(spec=load_spec(DEFAULT_SPEC, SMALL).to_dict(), spec_dir=str(DEFAULT_SPEC.parent))
-    return summary, MlflowClient(tracking_uri=uri).get_run(summary["run_id"]).data.metrics
+    data = MlflowClient(tracking_uri=uri).get_run(summary["run_id"]).data
+    return summary, data.metrics, data.tags
 
 
 @pytest.mark.slow
 def test_every_floor_fraction_is_logged_and_means_what_it_says(floors_run):
-    _, m = floors_run
+    _, m, _ = floors_run
     for stage in K.FLOOR_STAGES:
         assert m[K.floor_fraction(stage)] > 0, stage
         assert m[K.floor_rate(stage)] > 0, stage
@@ -66,10 +70,31 @@ def test_the_stage_table_has_a_vs_floor_column(floors_run):
     from flows.cli.app import report
     from flows.cli.common import out
 
-    summary, m = floors_run
+    summary, m, _ = floors_run
     with out.capture() as cap:
         report(summary)
     text = cap.get()
     assert "vs floor" in text
     write_line = next(line for line in text.splitlines() if "predict" in line and "write" in line)
     assert f"{m[K.floor_fraction('write')]:.1%}" in write_line
+
+
+@pytest.mark.slow
+def test_a_busy_hosts_ledger_tags_the_run_and_marks_the_column_but_leaves_it_valid(floors_run):
+    from flows.cli.app import report
+    from flows.cli.common import out
+
+    summary, m, tags = floors_run
+    other = m[K.FLOOR_OTHER_CPU_FRACTION]
+    assert tags["relflow.floor.untrusted"].startswith(f"floor.other_cpu_fraction {other:.2f} > -1.0")
+    assert tags["relflow.validity"] == "VALID" or "floor" not in tags["relflow.invalid_reasons"]
+    # the CLI on the same run with the busy-host figures: every cell marked, reasons below
+    busy = {**summary, "metrics": {**m, K.FLOOR_OTHER_CPU_FRACTION: 0.37, K.floor_fraction("compute"): 1.51}}
+    with out.capture() as cap:
+        report(busy)
+    text = cap.get()
+    compute_line = next(line for line in text.splitlines() if "predict" in line and "compute" in line)
+    assert "151.0%*" in compute_line
+    joined = " ".join(text.split())  # rich wraps the note at the console's width
+    assert "* vs floor untrusted: floor.other_cpu_fraction 0.37 > 0.1" in joined
+    assert "floor.compute.fraction 1.51 > 1" in joined
