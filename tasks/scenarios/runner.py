@@ -8,6 +8,7 @@ from itertools import count
 import numpy as np
 
 from tasks.runtime.errors import UserError
+from tasks.runtime.heap import frozen_heap
 from tasks.runtime.threads import intra_op_threads
 from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import LatencyRecord
@@ -18,9 +19,9 @@ from tasks.stages.write import PredictionWriter
 
 
 def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | None = None) -> LatencyRecord:
-    # The serving thread policy (run.request.intra_op_threads) covers the cold request and the
-    # steady ones, and nothing before or after: training keeps the run's own threads.
-    with intra_op_threads(work.spec.run.request.intra_op_threads) as threads:
+    # The serving thread policy (run.request.intra_op_threads) and the frozen heap cover the cold
+    # request and the steady ones, and nothing before or after: training keeps its threads.
+    with intra_op_threads(work.spec.run.request.intra_op_threads) as threads, frozen_heap():
         rec = _run_scenario(work, writer, max_requests)
     rec.intra_op_threads = threads
     return rec

@@ -5,6 +5,8 @@ README.md, Low load); before the policy the requests ran with whatever the run h
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -66,10 +68,12 @@ def test_requests_are_served_with_the_policy_and_the_run_gets_its_threads_back(
     )
     work.list_keys()
     seen: list[int] = []
+    frozen: list[int] = []
     serve_keys = work.chain.prepare
 
     def prepare_and_note(keys: np.ndarray, *args: object, **kwargs: object) -> object:
         seen.append(torch.get_num_threads())  # what the request's own steps ran with
+        frozen.append(gc.get_freeze_count())
         return serve_keys(keys, *args, **kwargs)  # type: ignore[arg-type]
 
     work.chain.prepare = prepare_and_note  # type: ignore[method-assign]
@@ -79,3 +83,5 @@ def test_requests_are_served_with_the_policy_and_the_run_gets_its_threads_back(
     assert len(seen) == 5 and set(seen) == {serving}  # the cold request and the four steady ones
     assert rec.metrics()[K.LATENCY_INTRA_OP_THREADS] == serving
     assert torch.get_num_threads() == 2
+    # the heap from before the requests is frozen while they run (out of every collection's walk)
+    assert min(frozen) > 0 and gc.get_freeze_count() == 0
