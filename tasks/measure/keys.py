@@ -233,6 +233,7 @@ QUALITY_DELTA_VS_REFERENCE = "quality.delta_vs_reference"
 LATENCY_ROWS_PER_SERVICE_S = "latency.rows_per_service_s"
 LATENCY_ROWS_PER_WALL_S = "latency.rows_per_wall_s"
 LATENCY_SERVICE_SECONDS = "latency.service_seconds"
+LATENCY_INTRA_OP_THREADS = "latency.intra_op_threads"
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
 # Request scenarios: served outputs vs an offline pass over the same keys, and repeated keys
 # (tasks/scenarios/outputs.py).
@@ -467,6 +468,11 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         LATENCY_SERVICE_SECONDS,
         "request scenarios: seconds the steady served calls spent in their steps (retrieve..write; a server "
         "batch once), without queueing, idle waits or harness time between steps",
+    ),
+    (
+        LATENCY_INTRA_OP_THREADS,
+        "request scenarios: torch's intra-op thread count in force while the requests were served "
+        "(run.request.intra_op_threads; the run's own setting is tag relflow.threads.intra_op)",
     ),
     (
         LATENCY_ROWS_PER_SERVICE_S,

@@ -9,6 +9,8 @@ run's tags so an outside measurement can reproduce it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -51,3 +53,17 @@ def thread_tags(set_by_harness: bool) -> dict[str, str]:
     for name in THREAD_ENV:
         tags[f"relflow.env.{name}"] = os.environ.get(name, "unset")
     return tags
+
+
+@contextmanager
+def intra_op_threads(n: int | None) -> Iterator[int]:
+    """torch's intra-op thread count set to ``n`` (None: left as it is) inside the block, and
+    put back after it; yields the count in force, read back from torch."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

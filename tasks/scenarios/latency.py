@@ -51,6 +51,7 @@ class LatencyRecord:
     duration_s: float = 0.0
     target_qps: float | None = None
     roots: int = 1
+    intra_op_threads: int = 0  # torch's intra-op threads while serving (0: not recorded)
     wait_s: float = 0.0  # server: idle, waiting for arrivals and batch fill (harness.request_wait_seconds)
     # Steady served calls (a server batch once): their step seconds and root rows, so
     # service-time and wall-time throughput are named apart (latency.rows_per_service_s and
@@ -149,6 +150,8 @@ class LatencyRecord:
         m[K.LATENCY_ROWS_PER_WALL_S] = self.rows / self.duration_s if self.duration_s > 0 else 0.0
         if self.target_qps is not None:
             m["latency.target_qps"] = self.target_qps
+        if self.intra_op_threads:
+            m[K.LATENCY_INTRA_OP_THREADS] = float(self.intra_op_threads)
         if self.batch_requests:
             m["latency.batch_requests.mean"] = float(np.mean(self.batch_requests))
             m["latency.batch_requests.max"] = float(np.max(self.batch_requests))

@@ -8,6 +8,8 @@ from itertools import count
 import numpy as np
 
 from tasks.runtime.errors import UserError
+from tasks.runtime.heap import frozen_heap
+from tasks.runtime.threads import intra_op_threads
 from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.request import RequestPath
@@ -17,6 +19,15 @@ from tasks.stages.write import PredictionWriter
 
 
 def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | None = None) -> LatencyRecord:
+    # The serving thread policy (run.request.intra_op_threads) and the frozen heap cover the cold
+    # request and the steady ones, and nothing before or after: training keeps its threads.
+    with intra_op_threads(work.spec.run.request.intra_op_threads) as threads, frozen_heap():
+        rec = _run_scenario(work, writer, max_requests)
+    rec.intra_op_threads = threads
+    return rec
+
+
+def _run_scenario(work: Workload, writer: PredictionWriter, max_requests: int | None) -> LatencyRecord:
     spec, clock = work.spec, work.chain.clock
     req, seed = spec.run.request, spec.run.seed
     keys = np.concatenate(work.chunks) if work.chunks else np.empty(0)

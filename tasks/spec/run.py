@@ -109,6 +109,14 @@ class Request(Strict):
         0.0, ge=0, description="server: how long the oldest queued request may wait for a batch to fill"
     )
     latency_bound_ms: float = Field(100.0, gt=0, description="server: an early-stopping p99 above it is INVALID")
+    intra_op_threads: int | None = Field(
+        1,
+        ge=1,
+        description="torch intra-op threads while requests are served (cold request included), restored "
+        "after; null = the run's own setting (run.threads.intra_op or torch's). One by default: a request's "
+        "ops are too small to split, and every split waits for a second thread the host may not give "
+        "(tasks/scenarios/README.md, Low load)",
+    )
     min_duration_s: float = Field(60.0, ge=0, description="shorter runs are INVALID")
     min_requests: int = Field(1024, ge=1, description="fewer requests are INVALID")
     trace_sample_rate: float = Field(
