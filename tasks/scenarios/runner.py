@@ -8,7 +8,6 @@ from itertools import count
 import numpy as np
 
 from tasks.runtime.errors import UserError
-from tasks.runtime.heap import frozen_heap
 from tasks.runtime.threads import intra_op_threads
 from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import LatencyRecord
@@ -19,9 +18,10 @@ from tasks.stages.write import PredictionWriter
 
 
 def run_requests(work: Workload, writer: PredictionWriter, max_requests: int | None = None) -> LatencyRecord:
-    # The serving thread policy (run.request.intra_op_threads) and the frozen heap cover the cold
-    # request and the steady ones, and nothing before or after: training keeps its threads.
-    with intra_op_threads(work.spec.run.request.intra_op_threads) as threads, frozen_heap():
+    # The serving thread policy (run.request.intra_op_threads) covers the cold request and the
+    # steady ones, and nothing before or after: training keeps its threads. (The heap is frozen
+    # for the whole timed region, before it starts: tasks/measure/gcpauses.py.)
+    with intra_op_threads(work.spec.run.request.intra_op_threads) as threads:
         rec = _run_scenario(work, writer, max_requests)
     rec.intra_op_threads = threads
     return rec

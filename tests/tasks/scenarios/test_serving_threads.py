@@ -83,5 +83,6 @@ def test_requests_are_served_with_the_policy_and_the_run_gets_its_threads_back(
     assert len(seen) == 5 and set(seen) == {serving}  # the cold request and the four steady ones
     assert rec.metrics()[K.LATENCY_INTRA_OP_THREADS] == serving
     assert torch.get_num_threads() == 2
-    # the heap from before the requests is frozen while they run (out of every collection's walk)
-    assert min(frozen) > 0 and gc.get_freeze_count() == 0
+    # the heap is frozen by the timed region around the requests (tests/tasks/scenarios/test_region.py),
+    # not by the requests themselves: one collect-and-freeze, before the region's clock starts
+    assert set(frozen) == {0}
