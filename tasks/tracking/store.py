@@ -34,6 +34,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import mlflow  # noqa: E402
 from mlflow.data.dataset_source import DatasetSource  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from tasks.measure.clock import unix_time  # noqa: E402
@@ -274,7 +275,17 @@ class Tracker:
                 schema=_mlflow_schema(d.schema),
             )
             inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, d.context)]))
-        self.client.log_inputs(self._id, datasets=inputs)
+        for attempt in range(DATASET_RACE_ATTEMPTS):
+            try:
+                self.client.log_inputs(self._id, datasets=inputs)
+                return
+            except MlflowException as err:
+                # MLflow's SQL store looks a dataset up, then inserts it: two runs of the same
+                # tables logging at once on a shared server (PostgreSQL: four hosts in
+                # test_tracking_server) can both miss and one insert fails on the unique key.
+                # Its transaction rolled back; the next try finds the other's row and links it.
+                if not _dataset_race(err) or attempt == DATASET_RACE_ATTEMPTS - 1:
+                    raise
 
     def log_model(self, model: torch.nn.Module, interface: ModelInterface) -> str:
         """``model`` as an MLflow PyTorch model named ``model`` of this run, with a signature
@@ -430,6 +441,15 @@ def end_stale_runs(uri: str | None = None) -> list[str]:
             continue  # another user's run this user may not edit (an auth server): theirs to end
         found.append(run.info.run_id)
     return found
+
+
+DATASET_RACE_ATTEMPTS = 3
+
+
+def _dataset_race(err: Exception) -> bool:
+    """The unique-key failure of a dataset two runs inserted at once (PostgreSQL or SQLite)."""
+    text = str(err)
+    return "dataset_pk" in text or "UNIQUE constraint failed: datasets." in text
 
 
 def _dataset_source(location: str) -> Any:

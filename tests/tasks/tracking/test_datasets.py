@@ -188,3 +188,50 @@ def test_a_valid_run_says_so(reasons):
     }
     md = run_description("x", table, metrics, reasons, None, False)
     assert md.startswith("### x: **VALID**") and "quality" not in md
+
+
+def test_a_dataset_insert_lost_to_a_concurrent_run_is_retried_and_other_errors_are_not(
+    mlflow_uri, shop_spec, shop_files
+):
+    """Two runs over the same tables logging at once on a shared server: MLflow's store looks
+    each dataset up, then inserts it, so both can miss and the later insert fails on the unique
+    key (seen on PostgreSQL with four hosts: "duplicate key value violates unique constraint
+    dataset_pk"). The state such a loss leaves is made for real (the other run's datasets are
+    stored first), the lost insert's error is the store's own wording; the run still gets its inputs."""
+    from mlflow.exceptions import MlflowException
+
+    spec = parse_spec(shop_spec)
+    infos = describe_sources(spec, resolve_sources(spec, shop_files))
+    other, tracker = Tracker("shop"), Tracker("shop")
+    other.start("winner", {})
+    run_id = tracker.start("loser", {})
+    real = tracker.client.log_inputs
+    calls: list[int] = []
+
+    def lose_the_race_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            other.log_datasets(infos)  # the concurrent run's insert lands first
+            raise MlflowException(
+                "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, datasets.name, "
+                "datasets.digest"
+            )
+        return real(*args, **kwargs)
+
+    tracker.client.log_inputs = lose_the_race_once
+    tracker.log_datasets(infos)
+    assert len(calls) == 2
+    got = {d.dataset.name for d in MlflowClient(mlflow_uri).get_run(run_id).inputs.dataset_inputs}
+    assert got == {"customers", "orders", "lines"}
+
+    def refuse(*args, **kwargs):
+        calls.append(1)
+        raise MlflowException("INVALID_PARAMETER_VALUE: dataset name too long")
+
+    tracker.client.log_inputs = refuse
+    calls.clear()
+    with pytest.raises(MlflowException, match="too long"):
+        tracker.log_datasets(infos)
+    assert len(calls) == 1  # not a race: no retry
+    other.finish()
+    tracker.finish()
