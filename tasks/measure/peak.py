@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import torch
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import BUSY_HOST_FRACTION, OtherCpu
 from tasks.runtime import interrupts
+from tasks.runtime.threads import intra_op_threads
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -44,18 +43,6 @@ class Peak:
 def cache_file() -> Path:
     base = os.environ.get("RELFLOW_CACHE_DIR") or Path.home() / ".cache" / "relflow-bench"
     return Path(base) / "peak_flops.json"
-
-
-@contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """torch's intra-op thread count set to ``n`` for the block (``None``: left as it is)."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _key(fingerprint: str, device: torch.device, dtype: str) -> str:
@@ -86,7 +73,7 @@ def peak_flops(
 ) -> Peak:
     """The cached peak for this host/device/dtype/threads, measured on a miss. ``threads``:
     the peak at that torch thread count (a DDP rank's), not this process's."""
-    with torch_threads(threads):
+    with intra_op_threads(threads):
         return _peak_flops(fingerprint, device, dtype, remeasure)
 
 
