@@ -24,21 +24,15 @@ from tasks.spec import parse_spec
 from tasks.stages import chain as chain_mod
 from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
+from tests.scripted_time import ScriptedTime
 
 STAGE_SECONDS = {"retrieve": 1.0, "preprocess": 2.0, "tensorize": 4.0, "compute": 8.0, "calibrate": 16.0, "write": 32.0}
 CALL_OVERHEAD = 0.25  # what a Prefect task call costs around its step: orchestration
 ENGINE, FIT, BACKEND = 7.0, 5.0, 3.0
 
 
-class FakeTime:
+class FakeTime(ScriptedTime):
     """Time moves only when a stub says so (or the server scenario sleeps)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.clock = Clock(None, now=lambda: self.t, sleep=self.sleep)
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
     def runner(self) -> Callable[..., Any]:
         def run(stage: str, step: Callable[[], Any], clock: Clock) -> tuple[Any, float]:

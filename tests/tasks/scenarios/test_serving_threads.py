@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tasks.measure import keys as K
-from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
 from tasks.runtime.threads import intra_op_threads
 from tasks.scenarios.runner import run_requests
@@ -21,17 +20,7 @@ from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
 from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
-
-
-class SleepOnly:
-    """Time moves only while the server sleeps for an arrival: no real waits in the test."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.clock = Clock(None, now=lambda: self.t, sleep=self.sleep)
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
+from tests.scripted_time import ScriptedTime
 
 
 @pytest.fixture
@@ -62,7 +51,7 @@ def test_requests_are_served_with_the_policy_and_the_run_gets_its_threads_back(
         request={"target_qps": 5.0, "min_requests": 4, "min_duration_s": 0.0, "intra_op_threads": policy},
     )
     spec = parse_spec(shop_spec)
-    time = SleepOnly()
+    time = ScriptedTime()  # moves only while the server sleeps for an arrival
     work = Workload(
         Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=time.clock), RunResult()
     )

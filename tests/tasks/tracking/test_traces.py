@@ -9,11 +9,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.measure import keys as K
-from tasks.measure.clock import Clock
 from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import LatencyRecord
 from tasks.tracking.store import Tracker
 from tasks.tracking.traces import TRACE_SLOWEST, log_request_traces, request_traces, sample_requests
+from tests.scripted_time import ScriptedTime
 
 SPAN_ORDER = ["queue", "retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write"]
 
@@ -102,15 +102,8 @@ def test_the_slowest_step_is_the_longest_span_the_queue_included():
     assert [(o["slowest_step"], o["slowest_step_ms"]) for o in out] == [("queue", "30.000"), ("compute", "12.000")]
 
 
-class Ticking:
+class Ticking(ScriptedTime):
     """A clock that moves only when a request is served (1 s) or the server sleeps."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.clock = Clock(None, now=lambda: self.t, sleep=self.sleep)
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
     def serve(self, keys: np.ndarray) -> dict[str, float]:
         self.t += 1.0
