@@ -151,12 +151,14 @@ def list_root_keys(spec: Spec, sources: Sources) -> tuple[np.ndarray, int]:
         if src.format == "parquet":
             # ParquetFile.read, not pq.read_table: read_table imports pyarrow.dataset on first
             # use (0.2-0.35 s here), which a predict-only run paid inside predict's retrieve
-            table = pa.concat_tables(pq.ParquetFile(p).read(columns=[root.key]) for p in src.files)
-            nbytes = 0
-            for p in src.files:
-                meta = pq.ParquetFile(p).metadata
+            parts, nbytes = [], 0
+            for p in src.files:  # each file opened (its footer read) once, one open at a time
+                with pq.ParquetFile(p) as f:
+                    parts.append(f.read(columns=[root.key]))
+                    meta = f.metadata
                 idx = meta.schema.to_arrow_schema().names.index(root.key)
                 nbytes += sum(meta.row_group(i).column(idx).total_compressed_size for i in range(meta.num_row_groups))
+            table = pa.concat_tables(parts)
         else:
             table = pa.concat_tables(
                 ipc.open_file(pa.memory_map(str(p))).read_all().select([root.key]) for p in src.files
