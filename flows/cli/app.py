@@ -395,7 +395,8 @@ def peak_cmd(
     import torch
 
     from tasks.measure.environment import fingerprint
-    from tasks.measure.peak import BUSY_HOST_FRACTION, DTYPES, cache_file, peak_flops
+    from tasks.measure.hostload import BUSY_HOST_FRACTION
+    from tasks.measure.peak import DTYPES, cache_file, peak_flops
     from tasks.runtime.errors import UserError
 
     if precision not in DTYPES:
