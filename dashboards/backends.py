@@ -2,7 +2,11 @@
 
 ``summarize`` turns the report's samples (one ``relflow-bench run`` per variant and round)
 into one row per variant: medians over rounds (FAILED rounds give NaN figures), the
-order-statistic 95% interval of the steady median from 6 rounds; ``to_markdown`` is the
+order-statistic 95% interval of the steady median from 6 rounds, and **e2e vs eager**: the
+median over rounds of the variant's ``e2e.predict.rows_per_s`` over ``pytorch_eager_fp32``'s
+in the same round (a round's runs are neighbours in time, so the paired ratio cancels the
+host's slow drift that a ratio of two medians would carry), with its interval from 6
+paired rounds (``tasks/measure/report.py`` ``ratio_interval``); ``to_markdown`` is the
 table, ``backends_figure`` the chart. Left: steady rows/s per variant with its 95% CI and
 end-to-end predict rows/s beside it; right: the headline quality's delta against the fp16
 reference. ``rows_from_runs`` rebuilds the rows from the children of a
@@ -25,6 +29,7 @@ from tasks.measure.report import (
     Sample,
     interval_text,
     markdown_table,
+    ratio_interval,
     slower_than_baseline,
 )
 from tasks.measure.report import summarize as summarize_groups
@@ -32,6 +37,7 @@ from tasks.tracking.store import RunRecord
 
 REFERENCE_VARIANT = "pytorch_fp16"  # every variant's quality reference (flows/sweeps/backends_report.py)
 EAGER_VARIANT = "pytorch_eager_fp32"  # what a compiled variant must not fall below unsaid
+ROUND_TAG = "relflow.round"  # on each child: its interleaved round, for the paired ratios
 SLOWER_TAG = "relflow.report.compiled_slower_than_eager"  # on the parent: the notes, "; "-joined
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=130))
 
@@ -42,6 +48,22 @@ def summarize(samples: Sequence[Sample], headline: str) -> list[dict[str, Cell]]
     def served(g: Group, ort_key: str, ckpt_key: str) -> float:
         # ONNX Runtime serves its own file; PyTorch variants load the checkpoint
         return g.median(ort_key if g.key[0].startswith("onnxruntime") else ckpt_key)
+
+    def e2e_by_round(samples_of: Sequence[Sample]) -> dict[int, float]:
+        # round -1: a child from before rounds were tagged, which pairs with nothing
+        return {
+            s.round: s.metrics[K.E2E_PREDICT_ROWS_PER_S]
+            for s in samples_of
+            if s.round >= 0 and K.E2E_PREDICT_ROWS_PER_S in s.metrics
+        }
+
+    eager_e2e = e2e_by_round([s for s in samples if s.variant == EAGER_VARIANT])
+
+    def vs_eager(g: Group, field: str) -> float | None:
+        ri = ratio_interval(e2e_by_round(g.samples), eager_e2e)
+        if ri is None:
+            return math.nan if field == "median" else None
+        return getattr(ri, field)
 
     def ci(g: Group, side: str) -> float | None:
         mi = g.interval(K.STEADY_ROWS_PER_S)
@@ -56,6 +78,10 @@ def summarize(samples: Sequence[Sample], headline: str) -> list[dict[str, Cell]]
             "steady_ci_low": lambda g: ci(g, "low"),
             "steady_ci_high": lambda g: ci(g, "high"),
             "e2e_predict_rows_per_s": lambda g: g.median(K.E2E_PREDICT_ROWS_PER_S),
+            "e2e_vs_eager": lambda g: vs_eager(g, "median"),
+            "e2e_vs_eager_ci_low": lambda g: vs_eager(g, "low"),
+            "e2e_vs_eager_ci_high": lambda g: vs_eager(g, "high"),
+            "e2e_vs_eager_rounds": lambda g: vs_eager(g, "n"),
             "batch_p99_ms": lambda g: g.median(K.compute("predict", "batch_ms.p99")),
             "quality": lambda g: g.median(K.quality(headline)),
             "delta_vs_reference": lambda g: g.median(K.QUALITY_DELTA_VS_REFERENCE),
@@ -93,12 +119,22 @@ def slower_than_eager(rows: Sequence[dict[str, Cell]]) -> list[str]:
     )
 
 
+def _vs_eager_text(r: dict[str, Cell]) -> str:
+    ratio = r["e2e_vs_eager"]
+    if not isinstance(ratio, float) or math.isnan(ratio):
+        return "-"  # no round where both this variant and eager fp32 finished
+    n, low, high = r["e2e_vs_eager_rounds"], r["e2e_vs_eager_ci_low"], r["e2e_vs_eager_ci_high"]
+    bounds = (low, high) if isinstance(low, float) and isinstance(high, float) else (None, None)
+    return f"{ratio:.2f}x [{interval_text(*bounds, int(n) if isinstance(n, int | float) else 0, '.2f')}]"
+
+
 def to_markdown(rows: Sequence[dict[str, Cell]], headline: str) -> str:
     header = [
         "variant",
         "first call s",
         "steady rows/s [95% CI]",
         "e2e predict rows/s",
+        "e2e vs eager [95% CI]",
         "batch p99 ms",
         headline,
         "delta vs fp16 ref",
@@ -118,6 +154,7 @@ def to_markdown(rows: Sequence[dict[str, Cell]], headline: str) -> str:
                 f"{r['steady_rows_per_s']:,.0f} "
                 f"[{interval_text(r['steady_ci_low'], r['steady_ci_high'], r['rounds'])}]",
                 f"{r['e2e_predict_rows_per_s']:,.0f}",
+                _vs_eager_text(r),
                 f"{r['batch_p99_ms']:.1f}",
                 f"{r['quality']:.4f}",
                 # the reference is the fp16 checkpoint itself: its delta is 0 by construction
@@ -150,7 +187,9 @@ def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Cell]]:
     if not kids:
         return []
     kind = kids[-1].params.get("task.kind", "category")
-    samples = [Sample(r.tags["relflow.variant"], 0, RunReport.from_record(r)) for r in kids]
+    samples = [
+        Sample(r.tags["relflow.variant"], int(r.tags.get(ROUND_TAG, -1)), RunReport.from_record(r)) for r in kids
+    ]
     return summarize(samples, K.HEADLINE_QUALITY.get(kind, "accuracy"))
 
 

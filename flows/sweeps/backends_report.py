@@ -10,6 +10,8 @@ its quality reference:
     pytorch_eager_fp32   the trained checkpoint, eager (packed path where eligible)
     pytorch_eager_fp32_padded  the same with run.packing=off: the padded path the ONNX graph runs
     pytorch_compiled     the same, run.compile.model: true (whole model, dynamic shapes)
+    pytorch_bf16         the same under bf16 autocast (run.precision: bf16): oneDNN's bf16
+                         kernels on AVX-512-BF16 / AMX hosts; output tolerance 5e-2
     pytorch_fp16|int8|int4  the quantized checkpoints, expanded to fp32 at load
     onnxruntime_fp32     the bundle in ONNX Runtime (padded path), CPUExecutionProvider, as
                          many intra-op threads as torch (tag relflow.onnxruntime.intra_op_threads)
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dashboards.backends import SLOWER_TAG, backends_figure, slower_than_eager, summarize, to_markdown
+from dashboards.backends import ROUND_TAG, SLOWER_TAG, backends_figure, slower_than_eager, summarize, to_markdown
 from tasks.measure import keys as K
 from tasks.measure.report import RunReport, Sample
 
@@ -42,6 +44,8 @@ VARIANTS: dict[str, Callable[[dict[str, str]], list[str]]] = {
     # from the packing algorithm's
     "pytorch_eager_fp32_padded": lambda f: [f"run.checkpoint={f['fp32']}", "run.packing=off"],
     "pytorch_compiled": lambda f: [f"run.checkpoint={f['fp32']}", "run.compile.model=true"],
+    # bf16 autocast over the fp32 weights: oneDNN's bf16 GEMMs on hosts with AVX-512-BF16/AMX
+    "pytorch_bf16": lambda f: [f"run.checkpoint={f['fp32']}", "run.precision=bf16"],
     "pytorch_fp16": lambda f: [f"run.checkpoint={f['fp16']}"],
     "pytorch_int8": lambda f: [f"run.checkpoint={f['int8']}"],
     "pytorch_int4": lambda f: [f"run.checkpoint={f['int4']}"],
@@ -143,7 +147,8 @@ def collect(
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for v in order:
             try:
-                done = _run(launch, [*base, *VARIANTS[v](files)], f"{v}-{r}", {"relflow.variant": v})
+                tags = {"relflow.variant": v, ROUND_TAG: str(r)}
+                done = _run(launch, [*base, *VARIANTS[v](files)], f"{v}-{r}", tags)
             except RuntimeError as err:  # one broken variant is a row of the table, not the end
                 say(f"  round {r + 1} {v:<20} FAILED: {str(err)[-400:]}")
                 samples.append(Sample(v, r, None))

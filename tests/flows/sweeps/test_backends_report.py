@@ -110,3 +110,50 @@ def test_a_compiled_variant_below_eager_is_said_in_the_table():
         sample("pytorch_compiled", r, 990.0 + 20 * r) for r in range(6)
     ]
     assert "Note:" not in to_markdown(summarize(fast, "accuracy"), "accuracy")
+
+
+def test_e2e_vs_eager_is_the_median_of_same_round_ratios():
+    # The host is twice as fast in odd rounds: per round the variant is 1.9-2.1x eager, while
+    # a ratio of the two medians reads 205 / 150 = 1.37 (the drift stays in it).
+    eager = [100.0, 200.0, 100.0, 200.0, 100.0, 200.0]
+    fast = [190.0, 420.0, 210.0, 380.0, 200.0, 400.0]  # ratios 1.9, 2.1, 2.1, 1.9, 2.0, 2.0
+    samples = [sample("pytorch_eager_fp32", r, 10 * e) for r, e in enumerate(eager)]
+    samples += [sample("pytorch_bf16", r, 10 * f) for r, f in enumerate(fast)]
+    samples.append(Sample("onnxruntime_fp32", 0, None))  # failed: no ratio
+    rows = {r["variant"]: r for r in summarize(samples, "accuracy")}
+    assert rows["pytorch_bf16"]["e2e_vs_eager"] == 2.0
+    assert (rows["pytorch_bf16"]["e2e_vs_eager_ci_low"], rows["pytorch_bf16"]["e2e_vs_eager_ci_high"]) == (1.9, 2.1)
+    assert rows["pytorch_eager_fp32"]["e2e_vs_eager"] == 1.0
+    assert math.isnan(rows["onnxruntime_fp32"]["e2e_vs_eager"])
+    md = to_markdown(list(rows.values()), "accuracy")
+    assert "| 2.00x [1.90, 2.10] |" in md and "e2e vs eager [95% CI]" in md
+    # two rounds: a ratio, no interval
+    two = [s for s in samples if s.round < 2 and s.report is not None]
+    assert "| 2.00x [n=2<6, no CI] |" in to_markdown(summarize(two, "accuracy"), "accuracy")
+
+
+def test_children_without_a_round_tag_pair_with_nothing():
+    from dashboards.backends import ROUND_TAG, rows_from_runs
+    from tasks.tracking.store import RunRecord
+
+    def record(variant: str, e2e: float, tags: dict[str, str]) -> RunRecord:
+        m = {"compute.steady_rows_per_s": e2e * 10, "e2e.predict.rows_per_s": e2e}
+        tags = {"relflow.variant": variant, "mlflow.parentRunId": "p", **tags}
+        return RunRecord(
+            run_id=f"id-{variant}-{e2e}",
+            run_name=variant,
+            experiment="tpch-orders",
+            status="FINISHED",
+            start_time_ms=0,
+            end_time_ms=1,
+            metrics=m,
+            params={"run.backend": "pytorch"},
+            tags=tags,
+        )
+
+    old = rows_from_runs([record("pytorch_eager_fp32", 100.0, {}), record("pytorch_bf16", 300.0, {})])
+    assert all(math.isnan(r["e2e_vs_eager"]) for r in old)
+    new = rows_from_runs(
+        [record("pytorch_eager_fp32", 100.0, {ROUND_TAG: "0"}), record("pytorch_bf16", 300.0, {ROUND_TAG: "0"})]
+    )
+    assert {r["variant"]: r["e2e_vs_eager"] for r in new} == {"pytorch_eager_fp32": 1.0, "pytorch_bf16": 3.0}
