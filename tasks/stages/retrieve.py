@@ -78,6 +78,14 @@ def _plain(table: pa.Table) -> pa.Table:
     return table if schema.equals(table.schema) else table.cast(schema)
 
 
+def _kept(table: pa.Table, key: str, keys: pa.Array) -> pa.Table:
+    """The rows whose ``key`` is in ``keys``; the table itself when that is every row (a
+    chunk holding every key of a row group, the one-chunk default), since ``filter`` copies
+    every column even when it drops nothing."""
+    mask = pc.is_in(table[key], value_set=keys)  # a null key matches nothing: False, never null
+    return table if pc.all(mask).as_py() else table.filter(mask)
+
+
 def _read_parquet(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
     lo, hi = pc.min(keys).as_py(), pc.max(keys).as_py()
     parts, nbytes = [], 0
@@ -93,7 +101,7 @@ def _read_parquet(src: SourceTable, columns: list[str], key: str, keys: pa.Array
                 continue
             nbytes += sum(rgm.column(i).total_compressed_size for i in wanted)
             table = _plain(pf.read_row_group(rg, columns=columns))
-            parts.append(table.filter(pc.is_in(table[key], value_set=keys)))
+            parts.append(_kept(table, key, keys))
     return _concat(parts, columns, src), nbytes
 
 
@@ -106,7 +114,7 @@ def _read_ipc(src: SourceTable, columns: list[str], key: str, keys: pa.Array) ->
                 batch = reader.get_batch(i).select(columns)
                 nbytes += batch.nbytes
                 table = _plain(pa.Table.from_batches([batch]))
-                parts.append(table.filter(pc.is_in(table[key], value_set=keys)))
+                parts.append(_kept(table, key, keys))
     return _concat(parts, columns, src), nbytes
 
 

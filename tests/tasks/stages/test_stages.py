@@ -174,6 +174,18 @@ def test_retrieve_selects_a_chunk_top_down(shop_files, shop_spec):
     assert sorted(got.tables["lines"]["l_order"].to_pylist()) == [10, 10, 10, 10, 11, 12, 12, 41, 41]
 
 
+def test_a_row_group_every_row_of_which_is_wanted_is_kept_without_a_copy():
+    from tasks.stages.retrieve import _kept
+
+    t = pa.table({"k": pa.array([1, 2, None, 4]), "v": ["a", "b", "c", "d"]})
+    whole = t.slice(0, 2)
+    assert _kept(whole, "k", pa.array([1, 2, 4])) is whole  # nothing dropped: no filter, no copy
+    # an orphan (key not wanted) and a null key are dropped
+    assert _kept(t, "k", pa.array([1, 2, 4])).column("v").to_pylist() == ["a", "b", "d"]
+    assert _kept(t, "k", pa.array([4])).column("v").to_pylist() == ["d"]
+    assert _kept(t.slice(0, 0), "k", pa.array([1])).num_rows == 0
+
+
 def test_list_root_keys_sorts_and_collapses_duplicates(tmp_path, shop_spec, shop_tables, write_tables):
     tables = dict(shop_tables)
     cust = tables["customers"]
