@@ -5,7 +5,6 @@ over the metrics tested), and the CLI on the real store."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from typer.testing import CliRunner
@@ -40,7 +39,12 @@ def test_one_run_a_side_shows_the_ratio_of_batch_16_vs_512_but_claims_nothing(be
     assert base.metrics["run.repeats_measured"] == 3
     c = compare([base], [cand])
     steady = _rows(c)["compute.steady_rows_per_s"]
-    assert abs(math.log(steady.ratio)) > math.log(1.5), steady.ratio  # a real, large difference
+    # the ratio is shown (candidate over baseline), however large; how large batch 16 is
+    # against 512 is the host's business (0.83x on one AVX-512 VM, under 0.67x on others),
+    # and no size of it is claimed from one run a side
+    # and a run with repeats is read at the median of its passes 1..N-1
+    key = "compute.steady_rows_per_s.median"
+    assert steady.ratio == pytest.approx(cand.metrics[key] / base.metrics[key])
     assert (steady.method, steady.marked, steady.verdict) == (NOT_ENOUGH, False, NOT_ENOUGH)
     assert any("cannot judge significance" in n for n in c.notes), c.notes
     assert {d.key: (d.baseline, d.candidate) for d in c.param_differences}["run.batch_size"] == ("512", "16")
