@@ -4,7 +4,8 @@ Projection pushdown: each table is read with just the columns the schema names. 
 selection walks the schema top-down: the root rows of the chunk, then each branch's rows
 whose ``parent_key`` is among the parent rows just read. Parquet row groups whose key
 statistics cannot overlap the wanted keys are skipped, and every row group is filtered as
-it is read, so memory holds one row group plus the kept rows, not the whole table.
+it is read, so memory holds one row group plus the kept rows, not the whole table; a row
+group every row of which is wanted is kept as read (``filter`` would copy it whole).
 
 ``bytes_read`` is exact for what was read: the compressed size of the projected column
 chunks of the row groups read (Parquet), the projected buffers (Arrow IPC), the whole
