@@ -187,9 +187,15 @@ def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Cell]]:
     if not kids:
         return []
     kind = kids[-1].params.get("task.kind", "category")
-    samples = [
-        Sample(r.tags["relflow.variant"], int(r.tags.get(ROUND_TAG, -1)), RunReport.from_record(r)) for r in kids
-    ]
+    # A store can hold several reports: a round pairs runs of one parent only, so each
+    # (parent, round) gets its own number; children without a round tag pair with nothing (-1).
+    slots = sorted({(r.tags["mlflow.parentRunId"], int(r.tags[ROUND_TAG])) for r in kids if ROUND_TAG in r.tags})
+    number = {slot: i for i, slot in enumerate(slots)}
+
+    def round_of(r: RunRecord) -> int:
+        return number[(r.tags["mlflow.parentRunId"], int(r.tags[ROUND_TAG]))] if ROUND_TAG in r.tags else -1
+
+    samples = [Sample(r.tags["relflow.variant"], round_of(r), RunReport.from_record(r)) for r in kids]
     return summarize(samples, K.HEADLINE_QUALITY.get(kind, "accuracy"))
 
 

@@ -136,9 +136,9 @@ def test_children_without_a_round_tag_pair_with_nothing():
     from dashboards.backends import ROUND_TAG, rows_from_runs
     from tasks.tracking.store import RunRecord
 
-    def record(variant: str, e2e: float, tags: dict[str, str]) -> RunRecord:
+    def record(variant: str, e2e: float, tags: dict[str, str], parent: str = "p") -> RunRecord:
         m = {"compute.steady_rows_per_s": e2e * 10, "e2e.predict.rows_per_s": e2e}
-        tags = {"relflow.variant": variant, "mlflow.parentRunId": "p", **tags}
+        tags = {"relflow.variant": variant, "mlflow.parentRunId": parent, **tags}
         return RunRecord(
             run_id=f"id-{variant}-{e2e}",
             run_name=variant,
@@ -157,3 +157,13 @@ def test_children_without_a_round_tag_pair_with_nothing():
         [record("pytorch_eager_fp32", 100.0, {ROUND_TAG: "0"}), record("pytorch_bf16", 300.0, {ROUND_TAG: "0"})]
     )
     assert {r["variant"]: r["e2e_vs_eager"] for r in new} == {"pytorch_eager_fp32": 1.0, "pytorch_bf16": 3.0}
+    # two reports in one store, each with a round 0: a round pairs runs of its own parent only
+    two = rows_from_runs(
+        [
+            record("pytorch_eager_fp32", 100.0, {ROUND_TAG: "0"}, "p1"),
+            record("pytorch_bf16", 300.0, {ROUND_TAG: "0"}, "p1"),
+            record("pytorch_eager_fp32", 1000.0, {ROUND_TAG: "0"}, "p2"),
+            record("pytorch_bf16", 1000.0, {ROUND_TAG: "0"}, "p2"),
+        ]
+    )
+    assert {r["variant"]: r["e2e_vs_eager"] for r in two}["pytorch_bf16"] == 2.0  # median of 3.0 and 1.0
