@@ -190,11 +190,11 @@ def tick_costs(n: int = 200) -> dict[str, float]:
     return out
 
 
-def child(variant: str, spec_path: Path, threads: int | None, passes: int, batches: Path) -> float:
+def loaded(spec_path: Path, batches: Path):
+    """(spec, parts, model) of a bare-loop child: the predict spec, the batches build() saved
+    and the harness's own model for them."""
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
     sys.path.insert(0, str(ROOT))
     from batches import build_model
 
@@ -202,8 +202,15 @@ def child(variant: str, spec_path: Path, threads: int | None, passes: int, batch
 
     spec = load_spec(spec_path, ["run.mode=predict"])
     saved = torch.load(batches, weights_only=False)  # our own file, written by build()
-    schema, parts = saved["schema"], saved["parts"]
-    model = build_model(spec, schema)
+    return spec, saved["parts"], build_model(spec, saved["schema"])
+
+
+def child(variant: str, spec_path: Path, threads: int | None, passes: int, batches: Path) -> float:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    spec, parts, model = loaded(spec_path, batches)
     skip = 1 + spec.run.warmup_batches
     with tempfile.TemporaryDirectory(prefix="relflow-footprint-") as d:
         if variant == "prefect":

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))  # this checkout's tasks/, not an installed copy's
 sys.path.insert(0, str(ROOT))
 
-from bench_crosscheck import build, checkout_env  # noqa: E402  (the same batches, the same env)
+from bench_crosscheck import build, checkout_env, loaded  # noqa: E402  (the same batches, model, env)
 
 from tasks.measure.noise import cv  # noqa: E402
 
@@ -53,14 +53,10 @@ GOAL_CV = 0.03  # issue 20: compute.steady_rows_per_s between fresh-process runs
 def child(spec_path: Path, batches: Path, seconds: float) -> dict[str, list[float]]:
     """Batch end times (s since the steady window began) and rows, for ``seconds`` of steady state."""
     import torch
-    from batches import build_model
 
     from tasks.measure.clock import Clock
-    from tasks.spec import load_spec
 
-    spec = load_spec(spec_path, ["run.mode=predict"])
-    saved = torch.load(batches, weights_only=False)  # our own file, written by build()
-    parts, model = saved["parts"], build_model(spec, saved["schema"])
+    spec, parts, model = loaded(spec_path, batches)
     clock = Clock("cpu")
     ends: list[float] = []
     rows: list[float] = []
