@@ -635,6 +635,7 @@ def _log_profile(tracker: Tracker, engine: compute_stage.Engine) -> dict[str, li
         "profile/top_ops.md",
     )
     tracker.set_tags({"relflow.profiled": "true", "relflow.profiled_batches": str(prof.batches)})
+    prof.cleanup()
     return {phase: rows[:10] for phase, rows in prof.top_ops.items()}
 
 

@@ -8,6 +8,7 @@ Per phase it leaves a Chrome/Perfetto trace and a top-ops table (self time, call
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -24,11 +25,24 @@ class SteadyProfiler:
     enabled: bool
     batches: int
     device: torch.device
-    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="relflow-profile-")))
     traces: dict[str, Path] = field(default_factory=dict)
     top_ops: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     _active: dict[str, Any] = field(default_factory=dict)
     _count: dict[str, int] = field(default_factory=dict)
+    _folder: Path | None = None  # made on the first export: an unprofiled run leaves nothing in /tmp
+
+    def _export(self, phase: str, prof: Any) -> None:
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="relflow-profile-"))
+        self.traces[phase] = self._folder / f"trace_{phase}.json"
+        prof.export_chrome_trace(str(self.traces[phase]))
+        self.top_ops[phase] = top_ops(prof, self.device.type == "cuda")
+
+    def cleanup(self) -> None:
+        """Delete the exported traces (after they are logged as artifacts)."""
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
     @contextmanager
     def batch(self, phase: str, steady: bool) -> Iterator[None]:
@@ -47,17 +61,13 @@ class SteadyProfiler:
         if self._count[phase] == self.batches:
             prof.stop()
             del self._active[phase]
-            self.traces[phase] = self.folder / f"trace_{phase}.json"
-            prof.export_chrome_trace(str(self.traces[phase]))
-            self.top_ops[phase] = top_ops(prof, self.device.type == "cuda")
+            self._export(phase, prof)
 
     def close(self) -> None:
         """Stop a phase that ended before reaching ``batches`` (its partial table still counts)."""
         for phase, prof in list(self._active.items()):
             prof.stop()
-            self.traces[phase] = self.folder / f"trace_{phase}.json"
-            prof.export_chrome_trace(str(self.traces[phase]))
-            self.top_ops[phase] = top_ops(prof, self.device.type == "cuda")
+            self._export(phase, prof)
         self._active.clear()
 
 
