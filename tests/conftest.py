@@ -65,7 +65,13 @@ import pyarrow.feather as feather  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 
+from tests.sigterm import stop_on_sigterm  # noqa: E402
+
 SCALE = 0.01
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    stop_on_sigterm()  # a killed session still stops the servers its fixtures started
 
 
 @pytest.fixture(scope="session")
