@@ -5,7 +5,8 @@ What: on the spec's chunks (every root key, cut at run.chunk_rows), the harness'
 (tasks/stages/retrieve.py) against the retrieve floor's plainest reader of the same columns
 (``tasks.measure.floors._plain_read``: ``pyarrow.parquet.read_table``, DuckDB's ``SELECT``),
 and tensorize (tasks/stages/tensorize.py) against a memcpy (``torch.empty_like(t).copy_``)
-of the tensors it produced. Each round times each of the four once, in alternating order,
+of the tensors it produced, and preprocess (no floor of its own, timed so that a change that
+moves work between stages shows: ``data`` is the three together). Each round times each step once, in alternating order,
 so all four see the same host load; the figures are medians over rounds, in wall seconds
 and in process CPU seconds (on a loaded host wall time mostly measures the wait for a core).
 Why: the floor ledger's fractions (floor.<stage>.fraction) say how far a stage is from its
@@ -71,8 +72,15 @@ def child(spec_path: Path, scale: float, rounds: int) -> dict[str, float]:
     assert enc is not None and schema is not None
     cols = node_columns(spec)
     tables = {ROOT: spec.schema_.root.table} | {b.name: b.table for b, _ in spec.schema_.walk()}
-    reads = [_plain_read(chain.sources[t], cols[n]) for n, t in tables.items()]
-    pres = [preprocess(spec, retrieve(spec, chain.sources, c)) for c in chunks]
+    try:  # a tree that reads category text dictionary-encoded: its floor reads it so too
+        from tasks.stages.retrieve import category_columns  # type: ignore[attr-defined,unused-ignore]
+
+        cats = category_columns(spec)
+        reads = [_plain_read(chain.sources[t], cols[n], cats[n]) for n, t in tables.items()]  # type: ignore[call-arg,unused-ignore]
+    except ImportError:
+        reads = [_plain_read(chain.sources[t], cols[n]) for n, t in tables.items()]
+    rets = [retrieve(spec, chain.sources, c) for c in chunks]
+    pres = [preprocess(spec, r) for r in rets]
     produced = [t for p in pres for t in tensorize(spec, p, enc, schema).tensors()]
     dst = [torch.empty_like(t) for t in produced]
     instrument = _own_clock()
@@ -80,6 +88,7 @@ def child(spec_path: Path, scale: float, rounds: int) -> dict[str, float]:
     steps = {
         "retrieve": lambda: [retrieve(spec, chain.sources, c) for c in chunks],
         "plain_read": lambda: [read() for read, _ in reads],
+        "preprocess": lambda: [preprocess(spec, r) for r in rets],
         "tensorize": lambda: [tensorize(spec, p, enc, schema) for p in pres],
         "memcpy": lambda: [d.copy_(t) for d, t in zip(dst, produced, strict=True)],
     }
@@ -137,7 +146,7 @@ def main() -> None:
     n = args.processes if args.before else 1
     print(
         f"{'side':<7} {'retrieve ms':>11} {'plain ms':>9} {'vs floor':>8} {'tensorize ms':>12} {'memcpy ms':>9} "
-        f"{'vs floor':>8} {'tz cpu ms':>9} {'load':>5}"
+        f"{'vs floor':>8} {'tz cpu ms':>9} {'prep ms':>8} {'load':>5}"
     )
     for p in range(n):
         order = sides if p % 2 == 0 else list(reversed(sides))
@@ -148,14 +157,21 @@ def main() -> None:
             print(
                 f"{side:<7} {m['retrieve_s'] * 1e3:>11.2f} {m['plain_read_s'] * 1e3:>9.2f} {ret:>8.1%} "
                 f"{m['tensorize_s'] * 1e3:>12.2f} {m['memcpy_s'] * 1e3:>9.3f} {tz:>8.1%} "
-                f"{m['tensorize_cpu_s'] * 1e3:>9.2f} {m['load1']:>5.2f}"
+                f"{m['tensorize_cpu_s'] * 1e3:>9.2f} {m['preprocess_s'] * 1e3:>8.2f} {m['load1']:>5.2f}"
             )
     summary: dict[str, object] = {"bench": "stage_floors", "spec": args.spec.stem, "scale": args.scale}
     med = {s: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for s, rs in runs.items()}
     summary["median"] = med
     if args.before:
-        keys = ("retrieve_s", "retrieve_cpu_s", "tensorize_s", "tensorize_cpu_s")
+        keys = ("retrieve_s", "retrieve_cpu_s", "preprocess_s", "preprocess_cpu_s", "tensorize_s", "tensorize_cpu_s")
         ratios = {k: med["after"][k] / med["before"][k] for k in keys}
+        # the three data stages together, per process (a change may move work between them)
+        for cpu in ("", "_cpu"):
+            for side in ("after", "before"):
+                med[side][f"data{cpu}_s"] = statistics.median(
+                    sum(r[f"{st}{cpu}_s"] for st in ("retrieve", "preprocess", "tensorize")) for r in runs[side]
+                )
+            ratios[f"data{cpu}_s"] = med["after"][f"data{cpu}_s"] / med["before"][f"data{cpu}_s"]
         summary["after_over_before"] = ratios
         print(f"\nmedian over {n} fresh processes a side (interleaved); ratio = after / before")
         for k, v in ratios.items():

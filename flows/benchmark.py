@@ -375,6 +375,14 @@ def serving_backend(run: Run) -> float:
     return wall_clock() - start
 
 
+def compiler_cache_state(hits: int, misses: int) -> str:
+    """``cold`` (every compiled graph built here), ``warm`` (every one from the on-disk cache),
+    ``mixed``, or ``none`` (nothing compiled)."""
+    if hits and misses:
+        return "mixed"
+    return "warm" if hits else "cold" if misses else "none"
+
+
 def collect(run: Run) -> dict[str, float]:
     """Step 3: engine and harness figures into the result, predictions committed, checkpoint
     saved; returns the metrics."""
@@ -383,6 +391,12 @@ def collect(run: Run) -> dict[str, float]:
     work, chain = run.work, run.work.chain
     engine, enc = chain.engine, chain.encoding
     result.extra[K.COMPILED_FRAMES] = float(compute_stage.compiled_frames() - engine.frames_at_start)
+    hits, misses = (
+        now - then
+        for now, then in zip(compute_stage.compile_cache_counts(), engine.compile_cache_at_start, strict=True)
+    )
+    result.extra[K.COMPILE_CACHE_HITS], result.extra[K.COMPILE_CACHE_MISSES] = float(hits), float(misses)
+    run.tracker.set_tags({"relflow.compiler_cache": compiler_cache_state(hits, misses)})
     # per predict pass that ran; a request scenario's batches are per served request
     units = run.latency.served_requests if run.latency is not None else result.predict_passes
     result.extra.update(batch_coordinate_metrics(engine.batch_coords, units, len(engine.batch_shapes)))

@@ -132,6 +132,14 @@ def _as_text(arr: pa.Array) -> pa.Array:
 
 
 def _category_index(arr: pa.Array, vocab: list[str]) -> np.ndarray:
+    if pa.types.is_dictionary(arr.type):
+        if len(arr.dictionary) > len(arr):  # fewer cells than values: hash the cells
+            return _category_index(arr.cast(arr.type.value_type), vocab)
+        # each distinct value hashed once, then one gather by the cells' indices
+        codes = np.append(_category_index(arr.dictionary, vocab), NULL_INDEX)  # last: null cell
+        idx = pc.fill_null(arr.indices, len(arr.dictionary)).to_numpy(zero_copy_only=False)
+        gathered: np.ndarray = codes[idx]
+        return gathered
     text = _as_text(arr)
     idx = pc.index_in(text, value_set=pa.array(vocab, pa.string()))  # null: unseen or null
     # one pass over the indices where the cells have no nulls (the null mask only when some are)
@@ -140,6 +148,13 @@ def _category_index(arr: pa.Array, vocab: list[str]) -> np.ndarray:
     if text.null_count:
         out[text.is_null().to_numpy(zero_copy_only=False)] = NULL_INDEX
     return out
+
+
+def _distinct_text(arr: pa.Array) -> list[str]:
+    """Sorted distinct non-null values as text (a dictionary column: the values its cells use)."""
+    if pa.types.is_dictionary(arr.type):
+        arr = pc.unique(arr).cast(arr.type.value_type)  # unique first: decodes the distinct cells only
+    return sorted(pc.unique(_as_text(arr)).drop_null().to_pylist())
 
 
 def fit_encoding(table: pa.Table, root: NodeLayout, target: TargetDef) -> Encoding:
@@ -153,7 +168,7 @@ def fit_encoding(table: pa.Table, root: NodeLayout, target: TargetDef) -> Encodi
             arr = rows[node.name].column(col)
             key = f"{node.name}.{col}"
             if kind == "category":
-                enc.vocab[key] = sorted(pc.unique(_as_text(arr)).drop_null().to_pylist())
+                enc.vocab[key] = _distinct_text(arr)
             elif kind == "text":
                 enc.text_width = text_width(arr, key)
             else:
@@ -164,7 +179,7 @@ def fit_encoding(table: pa.Table, root: NodeLayout, target: TargetDef) -> Encodi
                 enc.std[key] = std if std > 0 else 1.0
     labels = rows[target.node].column(target.column)
     if target.kind == "category":
-        enc.classes = sorted(pc.unique(_as_text(labels)).drop_null().to_pylist())
+        enc.classes = _distinct_text(labels)
     elif target.kind == "regression":
         vals = _as_float(labels, "numeric")
         vals = vals[~np.isnan(vals)]

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from flows.sweeps.launch import compiler_cache_env
 from tasks.measure import keys as K
 from tasks.measure.report import (
     Cell,
@@ -50,16 +51,8 @@ VARIANTS: dict[str, tuple[bool, bool]] = {
 }
 
 
-# Every cache a compile can be warmed from, pointed into one folder per (variant, round): a
+# COMPILER_CACHES (flows/sweeps/launch.py) pointed into one folder per (variant, round): a
 # "cold" run starts with all of them empty, its "warm" twin reuses exactly what it filled.
-# Inductor's FX-graph and AOTAutograd caches live under TORCHINDUCTOR_CACHE_DIR; Triton's
-# compiled kernels (CUDA) default to ~/.triton/cache, shared by every run unless moved.
-COMPILER_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
-
-
-def compiler_cache_env(cache_dir: Path) -> dict[str, str]:
-    """The environment that isolates every compiler cache under ``cache_dir``."""
-    return {var: str(cache_dir / sub) for var, sub in COMPILER_CACHES.items()}
 
 
 def _run_variant(

@@ -3,7 +3,8 @@
 MFU says how far compute is from the machine's limit; a user pays for every stage, so each
 one gets its own floor, measured on this host for the spec's data:
 
-- **retrieve**: the source's plainest reader over the same columns and every row group (a
+- **retrieve**: the source's plainest reader over the same columns (category text columns of
+  Parquet dictionary-encoded, as the stage reads them) and every row group (a
   predict pass reads all of them): ``pyarrow.parquet.read_table``, Arrow IPC ``read_all``,
   the CSV reader with the spec's own source.csv settings, the database's own ``SELECT`` of the columns (DuckDB's Arrow
   output, ADBC's fetch for PostgreSQL). Bytes are counted as the stage counts them
@@ -35,7 +36,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from tasks.sources.databases import DatabaseTable, quote
 from tasks.sources.tables import Sources, Table
 from tasks.spec import CompileSettings, Spec
 from tasks.stages.chain import Chain
-from tasks.stages.retrieve import ROOT, list_root_keys, node_columns
+from tasks.stages.retrieve import ROOT, category_columns, dictionary_columns, list_root_keys, node_columns
 from tasks.stages.write import PredictionWriter
 
 REPS = 5  # timed repetitions after one warm-up; the floor is the best one
@@ -109,9 +110,10 @@ def best_seconds(step: Callable[[], object], clock: Clock, reps: int = REPS) -> 
 # -- the floors -------------------------------------------------------------------------------
 
 
-def _plain_read(src: Table, columns: list[str]) -> tuple[Callable[[], object], int]:
+def _plain_read(src: Table, columns: list[str], categories: Collection[str] = ()) -> tuple[Callable[[], object], int]:
     """The plainest read of ``columns`` of every row group of ``src``, and its bytes as the
-    retrieve stage counts them."""
+    retrieve stage counts them. ``categories`` are read dictionary-encoded where retrieve
+    reads them so (Parquet text columns), so the floor produces what the stage produces."""
     if isinstance(src, DatabaseTable):
         db = src.db
         sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(src.name)}"
@@ -126,7 +128,8 @@ def _plain_read(src: Table, columns: list[str]) -> tuple[Callable[[], object], i
             nbytes += sum(
                 meta.row_group(rg).column(i).total_compressed_size for rg in range(meta.num_row_groups) for i in wanted
             )
-        return (lambda: [pq.read_table(p, columns=columns) for p in files]), nbytes
+        dictionary = dictionary_columns(src.schema, categories)
+        return (lambda: [pq.read_table(p, columns=columns, read_dictionary=dictionary) for p in files]), nbytes
     if src.format == "ipc":
 
         def read_ipc() -> list[pa.Table]:
@@ -140,12 +143,12 @@ def _plain_read(src: Table, columns: list[str]) -> tuple[Callable[[], object], i
 
 def retrieve_floor(spec: Spec, sources: Sources, clock: Clock) -> Floor:
     """Every node's table, its columns, read plainly: bytes over the sum of best times."""
-    cols = node_columns(spec)
+    cols, cats = node_columns(spec), category_columns(spec)
     tables = {ROOT: spec.schema_.root.table} | {b.name: b.table for b, _ in spec.schema_.walk()}
     amount, seconds, formats = 0, 0.0, set()
     for node, table in tables.items():
         src = sources[table]
-        read, nbytes = _plain_read(src, cols[node])
+        read, nbytes = _plain_read(src, cols[node], cats[node])
         amount += nbytes
         seconds += best_seconds(read, clock)
         formats.add(src.format)
@@ -246,6 +249,11 @@ def first_rows(path: Path, rows: int) -> pa.Table | None:
 # -- the ledger -------------------------------------------------------------------------------
 
 
+# Bumped when a floor's definition changes, so a cached ledger of the old one is not reused
+# (2: category columns read dictionary-encoded, as retrieve reads them).
+DEFINITION = 2
+
+
 def cache_file() -> Path:
     base = os.environ.get("RELFLOW_CACHE_DIR") or Path.home() / ".cache" / "relflow-bench"
     return Path(base) / "floors.json"
@@ -263,6 +271,8 @@ def data_key(spec: Spec, sources: Sources, device: torch.device) -> str:
     what = {
         "files": files,
         "columns": node_columns(spec),
+        "dictionary": category_columns(spec),  # read dictionary-encoded: another floor
+        "definition": DEFINITION,
         "lengths": {b.name: b.max_length for b, _ in spec.schema_.walk()},
         "model": [spec.model.d_model, spec.model.heads],
         "run": [spec.run.batch_size, spec.run.chunk_rows, spec.run.precision, spec.run.output_dir],

@@ -65,6 +65,8 @@ FIRST_CALL_SECONDS = "compute.first_call_seconds"
 TRAIN_UPDATES = "compute.train.updates"
 TRAIN_UPDATES_PER_EPOCH = "compute.train.updates_per_epoch"
 COMPILED_FRAMES = "compute.compiled_frames"
+COMPILE_CACHE_HITS = "compute.compile_cache_hits"
+COMPILE_CACHE_MISSES = "compute.compile_cache_misses"
 # compute(phase, ESTIMATED_ROWS_PER_S): logged by the model's throughput callback itself
 # (model.throughput.ThroughputCallback), not by RunResult.metrics().
 ESTIMATED_ROWS_PER_S = "estimated_rows_per_s"
@@ -402,6 +404,13 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "(the exact figure is compute.steady_rows_per_s); also compute.train.estimated_rows_per_s",
     ),
     (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
+    (
+        COMPILE_CACHE_HITS,
+        "graphs the run's compiles took from the compiler's on-disk caches (Inductor FX-graph and "
+        "AOTAutograd hits, all phases): above 0, first_call_seconds holds no cold compile of them "
+        "(tag relflow.compiler_cache: cold, warm, mixed or none)",
+    ),
+    (COMPILE_CACHE_MISSES, "graphs the run's compiles built from scratch (FX-graph and AOTAutograd misses)"),
     (
         "compute.model_flops_per_s",
         "predict model FLOP/s of the coordinates present: forward FLOPs of the steady batches' root "

@@ -55,6 +55,16 @@ def compiled_frames() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def compile_cache_counts() -> tuple[int, int]:
+    """(hits, misses) of Inductor's FX-graph cache and AOTAutograd's cache so far in this
+    process. Both live on disk (``TORCHINDUCTOR_CACHE_DIR``, by default one folder shared by
+    every run of the user), so a compile another run already did comes back in a fraction of
+    its cold time: a first call is a cold compile only where the hits are 0."""
+    hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    misses = counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
+    return int(hits), int(misses)
+
+
 def graph_breaks() -> int:
     return int(sum(counters["graph_break"].values()))
 
@@ -160,6 +170,7 @@ class Engine:
         # Dynamo frames compiled (and graph breaks) while a phase's own steady batches ran:
         # a recompile is charged to the phase whose batch triggered it, never to the other.
         self.frames_at_start = compiled_frames()
+        self.compile_cache_at_start = compile_cache_counts()
         self.steady_frames: dict[str, int] = {"train": 0, "predict": 0}
         self.steady_breaks: dict[str, int] = {"train": 0, "predict": 0}
         # Breaks while a phase compiled (first call and warm-up batches): a whole-model

@@ -7,6 +7,13 @@ statistics cannot overlap the wanted keys are skipped, and every row group is fi
 it is read, so memory holds one row group plus the kept rows, not the whole table; a row
 group every row of which is wanted is kept as read (``filter`` would copy it whole).
 
+Category columns stored as strings in Parquet are read dictionary-encoded (``read_dictionary``):
+the file already holds them as a dictionary page plus indices, so no string is materialised
+per cell, Polars carries them as ``Categorical`` (a u32 per cell), and tensorize hashes each
+distinct value once instead of every cell. Where a chunk keeps fewer rows than its dictionary
+has values (a request's few rows), they are decoded back to plain strings, so a request never
+pays for a whole row group's dictionary downstream.
+
 ``bytes_read`` is exact for what was read: the compressed size of the projected column
 chunks of the row groups read (Parquet), the projected buffers (Arrow IPC), the whole
 file (CSV, which has no projection at the storage level), or the Arrow bytes of the query
@@ -15,6 +22,7 @@ result (a database, ``tasks.sources.databases``).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -56,6 +64,20 @@ def node_columns(spec: Spec) -> dict[str, list[str]]:
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
+def category_columns(spec: Spec) -> dict[str, list[str]]:
+    """Input columns of kind ``category`` per node (read dictionary-encoded where stored as text)."""
+    out: dict[str, list[str]] = {ROOT: [c for c, k in spec.schema_.root.columns.items() if k == "category"]}
+    for branch, _ in spec.schema_.walk():
+        out[branch.name] = [c for c, k in branch.columns.items() if k == "category"]
+    return out
+
+
+def dictionary_columns(schema: pa.Schema, categories: Collection[str]) -> list[str]:
+    """Which of ``categories`` a Parquet file stores as text, so ``read_dictionary`` applies."""
+    text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view, pa.types.is_binary)
+    return [c for c in categories if c in schema.names and any(t(schema.field(c).type) for t in text)]
+
+
 def _overlaps(stats: Any, lo: Any, hi: Any) -> bool:
     if stats is None or not stats.has_min_max:
         return True
@@ -65,17 +87,20 @@ def _overlaps(stats: Any, lo: Any, hi: Any) -> bool:
         return True
 
 
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _plain_type(t.value_type))
+    return t
+
+
 def _plain(table: pa.Table) -> pa.Table:
-    """View types (string_view, binary_view) -> plain ones, which every kernel accepts."""
-    fields = [
-        f.with_type(pa.string())
-        if pa.types.is_string_view(f.type)
-        else f.with_type(pa.binary())
-        if pa.types.is_binary_view(f.type)
-        else f
-        for f in table.schema
-    ]
-    schema = pa.schema(fields)
+    """View types (string_view, binary_view, also as dictionary values) -> plain ones, which
+    every kernel accepts."""
+    schema = pa.schema([f.with_type(_plain_type(f.type)) for f in table.schema])
     return table if schema.equals(table.schema) else table.cast(schema)
 
 
@@ -87,11 +112,13 @@ def _kept(table: pa.Table, key: str, keys: pa.Array) -> pa.Table:
     return table if pc.all(mask).as_py() else table.filter(mask)
 
 
-def _read_parquet(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
+def _read_parquet(
+    src: SourceTable, columns: list[str], key: str, keys: pa.Array, categories: Collection[str]
+) -> tuple[pa.Table, int]:
     lo, hi = pc.min(keys).as_py(), pc.max(keys).as_py()
     parts, nbytes = [], 0
     for path in src.files:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, read_dictionary=dictionary_columns(src.schema, categories))
         meta = pf.metadata
         names = pf.schema_arrow.names
         key_idx = names.index(key)
@@ -106,7 +133,9 @@ def _read_parquet(src: SourceTable, columns: list[str], key: str, keys: pa.Array
     return _concat(parts, columns, src), nbytes
 
 
-def _read_ipc(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
+def _read_ipc(
+    src: SourceTable, columns: list[str], key: str, keys: pa.Array, categories: Collection[str]
+) -> tuple[pa.Table, int]:
     parts, nbytes = [], 0
     for path in src.files:
         with pa.memory_map(str(path)) as f:
@@ -119,7 +148,9 @@ def _read_ipc(src: SourceTable, columns: list[str], key: str, keys: pa.Array) ->
     return _concat(parts, columns, src), nbytes
 
 
-def _read_csv(src: SourceTable, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
+def _read_csv(
+    src: SourceTable, columns: list[str], key: str, keys: pa.Array, categories: Collection[str]
+) -> tuple[pa.Table, int]:
     wanted = cast(pl.Series, pl.from_arrow(keys))
     # The settings and pinned column types of the up-front check (source.csv), so every
     # chunk reads the same types the check verified.
@@ -132,17 +163,31 @@ def _concat(parts: list[pa.Table], columns: list[str], src: SourceTable) -> pa.T
     if not parts:
         schema = src.schema
         return _plain(pa.schema([schema.field(c) for c in columns]).empty_table())
-    return pa.concat_tables(parts).combine_chunks()
+    return _small_dictionaries_decoded(pa.concat_tables(parts).combine_chunks())
+
+
+def _small_dictionaries_decoded(table: pa.Table) -> pa.Table:
+    """Dictionary columns with fewer rows than dictionary values as plain values: hashing the
+    dictionary would cost more than the cells (a request's few rows of a row group)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type) and table.num_rows:
+            col = table.column(i)
+            if len(col.chunk(0).dictionary) > table.num_rows:  # one chunk: after combine_chunks
+                table = table.set_column(i, f.name, col.cast(f.type.value_type))
+    return table
 
 
 READERS = {"parquet": _read_parquet, "ipc": _read_ipc, "csv": _read_csv}
 
 
-def read_rows(src: Table, columns: list[str], key: str, keys: pa.Array) -> tuple[pa.Table, int]:
-    """Rows of ``src`` whose ``key`` is in ``keys``, projected to ``columns``."""
+def read_rows(
+    src: Table, columns: list[str], key: str, keys: pa.Array, categories: Collection[str] = ()
+) -> tuple[pa.Table, int]:
+    """Rows of ``src`` whose ``key`` is in ``keys``, projected to ``columns``; ``categories``
+    (a subset of ``columns``) are read dictionary-encoded where the source stores them so."""
     if isinstance(src, DatabaseTable):  # SQL with the keys bound as parameters
         return src.read(columns, key, keys)
-    return READERS[src.format](src, columns, key, keys)
+    return READERS[src.format](src, columns, key, keys, categories)
 
 
 def list_root_keys(spec: Spec, sources: Sources) -> tuple[np.ndarray, int]:
@@ -179,12 +224,12 @@ def list_root_keys(spec: Spec, sources: Sources) -> tuple[np.ndarray, int]:
 
 def retrieve(spec: Spec, sources: Sources, root_keys: np.ndarray) -> Retrieved:
     """Read the chunk's root rows and, top-down, the branch rows that hang under them."""
-    cols = node_columns(spec)
+    cols, cats = node_columns(spec), category_columns(spec)
     root = spec.schema_.root
     keys = pa.array(root_keys)
     tables: dict[str, pa.Table] = {}
     total = 0
-    tables[ROOT], n = read_rows(sources[root.table], cols[ROOT], root.key, keys)
+    tables[ROOT], n = read_rows(sources[root.table], cols[ROOT], root.key, keys, cats[ROOT])
     total += n
 
     def visit(branches: list[Branch], parent_keys: pa.Array) -> None:
@@ -195,6 +240,7 @@ def retrieve(spec: Spec, sources: Sources, root_keys: np.ndarray) -> Retrieved:
                 cols[b.name],
                 b.parent_key,
                 parent_keys.cast(_key_type(sources[b.table], b.parent_key)),
+                cats[b.name],
             )
             tables[b.name] = table
             total += n

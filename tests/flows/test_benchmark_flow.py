@@ -202,6 +202,8 @@ MEASUREMENT_METRICS = [
     "host.other_cpu_fraction_before",
     "host.other_cpu_fraction",
     "compute.compiled_frames",
+    "compute.compile_cache_hits",
+    "compute.compile_cache_misses",
     "device.worker_startup_seconds",
     "compute.train.estimated_rows_per_s",
 ]

@@ -30,8 +30,14 @@ def _nulls(rng: np.random.Generator, n: int, share: float) -> np.ndarray:
     return rng.random(n) < share
 
 
-def _table() -> pa.Table:
+def _table(dictionary: bool = False) -> pa.Table:
+    """``dictionary``: the category columns (and the category target) dictionary-encoded, as
+    retrieve reads Parquet text columns; ``kk`` keeps its nulls as a dictionary value."""
     rng = np.random.default_rng(7)
+
+    def cat(arr: pa.Array, null_encoding: str = "mask") -> pa.Array:
+        return arr.dictionary_encode(null_encoding) if dictionary else arr
+
     words = np.array(["red", "green", "blue", "cyan", "plum", "teal", "gold"])
     n_a = rng.integers(0, 5, N)  # 0..4 children (max_length 4: preprocess truncated already)
     m = int(n_a.sum())
@@ -40,7 +46,7 @@ def _table() -> pa.Table:
     b = pa.StructArray.from_arrays(
         [
             pa.array(rng.normal(5, 2, k), mask=_nulls(rng, k, 0.1)),
-            pa.array(words[rng.integers(0, 7, k)], pa.large_string(), mask=_nulls(rng, k, 0.05)),
+            cat(pa.array(words[rng.integers(0, 7, k)], pa.large_string(), mask=_nulls(rng, k, 0.05)), "encode"),
         ],
         names=["u", "kk"],
     )
@@ -50,7 +56,7 @@ def _table() -> pa.Table:
     a = pa.StructArray.from_arrays(
         [
             pa.array(rng.integers(-50, 50, m), mask=_nulls(rng, m, 0.1)),
-            pa.array(words[rng.integers(0, 7, m)], pa.large_string(), mask=_nulls(rng, m, 0.1)),
+            cat(pa.array(words[rng.integers(0, 7, m)], pa.large_string(), mask=_nulls(rng, m, 0.1))),
             pa.array(rng.integers(8000, 12000, m).astype("int32"), pa.int32()).cast(pa.date32()),
             pa.array(rng.normal(0, 3, m), mask=_nulls(rng, m, 0.2)),  # the branch target
             text,
@@ -68,9 +74,9 @@ def _table() -> pa.Table:
                 [None if i % 17 == 0 else Decimal(int(c)).scaleb(-2) for i, c in enumerate(cents)],
                 pa.decimal128(15, 2),
             ),
-            "cat": pa.array(words[rng.integers(0, 7, N)], pa.large_string(), mask=_nulls(rng, N, 0.1)),
+            "cat": cat(pa.array(words[rng.integers(0, 7, N)], pa.large_string(), mask=_nulls(rng, N, 0.1))),
             "ts": pa.array(rng.integers(0, 10**15, N), pa.timestamp("us")),
-            "y": pa.array(np.array(["F", "O", "P"])[rng.integers(0, 3, N)], mask=_nulls(rng, N, 0.05)),
+            "y": cat(pa.array(np.array(["F", "O", "P"])[rng.integers(0, 3, N)], mask=_nulls(rng, N, 0.05))),
             "flag": pa.array(rng.random(N) < 0.4, mask=_nulls(rng, N, 0.05)),
             "a": a_lists,
         }
@@ -124,10 +130,14 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("dictionary", [False, True], ids=["plain", "dictionary"])
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: c[1])
-def test_encode_gives_the_same_bytes_as_before(case):
+def test_encode_gives_the_same_bytes_as_before(case, dictionary):
+    """Dictionary-encoded category columns give the same bytes: each distinct value mapped
+    once and gathered (the whole table), or decoded first where a slice holds fewer cells than
+    the dictionary has values (the 5- and 2-row slices)."""
     column, kind, node = case
-    table = _table()
+    table = _table(dictionary)
     lay = _layout(column)
     target = TargetDef(node, column, kind)
     enc = fit_encoding(table.slice(0, N // 2), lay, target)  # the second half holds unseen values

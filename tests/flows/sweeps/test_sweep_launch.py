@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import yaml
@@ -52,3 +53,47 @@ def test_child_error_is_the_closing_paragraph_on_one_line():
     log = "failed: ValueError: boom\n(rerun with --debug for the traceback)\n"
     assert child_error(log, 1) == "ValueError: boom"
     assert child_error("Segmentation fault\n", -11).startswith("exit code -11: Segmentation fault")
+
+
+def test_each_child_compiles_in_empty_compiler_caches_removed_after_it(tmp_path, monkeypatch):
+    """A child sees only its own compiler cache folders (the user's default is shared by every
+    run: an earlier configuration's compiles made a later one's first call 5x faster), and they
+    are gone once it ends. The child here is a stand-in that reports what it was given."""
+    from flows.sweeps import launch
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/shared-by-everyone")
+    seen = tmp_path / "seen.txt"
+
+    def command(spec_file, spec_dir, parent_run_id, tags, json_out):
+        script = (
+            "import os, pathlib; d = os.environ['TORCHINDUCTOR_CACHE_DIR']; os.makedirs(d); "
+            "pathlib.Path(d, 'graph').write_text('x'); "
+            f"pathlib.Path({str(seen)!r}).write_text(d + '\\n' + os.environ['TRITON_CACHE_DIR'])"
+        )
+        return [sys.executable, "-c", script]
+
+    monkeypatch.setattr(launch, "run_command", command)
+    out = launch.launch_local(
+        {"name": "x"},
+        name="config-0",
+        spec_dir=str(tmp_path),
+        parent_run_id="p",
+        tags={},
+        workdir=tmp_path,
+        tracking_uri="sqlite:////x/mlflow.db",
+        api_url=None,
+    )
+    inductor, triton = seen.read_text().splitlines()
+    assert out.returncode == 0
+    assert Path(inductor) == tmp_path / "config-0.compiler-cache" / "inductor"
+    assert Path(triton) == tmp_path / "config-0.compiler-cache" / "triton"
+    assert not (tmp_path / "config-0.compiler-cache").exists()  # the compiled graph went with it
+
+
+def test_compiler_cache_state_names_where_a_runs_graphs_came_from():
+    from flows.benchmark import compiler_cache_state
+
+    assert compiler_cache_state(0, 0) == "none"
+    assert compiler_cache_state(0, 3) == "cold"
+    assert compiler_cache_state(3, 0) == "warm"
+    assert compiler_cache_state(1, 2) == "mixed"

@@ -54,6 +54,16 @@ def test_the_read_floor_counts_the_same_column_chunks_as_retrieve(tmp_path):
     assert got.column_names == ["k", "x"] and got.num_rows == n
 
 
+def test_the_read_floor_reads_category_text_as_retrieve_does(tmp_path):
+    """Dictionary-encoded where retrieve reads it so: the floor makes the same Arrow types."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"k": [1, 2, 3], "c": ["a", "b", "a"], "n": [1, 2, 3]}), path)
+    read, _ = _plain_read(SourceTable("t", (path,), "parquet"), ["k", "c", "n"], ["c", "n"])
+    (got,) = read()
+    assert got["c"].type == pa.dictionary(pa.int32(), pa.string())
+    assert got["n"].type == pa.int64()  # not text: no dictionary for it
+
+
 def test_retrieve_and_write_floors_of_the_shop_workload(shop_spec, shop_files, tmp_path):
     spec = parse_spec(shop_spec)
     clock = Clock(CPU)

@@ -186,6 +186,32 @@ def test_a_row_group_every_row_of_which_is_wanted_is_kept_without_a_copy():
     assert _kept(t.slice(0, 0), "k", pa.array([1])).num_rows == 0
 
 
+def test_parquet_category_text_is_read_dictionary_encoded_and_a_few_rows_decoded(tmp_path):
+    """Category text columns arrive as one dictionary (row groups' dictionaries unified), the
+    same values as a plain read; a chunk with fewer rows than dictionary values (a request)
+    gets plain strings, and so do columns that are not categories."""
+    n = 4000
+    words = np.array(["red", "green", "blue", "cyan", "plum"])
+    colour = pa.array(words[np.arange(n) % 5], mask=np.arange(n) % 7 == 0)
+    # the last row group holds values the others lack: each row group has its own dictionary
+    colour = pa.concat_arrays([colour.slice(0, n - 1000), pa.array(["teal", "gold"] * 500)])
+    table = pa.table({"k": np.arange(n), "colour": colour, "note": colour})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=1000)
+    src = SourceTable("t", (path,), "parquet")
+    every = pa.array(np.arange(n))
+    got, _ = read_rows(src, ["k", "colour", "note"], "k", every, categories=["colour"])
+    col = got["colour"]
+    assert pa.types.is_dictionary(col.type) and col.num_chunks == 1
+    assert sorted(col.chunk(0).dictionary.to_pylist()) == sorted({*words, "teal", "gold"})
+    assert col.to_pylist() == table["colour"].to_pylist()  # nulls where they were
+    assert got["note"].type == pa.string()
+    few, _ = read_rows(src, ["k", "colour"], "k", pa.array([3, 3001]), categories=["colour"])
+    assert few["colour"].type == pa.string() and few["colour"].to_pylist() == ["cyan", "gold"]
+    plain, _ = read_rows(src, ["k", "colour"], "k", every)  # no categories named: as stored
+    assert plain["colour"].type == pa.string()
+
+
 def test_list_root_keys_sorts_and_collapses_duplicates(tmp_path, shop_spec, shop_tables, write_tables):
     tables = dict(shop_tables)
     cust = tables["customers"]
