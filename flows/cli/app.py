@@ -193,6 +193,18 @@ def _latency_line(m: dict[str, float]) -> str:
     )
 
 
+def _first_call_line(m: dict[str, float]) -> str:
+    """The first call, and whether its compiles came from the compiler's on-disk cache."""
+    from tasks.measure import keys as K
+
+    hits = int(m.get(K.COMPILE_CACHE_HITS, 0))
+    cache = f"; {hits} compiled graphs from the compiler's cache: not a cold compile" if hits else ""
+    return (
+        f"compute first call   {m[K.FIRST_CALL_SECONDS] * 1e3:,.1f} ms "
+        f"(steady batch p50 {m[K.compute('predict', 'batch_ms.p50')]:.1f} ms{cache})"
+    )
+
+
 def _early_stopping(m: dict[str, float]) -> str:
     """The early-stopping estimates (absent when too few requests) and issue lateness."""
     parts = [
@@ -262,8 +274,7 @@ def report(summary: dict[str, Any]) -> None:
             out.print(f"{label + ' repeats':<21} {text}")
     q = summary["quality_metric"]
     lines = [
-        f"compute first call   {m[K.FIRST_CALL_SECONDS] * 1e3:,.1f} ms "
-        f"(steady batch p50 {m[K.compute('predict', 'batch_ms.p50')]:.1f} ms)",
+        _first_call_line(m),
         f"recompiles           {int(m.get(K.compute('predict', 'recompiles'), 0))} in predict's steady window"
         + (f", {int(m[K.compute('train', 'recompiles')])} in train's" if K.compute("train", "recompiles") in m else ""),
         f"compute steady       {m[K.STEADY_ROWS_PER_S]:,.0f} rows/s (predict)"
