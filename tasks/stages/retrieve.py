@@ -117,8 +117,9 @@ def _read_parquet(
 ) -> tuple[pa.Table, int]:
     lo, hi = pc.min(keys).as_py(), pc.max(keys).as_py()
     parts, nbytes = [], 0
+    dictionary = dictionary_columns(src.schema, categories)  # the table's schema: once, not per file
     for path in src.files:
-        pf = pq.ParquetFile(path, read_dictionary=dictionary_columns(src.schema, categories))
+        pf = pq.ParquetFile(path, read_dictionary=dictionary)
         meta = pf.metadata
         names = pf.schema_arrow.names
         key_idx = names.index(key)
