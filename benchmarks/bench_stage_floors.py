@@ -18,6 +18,7 @@ How:
     python benchmarks/bench_stage_floors.py [--scale 0.01] [--rounds 9]
     git worktree add /tmp/before main
     python benchmarks/bench_stage_floors.py --before /tmp/before --processes 6 --scale 0.1
+    python benchmarks/bench_stage_floors.py --before /tmp/before --scale 0.1 --set run.chunk_rows=150000
 
 Prints a table (per process: medians and fractions), then with --before the medians over
 processes and the ratios, then one JSON line.
@@ -50,7 +51,7 @@ def _own_clock() -> ModuleType:
     return module
 
 
-def child(spec_path: Path, scale: float, rounds: int) -> dict[str, float]:
+def child(spec_path: Path, scale: float, rounds: int, overrides: list[str]) -> dict[str, float]:
     """One process: the four timings, ``rounds`` interleaved rounds, medians in seconds."""
     import numpy as np
     import torch
@@ -63,7 +64,7 @@ def child(spec_path: Path, scale: float, rounds: int) -> dict[str, float]:
     from tasks.stages.retrieve import ROOT, list_root_keys, node_columns, retrieve
     from tasks.stages.tensorize import tensorize
 
-    spec = load_spec(spec_path, [f"source.generate.tpch.scale={scale}"])
+    spec = load_spec(spec_path, [f"source.generate.tpch.scale={scale}", *overrides])
     chain = Chain(spec, open_sources(spec, ROOT_DIR), torch.device("cpu"))
     keys, _ = list_root_keys(spec, chain.sources)
     chunks = [np.asarray(keys[i : i + spec.run.chunk_rows]) for i in range(0, len(keys), spec.run.chunk_rows)]
@@ -124,6 +125,7 @@ def in_tree(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     """``child`` in a fresh interpreter that imports ``tree``'s code (PYTHONPATH)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, __file__, "--child", "--spec", str(args.spec), "--scale", str(args.scale)]
+    cmd += [a for o in args.set for a in ("--set", o)]
     proc = subprocess.run([*cmd, "--rounds", str(args.rounds)], env=env, capture_output=True, text=True, check=True)
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
@@ -136,9 +138,10 @@ def main() -> None:
     ap.add_argument("--before", type=Path, help="root of a second checkout, measured side by side")
     ap.add_argument("--processes", type=int, default=4, help="fresh processes per side (with --before)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--set", action="append", default=[], help="spec override, e.g. run.chunk_rows=150000")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.spec, args.scale, args.rounds)))
+        print(json.dumps(child(args.spec, args.scale, args.rounds, args.set)))
         return
     after = ROOT_DIR.parent
     sides = [("after", after)] + ([("before", args.before.resolve())] if args.before else [])
@@ -159,7 +162,7 @@ def main() -> None:
                 f"{m['tensorize_s'] * 1e3:>12.2f} {m['memcpy_s'] * 1e3:>9.3f} {tz:>8.1%} "
                 f"{m['tensorize_cpu_s'] * 1e3:>9.2f} {m['preprocess_s'] * 1e3:>8.2f} {m['load1']:>5.2f}"
             )
-    summary: dict[str, object] = {"bench": "stage_floors", "spec": args.spec.stem, "scale": args.scale}
+    summary: dict[str, object] = {"bench": "stage_floors", "spec": args.spec.stem, "scale": args.scale, "set": args.set}
     med = {s: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for s, rs in runs.items()}
     summary["median"] = med
     if args.before:

@@ -104,12 +104,24 @@ def _plain(table: pa.Table) -> pa.Table:
     return table if schema.equals(table.schema) else table.cast(schema)
 
 
-def _kept(table: pa.Table, key: str, keys: pa.Array) -> pa.Table:
-    """The rows whose ``key`` is in ``keys``; the table itself when that is every row (a
-    chunk holding every key of a row group, the one-chunk default), since ``filter`` copies
-    every column even when it drops nothing."""
-    mask = pc.is_in(table[key], value_set=keys)  # a null key matches nothing: False, never null
-    return table if pc.all(mask).as_py() else table.filter(mask)
+def _kept(parts: list[pa.Table], key: str, keys: pa.Array) -> list[pa.Table]:
+    """Each part's rows whose ``key`` is in ``keys``.
+
+    One ``is_in`` over every part's key column together: Arrow builds its hash set of ``keys``
+    once per call, and once per row group that build was most of retrieve (about 15 ms per
+    row group at 150,000 keys, eight row groups at TPC-H scale 0.1). A part every row of which
+    is wanted is kept as read (the one-chunk default, and whole row groups inside a chunk's
+    key range), since ``filter`` copies every column even when it drops nothing."""
+    if not parts:
+        return []
+    column = pa.chunked_array([c for p in parts for c in p[key].chunks], type=parts[0].schema.field(key).type)
+    mask = pc.is_in(column, value_set=keys)  # a null key matches nothing: False, never null
+    out, start = [], 0
+    for part in parts:
+        m = mask.slice(start, part.num_rows)
+        start += part.num_rows
+        out.append(part if pc.all(m).as_py() is not False else part.filter(m))
+    return out
 
 
 def _read_parquet(
@@ -129,9 +141,8 @@ def _read_parquet(
             if not _overlaps(rgm.column(key_idx).statistics, lo, hi):
                 continue
             nbytes += sum(rgm.column(i).total_compressed_size for i in wanted)
-            table = _plain(pf.read_row_group(rg, columns=columns))
-            parts.append(_kept(table, key, keys))
-    return _concat(parts, columns, src), nbytes
+            parts.append(_plain(pf.read_row_group(rg, columns=columns)))
+    return _concat(_kept(parts, key, keys), columns, src), nbytes
 
 
 def _read_ipc(
@@ -144,9 +155,8 @@ def _read_ipc(
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i).select(columns)
                 nbytes += batch.nbytes
-                table = _plain(pa.Table.from_batches([batch]))
-                parts.append(_kept(table, key, keys))
-    return _concat(parts, columns, src), nbytes
+                parts.append(_plain(pa.Table.from_batches([batch])))
+    return _concat(_kept(parts, key, keys), columns, src), nbytes
 
 
 def _read_csv(
