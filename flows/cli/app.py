@@ -304,7 +304,8 @@ def report(summary: dict[str, Any]) -> None:
             note += " [untrained weights: not meaningful, speed run]"
         lines.append(f"quality              {q} {m[K.quality(q)]:.4f}{note}")
     lines += [
-        f"memory               host peak {m[K.HOST_PEAK_BYTES] / 2**20:,.0f} MiB (this process and its children: loader workers, compiler)",
+        f"memory               host peak {m[K.HOST_PEAK_BYTES] / 2**20:,.0f} MiB "
+        "(this process and its children: loader workers, compiler)",
         f"host                 other processes used {m.get(K.HOST_OTHER_CPU_FRACTION_BEFORE, 0):.0%} of "
         f"the cores just before the timed region, {m.get(K.HOST_OTHER_CPU_FRACTION, 0):.0%} during it",
         f"predictions          {summary['output_path']} ({int(m[K.OUTPUT_BYTES]):,} bytes)",
