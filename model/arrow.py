@@ -91,22 +91,22 @@ class NodeRows:
 def flatten(table: pa.Table, root: NodeLayout) -> dict[str, NodeRows]:
     """Every node's flat rows with their padded coordinates, parents before children."""
     out = {root.name: NodeRows(table, (np.arange(table.num_rows),))}
-
-    def visit(node: NodeLayout, rows: NodeRows) -> None:
-        for child in node.children:
-            lists = rows.column(child.name)
-            counts = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
-            parent = np.repeat(np.arange(len(lists)), counts)
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-            slot = np.arange(int(counts.sum()), dtype=np.int64) - starts[parent]
-            flat = pc.list_flatten(lists)
-            if isinstance(flat, pa.ChunkedArray):
-                flat = flat.combine_chunks()
-            child_rows = NodeRows(flat, tuple(i[parent] for i in rows.index) + (slot,))
-            out[child.name] = child_rows
-            visit(child, child_rows)
-
-    visit(root, out[root.name])
+    # A stack (the same parents-first order as recursion), not a recursive closure: that put
+    # every flattened row in a reference cycle, alive until the cyclic garbage collector ran.
+    todo = [(child, root.name) for child in reversed(root.children)]
+    while todo:
+        node, parent_name = todo.pop()
+        rows = out[parent_name]
+        lists = rows.column(node.name)
+        counts = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+        parent = np.repeat(np.arange(len(lists)), counts)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        slot = np.arange(int(counts.sum()), dtype=np.int64) - starts[parent]
+        flat = pc.list_flatten(lists)
+        if isinstance(flat, pa.ChunkedArray):
+            flat = flat.combine_chunks()
+        out[node.name] = NodeRows(flat, tuple(i[parent] for i in rows.index) + (slot,))
+        todo.extend((child, node.name) for child in reversed(node.children))
     return out
 
 

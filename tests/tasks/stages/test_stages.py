@@ -174,6 +174,38 @@ def test_retrieve_selects_a_chunk_top_down(shop_files, shop_spec):
     assert sorted(got.tables["lines"]["l_order"].to_pylist()) == [10, 10, 10, 10, 11, 12, 12, 41, 41]
 
 
+def test_a_chunks_tables_and_flat_rows_are_freed_when_dropped_not_kept_by_a_reference_cycle(shop_files, shop_spec):
+    """retrieve and flatten walked the branches with recursive closures, which put the chunk's
+    tables (and flat rows) in reference cycles: alive until the cyclic garbage collector ran,
+    579 MB of Arrow memory after 12 reads at scale 0.1. With the collector off, dropping the
+    result must free them."""
+    import gc
+    import weakref
+
+    from model.arrow import flatten
+    from tasks.stages.preprocess import preprocess
+    from tasks.stages.tensorize import layout
+
+    spec = spec_of(shop_spec)
+    sources = resolve_sources(spec, shop_files)
+    pre = preprocess(spec, retrieve(spec, sources, np.array([1, 4])))
+    gc.collect()
+    gc.disable()
+    try:
+        got = retrieve(spec, sources, np.array([1, 4]))
+        tables = [weakref.ref(t) for t in got.tables.values()]
+        assert len(tables) == 3
+        del got
+        assert [t() for t in tables] == [None, None, None]
+        rows = flatten(pre.table, layout(spec))
+        assert list(rows) == [ROOT, "orders", "lines"]  # parents first
+        flat = [weakref.ref(r) for r in rows.values()]
+        del rows
+        assert [r() for r in flat] == [None, None, None]
+    finally:
+        gc.enable()
+
+
 def test_a_row_group_every_row_of_which_is_wanted_is_kept_without_a_copy():
     from tasks.stages.retrieve import _kept
 
@@ -206,6 +238,12 @@ def test_the_wanted_keys_are_hashed_once_per_table_not_once_per_row_group(tmp_pa
     table, nbytes = read_rows(SourceTable("t", (path,), "parquet"), ["k", "v"], "k", wanted)
     assert calls == [1]  # four row groups overlap the keys' range: one hash build
     assert table["k"].to_pylist() == [3, 15, 16, 27, 39] and nbytes > 0
+
+    # what is held unfiltered is bounded: past PENDING_BYTES the held row groups are filtered
+    monkeypatch.setattr("tasks.stages.retrieve.PENDING_BYTES", 1)
+    calls.clear()
+    bounded, same_bytes = read_rows(SourceTable("t", (path,), "parquet"), ["k", "v"], "k", wanted)
+    assert calls == [1, 1, 1, 1] and bounded.equals(table) and same_bytes == nbytes
 
 
 def test_parquet_category_text_is_read_dictionary_encoded_and_a_few_rows_decoded(tmp_path):
