@@ -94,37 +94,40 @@ def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
     }
     dropped: dict[str, int] = {}
 
-    def down(branches: list[Branch], parent: str, parent_key: str) -> None:
-        for b in branches:
-            frame = frames[b.name]
-            parents = _cast(kept[parent].select(parent_key), parent_key, frame.schema[b.parent_key])
-            # in the order read, so the stable sort below breaks ties by it (see the module doc)
-            rows = frame.join(
-                parents.rename({parent_key: b.parent_key}), on=b.parent_key, how="semi", maintain_order="left"
-            )
-            kept[b.name], dropped[b.name] = _apply_overflow(rows, b, spec.run.seed)
-            if b.branches:
-                assert b.key is not None  # the spec requires a key on branches with branches
-                down(b.branches, b.name, b.key)
+    # Loops over Schema.walk() (parents first), not recursive closures: those put the chunk's
+    # frames (zero-copy views of retrieve's tables) in reference cycles, alive until the cyclic
+    # garbage collector ran.
+    walk = spec.schema_.walk()
+    keys = {ROOT: root.key} | {b.name: b.key for b, _ in walk}
+    for b, parent_name in walk:
+        parent, parent_key = parent_name or ROOT, keys[parent_name or ROOT]
+        assert parent_key is not None  # the spec requires a key on branches with branches
+        frame = frames[b.name]
+        parents = _cast(kept[parent].select(parent_key), parent_key, frame.schema[b.parent_key])
+        # in the order read, so the stable sort below breaks ties by it (see the module doc)
+        rows = frame.join(
+            parents.rename({parent_key: b.parent_key}), on=b.parent_key, how="semi", maintain_order="left"
+        )
+        kept[b.name], dropped[b.name] = _apply_overflow(rows, b, spec.run.seed)
+    del frames
 
-    down(spec.schema_.branches, ROOT, root.key)
-
-    def up(b: Branch) -> pl.DataFrame:
-        """This branch's rows as one list<struct> per parent key."""
+    # Each branch's rows as one list<struct> per parent key, children before parents.
+    nested: dict[str, pl.DataFrame] = {}
+    for b, _ in reversed(walk):
         df = kept[b.name]
         payload = [*b.columns]
         if target_node == b.name and spec.task.target not in payload:
             payload.append(spec.task.target)
         for child in b.branches:
             assert b.key is not None  # the spec requires a key on branches with branches
-            agg = _cast(up(child), child.parent_key, df.schema[b.key])
+            agg = _cast(nested.pop(child.name), child.parent_key, df.schema[b.key])
             df = df.join(agg, left_on=b.key, right_on=child.parent_key, how="left", maintain_order="left")
             payload.append(child.name)
-        return df.group_by(b.parent_key, maintain_order=True).agg(pl.struct(payload).alias(b.name))
+        nested[b.name] = df.group_by(b.parent_key, maintain_order=True).agg(pl.struct(payload).alias(b.name))
 
     out = kept[ROOT]
     for b in spec.schema_.branches:
-        agg = _cast(up(b), b.parent_key, out.schema[root.key])
+        agg = _cast(nested.pop(b.name), b.parent_key, out.schema[root.key])
         out = out.join(agg, left_on=root.key, right_on=b.parent_key, how="left", maintain_order="left")
     out = out.with_columns(split_is_train(out[root.key], spec.task.validation_fraction))
     return Preprocessed(
