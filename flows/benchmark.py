@@ -33,28 +33,27 @@ from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_run_artifact
 from flows.floors import run_floor_metrics
-from model.meta import inspect_on_meta
-from tasks.backends.checkpoint import load_run_checkpoint, save_run_checkpoint
+from tasks.backends.checkpoint import load_run_checkpoint
 from tasks.backends.served import fp8_metrics
-from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings, start_backend
+from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings, serving_backend
 from tasks.checks.data import check_data_before_work, check_files, check_table_folders
 from tasks.checks.preflight import check_before_work
 from tasks.distributed import launch as distributed
+from tasks.libraries import library_for, library_tags
 from tasks.measure import keys as K
 from tasks.measure.baseline import no_better_than_baseline
 from tasks.measure.clock import Clock, unix_time, wall_clock
+from tasks.measure.collect import Region, engine_figures, utilisation
 from tasks.measure.environment import fingerprint, host_load_per_core
 from tasks.measure.floor_trust import UNTRUSTED_TAG, untrusted
 from tasks.measure.host_env import CpuTicks, steal_fraction
 from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
-from tasks.measure.peak import peak_flops
-from tasks.measure.present_flops import flops_of_shapes
 from tasks.measure.profiling import to_markdown as profile_markdown
-from tasks.measure.records import PHASES, BackendSetup, PhaseTimings, RunResult, batch_coordinate_metrics
+from tasks.measure.records import PHASES, BackendSetup, RunResult
 from tasks.measure.reference import check_reference, drop_reasons, quality_delta, reference_quality
 from tasks.measure.stats import CI_METHOD
-from tasks.measure.utilisation import PhaseWork, mfu_metrics, utilisation_reasons
+from tasks.measure.utilisation import utilisation_reasons
 from tasks.measure.validity import verdict
 from tasks.runtime import interrupts, progress
 from tasks.runtime.hostlock import host_lock, lock_path
@@ -73,10 +72,10 @@ from tasks.sources.files import SourceTable, check_sources, resolve_sources
 from tasks.sources.open import data_home, open_database
 from tasks.spec import Spec, parse_spec
 from tasks.stages import compute as compute_stage
-from tasks.stages.calibrate import CALIBRATED_KINDS
 from tasks.stages.chain import Chain, Weights
 from tasks.stages.compute import Engine
 from tasks.stages.encode import check_text
+from tasks.stages.engine import EngineBase, graph_break_reasons
 from tasks.stages.write import PredictionWriter
 from tasks.tracking.datasets import describe_sources, model_interface
 from tasks.tracking.run_note import run_description
@@ -194,7 +193,7 @@ class Run:
     launch_seconds: float  # from the CLI's launch to the flow's start (Prefect start-up)
     mlflow_seconds: float
     work: Workload | None = None
-    region: dict[str, float] | None = None
+    region: Region | None = None
     buckets: dict[str, float] = field(default_factory=dict)  # the timed region by bucket (harness.*)
     gc_pauses: dict[str, float] = field(default_factory=dict)  # collector pauses inside it (no bucket)
     ckpt_path: Path | None = None
@@ -226,6 +225,7 @@ def start_run(
         "relflow.spec_name": s.name,
         "relflow.ci_method": CI_METHOD,
         **fingerprint(p.device),
+        **library_tags(library_for(s)),  # the model under test and its version
         **(thread_tags or {}),
         **(tags or {}),
     }
@@ -290,7 +290,7 @@ def timed_body(run: Run) -> None:
                 else work.train()
             ),
             distributed=s.run.distributed is not None,
-            serving_backend=lambda: serving_backend(run),  # outside every stage (not in e2e)
+            serving_backend=lambda: serve_backend(run),  # outside every stage (not in e2e)
             requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
             predict_pass=predict,
         )
@@ -321,15 +321,7 @@ def timed_body(run: Run) -> None:
             )
     run.buckets = region.metrics()
     run.gc_pauses = region.gc.metrics()
-    run.region = {
-        "waited": waited,
-        "start_unix": region_start_unix,
-        "end_unix": region_end_unix,
-        "load_start": load_start,
-        "other_before": other_before,
-        "other_during": other_during,
-        "stolen": stolen,
-    }
+    run.region = Region(waited, region_start_unix, region_end_unix, load_start, other_before, other_during, stolen)
 
 
 def chain_for(p: Plan) -> Chain:
@@ -346,74 +338,47 @@ def chain_for(p: Plan) -> Chain:
     )
 
 
-def _engine(run: Run) -> Engine:
+def _engine(run: Run) -> EngineBase:
     assert run.work is not None and run.work.chain.engine is not None  # after the timed body
     return run.work.chain.engine
 
 
-def serving_backend(run: Run) -> float:
-    """Between training and the first predict pass: the backend the run serves with
-    (tasks/backends). ONNX Runtime after training exports the run's own checkpoint, saved
-    here first. Returns the seconds it took (export, session, checkpoint), kept out of e2e and
-    of the orchestration figure."""
-    s, work = run.spec, run.work
-    assert work is not None
-    chain = work.chain
-    engine = chain.ensure_engine()  # its own figure, harness.engine_setup_seconds
-    start = wall_clock()
-    if engine is None:  # predict with untrained weights: schema known after the first fit
-        return 0.0
-    served = Path(s.run.checkpoint) if s.run.checkpoint else None
-    if s.run.mode == "train+predict" and s.run.backend == "onnxruntime":
-        assert chain.encoding is not None
-        run.ckpt_path = served = run.output.with_suffix(".ckpt")  # ONNX Runtime serves the trained weights
-        served.parent.mkdir(parents=True, exist_ok=True)  # the writer creates it only when committing
-        save_run_checkpoint(served, engine, chain.encoding, s)
+def serve_backend(run: Run) -> float:
+    """The serving backend (tasks/backends/setup.py), its set-up recorded on the run."""
+    assert run.work is not None
     load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
-    progress.emit("phase", name=f"starting the {s.run.backend} backend")
-    run.backend_setup, run.backend_tags = start_backend(s, engine, run.plan.backend, served, load, chain.clock)
-    return wall_clock() - start
-
-
-def compiler_cache_state(hits: int, misses: int) -> str:
-    """``cold`` (every compiled graph built here), ``warm`` (every one from the on-disk cache),
-    ``mixed``, or ``none`` (nothing compiled)."""
-    if hits and misses:
-        return "mixed"
-    return "warm" if hits else "cold" if misses else "none"
+    served = serving_backend(run.spec, run.work.chain, run.plan.backend, load, run.output.with_suffix(".ckpt"))
+    if served.checkpoint is not None:
+        run.ckpt_path = served.checkpoint
+    if served.setup is not None and served.tags is not None:
+        run.backend_setup, run.backend_tags = served.setup, served.tags
+    return served.seconds
 
 
 def collect(run: Run) -> dict[str, float]:
-    """Step 3: engine and harness figures into the result, predictions committed, checkpoint
-    saved; returns the metrics."""
-    s, p, result, region = run.spec, run.plan, run.result, run.region
-    assert run.work is not None and run.work.chain.engine is not None and run.work.chain.encoding is not None
+    """Step 3: engine and harness figures into the result (tasks/measure/collect.py),
+    predictions committed, checkpoint saved; returns the metrics."""
+    s, p, result = run.spec, run.plan, run.result
+    assert run.work is not None and run.work.chain.engine is not None and run.region is not None
     work, chain = run.work, run.work.chain
-    engine, enc = chain.engine, chain.encoding
-    result.extra[K.COMPILED_FRAMES] = float(compute_stage.compiled_frames() - engine.frames_at_start)
-    hits, misses = (
-        now - then
-        for now, then in zip(compute_stage.compile_cache_counts(), engine.compile_cache_at_start, strict=True)
-    )
-    result.extra[K.COMPILE_CACHE_HITS], result.extra[K.COMPILE_CACHE_MISSES] = float(hits), float(misses)
-    run.tracker.set_tags({"relflow.compiler_cache": compiler_cache_state(hits, misses)})
+    engine = chain.engine
     # per predict pass that ran; a request scenario's batches are per served request
     units = run.latency.served_requests if run.latency is not None else result.predict_passes
-    result.extra.update(batch_coordinate_metrics(engine.batch_coords, units, len(engine.batch_shapes)))
+    cache_state = engine_figures(result, chain, engine, units)
+    run.tracker.set_tags({"relflow.compiler_cache": cache_state})
     if chain.has_text:
         enc_s = sum(st["encode"].seconds for st in result.stages.values())
         result.extra[K.DATA_TEXT_CELLS] = float(work.text_cells_per_pass)
         result.extra[K.ENCODE_CELLS_PER_S] = work.text_cells / enc_s if enc_s > 0 else 0.0
     for phase in PHASES:
-        result.recompiles[phase] = engine.recompiles(phase)
-        result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
         run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
     result.extra.update(run.backend_setup.metrics())
     load = p.checkpoint.get("load") if p.checkpoint else None
     if load is not None:
         result.extra.update(load.metrics())
-    result.extra.update(fp8_metrics(engine.model))
-    run.backend_tags = engine.backend.tags()  # after the passes: weights_native reads their fp8 fallbacks
+    if isinstance(engine, Engine):
+        result.extra.update(fp8_metrics(engine.model))
+    run.backend_tags = engine.backend_tags()  # after the passes: weights_native reads their fp8 fallbacks
     engine.close()
     engine.profiler.close()
     result.rows_written = run.writer.rows
@@ -425,15 +390,6 @@ def collect(run: Run) -> dict[str, float]:
     result.host_peak_bytes = run.memory.host_peak_bytes
     result.host_peak_excluding_compiler_bytes = run.memory.host_peak_excluding_compiler_bytes
     result.device_peak_bytes = run.memory.device_peak_bytes
-    result.train = engine.train_timings if s.run.mode == "train+predict" else None
-    result.predict = engine.predict_timings
-    result.compute_seconds = engine.wall_seconds
-    result.worker_startup_seconds = engine.worker_startup_seconds
-    result.quality = engine.quality.metrics()
-    result.quality.update(chain.calibration.metrics())
-    result.extra["calibration.temperature"] = chain.temperature
-    if s.task.kind in CALIBRATED_KINDS:  # held-out rows the temperature was not fitted on
-        result.extra[K.CALIBRATION_REPORT_ROWS] = float(chain.calibration.rows)
     if run.reference_quality is not None:
         result.extra.update(quality_delta(engine.quality.headline, result.quality, run.reference_quality))
     if run.latency is not None:
@@ -447,37 +403,22 @@ def collect(run: Run) -> dict[str, float]:
             K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
             **run.buckets,  # harness.region_seconds and its buckets (tasks/scenarios/region.py)
             **run.gc_pauses,  # tasks/measure/gcpauses.py
-            K.HARNESS_LOCK_WAIT_SECONDS: region["waited"],
-            # When this run held the host: lets anyone check that timed regions never overlap.
-            K.HARNESS_REGION_START: region["start_unix"],
-            K.HARNESS_REGION_END: region["end_unix"],
-            # Other work on the host is the biggest source of bad numbers on small machines.
-            K.HOST_LOAD_PER_CORE_START: region["load_start"],
-            K.HOST_OTHER_CPU_FRACTION_BEFORE: region["other_before"],
-            K.HOST_OTHER_CPU_FRACTION: region["other_during"],
-            K.HOST_STEAL_FRACTION: region["stolen"],
+            **run.region.metrics(),
         }
     )
     if s.run.mode == "train+predict":
-        if run.ckpt_path is None:  # else saved before serving (ONNX Runtime exports it)
-            run.ckpt_path = run.output.with_suffix(".ckpt")
-            save_run_checkpoint(run.ckpt_path, engine, enc, s)
-        run.tracker.log_artifact(run.ckpt_path, "checkpoint")
-        run.tracker.log_model(
-            engine.model,
-            model_interface(
-                s, p.sources, engine.schema, engine.model.config, engine.needed_outputs(tuple(s.task.outputs))
-            ),
-        )
-    shape = inspect_on_meta(engine.schema, engine.model.config, outputs=engine.needed_outputs(tuple(s.task.outputs)))
+        save_checkpoint(run, engine)
+    facts = engine.facts()
     run.tracker.log_params(
         {
-            "model.parameters": shape["parameters"],
-            "model.flops_per_root_row": shape["flops_per_root_row"],
+            "model.parameters": facts.parameters,
+            "model.flops_per_root_row": facts.flops_per_root_row if facts.flops_per_root_row is not None else "none",
             "run.resolved_device": str(p.device),
         }
     )
-    result.extra.update(_utilisation(s, p, engine, result, shape))
+    run.tracker.set_tags(facts.tags | ({"relflow.flops_note": facts.flops_note} if facts.flops_note else {}))
+    result.extra.update(facts.metrics)
+    result.extra.update(utilisation(s, p.device, engine, facts))
     # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
     # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
     flow_seconds = wall_clock() - run.flow_start
@@ -489,6 +430,20 @@ def collect(run: Run) -> dict[str, float]:
     predictions = run.output if s.run.scenario == "offline" else None
     metrics.update(run_floor_metrics(s, p.sources, p.device, metrics, calls, predictions))
     return metrics
+
+
+def save_checkpoint(run: Run, engine: EngineBase) -> None:
+    """The trained weights next to the predictions, as an MLflow artifact (and, for the
+    reference model, an MLflow model with its input and output interface)."""
+    s, p, chain = run.spec, run.plan, run.work.chain if run.work else None
+    assert chain is not None
+    if run.ckpt_path is None:  # else saved before serving (ONNX Runtime exports it)
+        run.ckpt_path = run.output.with_suffix(".ckpt")
+        engine.save_checkpoint(run.ckpt_path)
+    run.tracker.log_artifact(run.ckpt_path, "checkpoint")
+    if isinstance(engine, Engine):
+        outputs = engine.needed_outputs(tuple(s.task.outputs))
+        run.tracker.log_model(engine.model, model_interface(s, p.sources, engine.schema, engine.model.config, outputs))
 
 
 def judge(run: Run, metrics: dict[str, float]) -> list[str]:
@@ -522,8 +477,8 @@ def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str
     tracker.set_tags(
         {
             "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
-            **(run.backend_tags or engine.backend.tags()),
-            "relflow.graph_break_reasons": json.dumps(compute_stage.graph_break_reasons()),
+            **(run.backend_tags or engine.backend_tags()),
+            "relflow.graph_break_reasons": json.dumps(graph_break_reasons()),
             "relflow.quality_meaningful": str(run.quality_meaningful).lower(),
             "relflow.output_path": str(run.output),
             "relflow.validity": "INVALID" if reasons else "VALID",
@@ -612,31 +567,7 @@ def _remove_outputs(output: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def _utilisation(
-    s: Spec, p: Plan, engine: compute_stage.Engine, result: RunResult, shape: dict[str, int]
-) -> dict[str, float]:
-    """MFU per phase against this host's cached peak (measured here, outside the timed
-    region, on a cache miss)."""
-    peak = peak_flops(fingerprint(p.device)["relflow.host_fingerprint"], p.device, s.run.precision)
-    config, outputs = engine.model.config, engine.needed_outputs(tuple(s.task.outputs))
-
-    def work(t: PhaseTimings, reserved: float, outs: tuple[str, ...], phase: str) -> PhaseWork:
-        present = flops_of_shapes(engine.schema, config, outs, engine.steady_shapes[phase])
-        return PhaseWork(reserved, t.steady_rows_per_s, present, float(sum(t.steady_seconds)))
-
-    phases = {"predict": work(engine.predict_timings, float(shape["flops_per_root_row"]), outputs, "predict")}
-    if result.train is not None:
-        train_shape = inspect_on_meta(engine.schema, config, outputs=("prediction",))
-        phases["train"] = work(result.train, float(train_shape["flops_per_root_row"]), ("prediction",), "train")
-    rank_peak = None
-    if s.run.distributed is not None and "train" in phases:  # the ranks trained, at their own thread count
-        host = fingerprint(p.device)["relflow.host_fingerprint"]
-        threads = s.run.distributed.threads_per_process
-        rank_peak = peak_flops(host, p.device, s.run.precision, threads=threads).flops_per_s
-    return {**mfu_metrics(peak.flops_per_s, phases, rank_peak), K.HOST_PEAK_CACHED: float(peak.cached)}
-
-
-def _log_profile(tracker: Tracker, engine: compute_stage.Engine) -> dict[str, list[dict[str, Any]]]:
+def _log_profile(tracker: Tracker, engine: EngineBase) -> dict[str, list[dict[str, Any]]]:
     """Traces and top-ops tables as artifacts (``profile/``); the run is tagged profiled."""
     prof = engine.profiler
     if not prof.enabled:

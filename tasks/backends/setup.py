@@ -21,10 +21,12 @@ from tasks.backends import Backend
 from tasks.backends.bundle import Bundle, export_bundle, read_bundle
 from tasks.backends.pytorch import PyTorchBackend
 from tasks.backends.served import model_bytes
-from tasks.measure.clock import Clock
+from tasks.measure.clock import Clock, wall_clock
 from tasks.measure.records import BackendSetup, CheckpointLoad
+from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
+from tasks.stages.chain import Chain
 from tasks.stages.compute import Engine
 from tasks.stages.split import check_split
 
@@ -180,3 +182,35 @@ def _start(
     setup.load_seconds = span.seconds
     setup.model_bytes = model_file.stat().st_size
     return backend, setup
+
+
+@dataclass
+class Served:
+    """What ``serving_backend`` set up: its seconds (outside e2e and orchestration), the
+    checkpoint it saved (ONNX Runtime serves the run's own trained weights), costs and tags."""
+
+    seconds: float = 0.0
+    checkpoint: Path | None = None
+    setup: BackendSetup | None = None
+    tags: dict[str, str] | None = None
+
+
+def serving_backend(
+    spec: Spec, chain: Chain, plan: BackendPlan, load: CheckpointLoad | None, trained_checkpoint: Path
+) -> Served:
+    """Between training and the first predict pass: the backend the run serves with. ONNX
+    Runtime after training exports the run's own checkpoint, saved to ``trained_checkpoint``
+    first. A library under test other than the reference serves through its own engine (it
+    refused every other backend before work)."""
+    engine = chain.ensure_engine()  # its own figure, harness.engine_setup_seconds
+    start = wall_clock()
+    if engine is None or not isinstance(engine, Engine):  # untrained, unfitted yet; or a library's own
+        return Served()
+    served, saved = (Path(spec.run.checkpoint) if spec.run.checkpoint else None), None
+    if spec.run.mode == "train+predict" and spec.run.backend == "onnxruntime":
+        served = saved = trained_checkpoint  # ONNX Runtime serves the trained weights
+        served.parent.mkdir(parents=True, exist_ok=True)  # the writer creates it only when committing
+        engine.save_checkpoint(served)
+    progress.emit("phase", name=f"starting the {spec.run.backend} backend")
+    setup, tags = start_backend(spec, engine, plan, served, load, chain.clock)
+    return Served(wall_clock() - start, saved, setup, tags)

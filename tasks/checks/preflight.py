@@ -124,12 +124,15 @@ def check_output_dir(output_dir: str) -> None:
 
 def check_settings(spec: Spec) -> str:
     """The settings a run needs, checked in a second and before torch, Prefect or MLflow are
-    imported (the CLI calls it right after reading the spec): the tracking URI (no
-    credentials in a server URI, the store reachable and writable), ``run.output_dir``, the
-    host lock file. Returns the tracking URI."""
+    imported (the CLI calls it right after reading the spec): what the model under test
+    cannot honour (``model.library``), the tracking URI (no credentials in a server URI, the
+    store reachable and writable), ``run.output_dir``, the host lock file. Returns the
+    tracking URI."""
+    from tasks.libraries import check_library
     from tasks.runtime.hostlock import check_lock_file
     from tasks.tracking.uri import tracking_uri
 
+    check_library(spec)
     uri = tracking_uri()
     check_tracking_store(uri)
     check_output_dir(spec.run.output_dir)
@@ -142,9 +145,11 @@ def check_before_work(spec: Spec) -> list[str]:
 
     Returns notes for the user (stale runs that were ended)."""
     from tasks.checks.data import check_device_name
+    from tasks.libraries import check_library
     from tasks.runtime.hostlock import check_lock_file
     from tasks.tracking.store import end_stale_runs, tracking_uri
 
+    check_library(spec)  # again for callers that skip check_settings (sweeps, DDP ranks, scripts)
     uri = tracking_uri()
     check_tracking_store(uri)
     stale = end_stale_runs(uri)  # first: any invocation that reaches the store sweeps

@@ -254,8 +254,8 @@ def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking
     # table: the ranks prepare every chunk again, and their seconds are the train stages'.
     # This fit lands in harness.distributed_launch_seconds (tasks/scenarios/region.py).
     work.chain.prepare_untimed(work.chunks[0])
-    engine, enc = work.chain.engine, work.chain.encoding
-    assert engine is not None and enc is not None  # set by the first chunk
+    engine, enc = work.chain.reference_engine(), work.chain.encoding  # DDP: the reference model's
+    assert enc is not None  # set by the first chunk
     with tempfile.TemporaryDirectory(prefix="relflow-ddp-") as tmp:
         work_dir = Path(tmp)
         job = {

@@ -31,7 +31,7 @@ from tasks.sources.open import open_sources
 from tasks.spec import parse_spec
 from tasks.stages.chain import Chain
 from tasks.stages.retrieve import list_root_keys
-from tasks.stages.tensorize import Tensorized, layout, target
+from tasks.stages.tensorize import Chunk, layout, target
 
 
 class _AllReduceTimer:
@@ -98,8 +98,8 @@ def main(job_path: str) -> None:
             seconds[stage] += sec
             rows[stage] += n_rows
 
-        engine = chain.ensure_engine()
-        assert engine is not None  # the schema came with the job
+        chain.ensure_engine()  # the schema came with the job
+        engine = chain.reference_engine()  # DDP is the reference model's (other libraries refuse it)
         # Heads for outputs a train step does not request get no gradient: let DDP find them.
         ddp = DistributedDataParallel(
             engine.model, device_ids=[local] if backend == "nccl" else None, find_unused_parameters=True
@@ -109,7 +109,7 @@ def main(job_path: str) -> None:
         # The train step runs the wrapped model (all-reduce in backward); without this the
         # ranks trained apart (the 2-process test saw 0 s of all-reduce).
         engine.train_through(ddp)
-        cache: dict[int, Tensorized] = {}
+        cache: dict[int, Chunk] = {}
         updates_per_epoch = 0
         with ddp.join():
             for epoch in range(spec.run.epochs):

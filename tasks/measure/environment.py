@@ -96,8 +96,9 @@ def fingerprint(device: torch.device) -> dict[str, str]:
     worker = os.environ.get("PREFECT__WORKER_NAME")  # set by a Prefect worker for its flow runs
     if worker:
         tags["relflow.worker"] = worker
-    for pkg in ("prefect", "mlflow", "polars", "pyarrow"):
-        tags[f"relflow.{pkg}_version"] = _version(pkg)
+    # The libraries under test and what they stand on (tasks/libraries), whichever one ran.
+    for pkg in ("prefect", "mlflow", "polars", "pyarrow", "duckdb", "relflow", "lightning", "relational-transformers"):
+        tags[f"relflow.{pkg.replace('-', '_')}_version"] = _version(pkg)
     return tags
 
 

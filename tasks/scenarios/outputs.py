@@ -42,7 +42,7 @@ from tasks.spec import Run, Spec
 from tasks.spec.derived import eager_spec
 from tasks.spec.tolerance import output_tolerance
 from tasks.stages.chain import Chain, Weights
-from tasks.stages.compute import PredictOutputs
+from tasks.stages.engine import PredictOutputs
 
 
 @dataclass
@@ -113,11 +113,7 @@ def _target_values(chain: Chain, outs: PredictOutputs) -> tuple[torch.Tensor, to
     """The prediction ``[B, L1..Ld, (C)]`` and the target's present mask broadcast to it."""
     engine = chain.engine
     assert engine is not None  # the served calls built it
-    pred = outs.tensors["prediction"]
-    path = engine.schema.path(engine.schema.target.node)[1:]
-    mask = outs.present[path[-1].name] if path else torch.ones(pred.shape[0], dtype=torch.bool)
-    mask = mask.reshape(*mask.shape, *([1] * (pred.dim() - mask.dim()))).expand_as(pred)
-    return pred, mask
+    return outs.tensors["prediction"], engine.target_present(outs)
 
 
 def _per_root_diff(
@@ -202,8 +198,8 @@ def plain_spec(spec: Spec) -> Spec:
 
 def check_offline_outputs(chain: Chain, served: ServedOutputs) -> OutputCheck:
     """``run.check_outputs``: the served pass's rows vs the plain pass's, same weights and temperature."""
-    engine = chain.engine
-    assert engine is not None and chain.encoding is not None  # after the predict passes
+    engine = chain.reference_engine()  # other libraries refuse run.check_outputs (tasks/libraries)
+    assert chain.encoding is not None  # after the predict passes
     plain = Chain(
         plain_spec(chain.spec),
         chain.sources,

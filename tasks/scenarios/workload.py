@@ -21,14 +21,14 @@ from tasks.scenarios.outputs import ServedOutputs
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_temperature, validation_logits
 from tasks.stages.chain import Chain, Prepared, StageSink
 from tasks.stages.retrieve import list_root_keys
-from tasks.stages.tensorize import Tensorized
+from tasks.stages.tensorize import Chunk
 
 
 class Workload:
     def __init__(self, chain: Chain, result: RunResult) -> None:
         self.chain, self.result, self.spec = chain, result, chain.spec
         self.chunks: list[np.ndarray] = []
-        self._kept: dict[int, Tensorized] = {}  # training tensors of a single-chunk workload
+        self._kept: dict[int, Chunk] = {}  # training tensors of a single-chunk workload
         self._counted: set[int] = set()  # chunks whose data figures are in the result
         self.text_cells = 0  # every encode call (encode.cells_per_s)
         self.text_cells_per_pass = 0  # once per chunk (data.text_cells)
@@ -79,7 +79,7 @@ class Workload:
         for name, n in p.overflow_dropped.items():
             res.overflow_dropped[name] = res.overflow_dropped.get(name, 0) + n
 
-    def prepare(self, i: int, phase: str) -> Tensorized:
+    def prepare(self, i: int, phase: str) -> Chunk:
         """Chunk ``i`` through the chain's timed steps, charged to ``phase``."""
         if phase == "train" and i in self._kept:
             return self._kept[i]
@@ -96,7 +96,7 @@ class Workload:
         for stage, n in p.stage_bytes().items():
             stages[stage].bytes += n
 
-    def prepare_untimed(self, i: int) -> Tensorized:
+    def prepare_untimed(self, i: int) -> Chunk:
         """Chunk ``i`` outside every timing (kept training tensors are reused)."""
         return self._kept[i] if i in self._kept else self.chain.prepare_untimed(self.chunks[i])
 

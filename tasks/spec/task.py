@@ -32,7 +32,15 @@ class Task(Strict):
         return v
 
 
+LibraryName = Literal["reference", "relflow", "relational_transformers"]
+"""The model under test (tasks/libraries): our reference model in model/, or a real library."""
+
+
 class ModelSize(Strict):
+    library: LibraryName = Field(
+        "reference",
+        description="the model under test: reference (model/), relflow, relational_transformers (tasks/libraries)",
+    )
     d_model: int = Field(64, gt=0)
     layers: int = Field(2, ge=1)
     heads: int = Field(4, ge=1)

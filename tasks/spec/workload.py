@@ -77,6 +77,12 @@ class Spec(Strict):
 
     @property
     def spec_hash(self) -> str:
-        """Hash of the workload definition, independent of key order and formatting."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        """Hash of the workload definition, independent of key order and formatting.
+
+        ``model.library: reference`` (the default) is left out, so every spec written before
+        the key existed keeps its hash (history and compare group runs by it)."""
+        d = self.to_dict()
+        if d["model"]["library"] == "reference":
+            del d["model"]["library"]
+        blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

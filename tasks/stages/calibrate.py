@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import torch
 
-from tasks.stages.compute import Engine, PredictOutputs
+from tasks.stages.engine import EngineBase, PredictOutputs
 from tasks.stages.split import calibration_fit_rows
-from tasks.stages.tensorize import Tensorized
+from tasks.stages.tensorize import Chunk
 
 ECE_BINS = 15
 CALIBRATED_KINDS = ("category", "binary")
@@ -108,23 +108,15 @@ def fit_temperature(logits_N: torch.Tensor, labels_N: torch.Tensor, kind: str, m
 
 
 @torch.no_grad()
-def validation_logits(engine: Engine, tz: Tensorized) -> tuple[torch.Tensor, torch.Tensor]:
+def validation_logits(engine: EngineBase, tz: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw prediction logits and labels of a chunk's held-out, labelled cells of the fit
-    half (``calibration_fit_rows``), computed
-    with the engine's model but outside its timings (this is fitting, not serving)."""
+    half (``calibration_fit_rows``), computed with the engine's model but outside its
+    timings (this is fitting, not serving)."""
     fit = torch.from_numpy(calibration_fit_rows(tz.keys))
     rows = torch.nonzero(~tz.is_train & fit).flatten()
-    xs, ys = [], []
     if rows.numel() == 0:
         return torch.empty(0), torch.empty(0)
-    engine.model.eval()
-    for part, _ in engine.batches(tz, rows):
-        with engine.autocast():
-            logits = engine.model(part, outputs=("prediction",))["prediction"]
-        mask = part.label_present.bool()
-        xs.append(logits.float()[mask].cpu())
-        ys.append(part.labels[mask].cpu())
-    return torch.cat(xs), torch.cat(ys)
+    return engine.validation_logits(tz, rows)
 
 
 @dataclass

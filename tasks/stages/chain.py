@@ -28,18 +28,21 @@ import torch
 from model.arrow import Encoding
 from model.schema import ModelSchema
 from tasks.backends import Backend
+from tasks.libraries import library_for
+from tasks.libraries.base import ModelSide
 from tasks.measure.clock import Clock
 from tasks.runtime import progress
 from tasks.runtime.writes import named_write_errors
 from tasks.sources.tables import Sources
 from tasks.spec import Spec
 from tasks.stages.calibrate import CalibrationQuality, calibrate_outputs, report_mask
-from tasks.stages.compute import Engine, PredictOutputs
+from tasks.stages.compute import Engine
 from tasks.stages.encode import encode, text_columns
+from tasks.stages.engine import EngineBase, PredictOutputs
 from tasks.stages.preprocess import Preprocessed, preprocess
 from tasks.stages.retrieve import retrieve
-from tasks.stages.tensorize import Tensorized, fit, tensorize
-from tasks.stages.write import PredictionWriter, to_table
+from tasks.stages.tensorize import Chunk, fit, tensorize
+from tasks.stages.write import PredictionWriter
 
 _T = TypeVar("_T")
 
@@ -67,7 +70,7 @@ def run_directly(stage: str, step: Callable[[], _T], clock: Clock) -> tuple[_T, 
 class Prepared:
     """One chunk or request through read -> preprocess -> (encode) -> tensorize."""
 
-    tz: Tensorized
+    tz: Chunk
     bytes_read: int
     rows_read: int  # source rows over every table (root and branches)
     overflow_dropped: dict[str, int] = field(default_factory=dict)
@@ -124,7 +127,11 @@ class Chain:
         self.temperature = self.weights.temperature
         self.calibration = CalibrationQuality(spec.task.kind, self.temperature)
         self.outputs = tuple(spec.task.outputs)
-        self.engine: Engine | None = None
+        # A library under test (model.library) brings its own tensorize step and engine; the
+        # reference model's are tasks/stages/tensorize.py and compute.py, run from here.
+        checkpoint = {"model": self.weights.model} if self.weights.model is not None else None
+        self.side: ModelSide | None = library_for(spec).model_side(spec, device, checkpoint)
+        self.engine: EngineBase | None = None
         self.engine_setup_seconds = 0.0  # building the model: its own figure, not a stage
 
     @property
@@ -141,7 +148,7 @@ class Chain:
         if self.has_text:
             encoded = run("encode", lambda: encode(spec, pre), lambda e: e.pre.root_rows)
             pre, cells = encoded.pre, encoded.cells
-        tz: Tensorized = run("tensorize", lambda: self._tensorize(pre), lambda t: t.root_rows)
+        tz: Chunk = run("tensorize", lambda: self._tensorize(pre), lambda t: t.root_rows)
         arrow_bytes = sum(t.nbytes for t in r.tables.values())
         return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells, arrow_bytes)
 
@@ -167,13 +174,13 @@ class Chain:
         self.ensure_engine()
         return prepared
 
-    def prepare_untimed(self, keys: np.ndarray) -> Tensorized:
+    def prepare_untimed(self, keys: np.ndarray) -> Chunk:
         """The same steps outside every timing (calibration fit, reference pass, scripts)."""
         tz = self._steps(keys, lambda stage, step, rows: step()).tz
         self.ensure_engine()
         return tz
 
-    def predict_untimed(self, keys: np.ndarray) -> tuple[Tensorized, PredictOutputs]:
+    def predict_untimed(self, keys: np.ndarray) -> tuple[Chunk, PredictOutputs]:
         """read .. compute -> calibrate for ``keys`` outside every timing and run figure, with
         the served engine, backend and temperature (the output check's offline pass); nothing
         is written."""
@@ -183,16 +190,24 @@ class Chain:
             outs = engine.predict(tz, self.outputs)
         return tz, calibrate_outputs(outs, self.temperature, self.spec.task.kind)
 
-    def _tensorize(self, pre: Preprocessed) -> Tensorized:
+    def _tensorize(self, pre: Preprocessed) -> Chunk:
+        if self.side is not None:
+            return self.side.tensorize(pre)
         if self.encoding is None or self.schema is None:  # no checkpoint: fit on this chunk
             self.encoding, self.schema = fit(self.spec, pre)
         return tensorize(self.spec, pre, self.encoding, self.schema)
 
     # -- the engine -------------------------------------------------------------------------
 
-    def ensure_engine(self, backend: Backend | None = None) -> Engine | None:
+    def ensure_engine(self, backend: Backend | None = None) -> EngineBase | None:
         """The engine, built once the schema is known; ``backend`` None serves with PyTorch."""
-        if self.engine is None and self.schema is not None:
+        if self.engine is None and self.side is not None:
+            with self.clock.measure() as span:
+                self.engine = self.side.engine(self.clock)
+            if self.engine is not None:
+                self.engine.temperature = self.temperature
+                self.engine_setup_seconds += span.seconds
+        elif self.engine is None and self.schema is not None:
             with self.clock.measure() as span:
                 self.engine = Engine(
                     self.spec,
@@ -208,10 +223,10 @@ class Chain:
             self.engine_setup_seconds += span.seconds
         return self.engine
 
-    def ready_engine(self, first_keys: np.ndarray) -> Engine:
+    def ready_engine(self, first_keys: np.ndarray) -> EngineBase:
         """The engine before a request scenario: a run without a checkpoint fits its encoding on
         ``first_keys`` outside every timing (a pure speed run, as in the offline scenario)."""
-        if self.schema is None:  # the fit is part of setting the engine up (one region bucket)
+        if self.ensure_engine() is None:  # the fit is part of setting the engine up (one region bucket)
             before = self.engine_setup_seconds
             with self.clock.measure() as span:
                 self.prepare_untimed(first_keys)
@@ -220,10 +235,18 @@ class Chain:
         assert engine is not None  # the fit above set the schema
         return engine
 
-    def _engine(self) -> Engine:
+    def _engine(self) -> EngineBase:
         if self.engine is None:
             raise RuntimeError("compute before any chunk was prepared: the model's schema is unknown")
         return self.engine
+
+    def reference_engine(self) -> Engine:
+        """The engine of the reference model (paths only it has: ONNX/Triton serving, DDP,
+        its checkpoint format); ``check_library`` refused those settings for the others."""
+        engine = self._engine()
+        if not isinstance(engine, Engine):
+            raise RuntimeError(f"model.library {self.spec.model.library} reached a path of the reference model only")
+        return engine
 
     def set_temperature(self, temperature: float) -> None:
         """The fitted output calibration: applied by ``calibrate``, saved with the checkpoint."""
@@ -233,7 +256,7 @@ class Chain:
 
     # -- compute -> calibrate -> write ------------------------------------------------------
 
-    def train(self, tz: Tensorized, sink: StageSink, where: Where | None = None) -> None:
+    def train(self, tz: Chunk, sink: StageSink, where: Where | None = None) -> None:
         """One chunk of a training epoch (the compute stage of the train phase)."""
         engine = self._engine()
         _, seconds = self._timed("compute", lambda: engine.train(tz), where)
@@ -241,7 +264,7 @@ class Chain:
 
     def serve(
         self,
-        tz: Tensorized,
+        tz: Chunk,
         writer: PredictionWriter,
         sink: StageSink,
         where: Where | None = None,
@@ -257,13 +280,11 @@ class Chain:
         t = self.temperature
         outs, seconds = self._timed("calibrate", lambda: calibrate_outputs(outs, t, spec.task.kind), None, runner)
         sink("calibrate", seconds, rows)
-        assert self.encoding is not None  # set with the schema
-        enc = self.encoding
 
         def write() -> None:
             # A full disk is named (path and setting), on every path that writes predictions.
             with named_write_errors(writer.path, "predictions", "run.output_dir"):
-                writer.write(to_table(spec, engine.schema, enc, tz.keys, outs))
+                writer.write(engine.predictions_table(tz.keys, outs))
 
         _, seconds = self._timed("write", write, where, runner)
         sink("write", seconds, rows)

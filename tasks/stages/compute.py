@@ -11,67 +11,54 @@ time the device waits for input (``device.input_wait_fraction``).
 from __future__ import annotations
 
 import functools
-import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import torch
 
-# Dynamo's counters, imported here (~1 s) so that the import lands in harness start-up, not in
-# the timed region the first Engine is built in.
-from torch._dynamo.utils import counters
-
 from model import ModelConfig, RelationalTransformer, adamw, bucketing
 from model.arrow import Encoding, coordinate_counts, encode_trimmed, flatten
 from model.batch import Batch
 from model.data import ArrowDataModule
+from model.meta import inspect_on_meta
 from model.optim import AdamW
 from model.precision import autocast_context
 from model.quantize import Fp8Linear
 from model.schema import ModelSchema
-from model.throughput import Logger, ThroughputCallback
 from tasks.backends import Backend
 from tasks.backends.pytorch import PyTorchBackend, whole_model
-from tasks.measure import keys as K
-from tasks.measure.clock import Clock, Window
-from tasks.measure.profiling import SteadyProfiler
+from tasks.measure.clock import Clock
 from tasks.measure.quality import Quality
-from tasks.measure.records import PhaseTimings
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
-from tasks.stages.tensorize import Tensorized, layout
+from tasks.stages.engine import (
+    EngineBase,
+    ModelFacts,
+    PredictOutputs,
+    compile_cache_counts,
+    compiled_frames,
+    graph_break_reasons,
+    graph_breaks,
+)
+from tasks.stages.tensorize import Chunk, Tensorized, layout
+from tasks.stages.write import to_table
 
-
-def compiled_frames() -> int:
-    """Graphs Dynamo has compiled so far in this process (each recompile adds one).
-
-    ``counters["frames"]["ok"]`` is not counted for ``fullgraph=True`` regions in torch 2.13
-    (it stayed 0 through real recompiles, so every run reported 0); ``unique_graphs`` is."""
-    return int(counters["stats"]["unique_graphs"])
-
-
-def compile_cache_counts() -> tuple[int, int]:
-    """(hits, misses) of Inductor's FX-graph cache and AOTAutograd's cache so far in this
-    process. Both live on disk (``TORCHINDUCTOR_CACHE_DIR``, by default one folder shared by
-    every run of the user), so a compile another run already did comes back in a fraction of
-    its cold time: a first call is a cold compile only where the hits are 0."""
-    hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
-    misses = counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
-    return int(hits), int(misses)
-
-
-def graph_breaks() -> int:
-    return int(sum(counters["graph_break"].values()))
-
-
-def graph_break_reasons() -> dict[str, int]:
-    """Dynamo's graph-break reasons so far in this process, with counts."""
-    return {str(k): int(v) for k, v in counters["graph_break"].items()}
+__all__ = [
+    "Engine",
+    "PredictOutputs",
+    "check_precision",
+    "compile_cache_counts",
+    "compiled_frames",
+    "graph_break_reasons",
+    "graph_breaks",
+    "optimizer_settings",
+    "resolve_device",
+]
 
 
 def resolve_device(spec: Spec) -> torch.device:
@@ -97,17 +84,9 @@ def optimizer_settings(spec: Spec) -> AdamW:
     return adamw(learning_rate=spec.run.learning_rate, weight_decay=a.weight_decay, fused=a.fused)
 
 
-@dataclass
-class PredictOutputs:
-    """Selected outputs of one chunk, on CPU, aligned with the chunk's root rows."""
+class Engine(EngineBase):
+    """The reference model's engine (``model/``): its batches, train and predict steps."""
 
-    tensors: dict[str, torch.Tensor]
-    present: dict[str, torch.Tensor] = field(default_factory=dict)  # node name -> present mask
-    labels: torch.Tensor | None = None  # target labels, aligned with the prediction
-    label_mask: torch.Tensor | None = None  # held-out, labelled cells (quality counts these)
-
-
-class Engine:
     def __init__(
         self,
         spec: Spec,
@@ -119,9 +98,8 @@ class Engine:
         optimizer_state: dict[str, Any] | None = None,
         backend: Backend | None = None,
     ) -> None:
-        self.spec, self.schema, self.device = spec, schema, device
-        self.temperature = 1.0  # output calibration, saved with the checkpoint
-        self.encoding = encoding  # loader workers encode with it
+        self.schema, self.encoding = schema, encoding  # loader workers encode with the encoding
+        super().__init__(spec, device, clock)
         torch.manual_seed(spec.run.seed)
         cfg = ModelConfig(
             d_model=spec.model.d_model, layers=spec.model.layers, heads=spec.model.heads, dropout=spec.model.dropout
@@ -156,39 +134,15 @@ class Engine:
         self.model.batch_size = spec.run.batch_size
         self.optimizer_settings = self.model.optimizer
         self.optimizer: torch.optim.Optimizer | None = None
-        self.clock = clock or Clock(device)
-        bs, wu = spec.run.batch_size, spec.run.warmup_batches
-        self.train_timings = PhaseTimings(wu)
-        self.predict_timings = PhaseTimings(wu)
-        # The product's throughput callback: its batches x batch size estimate, steady batches only.
-        self.throughput = {
-            phase: ThroughputCallback(bs, K.compute(phase, K.ESTIMATED_ROWS_PER_S)) for phase in K.PHASES
-        }
-        self.wall_seconds = 0.0
-        self.paths_seen: set[str] = set()
-        self.quality = self._new_quality()
-        # Dynamo frames compiled (and graph breaks) while a phase's own steady batches ran:
-        # a recompile is charged to the phase whose batch triggered it, never to the other.
-        self.frames_at_start = compiled_frames()
-        self.compile_cache_at_start = compile_cache_counts()
-        self.steady_frames: dict[str, int] = {"train": 0, "predict": 0}
-        self.steady_breaks: dict[str, int] = {"train": 0, "predict": 0}
-        # Breaks while a phase compiled (first call and warm-up batches): a whole-model
-        # compile's breaks show here, since they happen before the steady window.
-        self.warmup_breaks: dict[str, int] = {"train": 0, "predict": 0}
-        self.worker_startup_seconds = 0.0
         self._data_module: ArrowDataModule | None = None
         self._generator = torch.Generator().manual_seed(spec.run.seed)
-        self.profiler = SteadyProfiler(spec.run.profile, spec.run.profile_batches, device)
         # Length bucketing: root rows of each batch in the order they ran (outputs are put
-        # back in key order), and the coordinates of every predict batch the model received.
+        # back in key order).
         self._ran_rows: list[torch.Tensor] = []
-        self.batch_coords: list[tuple[int, int]] = []  # (present, padded) per predict batch
-        self.batch_shapes: set[tuple[int, ...]] = set()  # padded branch lengths seen (predict)
         # Steady batches' root rows by present shape, per phase (tasks/measure/present_flops.py).
         self.steady_shapes: dict[str, Counter[tuple[int, ...]]] = {"train": Counter(), "predict": Counter()}
 
-    def _new_quality(self) -> Quality:
+    def new_quality(self) -> Quality:
         """Quality in the target's own units: regression errors are scaled back."""
         enc = self.encoding
         return Quality(
@@ -205,36 +159,24 @@ class Engine:
         Runtime serves the weights this run trained, so it can only start then)."""
         self.backend = backend
 
-    def begin_predict_pass(self) -> None:
-        """Quality is scored on one pass (the latest), not accumulated over repeats."""
-        self.quality = self._new_quality()
+    def backend_tags(self) -> dict[str, Any]:
+        return self.backend.tags()
 
     @contextmanager
     def untracked(self) -> Iterator[None]:
-        """Predict calls inside leave every run figure as it was (the output check's offline
-        pass, after the timed region): no batch is steady (so no throughput, FLOPs shape,
-        recompile or profile is charged), and the timings, coordinates, quality, wall time and
-        fp8 fallback counts are put back after."""
-        saved = (self.predict_timings, self.batch_coords, self.batch_shapes, self.quality, self.wall_seconds)
-        paths, breaks = set(self.paths_seen), dict(self.warmup_breaks)
+        """As the base's, and the fp8 fallback counts are put back too."""
         fallbacks = [
             (m.fallback_calls, m.fallback_calls.clone()) for m in self.model.modules() if isinstance(m, Fp8Linear)
         ]
-        self.predict_timings = PhaseTimings(sys.maxsize)  # warm-up never ends: nothing is steady
-        self.batch_coords, self.batch_shapes, self.quality = [], set(), self._new_quality()
         try:
-            yield
+            with super().untracked():
+                yield
         finally:
-            self.predict_timings, self.batch_coords, self.batch_shapes, self.quality, self.wall_seconds = saved
-            self.paths_seen, self.warmup_breaks = paths, breaks
             for live, before in fallbacks:
                 live.copy_(before)
 
-    def _record(self, phase: str, t: PhaseTimings, seconds: float, rows: int, part: Batch) -> None:
-        if t.in_steady_state:
-            self.throughput[phase].on_batch_end(seconds)
-            self._count_shapes(self.steady_shapes[phase], part)
-        t.record(seconds, rows)
+    def steady_batch(self, phase: str, part: Batch) -> None:
+        self._count_shapes(self.steady_shapes[phase], part)
 
     def _count_shapes(self, shapes: Counter[tuple[int, ...]], part: Batch) -> None:
         """Root rows of a steady batch by present shape (``compute.mfu`` counts their FLOPs)."""
@@ -247,26 +189,6 @@ class Engine:
         unique, counts = torch.unique(lengths, dim=0, return_counts=True)
         for shape, n in zip(unique.tolist(), counts.tolist(), strict=True):
             shapes[tuple(shape)] += n
-
-    def flush_throughput(self, logger: Logger) -> dict[str, float]:
-        """Send each phase's callback estimate to ``logger`` (phases that ran steady batches);
-        returns what was sent."""
-        sent: dict[str, float] = {}
-        for cb in self.throughput.values():
-            if cb.batches:
-                cb.logger = logger
-                sent.update(cb.flush())
-        return sent
-
-    def recompiles(self, phase: str) -> int:
-        return self.steady_frames[phase]
-
-    def graph_breaks_after_warmup(self, phase: str) -> int:
-        return self.steady_breaks[phase]
-
-    def graph_breaks_in_warmup(self, phase: str) -> int:
-        """Breaks while the phase compiled (first call and warm-up batches)."""
-        return self.warmup_breaks[phase]
 
     def close(self) -> None:
         if self._data_module is not None:
@@ -373,31 +295,9 @@ class Engine:
                 )
         return self._data_module
 
-    def _timed(
-        self, phase: str, t: PhaseTimings, batches: Iterator[tuple[Batch, int]], window: Window
-    ) -> Iterator[tuple[Batch, int]]:
-        """Yield batches, charging the wait for each one to ``t.input_seconds`` (through the
-        loop's ``window``: on CUDA, at its next flush)."""
-
-        def waited(seconds: float) -> None:
-            t.input_seconds += seconds
-
-        while True:
-            steady = t.in_steady_state
-            frames, breaks = compiled_frames(), graph_breaks()
-            with window.span(waited):
-                item = next(batches, None)
-            if item is None:
-                return
-            yield item  # the caller runs the step before asking for the next batch
-            if steady:
-                self.steady_frames[phase] += compiled_frames() - frames
-                self.steady_breaks[phase] += graph_breaks() - breaks
-            else:
-                self.warmup_breaks[phase] += graph_breaks() - breaks
-
-    def train(self, tz: Tensorized) -> None:
+    def train(self, tz: Chunk) -> None:
         """One pass over the chunk's training rows, shuffled with the run's seed."""
+        assert isinstance(tz, Tensorized)  # the reference model's chain tensorizes for it
         rows = torch.nonzero(tz.is_train).flatten()
         if rows.numel() == 0:
             return
@@ -410,9 +310,9 @@ class Engine:
         t = self.train_timings
         window = self.clock.window()  # per-batch spans; on CUDA one device sync per window
         with self.clock.measure() as wall:
-            for part, n in self._timed("train", t, self.batches(tz, order, shuffle=True), window):
+            for part, n in self.timed_batches("train", t, self.batches(tz, order, shuffle=True), window):
                 steady = t.in_steady_state
-                recorded = functools.partial(self._record, "train", t, rows=n, part=part)
+                recorded = functools.partial(self.record, "train", t, rows=n, part=part)
                 with self.profiler.batch("train", steady), window.span(recorded):
                     with self.autocast():
                         outs = self.forward(part, outputs=("prediction",))
@@ -444,8 +344,9 @@ class Engine:
         return tuple(dict.fromkeys(["prediction", *(o for o in outputs if not o.startswith("topk:"))]))
 
     @torch.no_grad()
-    def predict(self, tz: Tensorized, outputs: tuple[str, ...]) -> PredictOutputs:
+    def predict(self, tz: Chunk, outputs: tuple[str, ...]) -> PredictOutputs:
         """Selected outputs for every root row; quality accumulates over validation rows."""
+        assert isinstance(tz, Tensorized)
         self.model.eval()
         need = self.needed_outputs(outputs)
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in need}
@@ -455,9 +356,9 @@ class Engine:
         with self.clock.measure() as wall:
             self._ran_rows = []
             bucketed = self.spec.run.bucketing == "by_length"
-            for part, n in self._timed("predict", t, self.batches(tz, torch.arange(tz.root_rows)), window):
+            for part, n in self.timed_batches("predict", t, self.batches(tz, torch.arange(tz.root_rows)), window):
                 steady = t.in_steady_state
-                recorded = functools.partial(self._record, "predict", t, rows=n, part=part)
+                recorded = functools.partial(self.record, "predict", t, rows=n, part=part)
                 with self.profiler.batch("predict", steady), window.span(recorded):
                     outs = self.backend.step(part, need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
@@ -491,3 +392,38 @@ class Engine:
         mask = label_present & holdout.view(-1, *([1] * (labels.dim() - 1)))
         self.quality.add(tensors["prediction"], labels, mask)
         return PredictOutputs(tensors, present, labels=labels, label_mask=mask)
+
+    @torch.no_grad()
+    def validation_logits(self, tz: Chunk, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert isinstance(tz, Tensorized)
+        xs, ys = [], []
+        self.model.eval()
+        for part, _ in self.batches(tz, rows):
+            with self.autocast():
+                logits = self.model(part, outputs=("prediction",))["prediction"]
+            mask = part.label_present.bool()
+            xs.append(logits.float()[mask].cpu())
+            ys.append(part.labels[mask].cpu())
+        return torch.cat(xs), torch.cat(ys)
+
+    def target_present(self, outs: PredictOutputs) -> torch.Tensor:
+        pred = outs.tensors["prediction"]
+        path = self.schema.path(self.schema.target.node)[1:]
+        mask = outs.present[path[-1].name] if path else torch.ones(pred.shape[0], dtype=torch.bool)
+        return mask.reshape(*mask.shape, *([1] * (pred.dim() - mask.dim()))).expand_as(pred)
+
+    def predictions_table(self, keys: pa.Array, outs: PredictOutputs) -> pa.Table:
+        assert self.encoding is not None
+        return to_table(self.spec, self.schema, self.encoding, keys, outs)
+
+    def save_checkpoint(self, path: Path) -> None:
+        # tasks/backends/checkpoint.py reads this module's names at import time
+        from tasks.backends.checkpoint import save_run_checkpoint
+
+        assert self.encoding is not None  # set with the schema
+        save_run_checkpoint(path, self, self.encoding, self.spec)
+
+    def facts(self) -> ModelFacts:
+        outputs = self.needed_outputs(tuple(self.spec.task.outputs))
+        shape = inspect_on_meta(self.schema, self.model.config, outputs=outputs)
+        return ModelFacts("reference", int(shape["parameters"]), int(shape["flops_per_root_row"]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,22 @@ from model.schema import ModelSchema, TargetDef
 from tasks.spec import Branch, Spec
 from tasks.stages.preprocess import TRAIN, Preprocessed
 from tasks.stages.retrieve import ROOT
+
+
+class Chunk(Protocol):
+    """What the tensorize stage hands compute, for any model under test (tasks/libraries):
+    the root keys and split of a chunk's rows, and how many coordinates (cells) it holds."""
+
+    keys: pa.Array  # root keys, aligned with the rows
+    is_train: torch.Tensor  # bool [B]
+    coords_present: int
+    coords_reserved: int
+    root_rows: int
+
+    @property
+    def produced_bytes(self) -> int: ...
+
+    def tensors(self) -> list[torch.Tensor]: ...
 
 
 @dataclass

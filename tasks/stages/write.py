@@ -19,7 +19,7 @@ import torch
 from model.arrow import Encoding
 from model.schema import ModelSchema
 from tasks.spec import Spec
-from tasks.stages.compute import PredictOutputs
+from tasks.stages.engine import PredictOutputs
 
 
 def _leaf_array(values: np.ndarray) -> pa.Array:

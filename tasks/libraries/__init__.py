@@ -1,0 +1,65 @@
+"""The models under test (``model.library``), one module or folder per library.
+
+- ``reference``: the model in ``model/`` (the default)
+- ``relflow``: relflow 0.4.0, the library of the first product note (``relflow/``)
+- ``relational_transformers``: RelativeDB's relational-transformers 0.1.0, the second
+  note's (``relational_transformers/``)
+
+Each is imported only when a spec asks for it: relflow brings Lightning, whose import costs
+seconds that a reference run should not pay.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tasks.libraries.base import Library, ModelSide, Unsupported, version_of
+from tasks.runtime.errors import UserError
+from tasks.spec import Spec
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Library", "ModelSide", "Unsupported", "check_library", "library_for", "library_tags", "version_of"]
+
+
+class NotBuilt:
+    """A library whose harness part has not landed: refused before work, naming the issue."""
+
+    def __init__(self, name: str, distribution: str, issue: int) -> None:
+        self.name, self.issue = name, issue
+        self.distribution: str | None = distribution
+
+    def check(self, spec: Spec) -> None:
+        raise UserError(
+            f"model.library {self.name} is not built yet: benchmarking {self.distribution} through the "
+            f"harness is issue {self.issue}'s feature. Use model.library: reference (the default) for now."
+        )
+
+    def model_side(self, spec: Spec, device: torch.device, checkpoint: dict[str, Any] | None) -> ModelSide | None:
+        self.check(spec)
+        return None
+
+
+def library_for(spec: Spec) -> Library:
+    """The library ``spec`` names (``model.library``)."""
+    name = spec.model.library
+    if name == "relflow":
+        return NotBuilt(name, "relflow", 33)
+    if name == "relational_transformers":
+        return NotBuilt(name, "relational-transformers", 34)
+    from tasks.libraries.reference import Reference
+
+    return Reference()
+
+
+def check_library(spec: Spec) -> Library:
+    """The library, after refusing (``UserError``, exit 2) what it cannot honour in ``spec``."""
+    library = library_for(spec)
+    library.check(spec)
+    return library
+
+
+def library_tags(library: Library) -> dict[str, str]:
+    """The run's tags for the model under test."""
+    return {"relflow.library": library.name, "relflow.library_version": version_of(library)}

@@ -1,0 +1,76 @@
+"""The protocol every model under test implements (``model.library``).
+
+The harness owns reading, preprocessing, timing, calibration and writing; a library owns
+what is its own: which spec settings it can honour, turning the harness's nested Arrow
+table into its inputs (the tensorize stage, and encode where it has one), and the model's
+train and predict steps. Each library lives in one module or folder beside this file.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tasks.spec import Spec
+
+if TYPE_CHECKING:
+    import torch
+
+    from tasks.measure.clock import Clock
+    from tasks.stages.engine import EngineBase
+    from tasks.stages.preprocess import Preprocessed
+    from tasks.stages.tensorize import Chunk
+
+
+class Library(Protocol):
+    """A model under test, as the checks before work see it."""
+
+    name: str  # the value of model.library
+    distribution: str | None  # its PyPI distribution; None for the reference model in model/
+
+    def check(self, spec: Spec) -> None:
+        """Raise ``UserError`` naming the library, the key and the fix for every setting of
+        ``spec`` this library cannot honour; called before any data is read."""
+        ...
+
+    def model_side(self, spec: Spec, device: torch.device, checkpoint: dict[str, Any] | None) -> ModelSide | None:
+        """This run's tensorize step and engine; None for the reference model, whose steps the
+        chain runs itself (tasks/stages/tensorize.py, tasks/stages/compute.py)."""
+        ...
+
+
+def version_of(library: Library) -> str:
+    """The installed version of ``library`` (the harness's own for the reference model)."""
+    dist = library.distribution or "relflow-bench"
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "absent"
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """One spec setting a library cannot honour, and what to do instead."""
+
+    key: str
+    value: object
+    why: str
+    fix: str
+
+    def message(self, library: str) -> str:
+        return f"model.library {library} cannot honour {self.key}={self.value!r}: {self.why}; {self.fix}."
+
+
+class ModelSide(Protocol):
+    """A library's part of one run's chain: its tensorize step and its engine.
+
+    The chain (tasks/stages/chain.py) runs read -> preprocess -> (encode) for every library;
+    then ``tensorize`` turns the preprocessed nested rows into the library's inputs (fitting
+    what the library learns from data, e.g. vocabularies or normalisation, on the first chunk
+    that arrives, inside that step's time as for the reference model), and ``engine`` builds
+    the compute engine once that fit is done (None before)."""
+
+    def tensorize(self, pre: Preprocessed) -> Chunk: ...
+
+    def engine(self, clock: Clock) -> EngineBase | None: ...

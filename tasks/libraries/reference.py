@@ -1,0 +1,25 @@
+"""The reference model: our plain-PyTorch implementation of the product notes, in ``model/``.
+
+It honours every spec setting (the spec was written for it), so its check refuses nothing;
+its train/predict steps are ``tasks/stages/compute.py``'s ``Engine``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tasks.libraries.base import ModelSide
+from tasks.spec import Spec
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Reference:
+    name = "reference"
+    distribution: str | None = None
+
+    def check(self, spec: Spec) -> None:
+        return None
+
+    def model_side(self, spec: Spec, device: torch.device, checkpoint: dict[str, Any] | None) -> ModelSide | None:
+        return None

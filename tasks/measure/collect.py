@@ -1,0 +1,117 @@
+"""A run's figures assembled from the engine and the harness after the timed region.
+
+The flow (flows/benchmark.py) only orders the work: it calls these to turn what the model
+under test's engine recorded (``EngineBase``, any library) and what the harness measured
+around it (the timed region, host load, start-up) into the run's ``RunResult``. Figures only
+the reference model has (fp8 fallbacks, present-shape FLOPs) come through ``ModelFacts`` or
+are asked of the reference engine by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.meta import inspect_on_meta
+from tasks.measure import keys as K
+from tasks.measure.environment import fingerprint
+from tasks.measure.peak import peak_flops
+from tasks.measure.present_flops import flops_of_shapes
+from tasks.measure.records import PHASES, PhaseTimings, RunResult, batch_coordinate_metrics
+from tasks.measure.utilisation import PhaseWork, mfu_metrics
+from tasks.spec import Spec
+from tasks.stages.calibrate import CALIBRATED_KINDS
+from tasks.stages.chain import Chain
+from tasks.stages.compute import Engine
+from tasks.stages.engine import EngineBase, ModelFacts, compile_cache_counts, compiled_frames
+
+
+@dataclass(frozen=True)
+class Region:
+    """What the harness measured around the timed region (tasks/measure/hostload.py, host_env.py)."""
+
+    waited: float  # seconds waiting for the host lock
+    start_unix: float
+    end_unix: float
+    load_start: float  # load average per core just before
+    other_before: float  # other processes' share of the cores just before
+    other_during: float  # ... during the region
+    stolen: float  # hypervisor steal during the region
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.HARNESS_LOCK_WAIT_SECONDS: self.waited,
+            # When this run held the host: lets anyone check that timed regions never overlap.
+            K.HARNESS_REGION_START: self.start_unix,
+            K.HARNESS_REGION_END: self.end_unix,
+            # Other work on the host is the biggest source of bad numbers on small machines.
+            K.HOST_LOAD_PER_CORE_START: self.load_start,
+            K.HOST_OTHER_CPU_FRACTION_BEFORE: self.other_before,
+            K.HOST_OTHER_CPU_FRACTION: self.other_during,
+            K.HOST_STEAL_FRACTION: self.stolen,
+        }
+
+
+def compiler_cache_state(hits: int, misses: int) -> str:
+    """``cold`` (every compiled graph built here), ``warm`` (every one from the on-disk cache),
+    ``mixed``, or ``none`` (nothing compiled)."""
+    if hits and misses:
+        return "mixed"
+    return "warm" if hits else "cold" if misses else "none"
+
+
+def engine_figures(result: RunResult, chain: Chain, engine: EngineBase, predict_units: int) -> str:
+    """The engine's figures into ``result`` (compile, coordinates, timings, quality,
+    calibration); ``predict_units`` are the predict passes (offline) or served requests the
+    batch figures are per. Returns the compiler-cache state for the run's tag."""
+    result.extra[K.COMPILED_FRAMES] = float(compiled_frames() - engine.frames_at_start)
+    hits, misses = (now - then for now, then in zip(compile_cache_counts(), engine.compile_cache_at_start, strict=True))
+    result.extra[K.COMPILE_CACHE_HITS], result.extra[K.COMPILE_CACHE_MISSES] = float(hits), float(misses)
+    result.extra.update(batch_coordinate_metrics(engine.batch_coords, predict_units, len(engine.batch_shapes)))
+    for phase in PHASES:
+        result.recompiles[phase] = engine.recompiles(phase)
+        result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
+    result.train = engine.train_timings if chain.spec.run.mode == "train+predict" else None
+    result.predict = engine.predict_timings
+    result.compute_seconds = engine.wall_seconds
+    result.worker_startup_seconds = engine.worker_startup_seconds
+    result.quality = engine.quality.metrics()
+    result.quality.update(chain.calibration.metrics())
+    result.extra["calibration.temperature"] = chain.temperature
+    if chain.spec.task.kind in CALIBRATED_KINDS:  # held-out rows the temperature was not fitted on
+        result.extra[K.CALIBRATION_REPORT_ROWS] = float(chain.calibration.rows)
+    return compiler_cache_state(hits, misses)
+
+
+def utilisation(spec: Spec, device: torch.device, engine: EngineBase, facts: ModelFacts) -> dict[str, float]:
+    """MFU per phase against this host's cached peak (measured here, outside the timed
+    region, on a cache miss). A library with no FLOPs count publishes none (its
+    ``ModelFacts.flops_note`` says why)."""
+    if facts.flops_per_root_row is None:
+        return {}
+    host = fingerprint(device)["relflow.host_fingerprint"]
+    peak = peak_flops(host, device, spec.run.precision)
+    phases: dict[str, PhaseWork] = {}
+    if isinstance(engine, Engine):  # present-shape FLOPs: the reference model's own count
+        config, outputs = engine.model.config, engine.needed_outputs(tuple(spec.task.outputs))
+
+        def work(t: PhaseTimings, reserved: float, outs: tuple[str, ...], phase: str) -> PhaseWork:
+            present = flops_of_shapes(engine.schema, config, outs, engine.steady_shapes[phase])
+            return PhaseWork(reserved, t.steady_rows_per_s, present, float(sum(t.steady_seconds)))
+
+        phases["predict"] = work(engine.predict_timings, float(facts.flops_per_root_row), outputs, "predict")
+        if spec.run.mode == "train+predict":
+            train_shape = inspect_on_meta(engine.schema, config, outputs=("prediction",))
+            phases["train"] = work(
+                engine.train_timings, float(train_shape["flops_per_root_row"]), ("prediction",), "train"
+            )
+    else:
+        t = engine.predict_timings  # reserved FLOPs only: the library's own count per root row
+        flops = float(facts.flops_per_root_row)
+        phases["predict"] = PhaseWork(flops, t.steady_rows_per_s, flops * sum(t.steady_rows), sum(t.steady_seconds))
+    rank_peak = None
+    if spec.run.distributed is not None and "train" in phases:  # the ranks trained, at their own thread count
+        threads = spec.run.distributed.threads_per_process
+        rank_peak = peak_flops(host, device, spec.run.precision, threads=threads).flops_per_s
+    return {**mfu_metrics(peak.flops_per_s, phases, rank_peak), K.HOST_PEAK_CACHED: float(peak.cached)}
