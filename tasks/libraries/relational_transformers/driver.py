@@ -1,0 +1,830 @@
+"""The model side of relational-transformers 0.1.0, as the harness's compute engine drives it.
+
+The harness owns batching and clocks; ``RTDriver`` turns one collated ``RelationalBatch``
+into scores, probabilities or a training step, always through the library's own objects:
+``RelationalTransformer`` (loading, ``predict``, ``task_head`` serving, ONNX export),
+``RTJModel``, ``TaskHead``, ``loss_for``, its ONNX backend and its checkpoint loader.
+
+- Size: ``model.layers/d_model/heads`` -> ``RTJModel(num_blocks, d_model, d_text=384,
+  num_heads, d_ff=4 * d_model)`` (RT-J's own ratio: the published size is 12 blocks, d 512,
+  8 heads, d_ff 2048: ``RT_J``). The fresh model's random weights are written as a local
+  checkpoint and loaded through the library's constructor, so a fresh model and a real
+  checkpoint take the same path. ``checkpoint=DIR`` (a local checkpoint folder) sets the size
+  from its config instead; a path that does not exist is a ``UserError`` naming it: the
+  library would hand any string that is not a local path to the Hugging Face hub.
+- Training, per batch (the library's ``RelationalTrainer`` owns its own batching: it
+  shuffles and re-collates its examples, so the harness could not bucket or time it): the
+  trainer's step, reproduced (AdamW over every parameter, gradient clipping at 1.0, the
+  library's loss for the problem type). Binary and regression fine-tune the whole model
+  through the published scalar decoder (``target_scores``). Category targets: a head over
+  the backbone, trained with it end to end: the library's ``TaskHead(d_model, classes,
+  "multiclass")`` over ``target_features`` with its multiclass cross-entropy, registered in
+  ``transformer.heads`` and served by ``predict(..., task_head=...)``. Chosen over the frozen
+  head path (``fit_head`` / ``fit_feature_head``) because no pretrained RT-J can be fetched
+  here: frozen random features are what a frozen head would fit (README: measured).
+- Weight files: fp32/fp16/fp8/int8/int4 in the layout ``checkpoints.load_state`` reads
+  (0.1.0 ships the loader but no quantizer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import numpy as np
+import torch
+from relational_transformers import RelationalBatch, RelationalTransformer, RTJModel, TaskHead
+from relational_transformers.checkpoints import model_dimensions, save_checkpoint
+from relational_transformers.losses import loss_for
+from relational_transformers.onnx import OnnxBackend, export_onnx
+from relational_transformers.torch_model import ModelOutput
+from torch.utils.flop_counter import FlopCounterMode
+
+from tasks.libraries.relational_transformers.contexts import D_TEXT, MAX_PARENTS, LinkMode, Stats
+from tasks.runtime.errors import UserError
+from tasks.spec import Spec
+
+__all__ = [
+    "HEAD",
+    "LIBRARY",
+    "RT_J",
+    "FlopCount",
+    "MetaReport",
+    "ModelDims",
+    "OnnxDriver",
+    "RTDriver",
+    "SavedCheckpoint",
+    "WeightFormat",
+    "Refusal",
+    "check",
+    "checkpoint_dir",
+    "dims_of",
+    "inspect_meta",
+    "refusals",
+    "write_weights",
+]
+
+LIBRARY = "relational_transformers"
+HEAD = "target"  # the name of the category head in transformer.heads
+STATS_FILE = "relflow_stats.json"
+HEAD_DIR = "head"
+WeightFormat = Literal["fp32", "fp16", "fp8", "int8", "int4"]
+Kind = Literal["category", "binary", "regression"]
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    num_blocks: int
+    d_model: int
+    num_heads: int
+    d_ff: int
+    d_text: int = D_TEXT
+
+    def config(self) -> dict[str, int]:
+        return asdict(self)
+
+
+RT_J = ModelDims(num_blocks=12, d_model=512, num_heads=8, d_ff=2048)
+"""The published RT-J size (85.6M parameters), e.g. ``--set model.layers=12 --set
+model.d_model=512 --set model.heads=8``."""
+
+
+def dims_of(spec: Spec) -> ModelDims:
+    m = spec.model
+    return ModelDims(num_blocks=m.layers, d_model=m.d_model, num_heads=m.heads, d_ff=4 * m.d_model)
+
+
+def _task(kind: str) -> str:
+    # the library's checkpoint folders: regression/ or classification/ (its `task` argument)
+    return "regression" if kind == "regression" else "classification"
+
+
+def checkpoint_dir(path: str | Path, key: str = "run.checkpoint") -> Path:
+    """A local checkpoint folder, or a ``UserError`` naming ``path``: never a hub lookup."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        what = "does not exist" if not p.exists() else "is not a folder"
+        raise UserError(
+            f"model.library {LIBRARY}: {key} '{path}' {what}. The library would look any path it cannot "
+            "find up on the Hugging Face hub, which this harness never does: give the local folder that "
+            "holds config.json and model.safetensors (RelationalTransformer.save_pretrained's layout)"
+        )
+    if not any((d / "config.json").is_file() for d in (p, p / "classification", p / "regression")):
+        raise UserError(
+            f"model.library {LIBRARY}: {key} '{path}' has no config.json (nor classification/ or "
+            "regression/ with one); give a folder written by save_pretrained or the harness"
+        )
+    return p
+
+
+@contextmanager
+def _offline() -> Iterator[None]:
+    # belt and braces: checkpoint_dir already refuses anything that is not local
+    before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before
+
+
+def _device(spec: Spec) -> torch.device:
+    if spec.run.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec.run.device)
+
+
+def _bare(model: torch.nn.Module) -> RTJModel:
+    """The ``RTJModel`` under a ``torch.compile`` wrapper (state dicts, FLOPs, export)."""
+    inner = getattr(model, "_orig_mod", model)
+    return cast(RTJModel, inner)
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    flops: int | None  # one forward of the batch, as torch's FlopCounterMode counts it
+    reason: str | None = None  # why there is no count
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    directory: Path
+    weights: WeightFormat
+    weight_file_bytes: int  # model.safetensors
+    total_bytes: int  # everything in the folder (config, head, statistics)
+    quantized_tensors: int  # tensors stored below 16 bits (fp8/int8/int4)
+
+
+class _HeadedModel(torch.nn.Module):
+    """RT-J's target features through the category head, shaped as the library's export
+    expects (``model(batch, output="target_scores").scores``): the library's ONNX exporter
+    and backend then serve the multiclass logits."""
+
+    def __init__(self, model: RTJModel, head: TaskHead) -> None:
+        super().__init__()
+        self.model, self.head = model, head
+
+    def forward(self, batch: Any, output: str = "target_scores") -> ModelOutput:
+        features = self.model(batch, output="target_features").features
+        assert features is not None
+        return ModelOutput(scores=self.head(features))
+
+
+class RTDriver:
+    """One RT-J model under the harness: predict and train per batch, save, export, count."""
+
+    def __init__(self, transformer: RelationalTransformer, spec: Spec, stats: Stats) -> None:
+        self.transformer = transformer
+        self.spec = spec
+        self.stats = stats
+        self.kind: Kind = spec.task.kind
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    # --- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Spec,
+        stats: Stats | None = None,
+        *,
+        checkpoint: str | Path | None = None,
+        device: str | torch.device | None = None,
+    ) -> RTDriver:
+        """The model ``spec`` asks for: fresh at ``model.*`` size (seeded by ``run.seed``), or
+        the local checkpoint ``checkpoint`` (default ``run.checkpoint``) with its own size and,
+        when it holds them, the statistics it was trained with."""
+        checkpoint = checkpoint if checkpoint is not None else spec.run.checkpoint
+        dev = torch.device(device) if device is not None else _device(spec)
+        compile_model = spec.run.compile.model
+        if checkpoint is None:
+            if stats is None:
+                raise UserError(f"model.library {LIBRARY}: a fresh model needs the training statistics (fit_stats)")
+            work = Path(tempfile.mkdtemp(prefix="relflow-rt-"))
+            try:
+                with torch.random.fork_rng():
+                    torch.manual_seed(spec.run.seed)
+                    d = dims_of(spec)
+                    model = RTJModel(d.num_blocks, d.d_model, d.d_text, d.num_heads, d.d_ff)
+                save_checkpoint(model, work, dims_of(spec).config())
+                del model
+                with _offline():
+                    transformer = RelationalTransformer(
+                        work, task=_task(spec.task.kind), device=dev, compile=compile_model
+                    )
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            driver = cls(transformer, spec, stats)
+            if spec.task.kind == "category":
+                driver._new_head(spec.run.seed)
+            return driver
+
+        folder = checkpoint_dir(checkpoint)
+        with _offline():
+            transformer = RelationalTransformer(folder, task=_task(spec.task.kind), device=dev, compile=compile_model)
+        saved = folder / STATS_FILE
+        if saved.is_file():
+            stats = Stats.from_json(saved.read_text())
+        elif stats is None:
+            raise UserError(
+                f"model.library {LIBRARY}: checkpoint '{checkpoint}' has no {STATS_FILE} (the normalisation "
+                "it was trained with); pass the statistics from fit_stats"
+            )
+        driver = cls(transformer, spec, stats)
+        if spec.task.kind == "category":
+            head_dir = folder / HEAD_DIR
+            if not (head_dir / "head_config.json").is_file():
+                raise UserError(
+                    f"model.library {LIBRARY}: checkpoint '{checkpoint}' has no category head ({HEAD_DIR}/); "
+                    "a category target needs the head trained with it: train it with the harness first"
+                )
+            head = TaskHead.from_pretrained(head_dir).to(dev).eval()
+            if head.num_labels != len(stats.classes):
+                raise UserError(
+                    f"model.library {LIBRARY}: checkpoint '{checkpoint}' has a head for {head.num_labels} "
+                    f"classes but the statistics list {len(stats.classes)}; use the statistics saved with it"
+                )
+            transformer.heads[HEAD] = head
+        return driver
+
+    def _new_head(self, seed: int) -> None:
+        n = len(self.stats.classes)
+        if n < 2:
+            raise UserError(
+                f"model.library {LIBRARY}: task.target '{self.spec.task.target}' has {n} class(es) in the "
+                "training split; a category target needs at least 2 (or use task.kind binary/regression)"
+            )
+        with torch.random.fork_rng():
+            torch.manual_seed(seed + 1)
+            head = TaskHead(self.model.d_model, n, "multiclass")
+        self.transformer.heads[HEAD] = head.to(self.transformer.device).eval()
+
+    # --- what it is --------------------------------------------------------------------------
+
+    @property
+    def model(self) -> RTJModel:
+        assert self.transformer.model is not None
+        return _bare(self.transformer.model)
+
+    @property
+    def head(self) -> TaskHead | None:
+        head = self.transformer.heads.get(HEAD)
+        return cast(TaskHead, head) if head is not None else None
+
+    @property
+    def dims(self) -> ModelDims:
+        d = model_dimensions(self.transformer.config)
+        return ModelDims(d["num_blocks"], d["d_model"], d["num_heads"], d["d_ff"], d["d_text"])
+
+    def parameters(self) -> int:
+        total = sum(p.numel() for p in self.model.parameters())
+        head = self.head
+        return total + (sum(p.numel() for p in head.parameters()) if head is not None else 0)
+
+    # --- predict ---------------------------------------------------------------------------
+
+    def scores(self, batch: RelationalBatch) -> torch.Tensor:
+        """Logits in batch-row order: binary [B], category [B, classes], regression [B]
+        (normalised units): what calibration fits a temperature on."""
+        task_head = HEAD if self.kind == "category" else None
+        out = self.transformer.predict(batch, task_head=task_head, activation="identity", convert_to_numpy=False)
+        return cast(torch.Tensor, out).float().cpu()
+
+    def predict(self, batch: RelationalBatch) -> torch.Tensor:
+        """Per batch row: binary P(true) [B], category class probabilities [B, classes]
+        (``stats.classes`` order), regression the value in the target's units [B]."""
+        return _activate(self.kind, self.scores(batch), self.stats)
+
+    # --- train -----------------------------------------------------------------------------
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        params = list(self.model.parameters())
+        head = self.head
+        return params + (list(head.parameters()) if head is not None else [])
+
+    def train_step(self, batch: RelationalBatch, labels: torch.Tensor, present: torch.Tensor) -> float:
+        """One optimiser step on the batch rows whose label is present; returns the loss
+        (NaN, and no step, when no row has a label)."""
+        keep = present.bool().to(self.transformer.device)
+        if not bool(keep.any()):
+            return float("nan")
+        if self._optimizer is None:
+            run = self.spec.run
+            # the library's trainer: AdamW over every parameter (no decay exemptions)
+            self._optimizer = torch.optim.AdamW(
+                self._trainable(), lr=run.learning_rate, weight_decay=run.adamw.weight_decay, fused=run.adamw.fused
+            )
+        assert self.transformer.model is not None
+        module = self.transformer.model  # the compiled one when run.compile.model
+        module.train()
+        try:
+            batch = batch.to(self.transformer.device)
+            y = labels.to(self.transformer.device)
+            head = self.head
+            if self.kind == "category":
+                assert head is not None
+                head.train()
+                features = module(batch, output="target_features").features
+                logits, y = head(features), y.long()
+                problem = "multiclass"
+            else:
+                logits = module(batch, output="target_scores").scores
+                problem = "binary" if self.kind == "binary" else "regression"
+            loss = loss_for(problem)(logits[keep], y[keep])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self._trainable(), 1.0)
+            self._optimizer.step()
+            self._optimizer.zero_grad(set_to_none=True)
+        finally:
+            module.eval()
+            if self.head is not None:
+                self.head.eval()
+        return float(loss.detach())
+
+    # --- save -------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path, weights: WeightFormat = "fp32") -> SavedCheckpoint:
+        """The model in ``weights`` format (the library's loader reads every one), its category
+        head and the statistics, as one folder that ``from_spec(checkpoint=...)`` loads."""
+        folder = Path(directory)
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        quantized = write_weights(state, folder, {**self.transformer.config, **self.dims.config()}, weights)
+        head = self.head
+        if head is not None:
+            head.cpu().save_pretrained(folder / HEAD_DIR)
+            head.to(self.transformer.device)
+        (folder / STATS_FILE).write_text(self.stats.to_json())
+        total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        return SavedCheckpoint(folder, weights, (folder / "model.safetensors").stat().st_size, total, quantized)
+
+    # --- count ------------------------------------------------------------------------------
+
+    def flops(self, batch: RelationalBatch) -> FlopCount:
+        """FLOPs of one forward over ``batch`` (matrix products and attention as torch's
+        FlopCounterMode counts them; masks and elementwise work are not counted)."""
+        counter = FlopCounterMode(display=False)
+        batch = batch.to(self.transformer.device)
+        with counter, torch.no_grad():
+            if self.kind == "category":
+                head = self.head
+                assert head is not None
+                _HeadedModel(self.model, head)(batch)
+            else:
+                self.model(batch, output="target_scores")
+        return FlopCount(int(counter.get_total_flops()))
+
+    # --- ONNX -------------------------------------------------------------------------------
+
+    def export_onnx(self, path: str | Path, example: RelationalBatch) -> Path:
+        """ONNX with dynamic batch and cell axes, through the library's exporter (opset 18).
+        Category: the backbone and the head as one graph, the same exporter."""
+        path = Path(path)
+        if self.kind == "category":
+            head = self.head
+            assert head is not None
+            model = _HeadedModel(self.model, head.cpu()).eval()
+            export_onnx(model, example.to("cpu"), path)
+            head.to(self.transformer.device)
+            return path
+        bare = self.model.cpu().eval()
+        try:
+            export_onnx(bare, example.to("cpu"), path)
+        finally:
+            bare.to(self.transformer.device)
+        return path
+
+    def onnx(
+        self,
+        path: str | Path,
+        *,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
+        graph_optimization_level: str = "all",
+    ) -> OnnxDriver:
+        """A driver serving the exported file ``path`` through the library's ONNX backend."""
+        return OnnxDriver(
+            path,
+            self.kind,
+            self.stats,
+            providers=providers,
+            intra_op_threads=intra_op_threads,
+            inter_op_threads=inter_op_threads,
+            graph_optimization_level=graph_optimization_level,
+        )
+
+
+def _activate(kind: str, scores: torch.Tensor, stats: Stats) -> torch.Tensor:
+    if kind == "binary":
+        return torch.sigmoid(scores)
+    if kind == "category":
+        return torch.softmax(scores, dim=-1)
+    return scores * stats.target_std + stats.target_mean
+
+
+class _ThreadedOnnxBackend(OnnxBackend):
+    """The library's ONNX backend with session options: its constructor takes ``providers``
+    only, so ONNX Runtime would pick its own thread count (one per physical core). Its
+    ``predict`` (the input conversion) is inherited unchanged."""
+
+    def __init__(self, path: Path, providers: Sequence[str], options: Any) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
+
+
+class OnnxDriver:
+    """Serving an exported RT-J through the library's ONNX backend (target scores only)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        kind: Kind,
+        stats: Stats,
+        *,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
+        graph_optimization_level: str = "all",
+    ) -> None:
+        import onnxruntime as ort
+
+        file = Path(path).expanduser()
+        if file.is_dir():
+            file = file / "model.onnx"
+        if not file.is_file():
+            raise UserError(
+                f"model.library {LIBRARY}: the ONNX file '{path}' does not exist; the library would look it up "
+                "on the Hugging Face hub, which this harness never does: export one first"
+            )
+        options = ort.SessionOptions()
+        # 0 means like for like with torch, as the harness's run.onnxruntime.intra_op_threads does
+        self.intra_op_threads = intra_op_threads or torch.get_num_threads()
+        options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = inter_op_threads
+        options.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[graph_optimization_level]
+        self.path = file
+        self.kind: Kind = kind
+        self.stats = stats
+        self.providers = tuple(providers)
+        self.backend = _ThreadedOnnxBackend(file, providers, options)
+
+    def scores(self, batch: RelationalBatch) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self.backend.predict(batch), dtype=np.float32))
+
+    def predict(self, batch: RelationalBatch) -> torch.Tensor:
+        return _activate(self.kind, self.scores(batch), self.stats)
+
+    def flops(self, batch: RelationalBatch) -> FlopCount:
+        return FlopCount(
+            None,
+            "ONNX Runtime runs the graph outside torch, so FlopCounterMode sees no operator; "
+            "count the same batch on the PyTorch driver (the graph is the same model)",
+        )
+
+
+# --- weight files ---------------------------------------------------------------------------
+
+
+class _StateDict:
+    """What the library's ``save_checkpoint`` reads from a model: ``state_dict()``."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+
+def _is_matrix(name: str, t: torch.Tensor) -> bool:
+    return name.endswith(".weight") and t.ndim == 2 and t.is_floating_point()
+
+
+def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-row int8 and its scales (the loader: weight * scale per row)."""
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale.float()
+
+
+def _fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 with a per-row scale (the loader widens fp8 to float, then applies any q_scale):
+    unscaled, most weights of a Linear layer would fall into e4m3's subnormal range."""
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 448.0
+    return (w / scale[:, None]).to(torch.float8_e4m3fn), scale.float()
+
+
+def _int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit in groups of 32 inputs: nibbles packed low then high, one fp16
+    (scale, minimum) pair per group, as the loader's comment and code read them."""
+    rows, cols = w.shape
+    groups = w.reshape(rows, cols // 32, 32).float()
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15.0).clamp_min(1e-8).half()
+    minimum = low.half()
+    q = torch.round((groups - minimum.float()[..., None]) / scale.float()[..., None]).clamp(0, 15).to(torch.uint8)
+    q = q.reshape(rows, cols)
+    packed = q[:, 0::2] | (q[:, 1::2] << 4)
+    return packed.contiguous(), torch.stack([scale, minimum], dim=-1).reshape(rows, -1).contiguous()
+
+
+def write_weights(
+    state: dict[str, torch.Tensor], directory: Path, config: dict[str, Any], weights: WeightFormat
+) -> int:
+    """``state`` as ``model.safetensors`` + ``config.json`` in ``weights`` format, through the
+    library's ``save_checkpoint``; returns how many tensors are stored below 16 bits.
+
+    fp32 as is; fp16 every float tensor. fp8/int8/int4: the 2-D linear weights quantized
+    (``<name>`` plus ``<name>.q_scale`` for int8 and fp8, ``<name>.q4_scale`` for int4, whose
+    input width must be a multiple of 32, else that weight stays fp16), every other tensor fp16.
+    """
+    out: dict[str, torch.Tensor] = {}
+    quantized = 0
+    for name, t in state.items():
+        if weights == "fp32" or not t.is_floating_point():
+            out[name] = t.contiguous()
+            continue
+        if weights == "fp16" or not _is_matrix(name, t) or (weights == "int4" and t.shape[1] % 32):
+            out[name] = t.half().contiguous()
+            continue
+        quantized += 1
+        if weights == "int8":
+            out[name], out[f"{name}.q_scale"] = _int8(t.float())
+        elif weights == "fp8":
+            out[name], out[f"{name}.q_scale"] = _fp8(t.float())
+        else:
+            out[name], out[f"{name}.q4_scale"] = _int4(t.float())
+    save_checkpoint(_StateDict(out), directory, {**config, "weight_format": weights})
+    return quantized
+
+
+# --- meta inspection --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetaReport:
+    dims: ModelDims
+    total: int
+    per_block: tuple[int, ...]
+    encoders: int  # cell and column-name encoders, their norms, the mask embeddings
+    decoders: int
+    norm_out: int
+    on_meta: bool  # every parameter on the meta device: nothing was allocated
+
+
+def inspect_meta(
+    dims: ModelDims | None = None, *, checkpoint: str | Path | None = None, kind: str = "binary"
+) -> MetaReport:
+    """Parameter counts per block through the library's meta backend (``backend="meta"``):
+    the architecture of ``dims``, or of a local checkpoint's config, without weight storage."""
+    work: Path | None = None
+    if checkpoint is not None:
+        source = checkpoint_dir(checkpoint)
+    else:
+        assert dims is not None, "inspect_meta needs dims or a checkpoint"
+        work = Path(tempfile.mkdtemp(prefix="relflow-rt-meta-"))
+        (work / "config.json").write_text(json.dumps(dims.config()))
+        source = work
+    try:
+        with _offline():
+            meta = RelationalTransformer(source, backend="meta", task=_task(kind), device="cpu")
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    model = meta.model
+    assert model is not None
+    d = meta.get_model_kwargs()
+
+    def count(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    per_block = tuple(count(b) for b in model.blocks)
+    return MetaReport(
+        dims=ModelDims(d["num_blocks"], d["d_model"], d["num_heads"], d["d_ff"], d["d_text"]),
+        total=count(model),
+        per_block=per_block,
+        encoders=count(model.enc_dict) + count(model.norm_dict) + sum(p.numel() for p in model.mask_embs.values()),
+        decoders=count(model.dec_dict),
+        norm_out=count(model.norm_out),
+        on_meta=all(p.is_meta for p in model.parameters()),
+    )
+
+
+# --- what the library cannot honour ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One spec setting this library cannot honour (the message shape of tasks.libraries.base)."""
+
+    key: str
+    value: object
+    why: str
+    fix: str
+
+    def message(self) -> str:
+        return f"model.library {LIBRARY} cannot honour {self.key}={self.value!r}: {self.why}; {self.fix}."
+
+
+def _checkpoint_blocks(path: str) -> int | None:
+    """The block count in a local checkpoint's config; None when there is no such checkpoint."""
+    folder = Path(path).expanduser()
+    for d in (folder, folder / "classification", folder / "regression"):
+        if (d / "config.json").is_file():
+            return int(model_dimensions(json.loads((d / "config.json").read_text()))["num_blocks"])
+    return None
+
+
+def refusals(spec: Spec, *, links: LinkMode = "parent") -> list[Refusal]:
+    """Every setting of ``spec`` this library cannot honour, each with why and the fix.
+    Reads only the spec and the local files it names (a checkpoint's config.json)."""
+    out: list[Refusal] = []
+    task, run, model = spec.task, spec.run, spec.model
+
+    def refuse(key: str, value: object, why: str, fix: str) -> None:
+        out.append(Refusal(key, value, why, fix))
+
+    if task.branch is not None:
+        refuse(
+            "task.branch",
+            task.branch,
+            "a context holds exactly one target cell and one context is built per root row; a per-branch-row "
+            "target would put several target cells in one context, and the library sums their scores into one",
+            "predict a root column (leave task.branch unset)",
+        )
+    extra = [o for o in task.outputs if o.partition(":")[0] not in ("prediction", "topk")]
+    if extra:
+        refuse(
+            "task.outputs",
+            extra,
+            "RT-J serves one score (or class logits) per context; it has no pooled root, branch or leaf outputs",
+            "keep prediction (and topk:<k> for a category target)",
+        )
+    if task.target in spec.schema_.root.columns:
+        refuse(
+            f"schema.root.columns.{task.target}",
+            spec.schema_.root.columns[task.target],
+            "the target column would also be an input cell, so its value would leak into its own context",
+            f"remove '{task.target}' from schema.root.columns",
+        )
+    device = _device(spec)
+    if run.backend == "triton":
+        if device.type != "cuda":
+            refuse(
+                "run.backend",
+                "triton",
+                f"the library's Triton backend (RTJTriton) needs CUDA: it moves every weight to the GPU with "
+                f".cuda() and runs CUDA kernels, and this run's device is {device.type}",
+                "use run.backend pytorch or onnxruntime on this host",
+            )
+        else:
+            refuse(
+                "run.backend",
+                "triton",
+                "the library's Triton backend hard-codes RT-J's size (12 blocks, d 512) and fp16 weights and serves "
+                "binary scores only; this harness has not wired it (it was built without a GPU)",
+                "use run.backend pytorch or onnxruntime",
+            )
+    c = run.compile
+    if c.encoders or c.pools:
+        refuse(
+            "run.compile.encoders/pools",
+            {"encoders": c.encoders, "pools": c.pools},
+            "RT-J has no separate encoder or pooling regions; the library compiles the whole model or nothing",
+            "use run.compile.model: true (the library's compile=True) or leave compile off",
+        )
+    if c.model and (c.backend != "inductor" or c.mode is not None or c.options or c.dynamic is False):
+        refuse(
+            "run.compile",
+            {"backend": c.backend, "mode": c.mode, "options": c.options, "dynamic": c.dynamic},
+            "the library's compile=True is torch.compile(model, dynamic=True) with nothing else to set",
+            "leave run.compile.backend/mode/options/dynamic at their defaults",
+        )
+    if run.precision != "fp32":
+        refuse(
+            "run.precision",
+            run.precision,
+            "the library's PyTorch backend always runs fp32: it builds the model in fp32 and loads any "
+            "checkpoint into it (fp16, fp8, int8 and int4 files included)",
+            "use run.precision fp32",
+        )
+    if run.backend == "onnxruntime":
+        if run.onnxruntime.quantization is not None:
+            refuse(
+                "run.onnxruntime.quantization",
+                run.onnxruntime.quantization,
+                "the library's ONNX backend serves the exported file as it is",
+                "drop run.onnxruntime.quantization",
+            )
+        if run.onnxruntime.model is not None:
+            p = Path(run.onnxruntime.model).expanduser()
+            if not (p.is_file() or (p / "model.onnx").is_file()):
+                refuse(
+                    "run.onnxruntime.model",
+                    run.onnxruntime.model,
+                    "no such ONNX file or folder holding model.onnx; the library would look the name up on "
+                    "the Hugging Face hub, which this harness never does",
+                    "give a local .onnx file or folder, or drop the key to export the run's model",
+                )
+    if run.distributed is not None:
+        refuse(
+            "run.distributed",
+            "set",
+            "the library trains in one process (its trainer has no data-parallel path)",
+            "drop run.distributed",
+        )
+    if run.loader.num_workers > 0:
+        refuse(
+            "run.loader.num_workers",
+            run.loader.num_workers,
+            "loader workers encode batches with the reference model's encoding; RT-J's contexts are "
+            "built, encoded and collated by tasks/libraries/relational_transformers",
+            "set run.loader.num_workers 0",
+        )
+    if model.dropout > 0:
+        refuse("model.dropout", model.dropout, "RT-J has no dropout", "set model.dropout 0")
+    if "dim" in run.text.model_fields_set and run.text.dim != D_TEXT:
+        refuse(
+            "run.text.dim",
+            run.text.dim,
+            f"RT-J reads {D_TEXT}-wide cell vectors (its d_text)",
+            f"drop run.text.dim or set it to {D_TEXT}",
+        )
+    if run.text.encoder != "hashed":
+        refuse(
+            "run.text.encoder",
+            run.text.encoder,
+            f"this library's cells are encoded by its own encode step ({D_TEXT}-wide hashing encoder); "
+            "a plug-in encoder is not wired for it",
+            "use run.text.encoder hashed",
+        )
+    blocks = model.layers
+    for key in ("checkpoint", "reference_checkpoint"):
+        value = getattr(run, key)
+        if value is None:
+            continue
+        found = _checkpoint_blocks(value)
+        if found is None:
+            refuse(
+                f"run.{key}",
+                value,
+                "no local checkpoint folder there (config.json, or classification/ or regression/ holding one); "
+                "the library would look the name up on the Hugging Face hub, which this harness never does",
+                "give the local folder that holds config.json and model.safetensors",
+            )
+        elif key == "checkpoint":
+            blocks = found
+    depths = _branch_depths(spec)
+    if links == "ancestors":
+        for name, depth in depths.items():
+            if depth > MAX_PARENTS:
+                refuse(
+                    f"branch '{name}' depth",
+                    depth,
+                    f"with ancestor links its rows carry {depth} parent node ids; RT-J reads at most {MAX_PARENTS}",
+                    f"nest '{name}' at most {MAX_PARENTS} levels deep, or use parent links",
+                )
+    else:
+        for name, depth in depths.items():
+            if depth > blocks:
+                refuse(
+                    f"branch '{name}' depth",
+                    depth,
+                    f"its rows are {depth} foreign-key hops from the target cell; RT-J moves information "
+                    f"one foreign-key hop per block, and the model has {blocks}: "
+                    f"the cells of '{name}' would be read, encoded and attended over but could never "
+                    "reach the prediction",
+                    f"set model.layers to at least {depth}, or remove branch '{name}'",
+                )
+    return out
+
+
+def _branch_depths(spec: Spec) -> dict[str, int]:
+    """Foreign-key hops from the root (the target's row) to each branch's rows."""
+    depth: dict[str | None, int] = {None: 0}
+    for branch, parent in spec.schema_.walk():
+        depth[branch.name] = depth[parent] + 1
+    return {name: d for name, d in depth.items() if name is not None}
+
+
+def check(spec: Spec, *, links: LinkMode = "parent") -> None:
+    """``UserError`` listing every setting of ``spec`` this library cannot honour (library,
+    key, why, fix), before any data is read; None when it can run the spec as written."""
+    found = refusals(spec, links=links)
+    if found:
+        raise UserError(" ".join(r.message() for r in found))
