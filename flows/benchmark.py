@@ -116,7 +116,7 @@ def requests_task(work: Workload, writer: PredictionWriter) -> LatencyRecord:
     return run_requests(work, writer)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
     """Everything checked before the run starts."""
 
@@ -163,22 +163,22 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     backend, ckpt = check_backend(spec, ckpt)  # providers, bundle (it may stand in for ckpt)
     reference = check_reference(spec, ckpt["encoding"] if ckpt else None)
     return Plan(
-        spec,
-        sources,
-        device,
-        ckpt,
-        wall_clock() - t0,
-        home.generated,
-        spec_dir,
-        data_metrics,
-        notes + data_notes,
-        backend,
-        reference,
+        spec=spec,
+        sources=sources,
+        device=device,
+        checkpoint=ckpt,
+        data_seconds=wall_clock() - t0,
+        generated=home.generated,
+        spec_dir=spec_dir,
+        data_metrics=data_metrics,
+        warnings=notes + data_notes,
+        backend=backend,
+        reference=reference,
     )
 
 
-@dataclass
-class Run:
+@dataclass(kw_only=True)
+class Invocation:
     """One benchmark invocation's state, handed from step to step."""
 
     spec: Spec
@@ -216,7 +216,7 @@ def start_run(
     parent_run_id: str | None,
     tags: dict[str, str] | None,
     thread_tags: dict[str, str] | None = None,
-) -> Run:
+) -> Invocation:
     """Step 1: the MLflow run (tags, params, spec), the output file and the memory sampler."""
     t0 = wall_clock()
     tracker = Tracker(s.name)
@@ -232,22 +232,22 @@ def start_run(
     run_id = tracker.start(run_name=f"{s.name}-{s.run.mode}", tags=run_tags, parent_run_id=parent_run_id)
     mlflow_seconds = wall_clock() - t0
     output = Path(s.run.output_dir).resolve() / f"{s.name}-{run_id}.parquet"
-    return Run(
-        s,
-        p,
-        tracker,
-        run_id,
-        output,
-        PredictionWriter(output),
-        RunResult(),
-        PeakMemory(p.device),
-        flow_start,
-        flow_start - launched_at if launched_at else 0.0,
-        mlflow_seconds,
+    return Invocation(
+        spec=s,
+        plan=p,
+        tracker=tracker,
+        run_id=run_id,
+        output=output,
+        writer=PredictionWriter(output),
+        result=RunResult(),
+        memory=PeakMemory(p.device),
+        flow_start=flow_start,
+        launch_seconds=flow_start - launched_at if launched_at else 0.0,
+        mlflow_seconds=mlflow_seconds,
     )
 
 
-def timed_body(run: Run) -> None:
+def timed_body(run: Invocation) -> None:
     """Step 2: under the host lock, the timed region: list keys, train epochs, predict passes.
 
     Other work on the host is sampled just before the region (the benchmark idle) and
@@ -338,12 +338,12 @@ def chain_for(p: Plan) -> Chain:
     )
 
 
-def _engine(run: Run) -> EngineBase:
+def _engine(run: Invocation) -> EngineBase:
     assert run.work is not None and run.work.chain.engine is not None  # after the timed body
     return run.work.chain.engine
 
 
-def serve_backend(run: Run) -> float:
+def serve_backend(run: Invocation) -> float:
     """The serving backend (tasks/backends/setup.py), its set-up recorded on the run."""
     assert run.work is not None
     load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
@@ -355,7 +355,7 @@ def serve_backend(run: Run) -> float:
     return served.seconds
 
 
-def collect(run: Run) -> dict[str, float]:
+def collect(run: Invocation) -> dict[str, float]:
     """Step 3: engine and harness figures into the result (tasks/measure/collect.py),
     predictions committed, checkpoint saved; returns the metrics."""
     s, p, result = run.spec, run.plan, run.result
@@ -432,7 +432,7 @@ def collect(run: Run) -> dict[str, float]:
     return metrics
 
 
-def save_checkpoint(run: Run, engine: EngineBase) -> None:
+def save_checkpoint(run: Invocation, engine: EngineBase) -> None:
     """The trained weights next to the predictions, as an MLflow artifact (and, for the
     reference model, an MLflow model with its input and output interface)."""
     s, p, chain = run.spec, run.plan, run.work.chain if run.work else None
@@ -446,7 +446,7 @@ def save_checkpoint(run: Run, engine: EngineBase) -> None:
         run.tracker.log_model(engine.model, model_interface(s, p.sources, engine.schema, engine.model.config, outputs))
 
 
-def judge(run: Run, metrics: dict[str, float]) -> list[str]:
+def judge(run: Invocation, metrics: dict[str, float]) -> list[str]:
     """Step 4: the validity verdict (empty: VALID)."""
     reasons = verdict(run.spec, metrics, _engine(run).quality.headline)
     if run.latency is not None:
@@ -462,7 +462,7 @@ def judge(run: Run, metrics: dict[str, float]) -> list[str]:
     return reasons + utilisation_reasons(metrics) + drop_reasons(run.spec, metrics)
 
 
-def log_run(run: Run, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:
+def log_run(run: Invocation, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:
     """Step 5: metrics, system metrics, tags and artifacts to MLflow; the run FINISHED.
     Returns the flow's summary."""
     engine, tracker = _engine(run), run.tracker

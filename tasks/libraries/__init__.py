@@ -11,7 +11,7 @@ seconds that a reference run should not pay.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tasks.libraries.base import Library, ModelSide, Unsupported, version_of
 from tasks.runtime.errors import UserError
@@ -36,7 +36,7 @@ class NotBuilt:
             f"harness is issue {self.issue}'s feature. Use model.library: reference (the default) for now."
         )
 
-    def model_side(self, spec: Spec, device: torch.device, checkpoint: dict[str, Any] | None) -> ModelSide | None:
+    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
         self.check(spec)
         return None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tasks.spec import Spec
 
@@ -34,9 +34,10 @@ class Library(Protocol):
         ``spec`` this library cannot honour; called before any data is read."""
         ...
 
-    def model_side(self, spec: Spec, device: torch.device, checkpoint: dict[str, Any] | None) -> ModelSide | None:
-        """This run's tensorize step and engine; None for the reference model, whose steps the
-        chain runs itself (tasks/stages/tensorize.py, tasks/stages/compute.py)."""
+    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
+        """This run's tensorize step and engine (from ``run.checkpoint`` when set, in the
+        library's own format); None for the reference model, whose steps the chain runs itself
+        (tasks/stages/tensorize.py, tasks/stages/compute.py)."""
         ...
 
 
@@ -71,6 +72,8 @@ class ModelSide(Protocol):
     that arrives, inside that step's time as for the reference model), and ``engine`` builds
     the compute engine once that fit is done (None before)."""
 
-    def tensorize(self, pre: Preprocessed) -> Chunk: ...
+    def tensorize(self, pre: Preprocessed, train: bool) -> Chunk:
+        """``train``: the chunk feeds training steps (a library may learn while encoding)."""
+        ...
 
     def engine(self, clock: Clock) -> EngineBase | None: ...

@@ -5,7 +5,7 @@ its train/predict steps are ``tasks/stages/compute.py``'s ``Engine``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tasks.libraries.base import ModelSide
 from tasks.spec import Spec
@@ -21,5 +21,5 @@ class Reference:
     def check(self, spec: Spec) -> None:
         return None
 
-    def model_side(self, spec: Spec, device: torch.device, checkpoint: dict[str, Any] | None) -> ModelSide | None:
+    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
         return None

@@ -38,7 +38,7 @@ import pyarrow as pa
 import torch
 
 from tasks.measure import keys as K
-from tasks.spec import Run, Spec
+from tasks.spec import RunSettings, Spec
 from tasks.spec.derived import eager_spec
 from tasks.spec.tolerance import output_tolerance
 from tasks.stages.chain import Chain, Weights
@@ -139,7 +139,7 @@ def _per_root_diff(
     return d.reshape(d.shape[0], -1).amax(1), scaled.reshape(d.shape[0], -1).amax(1)
 
 
-def check_outputs(chain: Chain, served: ServedOutputs, run: Run, reference: Chain | None = None) -> OutputCheck:
+def check_outputs(chain: Chain, served: ServedOutputs, run: RunSettings, reference: Chain | None = None) -> OutputCheck:
     """Compare every served root row with an offline pass over the distinct served keys,
     through ``reference`` (default: the served chain itself)."""
     row, tol = output_tolerance(run)

@@ -27,7 +27,7 @@ from tasks.spec.run import (
     Loader,
     OnnxRuntime,
     Request,
-    Run,
+    RunSettings,
     TextEncoder,
     Threads,
 )
@@ -63,7 +63,7 @@ __all__ = [
     "OrderBy",
     "Request",
     "Root",
-    "Run",
+    "RunSettings",
     "Schema",
     "Source",
     "SourceFormat",

@@ -142,7 +142,9 @@ class Request(Strict):
         return v
 
 
-class Run(Strict):
+class RunSettings(Strict):
+    """The spec's ``run:`` section: how the workload is run and measured."""
+
     scenario: Literal["offline", "single_stream", "server"] = Field(
         "offline",
         description="offline: every root row in chunks; single_stream / server: timed requests (see run.request)",
@@ -240,7 +242,7 @@ class Run(Strict):
     )
 
     @model_validator(mode="after")
-    def _check_outputs_offline(self) -> Run:
+    def _check_outputs_offline(self) -> RunSettings:
         if self.check_outputs and self.scenario != "offline":
             raise ValueError(
                 f"run.check_outputs compares offline passes; a {self.scenario} run checks its served outputs "
@@ -249,7 +251,7 @@ class Run(Strict):
         return self
 
     @model_validator(mode="after")
-    def _repeats_are_offline(self) -> Run:
+    def _repeats_are_offline(self) -> RunSettings:
         if self.scenario != "offline" and self.repeats > 1:
             raise ValueError(
                 f"run.repeats ({self.repeats}) repeats offline predict passes; a {self.scenario} "
@@ -258,7 +260,7 @@ class Run(Strict):
         return self
 
     @model_validator(mode="after")
-    def _backend_settings(self) -> Run:
+    def _backend_settings(self) -> RunSettings:
         if self.backend == "onnxruntime":
             c = self.compile
             if c.encoders or c.pools or c.model:

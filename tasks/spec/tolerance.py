@@ -22,7 +22,7 @@ value, against an absolute 1e-4). The table's values are read at a value near 1:
 
 from __future__ import annotations
 
-from tasks.spec.run import Run
+from tasks.spec.run import RunSettings
 
 OUTPUT_TOLERANCE: dict[str, float] = {
     "fp32": 1e-5,
@@ -34,7 +34,7 @@ OUTPUT_TOLERANCE: dict[str, float] = {
 }
 
 
-def output_tolerance(run: Run) -> tuple[str, float]:
+def output_tolerance(run: RunSettings) -> tuple[str, float]:
     """The table row a run serves with, and its tolerance."""
     if run.backend == "onnxruntime":
         row = "int8" if run.onnxruntime.quantization == "dynamic_int8" else "onnxruntime"

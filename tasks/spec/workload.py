@@ -10,7 +10,7 @@ import yaml
 from pydantic import ConfigDict, Field, model_validator
 
 from tasks.spec.base import Strict
-from tasks.spec.run import Run
+from tasks.spec.run import RunSettings
 from tasks.spec.schema import Schema
 from tasks.spec.source import Source
 from tasks.spec.task import ModelSize, Task
@@ -22,7 +22,7 @@ class Spec(Strict):
     schema_: Schema = Field(alias="schema")
     task: Task
     model: ModelSize = Field(default_factory=ModelSize)
-    run: Run = Field(default_factory=Run)
+    run: RunSettings = Field(default_factory=RunSettings)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -129,8 +129,7 @@ class Chain:
         self.outputs = tuple(spec.task.outputs)
         # A library under test (model.library) brings its own tensorize step and engine; the
         # reference model's are tasks/stages/tensorize.py and compute.py, run from here.
-        checkpoint = {"model": self.weights.model} if self.weights.model is not None else None
-        self.side: ModelSide | None = library_for(spec).model_side(spec, device, checkpoint)
+        self.side: ModelSide | None = library_for(spec).model_side(spec, device)
         self.engine: EngineBase | None = None
         self.engine_setup_seconds = 0.0  # building the model: its own figure, not a stage
 
@@ -140,7 +139,9 @@ class Chain:
 
     # -- read -> preprocess -> (encode) -> tensorize -------------------------------------------
 
-    def _steps(self, keys: np.ndarray, run: Callable[[str, Callable[[], Any], Callable[[Any], int]], Any]) -> Prepared:
+    def _steps(
+        self, keys: np.ndarray, run: Callable[[str, Callable[[], Any], Callable[[Any], int]], Any], train: bool = False
+    ) -> Prepared:
         spec = self.spec
         r = run("retrieve", lambda: retrieve(spec, self.sources, keys), lambda r: r.root_rows)
         pre: Preprocessed = run("preprocess", lambda: preprocess(spec, r), lambda p: p.root_rows)
@@ -148,7 +149,7 @@ class Chain:
         if self.has_text:
             encoded = run("encode", lambda: encode(spec, pre), lambda e: e.pre.root_rows)
             pre, cells = encoded.pre, encoded.cells
-        tz: Chunk = run("tensorize", lambda: self._tensorize(pre), lambda t: t.root_rows)
+        tz: Chunk = run("tensorize", lambda: self._tensorize(pre, train), lambda t: t.root_rows)
         arrow_bytes = sum(t.nbytes for t in r.tables.values())
         return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells, arrow_bytes)
 
@@ -170,7 +171,7 @@ class Chain:
             sink(stage, seconds, rows(out))
             return out
 
-        prepared = self._steps(keys, run)
+        prepared = self._steps(keys, run, train=where is not None and where.get("phase") == "train")
         self.ensure_engine()
         return prepared
 
@@ -190,9 +191,9 @@ class Chain:
             outs = engine.predict(tz, self.outputs)
         return tz, calibrate_outputs(outs, self.temperature, self.spec.task.kind)
 
-    def _tensorize(self, pre: Preprocessed) -> Chunk:
+    def _tensorize(self, pre: Preprocessed, train: bool) -> Chunk:
         if self.side is not None:
-            return self.side.tensorize(pre)
+            return self.side.tensorize(pre, train)
         if self.encoding is None or self.schema is None:  # no checkpoint: fit on this chunk
             self.encoding, self.schema = fit(self.spec, pre)
         return tensorize(self.spec, pre, self.encoding, self.schema)
