@@ -1,0 +1,536 @@
+"""What the harness's compute engine calls per batch on a relflow model, and the facts it reports.
+
+The harness owns batching, clocks and timing; nothing here reads a clock. A batch is a slice
+of ``mapping.input_table``'s table: ``encode`` is the tensorize stage (relflow's
+``Model.encode``), ``train_step``/``predict`` the compute stage, ``predictions_table`` the
+write stage's input (relflow's ``Model.write``). Training also runs through a Lightning
+Trainer the harness owns (``trainer``/``fit``): per-batch hooks of a harness Callback time
+it, and ``MemoryLogger`` holds what relflow's own callbacks log until the harness copies it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import lightning.pytorch as lit
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import relflow as rf
+import torch
+from lightning.pytorch.loggers import Logger
+from relflow.architecture.compiler import Region
+from relflow.architecture.encoder import BranchEncoder
+from relflow.architecture.packed import customized, stochastic
+from relflow.architecture.pool import LearnedQueryCrossAttention
+from relflow.structs.enums import Strata, TensorKey
+from tensordict import TensorDict
+from torch.utils.flop_counter import FlopCounterMode
+
+from tasks.libraries.relflow.mapping import build, input_table, target_address
+from tasks.spec import Spec
+
+__all__ = [
+    "CompiledCalls",
+    "FieldOccupancy",
+    "MemoryLogger",
+    "Occupancy",
+    "PackingFact",
+    "RelflowDriver",
+    "ThroughputRows",
+    "throughput_rows",
+]
+
+# Model.training_step logs through LightningModule.log, which warns once per call when no
+# Trainer is attached (the harness's own loop): the loss is returned either way.
+_NO_TRAINER_LOG = r"You are trying to `self.log\(\)` but the `self.trainer` reference"
+_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+
+
+# --- facts ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldOccupancy:
+    """Coordinates of one field (or slots of one branch) in a batch.
+
+    ``present``: live coordinates (valued, null or learned-mask: model inputs);
+    ``allocated``: the tensor relflow built, whose branch axes are the batch's longest
+    retained list, not the configured length; ``reserved``: rows x configured lengths."""
+
+    present: int
+    allocated: int
+    reserved: int
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    rows: int
+    fields: dict[str, FieldOccupancy]  # input leaves by relflow address; the target is no input
+    sequences: dict[str, FieldOccupancy]  # branch slots (records) by relflow address
+
+    @property
+    def present(self) -> int:
+        return sum(f.present for f in self.fields.values())
+
+    @property
+    def reserved(self) -> int:
+        return sum(f.reserved for f in self.fields.values())
+
+    @property
+    def allocated(self) -> int:
+        return sum(f.allocated for f in self.fields.values())
+
+
+@dataclass(frozen=True)
+class PackingFact:
+    """Whether one encoder region packs present coordinates, and why not."""
+
+    region: str  # "<branch address> sequence" or "<branch address> coordinates"
+    eligible: bool
+    why_not: str | None
+
+
+@dataclass
+class CompiledCalls:
+    """Region calls after ``compile``: how many ran the compiled graph, how many fell back to
+    eager, and why (``packing``: a packed call, which relflow keeps eager; ``customized``:
+    hooks or replaced modules in the region)."""
+
+    compiled: int = 0
+    eager: Counter[str] = field(default_factory=Counter)
+    regions: int = 0
+
+    @property
+    def eager_total(self) -> int:
+        return sum(self.eager.values())
+
+
+@dataclass(frozen=True)
+class ThroughputRows:
+    """Rows behind a throughput figure over ``batches`` batches.
+
+    ``estimated_rows``: completed batches x configured batch size, the rule the relflow
+    performance note documents for its throughput callback; ``logger_rows``: what relflow
+    0.4.0's ``ThroughputLogger`` actually divides by (each batch's own row count,
+    relflow/logging/throughput.py); ``exact_rows``: the rows the harness sent."""
+
+    batches: int
+    batch_size: int
+    exact_rows: int
+    estimated_rows: int
+    logger_rows: int
+
+
+def throughput_rows(batch_rows: Sequence[int], batch_size: int) -> ThroughputRows:
+    exact = int(sum(batch_rows))
+    return ThroughputRows(
+        batches=len(batch_rows),
+        batch_size=batch_size,
+        exact_rows=exact,
+        estimated_rows=len(batch_rows) * batch_size,
+        logger_rows=exact,
+    )
+
+
+class MemoryLogger(Logger):
+    """A Lightning logger that keeps every logged metric in memory, so relflow's own figures
+    (``throughput/*``, ``loss/*``, ``.<target>/<split>.*``) reach MLflow after the timed
+    region instead of from inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[int | None, str, float]] = []
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.records.extend((step, key, float(value)) for key, value in metrics.items())
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def series(self, key: str) -> list[float]:
+        return [value for _, k, value in self.records if k == key]
+
+
+class _CountedRegion(Region[Any]):
+    """relflow's compiled region, counting which path each call took (set on live regions by
+    ``RelflowDriver.compile``; relflow's own ``clear`` and ``compile`` still recognise it)."""
+
+    calls: CompiledCalls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        before = self.calls.compiled
+        out = super().__call__(*args, **kwargs)
+        if self.calls.compiled == before:
+            self.calls.eager["packing" if kwargs.get("packing") is not None else "customized"] += 1
+        return out
+
+
+class _Epochs:
+    """Re-iterable for Lightning: each ``iter`` (one per epoch) asks the harness for that
+    epoch's batches, so encoding (``strata=train``, per-epoch draws) happens in the harness's
+    own iteration, timed as its tensorize stage."""
+
+    def __init__(self, batches: Callable[[int], Iterable[TensorDict]]) -> None:
+        self.batches, self.epoch = batches, 0
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return iter(self.batches(epoch))
+
+
+# --- the driver ----------------------------------------------------------------------------
+
+
+class RelflowDriver:
+    """One relflow model under the harness: construct from the spec and the model
+    (``RelflowDriver.build`` makes the model from a table), then call per batch."""
+
+    def __init__(self, spec: Spec, model: rf.Model, device: torch.device | str = "cpu") -> None:
+        self.spec, self.model = spec, model
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        self.key = spec.schema_.root.key
+        self.target = target_address(spec)
+        self.calls = CompiledCalls()
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scaler: torch.amp.GradScaler | None = None
+        self._step = 0
+
+    @classmethod
+    def build(cls, spec: Spec, table: pa.Table, device: torch.device | str = "cpu") -> RelflowDriver:
+        return cls(spec, build(spec, table), device)
+
+    # --- tensorize -------------------------------------------------------------------------
+
+    def input_table(self, table: pa.Table) -> pa.Table:
+        """The harness's nested table as relflow reads it (``mapping.input_table``)."""
+        return input_table(self.spec, table)
+
+    def encode(self, table: pa.Table, *, train: bool, epoch: int = 0) -> TensorDict:
+        """relflow's ``Model.encode`` of one batch of ``input_table`` rows.
+
+        ``train=True`` uses ``strata=train``: relflow then learns from the batch as it encodes
+        (vocabularies grow, numeric statistics update, new embedding rows are committed, with
+        the optimizer's state) and draws its training masks from ``(run.seed, epoch)``, so a
+        training batch is encoded right before its step, once per epoch. ``train=False`` uses
+        ``strata=predict``: no learning, no random masks."""
+        strata = Strata.train if train else Strata.predict
+        td = self.model.encode(table, strata=strata, seed=self.spec.run.seed, epoch=epoch)
+        return td.to(self.device) if self.device.type != "cpu" else td
+
+    @staticmethod
+    def take(td: TensorDict, rows: torch.Tensor | slice) -> TensorDict:
+        """Root rows of an encoded batch (branch axes keep the whole batch's extent)."""
+        return td[rows]
+
+    # --- train -----------------------------------------------------------------------------
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        """``rf.adamw`` from ``run.learning_rate``/``run.adamw``, bound to the model's current
+        parameters and set as ``model.optimizer``: relflow grows embedding rows while encoding
+        training batches and carries the optimizer's state across only for optimizers it finds
+        there (relflow/architecture/binding.py)."""
+        if self._optimizer is None:
+            run = self.spec.run
+            factory = rf.adamw(run.learning_rate, weight_decay=run.adamw.weight_decay, fused=run.adamw.fused)
+            self._optimizer = factory(self.model)
+            self.model.optimizer = self._optimizer
+        return self._optimizer
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        precision = self.spec.run.precision
+        if precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def train_step(self, td: TensorDict) -> float:
+        """One optimizer step of the harness's own loop on a batch encoded with ``train=True``."""
+        optimizer = self.optimizer()
+        if self.spec.run.precision == "fp16" and self._scaler is None:
+            self._scaler = torch.amp.GradScaler(self.device.type)
+        self.model.train()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_NO_TRAINER_LOG)
+            with self._autocast():
+                out = self.model.training_step(td, self._step)
+        self._step += 1
+        if out is None:  # no target in this batch: relflow skips it
+            return float("nan")
+        loss = out["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        if self._scaler is not None:
+            self._scaler.scale(loss).backward()
+            self._scaler.step(optimizer)
+            self._scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return float(loss.detach())
+
+    def trainer(
+        self,
+        *,
+        callbacks: Sequence[lit.Callback] = (),
+        logger: Logger | None = None,
+        log_every_n_steps: int = 50,
+    ) -> lit.Trainer:
+        """A Lightning Trainer the harness owns: epochs from ``run.epochs``, precision from
+        ``run.precision``, the spec's device, no validation loop, no checkpointing, early
+        stopping or rollback (what ``Model.fit`` adds by default), no progress bar.
+        relflow's callbacks (throughput, vocabulary, counters) attach themselves through
+        ``Model.configure_callbacks``; torch's thread settings are left to the harness."""
+        cuda = self.device.type == "cuda"
+        accelerator = "cuda" if cuda else "cpu"
+        devices: list[int] | int = [self.device.index or 0] if cuda else 1
+        return lit.Trainer(
+            accelerator=accelerator,
+            devices=devices,
+            max_epochs=self.spec.run.epochs,
+            precision=_PRECISION[self.spec.run.precision],  # type: ignore[arg-type]
+            callbacks=list(callbacks),
+            logger=logger if logger is not None else False,
+            log_every_n_steps=log_every_n_steps,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        )
+
+    def fit(
+        self,
+        batches: Callable[[int], Iterable[TensorDict]],
+        *,
+        callbacks: Sequence[lit.Callback] = (),
+        logger: Logger | None = None,
+        log_every_n_steps: int = 50,
+    ) -> lit.Trainer:
+        """Train through ``trainer()``; ``batches(epoch)`` yields that epoch's training
+        batches, each encoded with ``encode(..., train=True, epoch=epoch)`` while the Trainer
+        runs (so new vocabulary rows reach the Trainer's optimizer)."""
+        self.optimizer()
+        runner = self.trainer(callbacks=callbacks, logger=logger, log_every_n_steps=log_every_n_steps)
+        runner.fit(self.model, train_dataloaders=_Epochs(batches))
+        self.model.to(self.device)
+        return runner
+
+    # --- predict ---------------------------------------------------------------------------
+
+    def forward(self, td: TensorDict) -> list[Any]:
+        """relflow's forward in predict mode: its ``Prediction`` list for ``predictions_table``."""
+        self.model.eval()
+        with torch.inference_mode(), self._autocast():
+            return cast(list[Any], self.model(td, strata=Strata.predict))
+
+    def predict(self, td: TensorDict) -> dict[str, torch.Tensor]:
+        """``forward`` reduced to tensors (see ``outputs``)."""
+        return self.outputs(self.forward(td), td)
+
+    def classes(self) -> list[str]:
+        """A category target's class labels, in the order of ``outputs``' class axis (relflow's
+        vocabulary, learned while encoding training batches)."""
+        return [str(v) for v in rf.Category.vocabulary(self.model, self.target)]
+
+    def outputs(self, predictions: list[Any], td: TensorDict) -> dict[str, torch.Tensor]:
+        """Per target coordinate (root rows, or flattened present branch rows for a branch
+        target): ``logits`` ([N, C] category over ``classes()``, [N] binary), ``prediction``
+        (class probabilities [N, C], probability of true [N], or the value in the target's
+        units [N]), and ``root_embedding`` / ``branch_embedding:<b>`` [N, d]
+        when asked for."""
+        by_address = {str(p.address): p for p in predictions}
+        # The target is skipped as an input (its ``present`` is all false): its coordinates
+        # are the records of the branch holding it, the root's one per row.
+        holder = "/" + "/".join(self._trail(self.spec.task.branch)) if self.spec.task.branch else "/"
+        present = cast(torch.Tensor, td["/"][holder].slots).reshape(-1).bool()
+        payload = by_address[self.target].payload
+        content = cast(torch.Tensor, payload[TensorKey.content])
+        kind = self.spec.task.kind
+        out: dict[str, torch.Tensor] = {}
+        if kind == "category":
+            size = len(rf.Category.vocabulary(self.model, self.target))
+            logits = content.reshape(-1, content.shape[-1])[present][:, :size].float()
+            out["logits"], out["prediction"] = logits, logits.softmax(-1)
+        elif kind == "binary":
+            logits = content.reshape(-1)[present].float()
+            out["logits"], out["prediction"] = logits, logits.sigmoid()
+        else:
+            out["prediction"] = content.reshape(-1)[present]
+        for name in self.spec.task.outputs:
+            head, _, arg = name.partition(":")
+            if head == "root_embedding":
+                out[name] = cast(torch.Tensor, by_address["/"].payload[TensorKey.embedding])
+            elif head == "branch_embedding":
+                address = "/" + "/".join(self._trail(arg))
+                out[name] = cast(torch.Tensor, by_address[address].payload[TensorKey.embedding])
+        return out
+
+    def labels(self, table: pa.Table) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target column of ``input_table`` rows as quality labels, aligned with
+        ``outputs``: (class index into ``classes()`` / 1.0-0.0 / value, present). relflow's
+        predict encoding never reads the target (its coordinates are padding there), so the
+        labels come from the Arrow column, columnar."""
+        column: pa.Array | pa.ChunkedArray = table[self.spec.task.branch or self.spec.task.target]
+        if self.spec.task.branch:
+            for name in self._trail(self.spec.task.branch)[1:]:
+                column = pc.struct_field(pc.list_flatten(column), name)
+            column = pc.struct_field(pc.list_flatten(column), self.spec.task.target)
+        values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if pa.types.is_dictionary(values.type):
+            values = cast(pa.DictionaryArray, values).dictionary_decode()
+        if self.spec.task.kind == "category":
+            vocabulary = pa.array(list(rf.Category.vocabulary(self.model, self.target)))
+            if len(vocabulary) and values.type != vocabulary.type:
+                values = pc.cast(values, vocabulary.type)
+            index = pc.index_in(values, value_set=vocabulary)
+            present = torch.from_numpy(index.is_valid().to_numpy(zero_copy_only=False).copy())
+            filled = pc.fill_null(index, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            return torch.from_numpy(filled), present
+        number = pc.cast(values, pa.float64())
+        present = torch.from_numpy(number.is_valid().to_numpy(zero_copy_only=False).copy())
+        return torch.from_numpy(pc.fill_null(number, 0.0).to_numpy(zero_copy_only=False).copy()), present
+
+    def _trail(self, branch: str) -> list[str]:
+        parents = {b.name: p for b, p in self.spec.schema_.walk()}
+        trail = [branch]
+        while (parent := parents[trail[0]]) is not None:
+            trail.insert(0, parent)
+        return trail
+
+    def predictions_table(self, table: pa.Table, predictions: list[Any]) -> pa.Table:
+        """relflow's own prediction table (``Model.write``: ``predictions`` nested under field
+        names, ``representations`` when embeddings are asked for) with the root key as the
+        first column; ``table`` is the batch's ``input_table`` rows."""
+        written = self.model.write(predictions, source=table, retain=(self.key,))
+        key = written.column("inputs").combine_chunks().field(self.key)
+        return written.drop(["inputs"]).add_column(0, self.key, key)
+
+    # --- facts -----------------------------------------------------------------------------
+
+    def parameter_count(self) -> int:
+        """Parameters now: relflow's category embeddings grow with the vocabulary while
+        training, so count after fitting."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def occupancy(self, td: TensorDict) -> Occupancy:
+        """Present vs allocated vs reserved coordinates of an encoded batch, per input field
+        and per branch."""
+        schema = self.model.schema
+        rows = int(td.batch_size[0])
+        fields: dict[str, FieldOccupancy] = {}
+        for address, request in schema.active_requests.items():
+            if not request.embedded:
+                continue
+            present = cast(torch.Tensor, td[address].present)
+            reserved = rows * math.prod(n or 1 for n in request.shape)
+            fields[str(address)] = FieldOccupancy(int(present.sum()), present.numel(), reserved)
+        geometry = td["/"]
+        sequences: dict[str, FieldOccupancy] = {}
+        for address, branch in schema.branches.items():
+            if str(address) == "/" or address not in geometry.keys():  # noqa: SIM118 - TensorDict refuses `in`
+                continue
+            slots = cast(torch.Tensor, geometry[address].slots)
+            lengths = [getattr(n, "length", None) or 1 for n in branch.path if getattr(n, "type", None) == "branch"]
+            sequences[str(address)] = FieldOccupancy(int(slots.sum()), slots.numel(), rows * math.prod(lengths))
+        return Occupancy(rows=rows, fields=fields, sequences=sequences)
+
+    def packing(self, training: bool) -> list[PackingFact]:
+        """relflow's own eligibility test (relflow/architecture/packed.py) per encoder region,
+        in training or predict mode: no layers, hooks or replaced modules, or active dropout
+        keep a region on the padded path. An eligible region packs each call whose
+        coordinates are not all present."""
+        was = self.model.training
+        self.model.train(training)
+        facts: list[PackingFact] = []
+        try:
+            for module in self.model.modules():
+                if not isinstance(module, BranchEncoder):
+                    continue
+                regions: list[tuple[str, list[torch.nn.Module]]] = [("sequence", list(module.encoder))]
+                if module.coordinate_encoder is not None:
+                    regions.append(("coordinates", [module.coordinate_encoder]))
+                for name, layers in regions:
+                    why = (
+                        "no encoder layers"
+                        if not layers
+                        else "hooks or replaced modules"
+                        if customized(layers)
+                        else "dropout active while training"
+                        if stochastic(cast(Any, layers))
+                        else None
+                    )
+                    facts.append(PackingFact(f"{module.origin} {name}", why is None, why))
+        finally:
+            self.model.train(was)
+        return facts
+
+    def compile(self) -> CompiledCalls:
+        """relflow's ``Model.compile`` with ``run.compile``'s regions and settings; returns the
+        counter of compiled vs eager region calls from now on. A call with both switches off
+        restores eager execution (relflow's own semantics)."""
+        c = self.spec.run.compile
+        self.model.compile(
+            encoders=c.encoders,
+            pools=c.pools,
+            backend=c.backend,
+            dynamic=c.dynamic,
+            options=dict(c.options) or None,
+        )
+        self.calls = CompiledCalls()
+        for module in self.model.modules():
+            region = module.__dict__.get("compute")
+            if isinstance(region, Region) and isinstance(module, (BranchEncoder, LearnedQueryCrossAttention)):
+                region.__class__ = _CountedRegion
+                counted = cast(_CountedRegion, region)
+                counted.calls = self.calls
+                counted.compiled = self._counting(counted.compiled)
+                self.calls.regions += 1
+        return self.calls
+
+    def _counting(self, compiled: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        calls = self.calls
+
+        def run(*args: Any, **kwargs: Any) -> torch.Tensor:
+            calls.compiled += 1
+            return compiled(*args, **kwargs)
+
+        return run
+
+    def flops(self, td: TensorDict) -> tuple[int | None, str | None]:
+        """FLOPs of one predict forward (torch's FlopCounterMode: matmuls and attention at the
+        shapes that ran, so packing's saving shows), or None and the reason."""
+        self.model.eval()
+        counter = FlopCounterMode(display=False)
+        try:
+            with torch.inference_mode(), counter:
+                self.model(td, strata=Strata.predict)
+        except Exception as e:  # noqa: BLE001 - any failure is the reported reason
+            return None, f"FlopCounterMode over relflow's forward failed: {type(e).__name__}: {e}"
+        return int(counter.get_total_flops()), None
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """relflow's own checkpoint (``Model.save``: weights, schema and every learned
+        vocabulary, which lives in the state dict); compilation is not kept."""
+        return Path(self.model.save(Path(path)))
+
+    @classmethod
+    def load(cls, spec: Spec, path: str | Path, device: torch.device | str = "cpu") -> RelflowDriver:
+        return cls(spec, rf.Model.load(Path(path)), device)

@@ -1,0 +1,472 @@
+"""The spec mapped onto a relflow 0.4.0 model, and the Arrow table relflow is given.
+
+Three entry points, in the order the harness calls them:
+
+- ``check(spec)``: refuse, before any data is read, every setting relflow cannot honour
+  (``UserError``, one paragraph per refusal naming the library, the key and the fix);
+- ``input_table(spec, table)``: the harness's nested table (tasks/stages/preprocess.py) as
+  relflow reads it: only the model's columns plus the root key, with the Arrow types relflow
+  refuses (decimals, dates as categories, ...) cast by the harness, never by the user, and
+  each timestamp's trend in time added as a number;
+- ``build(spec, table)``: the relflow ``Model``.
+
+The rules, and why each refusal exists, are in this folder's README.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import relflow as rf
+
+from tasks.libraries.base import Unsupported
+from tasks.runtime.errors import UserError
+from tasks.spec import Branch, Spec
+
+__all__ = [
+    "LIBRARY",
+    "OVERFLOW",
+    "TRAIN_COLUMN",
+    "TREND_SUFFIX",
+    "build",
+    "check",
+    "input_table",
+    "problems",
+    "target_address",
+    "trend_column",
+]
+
+LIBRARY = "relflow"
+TRAIN_COLUMN = "__train"  # tasks/stages/split.py's TRAIN; not imported: no tasks.stages here
+TREND_SUFFIX = "__epoch_days"
+OVERFLOW: dict[str, Literal["head", "tail", "error"]] = {
+    "keep_first": "head",
+    "keep_last": "tail",
+    "error": "error",
+}
+# relflow.structs.tree.Node.check_node_name: field and branch names are matched by name.
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+# DateParts takes no default; a date has no time of day worth encoding.
+_DATE_PARTS = ["day_of_week", "day_of_month", "month_of_year", "day_of_year"]
+_TIME_PARTS = [*_DATE_PARTS, "hour_of_day"]
+_DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}
+# Model(...) and Branch(...) keyword names: spec column names go through ``fields=``, so a
+# column called e.g. ``query`` or ``mask`` is a field, never an option.
+
+
+def trend_column(column: str) -> str:
+    """The number relflow gets beside a timestamp's date parts: days since 1970-01-01."""
+    return f"{column}{TREND_SUFFIX}"
+
+
+def target_address(spec: Spec) -> str:
+    """relflow's address of the target field (``/target`` or ``/branch/.../target``)."""
+    return "/" + "/".join([*_branch_trail(spec, spec.task.branch), spec.task.target])
+
+
+def _branch_trail(spec: Spec, name: str | None) -> list[str]:
+    if name is None:
+        return []
+    parents = {b.name: p for b, p in spec.schema_.walk()}
+    trail = [name]
+    while (parent := parents[trail[0]]) is not None:
+        trail.insert(0, parent)
+    return trail
+
+
+def problems(spec: Spec) -> list[Unsupported]:
+    """Every setting of ``spec`` relflow cannot honour; empty when it can run the spec."""
+    out: list[Unsupported] = []
+    run, model = spec.run, spec.model
+    if model.heads % 2:
+        out.append(
+            Unsupported(
+                "model.heads",
+                model.heads,
+                "relflow requires an even number of attention heads (relflow.structs.tree.Node)",
+                f"set model.heads to {model.heads + 1} (d_model {model.d_model} must stay divisible by it)",
+            )
+        )
+    elif model.d_model // model.heads < 2:
+        out.append(
+            Unsupported(
+                "model.heads",
+                model.heads,
+                f"relflow's rotary attention needs at least 2 dimensions per head (d_model {model.d_model})",
+                "lower model.heads or raise model.d_model",
+            )
+        )
+    names: list[tuple[str, str]] = [(f"schema.root.columns.{c}", c) for c in spec.schema_.root.columns]
+    names.append(("task.target", spec.task.target))
+    for b, _ in spec.schema_.walk():
+        names.append((f"{b.name}.name", b.name))
+        names.extend((f"{b.name}.columns.{c}", c) for c in b.columns)
+        if b.overflow == "sample":
+            out.append(
+                Unsupported(
+                    f"{b.name}.overflow",
+                    "sample",
+                    "relflow's Branch overflow rules are head, tail and error only (relflow.Overflow); "
+                    "a sampled subset is not a relflow rule",
+                    f"use --set {b.name}.overflow=keep_first (relflow head) or keep_last (relflow tail)",
+                )
+            )
+    for key, name in names:
+        if not _NAME.match(name):
+            out.append(
+                Unsupported(
+                    key,
+                    name,
+                    "relflow names fields and branches after the data and accepts only letters, digits, "
+                    "'_' and '-' in a name",
+                    "rename the column (or branch) in the source tables",
+                )
+            )
+        elif name.endswith(TREND_SUFFIX):
+            out.append(
+                Unsupported(
+                    key,
+                    name,
+                    f"names ending in '{TREND_SUFFIX}' are the harness's trend-in-time numbers beside "
+                    "each timestamp column",
+                    "rename the column",
+                )
+            )
+    for node, columns in [("schema.root", spec.schema_.root.columns)] + [
+        (b.name, b.columns) for b, _ in spec.schema_.walk()
+    ]:
+        for column, kind in columns.items():
+            if kind == "text":
+                out.append(
+                    Unsupported(
+                        f"{node}.columns.{column}",
+                        "text",
+                        "relflow's Text field runs a pretrained Hugging Face encoder (default "
+                        "google/bert_uncased_L-2_H-128_A-2, loaded by AutoModel.from_pretrained) and "
+                        "needs the relflow[text] extra (transformers); neither the package nor a model "
+                        "can be fetched on this offline host",
+                        "declare the column as category, or leave it out of the schema",
+                    )
+                )
+    for output in spec.task.outputs:
+        head, _, arg = output.partition(":")
+        if head == "leaf":
+            out.append(
+                Unsupported(
+                    "task.outputs",
+                    output,
+                    "relflow emits a branch's reduced vector (Branch(embed=True)) or per-field decoder "
+                    "embeddings, not one vector per branch row; a per-row output would need "
+                    "reduction=None, a different model",
+                    f"use branch_embedding:{arg}, or drop {output}",
+                )
+            )
+        elif head == "topk" and arg == "1":
+            out.append(
+                Unsupported(
+                    "task.outputs",
+                    output,
+                    "relflow's Category top-k needs k > 1 (k = 1 is its prediction)",
+                    "drop topk:1 (prediction is the top class) or ask for k >= 2",
+                )
+            )
+    if run.packing == "off":
+        out.append(
+            Unsupported(
+                "run.packing",
+                "off",
+                "relflow packs present coordinates automatically and has no switch to turn it off "
+                "(only active dropout or hooks on a region fall back to the padded path)",
+                "use run.packing: auto",
+            )
+        )
+    if run.backend != "pytorch":
+        out.append(
+            Unsupported(
+                "run.backend",
+                run.backend,
+                "relflow 0.4.0 has no ONNX export and serves only through PyTorch"
+                if run.backend == "onnxruntime"
+                else "the Triton kernels are the reference model's own (model/), not relflow's",
+                "use run.backend: pytorch",
+            )
+        )
+    if run.compile.model:
+        out.append(
+            Unsupported(
+                "run.compile.model",
+                True,
+                "relflow compiles regions (Model.compile(encoders=, pools=)); its forward validates "
+                "and routes on the host (numpy, beartype, Python sets), which is not a whole-model graph",
+                "use run.compile.encoders and/or run.compile.pools",
+            )
+        )
+    if run.compile.mode is not None:
+        out.append(
+            Unsupported(
+                "run.compile.mode",
+                run.compile.mode,
+                "relflow's Model.compile takes backend, dynamic and options, not a torch.compile mode",
+                "drop run.compile.mode and pass Inductor settings in run.compile.options",
+            )
+        )
+    if run.distributed is not None:
+        out.append(
+            Unsupported(
+                "run.distributed",
+                "set",
+                "the relflow driver trains in one process (relflow's own DDP goes through Lightning "
+                "strategies the harness does not launch)",
+                "drop run.distributed",
+            )
+        )
+    if run.reference_checkpoint is not None:
+        out.append(
+            Unsupported(
+                "run.reference_checkpoint",
+                run.reference_checkpoint,
+                "reduced-precision weight files are the reference model's format; relflow checkpoints "
+                "are Model.save files",
+                "drop run.reference_checkpoint",
+            )
+        )
+    return out
+
+
+def check(spec: Spec) -> None:
+    """Raise ``UserError`` (exit 2) naming every setting relflow cannot honour."""
+    found = problems(spec)
+    if found:
+        raise UserError(" ".join(p.message(LIBRARY) for p in found))
+
+
+# --- the table relflow reads -------------------------------------------------------------
+
+
+def _numeric(arr: pa.Array) -> pa.Array:
+    """relflow's Number accepts integers and floats only (decimals, bools refused)."""
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        return _numeric(cast(pa.DictionaryArray, arr).dictionary_decode())
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
+        return arr
+    return pc.cast(arr, pa.float64())
+
+
+def _category_type_ok(t: pa.DataType) -> bool:
+    """The Arrow types relflow's Category reads (float16 has no Arrow ``unique`` kernel)."""
+    return bool(
+        pa.types.is_boolean(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_float32(t)
+        or pa.types.is_float64(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_null(t)
+    )
+
+
+def _category(arr: pa.Array) -> pa.Array:
+    t = arr.type
+    if pa.types.is_dictionary(t) and _category_type_ok(t.value_type):
+        return arr
+    if pa.types.is_dictionary(t):
+        arr = cast(pa.DictionaryArray, arr).dictionary_decode()
+        t = arr.type
+    if _category_type_ok(t):
+        return arr
+    if pa.types.is_float16(t):
+        return pc.cast(arr, pa.float32())
+    # decimals, dates, times, durations, views: their text is the label
+    return pc.cast(arr, pa.large_string())
+
+
+def _epoch_days(arr: pa.Array) -> pa.Array:
+    """Days since 1970-01-01 (UTC for zoned timestamps), float64: the trend date parts lose."""
+    t = arr.type
+    if pa.types.is_date32(t):
+        return pc.cast(pc.cast(arr, pa.int32()), pa.float64())
+    if pa.types.is_date64(t):
+        return pc.divide(pc.cast(pc.cast(arr, pa.int64()), pa.float64()), float(_DAY["ms"]))
+    if pa.types.is_timestamp(t):
+        unit = cast(pa.TimestampType, t).unit
+        return pc.divide(pc.cast(pc.cast(arr, pa.int64()), pa.float64()), float(_DAY[unit]))
+    raise UserError(
+        f"model.library relflow reads timestamp columns as dates or timestamps; got Arrow type {t}. "
+        "Declare the column as category, or store it as a date/timestamp."
+    )
+
+
+def _target(spec: Spec, arr: pa.Array) -> pa.Array:
+    kind = spec.task.kind
+    if kind == "category":
+        return _category(arr)
+    if kind == "binary":
+        # as the reference model reads it (model/arrow.py): a cast to bool
+        if pa.types.is_dictionary(arr.type):
+            arr = cast(pa.DictionaryArray, arr).dictionary_decode()
+        if pa.types.is_boolean(arr.type):
+            return arr
+        try:
+            return pc.cast(arr, pa.bool_())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise UserError(
+                f"task.target '{spec.task.target}' is binary but its values ({arr.type}) do not cast to "
+                f"true/false ({e}); store it as bool or 0/1, or set task.kind: category."
+            ) from e
+    return _numeric(arr)
+
+
+def _column(spec: Spec, name: str, kind: str, arr: pa.Array) -> dict[str, pa.Array]:
+    """One spec column as relflow reads it: each timestamp is followed by its trend."""
+    if kind == "numeric":
+        return {name: _numeric(arr)}
+    if kind == "category":
+        return {name: _category(arr)}
+    if kind == "timestamp":
+        return {name: arr, trend_column(name): _epoch_days(arr)}
+    if kind == "target":
+        return {name: _target(spec, arr)}
+    if kind == "branch":
+        return {name: _branch_array(spec, _find_branch(spec, name), arr)}
+    return {name: arr}  # text: refused by check(), never reached after it
+
+
+def _find_branch(spec: Spec, name: str) -> Branch:
+    return next(b for b, _ in spec.schema_.walk() if b.name == name)
+
+
+def _node_items(spec: Spec, columns: Mapping[str, str], has_target: bool) -> list[tuple[str, str]]:
+    return [*columns.items(), *([(spec.task.target, "target")] if has_target else [])]
+
+
+def _branch_array(spec: Spec, b: Branch, lists: pa.Array) -> pa.Array:
+    """A branch's ``list<struct>`` rebuilt with converted children, offsets and nulls kept."""
+    if pa.types.is_null(lists.type):  # a chunk where no parent has children
+        return lists
+    as_list = cast(pa.ListArray | pa.LargeListArray, lists)
+    records = cast(pa.StructArray, as_list.values)  # the whole child array; offsets index it
+    children: dict[str, pa.Array] = {}
+    for name, kind in _node_items(spec, b.columns, spec.task.branch == b.name):
+        children.update(_column(spec, name, kind, records.field(name)))
+    for child in b.branches:
+        children[child.name] = _branch_array(spec, child, records.field(child.name))
+    rebuilt = pa.StructArray.from_arrays(
+        list(children.values()),
+        names=list(children),
+        mask=records.is_null() if records.null_count else None,
+    )
+    build_list = pa.LargeListArray if pa.types.is_large_list(lists.type) else pa.ListArray
+    return build_list.from_arrays(as_list.offsets, rebuilt, mask=lists.is_null() if lists.null_count else None)
+
+
+def _chunked(spec: Spec, name: str, kind: str, column: pa.ChunkedArray) -> dict[str, pa.ChunkedArray]:
+    """``_column`` chunk by chunk: no chunk is combined (a copy) on the way to relflow."""
+    chunks = column.chunks or [pa.array([], column.type)]
+    parts = [_column(spec, name, kind, chunk) for chunk in chunks]
+    return {new: pa.chunked_array([part[new] for part in parts]) for new in parts[0]}
+
+
+def input_table(spec: Spec, table: pa.Table) -> pa.Table:
+    """What relflow reads: the root key (carried through ``retain``, never a field), the
+    model's columns with types relflow accepts, each timestamp's trend, the target and the
+    branch lists. The split flag and every other column stay out."""
+    root = spec.schema_.root
+    out: dict[str, pa.ChunkedArray] = {root.key: table[root.key]}
+    for name, kind in _node_items(spec, root.columns, spec.task.branch is None):
+        out.update(_chunked(spec, name, kind, table[name]))
+    for b in spec.schema_.branches:
+        out.update(_chunked(spec, b.name, "branch", table[b.name]))
+    return pa.table(out)
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    heads: int
+    layers: int
+    dropout: float
+
+
+def _leaf(kind: str, dtype: pa.DataType, sizes: _Sizes) -> dict[str, Any]:
+    """The relflow field(s) for one spec column, keyed by field name suffix ('' = itself)."""
+    if kind == "numeric":
+        return {"": rf.Number(n_heads=sizes.heads)}
+    if kind == "category":
+        return {"": rf.Category(n_heads=sizes.heads)}
+    parts = _DATE_PARTS if pa.types.is_date(dtype) else _TIME_PARTS
+    return {"": rf.DateParts(dateparts=parts, n_heads=sizes.heads), TREND_SUFFIX: rf.Number(n_heads=sizes.heads)}
+
+
+def _target_field(spec: Spec, sizes: _Sizes) -> Any:
+    topk = [int(o.split(":", 1)[1]) for o in spec.task.outputs if o.startswith("topk:")]
+    if spec.task.kind == "category":
+        return rf.Category(mask=True, n_heads=sizes.heads, topk=topk or None)
+    if spec.task.kind == "binary":
+        return rf.Boolean(mask=True, n_heads=sizes.heads)
+    return rf.Number(mask=True, n_heads=sizes.heads)
+
+
+def _fields(
+    spec: Spec, columns: Mapping[str, str], types: Mapping[str, pa.DataType], has_target: bool, sizes: _Sizes
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for column, kind in columns.items():
+        for suffix, field in _leaf(kind, types[column], sizes).items():
+            fields[column + suffix] = field
+    if has_target:
+        fields[spec.task.target] = _target_field(spec, sizes)
+    return fields
+
+
+def _struct_types(t: pa.DataType) -> dict[str, pa.DataType]:
+    while pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    return {f.name: f.type for f in cast(pa.StructType, t)} if pa.types.is_struct(t) else {}
+
+
+def _branch(spec: Spec, b: Branch, types: Mapping[str, pa.DataType], sizes: _Sizes) -> Any:
+    fields = _fields(spec, b.columns, types, spec.task.branch == b.name, sizes)
+    for child in b.branches:
+        fields[child.name] = _branch(spec, child, _struct_types(types.get(child.name, pa.null())), sizes)
+    reduction = rf.Mean() if b.reduce == "mean" else rf.Attention(n_outputs=1, n_heads=sizes.heads)
+    return rf.Branch(
+        fields=fields,
+        length=b.max_length,
+        overflow=OVERFLOW[b.overflow],
+        n_layers=sizes.layers,
+        n_heads=sizes.heads,
+        dropout=sizes.dropout,
+        reduction=reduction,
+        embed=f"branch_embedding:{b.name}" in spec.task.outputs,
+    )
+
+
+def build(spec: Spec, table: pa.Table) -> rf.Model:
+    """The relflow model for ``spec``; ``table`` (the harness's nested table, or
+    ``input_table``'s) gives the Arrow types that pick each timestamp's date parts."""
+    check(spec)
+    m = spec.model
+    sizes = _Sizes(heads=m.heads, layers=m.layers, dropout=m.dropout)
+    types = {f.name: f.type for f in table.schema}
+    fields = _fields(spec, spec.schema_.root.columns, types, spec.task.branch is None, sizes)
+    for b in spec.schema_.branches:
+        fields[b.name] = _branch(spec, b, _struct_types(types.get(b.name, pa.null())), sizes)
+    return rf.Model(
+        d_model=m.d_model,
+        n_layers=m.layers,
+        n_heads=m.heads,
+        dropout=m.dropout,
+        embed="root_embedding" in spec.task.outputs,
+        fields=fields,
+        batch_size=spec.run.batch_size,
+    )
