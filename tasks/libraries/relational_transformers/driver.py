@@ -41,7 +41,7 @@ from typing import Any, Literal, cast
 import numpy as np
 import torch
 from relational_transformers import RelationalBatch, RelationalTransformer, RTJModel, TaskHead
-from relational_transformers.checkpoints import model_dimensions, save_checkpoint
+from relational_transformers.checkpoints import model_dimensions, resolve_checkpoint, save_checkpoint
 from relational_transformers.losses import loss_for
 from relational_transformers.onnx import OnnxBackend, export_onnx
 from relational_transformers.torch_model import ModelOutput
@@ -585,16 +585,34 @@ class MetaReport:
     decoders: int
     norm_out: int
     on_meta: bool  # every parameter on the meta device: nothing was allocated
+    legacy_attention: bool  # a checkpoint without attention gates (wg, scale), as the torch backend sees it
+
+
+def _legacy_weights(folder: Path, kind: str) -> bool:
+    """Whether a checkpoint's weights lack the attention gates, read from the safetensors
+    header only: the torch backend decides it from the weight names, the meta backend (config
+    only) always assumes gates and over-counts such a checkpoint."""
+    from safetensors import safe_open
+
+    _, weights = resolve_checkpoint(folder, task=_task(kind))
+    if weights.suffix != ".safetensors":
+        return False
+    with safe_open(str(weights), framework="pt") as handle:
+        names: list[str] = handle.keys()  # a safe_open handle is not iterable itself
+    return not any(name.endswith(".wg.weight") for name in names)
 
 
 def inspect_meta(
     dims: ModelDims | None = None, *, checkpoint: str | Path | None = None, kind: str = "binary"
 ) -> MetaReport:
     """Parameter counts per block through the library's meta backend (``backend="meta"``):
-    the architecture of ``dims``, or of a local checkpoint's config, without weight storage."""
+    the architecture of ``dims``, or of a local checkpoint's config, without weight storage.
+    A checkpoint without attention gates is counted as the torch backend would build it."""
     work: Path | None = None
+    legacy = False
     if checkpoint is not None:
         source = checkpoint_dir(checkpoint)
+        legacy = _legacy_weights(source, kind)
     else:
         assert dims is not None, "inspect_meta needs dims or a checkpoint"
         work = Path(tempfile.mkdtemp(prefix="relflow-rt-meta-"))
@@ -606,22 +624,24 @@ def inspect_meta(
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
-    model = meta.model
-    assert model is not None
     d = meta.get_model_kwargs()
+    model = meta.model
+    if legacy:
+        model = RTJModel(**d, legacy_attn=True, device="meta")
+    assert model is not None
 
     def count(module: torch.nn.Module) -> int:
         return sum(p.numel() for p in module.parameters())
 
-    per_block = tuple(count(b) for b in model.blocks)
     return MetaReport(
         dims=ModelDims(d["num_blocks"], d["d_model"], d["num_heads"], d["d_ff"], d["d_text"]),
         total=count(model),
-        per_block=per_block,
+        per_block=tuple(count(b) for b in model.blocks),
         encoders=count(model.enc_dict) + count(model.norm_dict) + sum(p.numel() for p in model.mask_embs.values()),
         decoders=count(model.dec_dict),
         norm_out=count(model.norm_out),
         on_meta=all(p.is_meta for p in model.parameters()),
+        legacy_attention=legacy,
     )
 
 
@@ -758,7 +778,9 @@ def refusals(spec: Spec, *, links: LinkMode = "parent") -> list[Refusal]:
         )
     if model.dropout > 0:
         refuse("model.dropout", model.dropout, "RT-J has no dropout", "set model.dropout 0")
-    if "dim" in run.text.model_fields_set and run.text.dim != D_TEXT:
+    # the default width is the harness encoder's; any other value asks for a width RT-J cannot read
+    # (fields_set would not do: a spec dumped and parsed again marks every default as set)
+    if run.text.dim not in (type(run.text).model_fields["dim"].default, D_TEXT):
         refuse(
             "run.text.dim",
             run.text.dim,
