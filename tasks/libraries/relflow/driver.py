@@ -31,6 +31,8 @@ from relflow.architecture.encoder import BranchEncoder
 from relflow.architecture.packed import customized, stochastic
 from relflow.architecture.pool import LearnedQueryCrossAttention
 from relflow.structs.enums import Strata, TensorKey
+from relflow.tensorfields.shared.counter import CounterUpdateCallback
+from relflow.tensorfields.shared.vocabulary import AdmittedRowsCallback
 from tensordict import TensorDict
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -181,6 +183,13 @@ class _CountedRegion(Region[Any]):
         return out
 
 
+@dataclass(frozen=True)
+class _LoopState:
+    """What relflow's training callbacks read from a Trainer, for the harness's own loop."""
+
+    current_epoch: int
+
+
 class _Epochs:
     """Re-iterable for Lightning: each ``iter`` (one per epoch) asks the harness for that
     epoch's batches, so encoding (``strata=train``, per-epoch draws) happens in the harness's
@@ -210,7 +219,11 @@ class RelflowDriver:
         self.calls = CompiledCalls()
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: torch.amp.GradScaler | None = None
-        self._step = 0
+        # The own loop's place in training, as a Trainer would report it to relflow's callbacks.
+        self.epoch = 0
+        self._batch = 0
+        self._admitted = AdmittedRowsCallback()
+        self._counters = CounterUpdateCallback()
 
     @classmethod
     def build(cls, spec: Spec, table: pa.Table, device: torch.device | str = "cpu") -> RelflowDriver:
@@ -261,16 +274,23 @@ class RelflowDriver:
         return torch.autocast(self.device.type, dtype=dtype)
 
     def train_step(self, td: TensorDict) -> float:
-        """One optimizer step of the harness's own loop on a batch encoded with ``train=True``."""
+        """One optimizer step of the harness's own loop on a batch encoded with ``train=True``.
+
+        relflow puts part of its training in Lightning callbacks; the one that changes the
+        numbers runs here as a Trainer would run it: ``AdmittedRowsCallback`` gives category
+        labels admitted while encoding a random start before their first step (they are
+        admitted at zero, and zero rows are indistinguishable to attention). Call
+        ``end_epoch`` after each epoch."""
         optimizer = self.optimizer()
         if self.spec.run.precision == "fp16" and self._scaler is None:
             self._scaler = torch.amp.GradScaler(self.device.type)
         self.model.train()
+        self._admitted.on_train_batch_start(cast(Any, _LoopState(self.epoch)), self.model, td, self._batch)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_NO_TRAINER_LOG)
             with self._autocast():
-                out = self.model.training_step(td, self._step)
-        self._step += 1
+                out = self.model.training_step(td, self._batch)
+        self._batch += 1
         if out is None:  # no target in this batch: relflow skips it
             return float("nan")
         loss = out["loss"]
@@ -283,6 +303,14 @@ class RelflowDriver:
             loss.backward()
             optimizer.step()
         return float(loss.detach())
+
+    def end_epoch(self) -> None:
+        """Close one epoch of the own loop as a Trainer would: relflow's
+        ``CounterUpdateCallback`` folds the epoch's label counts (a no-op in one process
+        beyond clearing them), and the next epoch's batches count from 0 again."""
+        self._counters.on_train_epoch_end(cast(Any, _LoopState(self.epoch)), self.model)
+        self.epoch += 1
+        self._batch = 0
 
     def trainer(
         self,
@@ -396,6 +424,9 @@ class RelflowDriver:
             values = cast(pa.DictionaryArray, values).dictionary_decode()
         if self.spec.task.kind == "category":
             vocabulary = pa.array(list(rf.Category.vocabulary(self.model, self.target)))
+            if len(vocabulary) == 0:  # nothing learned yet (untrained weights): no label is known
+                n = len(values)
+                return torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
             if len(vocabulary) and values.type != vocabulary.type:
                 values = pc.cast(values, vocabulary.type)
             index = pc.index_in(values, value_set=vocabulary)
