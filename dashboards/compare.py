@@ -8,26 +8,31 @@ and CPU frequency, so their spread is much smaller than the spread between proce
 (eager predict ranged 3,528-6,353 rows/s between rounds of the compile-report while each
 round's passes agreed to a few percent): they are never used to judge significance.
 
-For each key metric a side yields an ``Estimate``: one sample per run (the run's repeat
-median when logged, which starts at pass 1 because pass 0 holds the first call; else its
-value), the median over runs and, from 6 runs, the order-statistic 95% interval of that
+For each key metric a side yields an ``Estimate``: one sample per run
+(``tasks.measure.significance.run_sample``: the run's repeat median when logged, which starts at
+pass 1 because pass 0 holds the first call; else its value; ``relflow-bench noise`` takes its CV
+over the same samples), the median over runs and, from 6 runs, the order-statistic 95% interval of that
 median. A single run's in-process interval is shown for information only.
 
 A change is **marked** only when all of these hold:
 
-- both sides have enough independent runs for the two-sided Mann-Whitney U test to reach
-  ``alpha`` (4 vs 4 is the smallest that can) and the test, **Holm-corrected** over every
-  metric tested in this comparison, gives ``p_holm < alpha``. Holm controls the chance of any
-  false mark across the whole table, which a per-metric ``alpha`` does not;
+- the two-sided Mann-Whitney U test across runs (scipy, exact wherever the sizes allow),
+  **Holm-corrected** over every metric tested in this comparison (its family: each metric with
+  noise and 2+ runs a side), gives ``p_holm < alpha``. Holm controls the chance of any false
+  mark across the whole table, which a per-metric ``alpha`` does not;
 - the ratio of medians is beyond ``threshold`` (default 5%);
-- the ratio is not smaller than the comparison's **minimum detectable effect** (MDE, from
-  both sides' between-run CV and run counts, ``tasks.measure.noise``: the smallest change
-  these runs detect at 95% confidence with 80% power), else "below MDE".
+- the ratio is not smaller than the comparison's **minimum detectable effect** (MDE: the
+  shift at which this rank test, at Holm's first step ``alpha / m``, rejects with 80% power
+  given both sides' between-run CV and run counts; ``tasks.measure.significance``), else
+  "below MDE".
 
-Otherwise the ratio is printed with "not enough independent runs" and nothing is claimed: one
-run against one run can show a ratio but cannot judge it. ``relflow-bench noise`` runs one
-configuration N times in fresh processes; ``compare NOISE_PARENT_A NOISE_PARENT_B`` or
-``compare --experiment E --baseline KEY=VALUE`` compare such groups.
+Where the run counts cannot reach Holm's first step at all (the smallest p the rank test can
+give, ``2 / C(n_a + n_b, n_a)``, times the family size is not below ``alpha``: one run a side,
+2 or 3 a side, 4 vs 4 with 2+ metrics, 5 vs 5 with 7+), the row says "not enough runs", the MDE
+is none, and a note says how many runs a side could: "within noise" next to a finite MDE would
+claim a test that was never possible. ``relflow-bench noise`` runs one configuration N times in
+fresh processes; ``compare NOISE_PARENT_A NOISE_PARENT_B`` or ``compare --experiment E
+--baseline KEY=VALUE`` compare such groups.
 
 Counts fixed by the spec and data (train updates, output bytes per row) have no noise: any
 difference beyond the threshold is marked ("exact").
@@ -35,13 +40,13 @@ difference beyond the threshold is marked ("exact").
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tasks.measure import keys as K
-from tasks.measure.noise import cv, mde_two
+from tasks.measure.noise import cv
+from tasks.measure.significance import holm, min_rank_p, rank_mde, rank_test_p, reachable, run_sample, runs_needed
 from tasks.measure.stats import median_interval
 from tasks.runtime.errors import UserError
 from tasks.tracking.store import RunRecord
@@ -89,7 +94,7 @@ IDENTITY_PARAMS = {"run.output_dir", "run.checkpoint"}
 # Counts fixed by the spec and data: any difference is real, no noise to test against.
 EXACT_METRICS = {K.TRAIN_UPDATES, K.TRAIN_UPDATES_PER_EPOCH, K.OUTPUT_BYTES_PER_ROW, K.QUALITY_ROWS}
 
-NOT_ENOUGH = "not enough independent runs"
+NOT_ENOUGH = "not enough runs"
 BELOW_MDE = "below MDE"
 RANK_TEST = "Mann-Whitney U"
 CORRECTION = "holm"
@@ -119,13 +124,14 @@ class MetricRow:
     baseline: Estimate
     candidate: Estimate
     ratio: float  # candidate / baseline (nan when undefined)
-    method: str  # RANK_TEST, "exact" (counts; or equal values), NOT_ENOUGH
+    method: str  # RANK_TEST, "exact" (counts; or equal medians), NOT_ENOUGH (no outcome could be marked)
     significant: bool  # p_holm < alpha (rank test), or a count that differs (exact)
-    p_value: float | None  # raw two-sided rank-test p
+    p_value: float | None  # raw two-sided rank-test p (None where the test does not run)
     marked: bool  # significant AND beyond the threshold AND not below the MDE: a real change
     verdict: str  # improvement | regression | change | within noise | below threshold | below MDE | same | NOT_ENOUGH
-    # minimum detectable effect (relative) of this comparison, from both sides' between-run CV
-    # (tasks.measure.noise); NaN when a side has fewer than 2 runs
+    # minimum detectable effect (relative) of the rank test run here, from both sides' between-run
+    # CV (tasks.measure.significance.rank_mde); inf where no outcome could be marked, NaN when a
+    # side has fewer than 2 runs
     mde: float = math.nan
     p_holm: float | None = None  # p_value adjusted by Holm over the metrics tested in this comparison
 
@@ -149,6 +155,7 @@ class Comparison:
     param_differences: list[Difference] = field(default_factory=list)
     tag_differences: list[Difference] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    tested_metrics: int = 0  # Holm's family: the metrics whose rank test ran
 
     @property
     def baseline_independent_runs(self) -> int:
@@ -167,77 +174,11 @@ class Comparison:
         return [r for r in self.rows if r.marked and r.verdict == "regression"]
 
 
-# --- statistics ---------------------------------------------------------------------
-
-
-def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> float:
-    """Two-sided Mann-Whitney U p-value (scipy when installed; else exact/normal here)."""
-    try:
-        from scipy.stats import mannwhitneyu
-    except ImportError:  # pragma: no cover - scipy is usually present
-        return _mann_whitney_u(list(x), list(y))
-    return float(mannwhitneyu(x, y, alternative="two-sided").pvalue)
-
-
-def _mann_whitney_u(x: list[float], y: list[float]) -> float:
-    """Own implementation: exact distribution for small samples without ties, else normal."""
-    n1, n2 = len(x), len(y)
-    allv = sorted((v, i) for i, v in enumerate(x + y))
-    ranks = [0.0] * (n1 + n2)
-    i, ties = 0, 0.0
-    while i < len(allv):
-        j = i
-        while j + 1 < len(allv) and allv[j + 1][0] == allv[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[allv[k][1]] = (i + j) / 2 + 1
-        t = j - i + 1
-        ties += t**3 - t
-        i = j + 1
-    u1 = sum(ranks[:n1]) - n1 * (n1 + 1) / 2
-    u = min(u1, n1 * n2 - u1)
-    if ties == 0 and n1 + n2 <= 20:
-        # counts[s] = number of arrangements with U == s (dynamic programme over sizes).
-
-        @functools.cache
-        def count(a: int, b: int, s: int) -> int:
-            if s < 0:
-                return 0
-            if a == 0 or b == 0:
-                return int(s == 0)
-            return count(a - 1, b, s - b) + count(a, b - 1, s)
-
-        total = math.comb(n1 + n2, n1)
-        p = 2 * sum(count(n1, n2, s) for s in range(int(u) + 1)) / total
-        return min(1.0, p)
-    n = n1 + n2
-    sigma = math.sqrt(n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1))))
-    if sigma == 0:
-        return 1.0
-    z = (abs(u1 - n1 * n2 / 2) - 0.5) / sigma
-    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
-
-
-def min_rank_p(n1: int, n2: int) -> float:
-    """Smallest two-sided p the Mann-Whitney U test can give for these sizes."""
-    if n1 == 0 or n2 == 0:
-        return 1.0
-    return 2 / math.comb(n1 + n2, n1)
-
-
 # --- estimates ----------------------------------------------------------------------
 
 
-def run_value(run: RunRecord, key: str) -> float | None:
-    """A run's figure: the median over its repeats when logged, else the plain value."""
-    m = run.metrics
-    if K.median(key) in m and m.get(K.REPEATS_MEASURED, 1) >= 2:
-        return m[K.median(key)]
-    return m.get(key)
-
-
 def estimate(runs: Sequence[RunRecord], key: str) -> Estimate | None:
-    pairs = [(r, v) for r in runs if (v := run_value(r, key)) is not None and math.isfinite(v)]
+    pairs = [(r, v) for r in runs if (v := run_sample(r.metrics, key)) is not None and math.isfinite(v)]
     if not pairs:
         return None
     if len(pairs) == 1:
@@ -259,27 +200,38 @@ def _ratio(a: float, b: float) -> float:
     return b / a
 
 
-def comparison_mde(base: Estimate, cand: Estimate, alpha: float) -> float:
-    """The smallest relative change these two groups of runs can show (95% confidence at
-    ``alpha`` 0.05, 80% power), from each side's between-run CV; NaN below 2 runs a side."""
-    return mde_two(cv(base.samples), base.n_runs, cv(cand.samples), cand.n_runs, alpha=alpha)
+def key_metrics(metrics: Sequence[Mapping[str, float]]) -> list[tuple[str, int]]:
+    """(key, direction) of every metric compare shows for runs that logged ``metrics``:
+    ``KEY_METRICS`` and each run's top-level ``quality.<name>``."""
+    quality = sorted({k for m in metrics for k in m if k.startswith("quality.") and k.count(".") == 1})
+    return [*KEY_METRICS, *((k, QUALITY_DIRECTION.get(k.split(".", 1)[1], 0)) for k in quality)]
 
 
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values, in the input order (monotone, capped at 1)."""
-    m = len(p_values)
-    order = sorted(range(m), key=lambda i: p_values[i])
-    adjusted = [1.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
+def family_of_group(metrics: Sequence[Mapping[str, float]]) -> list[str]:
+    """The metrics compare would test between this group of runs and another group of the
+    same configuration: each metric with noise that 2+ of these runs logged. ``relflow-bench
+    noise`` sizes Holm's family by it, so its MDE is the one a comparison of two such groups has."""
+    return [
+        key
+        for key, _ in key_metrics(metrics)
+        if key not in EXACT_METRICS
+        and sum(1 for m in metrics if (v := run_sample(m, key)) is not None and math.isfinite(v)) >= 2
+    ]
 
 
-def testable(base: Estimate, cand: Estimate, alpha: float) -> bool:
-    """Enough independent runs a side for the rank test to reach ``alpha`` at all."""
-    return base.n_runs >= 2 and cand.n_runs >= 2 and min_rank_p(base.n_runs, cand.n_runs) <= alpha
+def in_family(key: str, base: Estimate, cand: Estimate) -> bool:
+    """Whether the metric's rank test runs, and so counts in Holm's family: a metric with
+    noise (not a count) and at least 2 runs a side. Decided by what was logged, never by the
+    values, so the family (and every MDE) is known before the runs are read."""
+    return key not in EXACT_METRICS and base.n_runs >= 2 and cand.n_runs >= 2
+
+
+def comparison_mde(base: Estimate, cand: Estimate, alpha: float, family: int = 1) -> float:
+    """The smallest relative change the rank test finds with 80% power between these two
+    groups (each side's between-run CV and run count, Holm's first step over ``family``
+    metrics; ``tasks.measure.significance.rank_mde``): inf where no outcome could be marked,
+    NaN below 2 runs a side."""
+    return rank_mde(cv(base.samples), base.n_runs, cv(cand.samples), cand.n_runs, family=family, alpha=alpha)
 
 
 def judge(
@@ -290,53 +242,33 @@ def judge(
     *,
     threshold: float,
     alpha: float,
+    family: int = 1,
+    p_value: float | None = None,
     p_holm: float | None = None,
 ) -> MetricRow:
-    """One metric's row. ``p_holm`` is the Holm-adjusted p of this metric's rank test within
-    its comparison (``compare`` supplies it); alone, a metric is its own family (raw p)."""
+    """One metric's row. ``family``: the metrics Holm corrects over in this comparison (this
+    one included); ``p_value`` / ``p_holm``: its raw and Holm-adjusted rank-test p as
+    ``compare`` computed them. Alone, the raw p is computed here and ``p_holm`` is Holm's
+    first step, ``family * p``."""
     ratio = _ratio(base.value, cand.value)
-    row = _judge(key, direction, base, cand, ratio, threshold=threshold, alpha=alpha, p_holm=p_holm)
     if key in EXACT_METRICS:
-        return row
-    floor = comparison_mde(base, cand, alpha)
-    if row.marked and math.isfinite(floor) and math.isfinite(ratio) and abs(ratio - 1.0) < floor:
-        # Significant by the rank test, but smaller than these runs can reliably show: a
-        # change this size is found by chance about as often as it is missed.
-        return replace(row, marked=False, verdict=BELOW_MDE, mde=floor)
-    return replace(row, mde=floor)
-
-
-def _judge(
-    key: str,
-    direction: int,
-    base: Estimate,
-    cand: Estimate,
-    ratio: float,
-    *,
-    threshold: float,
-    alpha: float,
-    p_holm: float | None,
-) -> MetricRow:
-    if key in EXACT_METRICS or base.value == cand.value:
-        changed = base.value != cand.value
-        beyond = changed and abs(ratio - 1.0) > threshold
-        verdict = (
-            "same"
-            if not changed
-            else "below threshold"
-            if not beyond
-            else "change"
-            if direction == 0
-            else ("improvement" if (ratio > 1) == (direction > 0) else "regression")
+        return _exact(key, direction, base, cand, ratio, threshold)
+    floor = comparison_mde(base, cand, alpha, family)
+    if in_family(key, base, cand) and p_value is None:
+        p_value = rank_test_p(base.samples, cand.samples)
+    if p_value is not None and p_holm is None:
+        p_holm = min(1.0, family * p_value)
+    if base.value == cand.value:
+        return replace(_exact(key, direction, base, cand, ratio, threshold), mde=floor)
+    if not reachable(base.n_runs, cand.n_runs, family, alpha):
+        # No outcome of these runs could reach Holm's first step: "within noise" would claim a
+        # test that was never possible.
+        return MetricRow(
+            key, direction, base, cand, ratio, NOT_ENOUGH, False, p_value, False, NOT_ENOUGH, floor, p_holm
         )
-        return MetricRow(key, direction, base, cand, ratio, "exact", changed, None, beyond, verdict)
-    if not testable(base, cand, alpha):
-        return MetricRow(key, direction, base, cand, ratio, NOT_ENOUGH, False, None, False, NOT_ENOUGH)
-    p = mann_whitney_u(base.samples, cand.samples)
-    adjusted = p if p_holm is None else p_holm
-    significant = adjusted < alpha
+    assert p_value is not None and p_holm is not None  # reachable implies 2+ runs a side
+    significant = p_holm < alpha
     beyond = (math.isfinite(ratio) and abs(ratio - 1.0) > threshold) or math.isinf(ratio)
-    marked = significant and beyond
     if not significant:
         verdict = "within noise"
     elif not beyond:
@@ -345,7 +277,31 @@ def _judge(
         verdict = "change"
     else:
         verdict = "improvement" if (ratio > 1) == (direction > 0) else "regression"
-    return MetricRow(key, direction, base, cand, ratio, RANK_TEST, significant, p, marked, verdict, p_holm=adjusted)
+    marked = significant and beyond
+    if marked and math.isfinite(floor) and math.isfinite(ratio) and abs(ratio - 1.0) < floor:
+        # Significant, but smaller than the change this test finds with 80% power. Power is
+        # the chance of detecting a real change of that size, not a false-positive rate (that
+        # is alpha, which Holm already holds): below the MDE a real change is missed more than
+        # one time in five, and the runs that do reject are the ones whose noise pushed the
+        # same way, so the ratio they show overstates the change. Not marked.
+        verdict, marked = BELOW_MDE, False
+    return MetricRow(key, direction, base, cand, ratio, RANK_TEST, significant, p_value, marked, verdict, floor, p_holm)
+
+
+def _exact(key: str, direction: int, base: Estimate, cand: Estimate, ratio: float, threshold: float) -> MetricRow:
+    """Counts fixed by the spec and data, or equal medians: the difference is what it is."""
+    changed = base.value != cand.value
+    beyond = changed and abs(ratio - 1.0) > threshold
+    verdict = (
+        "same"
+        if not changed
+        else "below threshold"
+        if not beyond
+        else "change"
+        if direction == 0
+        else ("improvement" if (ratio > 1) == (direction > 0) else "regression")
+    )
+    return MetricRow(key, direction, base, cand, ratio, "exact", changed, None, beyond, verdict)
 
 
 # --- explanations -------------------------------------------------------------------
@@ -390,20 +346,30 @@ def compare(
     c = Comparison(
         baseline_label, candidate_label, [r.run_id for r in base], [r.run_id for r in cand], threshold, alpha
     )
-    quality = sorted({k for r in [*base, *cand] for k in r.metrics if k.startswith("quality.") and k.count(".") == 1})
-    keys = [*KEY_METRICS, *((k, QUALITY_DIRECTION.get(k.split(".", 1)[1], 0)) for k in quality)]
-    pairs = [(key, d, a, b) for key, d in keys if (a := estimate(base, key)) and (b := estimate(cand, key))]
-    # The family Holm corrects over: every metric whose rank test runs in this comparison.
-    tested = [
-        i
-        for i, (key, _, a, b) in enumerate(pairs)
-        if key not in EXACT_METRICS and a.value != b.value and testable(a, b, alpha)
+    pairs = [
+        (key, d, a, b)
+        for key, d in key_metrics([r.metrics for r in [*base, *cand]])
+        if (a := estimate(base, key)) and (b := estimate(cand, key))
     ]
-    adjusted = dict(
-        zip(tested, holm([mann_whitney_u(pairs[i][2].samples, pairs[i][3].samples) for i in tested]), strict=True)
-    )
+    # Holm's family: every metric whose rank test runs here, fixed by what was logged.
+    family = [i for i, (key, _, a, b) in enumerate(pairs) if in_family(key, a, b)]
+    raw = {i: rank_test_p(pairs[i][2].samples, pairs[i][3].samples) for i in family}
+    adjusted = dict(zip(family, holm([raw[i] for i in family]), strict=True))
+    c.tested_metrics = len(family)
     for i, (key, direction, a, b) in enumerate(pairs):
-        c.rows.append(judge(key, direction, a, b, threshold=threshold, alpha=alpha, p_holm=adjusted.get(i)))
+        c.rows.append(
+            judge(
+                key,
+                direction,
+                a,
+                b,
+                threshold=threshold,
+                alpha=alpha,
+                family=max(len(family), 1),
+                p_value=raw.get(i),
+                p_holm=adjusted.get(i),
+            )
+        )
     c.param_differences = differences(base, cand, "params", lambda k: k not in IDENTITY_PARAMS)
     c.tag_differences = differences(base, cand, "tags", environment_tag)
     hosts = {side: {r.tags.get(HOST_TAG) for r in runs} for side, runs in (("baseline", base), ("candidate", cand))}
@@ -421,21 +387,25 @@ def compare(
         if bad:
             c.notes.append(f"{side} has INVALID runs: {', '.join(bad)}")
     if any(r.method == NOT_ENOUGH for r in c.rows):
-        n_base, n_cand = len(base), len(cand)
-        c.notes.append(
-            f"{n_base} vs {n_cand} independent run(s): "
-            + (
+        n_base, n_cand, m = len(base), len(cand), max(c.tested_metrics, 1)
+        if min(n_base, n_cand) == 1:
+            why = (
                 "one run a side shows a ratio but cannot judge significance (passes inside one process "
                 "are not independent samples)"
-                if min(n_base, n_cand) == 1
-                else "too few for the rank test to reach alpha"
             )
-            + "; run each configuration in fresh processes (relflow-bench noise --runs 6) and compare the groups "
+        else:
+            why = (
+                f"the rank test's smallest two-sided p at these sizes, {min_rank_p(n_base, n_cand):.3g}, times "
+                f"{m} tested metric(s) (Holm's first step) is not below alpha {alpha:g}: no outcome of these "
+                f"runs could be marked; {runs_needed(m, alpha)} runs a side can"
+            )
+        c.notes.append(
+            f"{n_base} vs {n_cand} independent run(s): {why}; run each configuration in fresh processes "
+            f"(relflow-bench noise --runs {max(runs_needed(m, alpha), 6)}) and compare the groups "
             "(compare NOISE_PARENT_A NOISE_PARENT_B, or --experiment E --baseline KEY=VALUE)"
         )
-    if c.rows and any(r.method == RANK_TEST for r in c.rows):
-        n_tests = sum(r.method == RANK_TEST for r in c.rows)
-        c.notes.append(f"p-values Holm-corrected over {n_tests} tested metric(s)")
+    if c.tested_metrics and any(r.method == RANK_TEST for r in c.rows):
+        c.notes.append(f"p-values Holm-corrected over {c.tested_metrics} tested metric(s)")
     return c
 
 
@@ -495,6 +465,7 @@ def as_dict(c: Comparison) -> dict:
         "threshold": c.threshold,
         "alpha": c.alpha,
         "correction": CORRECTION,
+        "tested_metrics": c.tested_metrics,
         "metrics": [
             {
                 "key": r.key,
@@ -529,9 +500,8 @@ __all__ = [
     "as_dict",
     "compare",
     "estimate",
+    "family_of_group",
     "fmt_value",
-    "holm",
     "judge",
-    "mann_whitney_u",
     "split_by",
 ]

@@ -12,16 +12,24 @@ from flows.cli.common import DEFAULT_SPEC, console, handle_run_error, install_in
 
 def noise_cmd(
     spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
-    runs: Annotated[int, typer.Option(help="Fresh-process runs of the configuration (at least 2).")] = 6,
+    runs: Annotated[
+        int,
+        typer.Option(
+            help="Fresh-process runs of the configuration (at least 2 for a CV; compare's rank test needs 4+ "
+            "a side, 6 for the ~10-20 metrics a run logs)."
+        ),
+    ] = 6,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override, as for run.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
     """Run one configuration N times in fresh processes: between-run CV and minimum detectable effect.
 
-    Logs noise.<metric>.cv and noise.<metric>.mde (for N runs a side, 95% confidence, 80%
-    power) on a parent MLflow run; each run is a child run."""
-    from flows.sweeps.noise import check_runs, collect, summarize, to_markdown
+    Logs noise.<metric>.cv and noise.<metric>.mde on a parent MLflow run (each run is a child
+    run): the MDE of compare's rank test between two groups of N runs, Holm over the metrics it
+    tests, at 80% power; none, and "not enough runs", where N runs a side can mark nothing."""
+    from flows.sweeps.noise import check_runs, collect, family, not_enough, summarize, to_markdown
     from tasks.measure import keys as K
+    from tasks.measure.significance import run_sample
     from tasks.spec import load_spec
 
     tracker = None
@@ -36,7 +44,7 @@ def noise_cmd(
         console.print(f"parent MLflow run {parent} in experiment '{s.name}': {runs} fresh-process runs")
 
         def show(i: int, r) -> None:
-            figures = ", ".join(f"{k} {r.metrics[k]:,.0f}" for k in K.NOISE_METRICS if k in r.metrics)
+            figures = ", ".join(f"{k} {v:,.0f}" for k in K.NOISE_METRICS if (v := run_sample(r.metrics, k)) is not None)
             console.print(f"  run {i + 1}/{runs}: {figures} (run {r.run_id})")
 
         reports = collect(s, spec.resolve().parent, runs, parent, tracker.uri, on_run=show)
@@ -51,6 +59,8 @@ def noise_cmd(
         handle_run_error(err, debug, "the noise report's parent MLflow run was ended KILLED.")
     out.print(md)
     for key in K.NOISE_METRICS:
-        if K.noise(key, "mde") in figures:
-            c, m = K.noise(key, "cv"), K.noise(key, "mde")
+        c, m = K.noise(key, "cv"), K.noise(key, "mde")
+        if m in figures:
             out.print(f"{c} = {figures[c]:.4f}, {m} = {figures[m]:.4f}")
+        elif c in figures:
+            out.print(f"{c} = {figures[c]:.4f}, {m}: {not_enough(len(reports), family(reports))}")

@@ -305,12 +305,15 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "noise.<metric>.cv",
         "relflow-bench noise: between-run CV (sample std / mean) of <metric> (e2e.predict.rows_per_s, "
-        "compute.steady_rows_per_s, compute.train.steady_rows_per_s) over noise.runs runs",
+        "compute.steady_rows_per_s, compute.train.steady_rows_per_s) over noise.runs runs, of the sample "
+        "compare tests (a run's median over passes 1..N-1 when logged, else its figure)",
     ),
     (
         "noise.<metric>.mde",
-        "relflow-bench noise: minimum detectable effect of <metric>, a relative change (0.09 = 9%), at 95% "
-        "confidence and 80% power with noise.runs runs a side (two-sample t)",
+        "relflow-bench noise: minimum detectable effect of <metric>, a relative change (0.10 = 10%): the "
+        "shift compare's rank test (Mann-Whitney U at Holm's first step over the metrics it tests) finds "
+        "with 80% power between two groups of noise.runs runs; not logged where such groups can mark "
+        "nothing (2-3 runs; 4 with 2+ metrics tested; 5 with 7+)",
     ),
     (
         "stage.<stage>.<phase>.seconds",

@@ -15,19 +15,21 @@ from tasks.measure import keys as K
 
 
 def _auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Rank-based ROC AUC (Mann-Whitney U), ties averaged."""
+    """ROC AUC (torchmetrics), ties counted one half; NaN with one class only (torchmetrics
+    would warn and return 0)."""
+    # here: scipy.stats and torchmetrics take seconds to import, paid only where an AUC is scored
+    from scipy.stats import rankdata
+    from torchmetrics.functional.classification import binary_auroc
+
     pos = labels > 0.5
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    if n_pos == 0 or n_neg == 0:
+    if pos.all() or not pos.any():
         return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    sorted_scores = scores[order]
-    # average ranks over ties
-    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    avg = first + (counts + 1) / 2.0
-    ranks[order] = np.repeat(avg, counts)
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    # torchmetrics reads scores outside [0, 1] as logits and applies a sigmoid, in the scores'
+    # dtype: float32 logits beyond ~17 (float64 beyond ~37) all become 1.0, ties that change
+    # the AUC. The AUC depends on the order only, so the scores go in as their dense ranks in (0, 1].
+    dense = rankdata(scores, method="dense")
+    ranked = torch.from_numpy(dense / dense.max())
+    return float(binary_auroc(ranked, torch.from_numpy(pos.astype(np.int64))))
 
 
 @dataclass

@@ -19,7 +19,7 @@ import numpy as np
 from tasks.measure import keys as K
 from tasks.measure.keys import PHASE_STAGES, PHASES, STAGES
 from tasks.measure.noise import cv
-from tasks.measure.stats import MIN_CI_SAMPLES, median_interval
+from tasks.measure.stats import MIN_CI_SAMPLES, median_interval, nearest_rank
 
 __all__ = ["PHASES", "STAGES", "PhaseTimings", "RunResult", "StageTiming", "describe_repeats"]
 
@@ -75,9 +75,10 @@ class PhaseTimings:
         return sum(self.steady_rows) / t if t > 0 else 0.0
 
     def percentile_ms(self, q: float) -> float:
+        """Nearest-rank percentile of the steady batch times, in ms (as request latencies)."""
         if not self.steady_seconds:
             return 0.0
-        return float(np.percentile(np.asarray(self.steady_seconds) * 1e3, q))
+        return nearest_rank(self.steady_seconds, q) * 1e3
 
     @property
     def steady_batch_cv(self) -> float | None:

@@ -11,7 +11,8 @@ The reports then put many runs side by side: ``summarize`` groups ``Sample`` s (
 one variant in one round) and fills one row per group from the report's columns;
 ``Group`` gives each column the medians and order-statistic 95% intervals
 (``tasks.measure.stats``) over the group's rounds, ``ratio_interval`` the interval of a
-paired per-round ratio (a speed-up), and ``markdown_table`` / ``interval_text`` the one
+paired per-round ratio (a speed-up), ``slower_by_paired_ratio`` the note for a variant whose
+paired ratio's interval lies wholly below 1, and ``markdown_table`` / ``interval_text`` the one
 table format every report prints.
 """
 
@@ -246,7 +247,9 @@ def slower_than_baseline(
     """A note for each candidate row whose 95% interval of ``figure`` lies wholly below the
     baseline row's: e.g. a compiled variant's steady rows/s interval below eager's, which a
     report must say rather than leave to a reader of the table. Rows without intervals (too
-    few rounds) are not judged."""
+    few rounds) are not judged. Unpaired: the host's drift between rounds widens both
+    intervals; where rounds pair runs, ``slower_by_paired_ratio`` judges the per-round ratio
+    (compile-report does)."""
     b_low = baseline.get(low)
     if not isinstance(b_low, int | float) or math.isnan(b_low):
         return []
@@ -259,5 +262,34 @@ def slower_than_baseline(
             notes.append(
                 f"{label(r)} is slower than {label(baseline)}: its {figure} 95% interval "
                 f"[{r_low:,.0f}, {r_high:,.0f}] lies below {label(baseline)}'s, which starts at {b_low:,.0f}"
+            )
+    return notes
+
+
+def slower_by_paired_ratio(
+    rows: Sequence[Mapping[str, Cell]],
+    *,
+    label: Callable[[Mapping[str, Cell]], str],
+    is_candidate: Callable[[Mapping[str, Cell]], bool],
+    baseline: str,
+    figure: str,
+    low: str,
+    high: str,
+) -> list[str]:
+    """A note for each candidate row whose paired per-round ratio to the baseline
+    (``ratio_interval``: each round's candidate figure over that round's baseline figure) has
+    a 95% interval wholly below 1: slower in the same rounds, whatever the host's drift
+    between rounds. Unpaired intervals of the two medians carry that drift, so they can
+    overlap while every round shows the candidate slower. Rows without an interval (too few
+    rounds) are not judged."""
+    notes = []
+    for r in rows:
+        r_low, r_high = r.get(low), r.get(high)
+        if not is_candidate(r) or not isinstance(r_low, int | float) or not isinstance(r_high, int | float):
+            continue
+        if r_high < 1.0:
+            notes.append(
+                f"{label(r)} is slower than {baseline}: its {figure} over {baseline}'s in the same round has "
+                f"the 95% interval [{r_low:.2f}x, {r_high:.2f}x], wholly below 1"
             )
     return notes

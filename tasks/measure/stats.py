@@ -1,4 +1,12 @@
-"""Statistics over repeat samples: the median and a distribution-free interval for it.
+"""Statistics over repeat samples: the median and a distribution-free interval for it, and
+the one percentile definition every timing percentile uses.
+
+Percentiles are **nearest rank** (LoadGen's definition): the ``q``-th percentile of ``n``
+values is the value at rank ``ceil(q/100 * n)`` of the sorted values, always a measured
+value, never an interpolation between two (numpy's ``inverted_cdf``). Batch times
+(``compute.batch_ms.p50|p95|p99``) read ``nearest_rank``; request latencies
+(tasks/scenarios/latency.py ``nearest_rank_ms``) use the same definition, and
+tests/tasks/measure/test_records.py holds the two equal.
 
 The interval is the order-statistic (sign-test) interval ``[x_(k), x_(n-k+1)]``: for any
 continuous distribution it covers the true median with probability exactly
@@ -13,6 +21,7 @@ median about 75% of the time; it is not used.)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +58,15 @@ def min_samples(level: float = CI_LEVEL) -> int:
 
 
 MIN_CI_SAMPLES = min_samples(CI_LEVEL)
+
+
+def nearest_rank(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """Nearest-rank percentile ``q`` (0..100) of ``values``: the value at rank
+    ``ceil(q/100 * n)`` of the sorted values (rank 1 for ``q = 0``)."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("nearest_rank needs at least one value")
+    return float(np.percentile(x, q, method="inverted_cdf"))
 
 
 @dataclass(frozen=True)

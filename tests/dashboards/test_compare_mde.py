@@ -1,33 +1,113 @@
-"""``compare`` shows the minimum detectable effect next to each ratio and never marks a change below it."""
+"""``compare``'s MDE is the one of the test it runs (the rank test, Holm over the metrics it
+tests), "not enough runs" where no outcome could be marked, and no mark below the MDE.
+
+Expected figures are computed here another way: the 4 vs 4 MDE by numerical integration,
+the reachable sizes by counting arrangements."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import math
+import statistics
 
-from dashboards.compare import BELOW_MDE, compare
+import numpy as np
+import pytest
+from scipy import integrate, optimize, stats
+
+from dashboards.compare import BELOW_MDE, as_dict, compare
 from flows.cli.common import out
 from flows.cli.reports import print_comparison
-from tasks.measure.noise import cv, mde_two
 from tasks.tracking.store import RunRecord
 
 KEY = "compute.steady_rows_per_s"
-# Every candidate run is faster than every baseline run (the rank test: p < 0.01), the medians
-# 6% apart (beyond the 5% threshold), but one slow and one fast outlier make both sides so
-# noisy that 6 runs a side can only show changes of about 30%.
+NOT_ENOUGH_RUNS = "not enough runs"
+
+
+def _runs(prefix: str, **series: list[float]) -> list[RunRecord]:
+    n = len(next(iter(series.values())))
+    return [
+        RunRecord(
+            f"{prefix}{i}", "r", "e", "FINISHED", 0, 1, {k.replace("__", "."): v[i] for k, v in series.items()}, {}, {}
+        )
+        for i in range(n)
+    ]
+
+
+def _rows(c):
+    return {r.key: r for r in c.rows}
+
+
+BASE4 = [100.0, 101.0, 99.0, 100.5]
+CAND4 = [v * 1.3 for v in BASE4]  # 30% faster, every run, the same CV as the baseline
+
+
+def test_4_vs_4_with_two_metrics_is_not_enough_runs_even_for_a_30_percent_change():
+    # Failed before: both rows read "within noise" next to a finite MDE (~2%), though the
+    # smallest p four runs a side can give, 2/70, times 2 metrics is 0.057 > 0.05: nothing
+    # could ever be marked.
+    c = compare(
+        _runs("a", e2e__predict__rows_per_s=BASE4, compute__steady_rows_per_s=BASE4),
+        _runs("b", e2e__predict__rows_per_s=CAND4, compute__steady_rows_per_s=CAND4),
+    )
+    for key in ("e2e.predict.rows_per_s", KEY):
+        row = _rows(c)[key]
+        assert row.ratio == pytest.approx(1.3)
+        assert (row.verdict, row.marked) == (NOT_ENOUGH_RUNS, False)
+        assert not math.isfinite(row.mde)
+    data = as_dict(c)
+    assert {m["key"]: (m["verdict"], m["mde"]) for m in data["metrics"]} == {
+        "e2e.predict.rows_per_s": (NOT_ENOUGH_RUNS, None),
+        KEY: (NOT_ENOUGH_RUNS, None),
+    }
+    json.dumps(data)  # JSON-ready (no inf)
+    assert any("5 runs a side can" in n for n in c.notes), c.notes
+
+
+def test_5_vs_5_can_mark_with_6_metrics_tested_but_not_with_7():
+    # 2/252 = 0.0079: times 6 = 0.048 < 0.05, times 7 = 0.056
+    base = [100.0, 101.0, 99.0, 100.5, 99.5]
+    cand = [v * 1.3 for v in base]
+    for m, reachable in ((6, True), (7, False)):
+        names = [f"quality__m{i}" for i in range(m)]
+        c = compare(_runs("a", **dict.fromkeys(names, base)), _runs("b", **dict.fromkeys(names, cand)))
+        assert c.tested_metrics == m
+        verdicts = {r.verdict for r in c.rows}
+        assert verdicts == ({"change"} if reachable else {NOT_ENOUGH_RUNS}), (m, verdicts)
+        assert all(r.p_value == pytest.approx(2 / 252) for r in c.rows)
+
+
+def _max_of_4_sum_quantile(power: float) -> float:
+    """The ``power`` quantile of M1 + M2, M the largest of 4 standard normals."""
+
+    def cdf(t: float) -> float:
+        density = lambda m: 4 * stats.norm.pdf(m) * stats.norm.cdf(m) ** 3 * stats.norm.cdf(t - m) ** 4  # noqa: E731
+        return integrate.quad(density, -np.inf, np.inf)[0]
+
+    return optimize.brentq(lambda t: cdf(t) - power, 0.0, 10.0)
+
+
+def test_the_mde_column_is_the_rank_tests_at_4_vs_4():
+    # Failed before: the t formula gave 2.37 CVs. At 4 vs 4 the rank test rejects only on
+    # complete separation, so with both sides' CV c the MDE is c times the 80% quantile of the
+    # sum of two maxima of 4 standard normals (2.88, by integration).
+    c = compare(_runs("a", compute__steady_rows_per_s=BASE4), _runs("b", compute__steady_rows_per_s=CAND4))
+    row = _rows(c)[KEY]
+    cv = statistics.stdev(BASE4) / statistics.mean(BASE4)  # == the candidate's: it is 1.3 x
+    assert row.mde == pytest.approx(cv * _max_of_4_sum_quantile(0.8), rel=0.01)
+    assert (row.marked, row.verdict) == (True, "improvement")
+
+
+# Every candidate run is faster than every baseline run (p = 2/924), the medians 6% apart
+# (beyond the 5% threshold), but one slow and one fast outlier make both sides so noisy that
+# the rank test at 6 runs a side finds only changes of about 30% with 80% power.
 BASE = [100.0, 100.0, 100.0, 100.0, 100.0, 60.0]
 CAND = [106.0, 106.0, 106.0, 106.0, 106.0, 150.0]
 
 
-def _runs(prefix: str, values: list[float]) -> list[RunRecord]:
-    return [RunRecord(f"{prefix}{i}", "r", "e", "FINISHED", 0, 1, {KEY: v}, {}, {}) for i, v in enumerate(values)]
-
-
 def test_a_significant_change_below_the_mde_is_not_marked():
-    c = compare(_runs("a", BASE), _runs("b", CAND))
-    row = {r.key: r for r in c.rows}[KEY]
-    assert row.method == "Mann-Whitney U" and row.significant and row.p_value < 0.01
+    row = _rows(compare(_runs("a", compute__steady_rows_per_s=BASE), _runs("b", compute__steady_rows_per_s=CAND)))[KEY]
+    assert row.method == "Mann-Whitney U" and row.significant and row.p_value == pytest.approx(2 / 924)
     assert row.ratio == pytest.approx(1.06)
-    assert row.mde == pytest.approx(mde_two(cv(BASE), 6, cv(CAND), 6))
     assert row.mde > 0.25
     assert (row.marked, row.verdict) == (False, BELOW_MDE)
 
@@ -35,16 +115,25 @@ def test_a_significant_change_below_the_mde_is_not_marked():
 def test_a_change_beyond_the_mde_is_still_marked():
     quiet_base = [99.0, 100.0, 101.0, 100.0, 99.5, 100.5]
     quiet_cand = [v * 1.06 for v in quiet_base]
-    row = {r.key: r for r in compare(_runs("a", quiet_base), _runs("b", quiet_cand)).rows}[KEY]
+    c = compare(_runs("a", compute__steady_rows_per_s=quiet_base), _runs("b", compute__steady_rows_per_s=quiet_cand))
+    row = _rows(c)[KEY]
     assert row.mde < 0.02
     assert (row.marked, row.verdict) == (True, "improvement")
 
 
-def test_the_printed_table_has_the_mde_column():
+def test_the_printed_table_says_not_enough_runs_and_shows_the_mde():
     with out.capture() as got:
-        print_comparison(compare(_runs("a", BASE), _runs("b", CAND)))
+        print_comparison(
+            compare(
+                _runs("a", e2e__predict__rows_per_s=BASE4, compute__steady_rows_per_s=BASE4),
+                _runs("b", e2e__predict__rows_per_s=CAND4, compute__steady_rows_per_s=CAND4),
+            )
+        )
     text = got.get()
-    assert "MDE" in text
-    row = {r.key: r for r in compare(_runs("a", BASE), _runs("b", CAND)).rows}[KEY]
-    assert f"{row.mde:.1%}" in text
-    assert "0 marked change(s)" in text
+    # the table wraps its cells at the console's width: each row's verdict reads "not enough"
+    assert text.count("not enough") >= 4 and "0 marked change(s)" in text
+    assert "no outcome of these runs could be marked; 5 runs a side can" in " ".join(text.split())
+    c = compare(_runs("a", compute__steady_rows_per_s=BASE), _runs("b", compute__steady_rows_per_s=CAND))
+    with out.capture() as got:
+        print_comparison(c)
+    assert "MDE" in got.get() and f"{_rows(c)[KEY].mde:.1%}" in got.get()

@@ -1,8 +1,10 @@
-"""Measurement records: warm-up never mixes into steady state, exact rows, percentiles,
-one figure per phase, repeat medians and intervals, validity rules."""
+"""Measurement records: warm-up never mixes into steady state, exact rows, nearest-rank
+percentiles, one figure per phase, repeat medians and intervals, validity rules. Expected
+figures are worked out by hand in the comments."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tasks.measure import keys as K
@@ -21,8 +23,31 @@ def test_first_call_and_warmup_are_kept_out_of_steady_state():
     assert t.steady_seconds == [1.0, 1.0, 0.5]
     assert t.steady_rows_per_s == pytest.approx(10 / 2.5)  # exact rows: a partial last batch of 2
     m = t.metrics(lambda w: f"compute.{w}")
-    assert m["compute.batch_ms.p50"] <= m["compute.batch_ms.p95"] <= m["compute.batch_ms.p99"]
+    # steady batches only (sorted 0.5, 1.0, 1.0 s): the first call (10 s) and warm-up (5, 4 s)
+    # would move every percentile
+    assert (m["compute.batch_ms.p50"], m["compute.batch_ms.p99"]) == (1000.0, 1000.0)
+    assert m["compute.steady_batches"] == 3 and m["compute.steady_seconds"] == 2.5
     assert m["compute.compile_overhead_seconds"] == pytest.approx(10.0 - 1.0)
+
+
+def test_batch_percentiles_are_nearest_rank_as_request_latencies():
+    # Failed before: numpy's linear interpolation gave p50 10.5, p95 19.05, p99 19.81 ms, values
+    # no batch took. Nearest rank: the value at rank ceil(q/100 * 20) of 1..20 ms: ranks 10,
+    # 19 and 20.
+    t = PhaseTimings(warmup_batches=0)
+    t.record(1.0, 4)  # the first call
+    batches = [ms / 1e3 for ms in (7, 3, 20, 1, 15, 9, 12, 5, 18, 2, 11, 14, 6, 19, 8, 4, 16, 10, 13, 17)]
+    for seconds in batches:
+        t.record(seconds, 4)
+    m = t.metrics(lambda w: f"compute.{w}")
+    assert m["compute.batch_ms.p50"] == pytest.approx(10.0)
+    assert m["compute.batch_ms.p95"] == pytest.approx(19.0)
+    assert m["compute.batch_ms.p99"] == pytest.approx(20.0)
+    # the one definition request latencies use (tasks/scenarios/latency.py)
+    from tasks.scenarios.latency import nearest_rank_ms
+
+    for q in (50, 95, 99):
+        assert m[f"compute.batch_ms.p{q}"] == pytest.approx(float(nearest_rank_ms(np.asarray(batches), q)))
 
 
 def test_steady_state_flag_flips_after_warmup():
@@ -63,8 +88,11 @@ def test_stage_table_shows_both_phases_with_shares_of_their_own_phase():
         *(("train", s) for s in K.STAGES[:4]),
         *(("predict", s) for s in K.STAGES),
     ]
-    for phase in K.PHASES:
-        assert sum(r["share"] for r in table if r["phase"] == phase) == pytest.approx(1.0)
+    # each stage over its own phase's seconds: train 1, 2, 3, 4 of 10 s; predict 0.1..0.6 of 2.1 s
+    train = [r["share"] for r in table if r["phase"] == "train"]
+    predict = [r["share"] for r in table if r["phase"] == "predict"]
+    assert train == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert predict == pytest.approx([0.1 * (i + 1) / 2.1 for i in range(len(K.STAGES))])
 
 
 def test_a_predict_only_run_has_no_train_figures():

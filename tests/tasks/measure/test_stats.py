@@ -53,3 +53,15 @@ def test_exact_coverage_of_order_statistics():
     assert order_statistic_k(9) == 2  # [x_(2), x_(8)]: 96.1%
     iv = median_interval([10.0, 12.0, 11.0, 30.0, 9.0, 13.0, 14.0, 8.0, 12.5])
     assert (iv.low, iv.median, iv.high) == (9.0, 12.0, 14.0)
+
+
+def test_nearest_rank_percentiles_by_hand():
+    from tasks.measure.stats import nearest_rank
+
+    # the value at rank ceil(q/100 * n): of 1..10, p50 rank 5, p90 rank 9, p91 rank 10
+    values = [7.0, 3.0, 10.0, 1.0, 5.0, 9.0, 2.0, 8.0, 4.0, 6.0]
+    assert [nearest_rank(values, q) for q in (50, 90, 91, 100)] == [5.0, 9.0, 10.0, 10.0]
+    assert nearest_rank(values, 0) == 1.0  # rank 1, never below the smallest value
+    assert nearest_rank([4.2], 99) == 4.2
+    with pytest.raises(ValueError):
+        nearest_rank([], 50)

@@ -23,6 +23,22 @@ def test_ece_and_brier_by_hand():
     assert calibrate.brier(probs, labels) == pytest.approx((2 * 0.1**2 + 2 * 0.6**2) / 2)
 
 
+def test_ece_with_a_confidence_of_exactly_one_and_brier_against_scikit_learn():
+    # torchmetrics' bins are [k/15, (k+1)/15), and a confidence of exactly 1 has a bin of its
+    # own: rows (1.0, right), (0.9, right), (0.6, wrong) fall in three bins with gaps 0, 0.1
+    # and 0.6 -> (0 + 0.1 + 0.6) / 3
+    probs = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.6, 0.4]], dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1])
+    assert calibrate.ece(probs, labels) == pytest.approx(0.7 / 3, rel=1e-6)
+    brier_score_loss = pytest.importorskip("sklearn.metrics").brier_score_loss
+    three = torch.tensor([[0.2, 0.7, 0.1], [0.5, 0.25, 0.25]], dtype=torch.float64)
+    assert calibrate.brier(three, torch.tensor([1, 2])) == pytest.approx(
+        brier_score_loss([1, 2], three.numpy(), labels=[0, 1, 2])
+    )
+    # scikit-learn halves a 2-column (binary) Brier score; ours counts both classes
+    assert calibrate.brier(probs, labels) == pytest.approx(2 * brier_score_loss([0, 0, 1], probs[:, 1].numpy()))
+
+
 def test_brier_of_a_binary_target_equals_the_same_2_class_category_target():
     logit = torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64)
     labels = torch.tensor([1.0, 1.0, 0.0])
@@ -134,4 +150,5 @@ def test_quality_counts_only_masked_cells():
     labels = torch.tensor([[0, 0]])
     q.add(logits, labels, torch.tensor([[True, False]]))
     expected = 1 - torch.softmax(torch.tensor([5.0, 0.0], dtype=torch.float64), 0)[0].item()
-    assert q.metrics()["ece"] == pytest.approx(expected)
+    # torchmetrics bins in float32: the ECE to 1e-5, far below its sampling noise
+    assert q.metrics()["ece"] == pytest.approx(expected, rel=1e-5)
