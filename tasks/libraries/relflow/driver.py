@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import lightning.pytorch as lit
 import numpy as np
@@ -59,8 +59,7 @@ _PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 # --- facts ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FieldOccupancy:
+class FieldOccupancy(NamedTuple):
     """Coordinates of one field (or slots of one branch) in a batch.
 
     ``present``: live coordinates (valued, null or learned-mask: model inputs);

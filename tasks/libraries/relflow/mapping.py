@@ -352,7 +352,11 @@ def _branch_array(spec: Spec, b: Branch, lists: pa.Array) -> pa.Array:
     if pa.types.is_null(lists.type):  # a chunk where no parent has children
         return lists
     as_list = cast(pa.ListArray | pa.LargeListArray, lists)
-    records = cast(pa.StructArray, as_list.values)  # the whole child array; offsets index it
+    # Rebased to this slice's children: Arrow rebuilds no list from sliced offsets with a
+    # null bitmap, and the children outside a slice need no conversion.
+    start, stop = as_list.offsets[0].as_py(), as_list.offsets[-1].as_py()
+    offsets = pc.subtract(as_list.offsets, pa.scalar(start, as_list.offsets.type)) if start else as_list.offsets
+    records = cast(pa.StructArray, as_list.values.slice(start, stop - start))
     children: dict[str, pa.Array] = {}
     for name, kind in _node_items(spec, b.columns, spec.task.branch == b.name):
         children.update(_column(spec, name, kind, records.field(name)))
@@ -364,7 +368,7 @@ def _branch_array(spec: Spec, b: Branch, lists: pa.Array) -> pa.Array:
         mask=records.is_null() if records.null_count else None,
     )
     build_list = pa.LargeListArray if pa.types.is_large_list(lists.type) else pa.ListArray
-    return build_list.from_arrays(as_list.offsets, rebuilt, mask=lists.is_null() if lists.null_count else None)
+    return build_list.from_arrays(offsets, rebuilt, mask=lists.is_null() if lists.null_count else None)
 
 
 def _chunked(spec: Spec, name: str, kind: str, column: pa.ChunkedArray) -> dict[str, pa.ChunkedArray]:
