@@ -158,7 +158,8 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     compute_stage.check_precision(spec, device)
     distributed.check(spec, device)
     ckpt = None
-    if spec.run.checkpoint:  # predict: its weights; train+predict: resume (settings checked)
+    if spec.run.checkpoint and spec.model.library == "reference":  # a library loads its own format
+        # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
     backend, ckpt = check_backend(spec, ckpt)  # providers, bundle (it may stand in for ckpt)
     reference = check_reference(spec, ckpt["encoding"] if ckpt else None)
@@ -205,7 +206,10 @@ class Invocation:
 
     @property
     def quality_meaningful(self) -> bool:
-        return self.spec.run.mode == "train+predict" or self.plan.checkpoint is not None
+        trained = self.plan.checkpoint is not None or (  # a library's checkpoint is its own to load
+            self.spec.model.library != "reference" and self.spec.run.checkpoint is not None
+        )
+        return self.spec.run.mode == "train+predict" or trained
 
 
 def start_run(

@@ -45,7 +45,9 @@ def library_for(spec: Spec) -> Library:
     """The library ``spec`` names (``model.library``)."""
     name = spec.model.library
     if name == "relflow":
-        return NotBuilt(name, "relflow", 33)
+        from tasks.libraries.relflow import RELFLOW
+
+        return RELFLOW
     if name == "relational_transformers":
         return NotBuilt(name, "relational-transformers", 34)
     from tasks.libraries.reference import Reference

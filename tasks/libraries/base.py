@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from tasks.measure.clock import Clock
+    from tasks.stages.encode import Encoded
     from tasks.stages.engine import EngineBase
     from tasks.stages.preprocess import Preprocessed
     from tasks.stages.tensorize import Chunk
@@ -72,8 +73,70 @@ class ModelSide(Protocol):
     that arrives, inside that step's time as for the reference model), and ``engine`` builds
     the compute engine once that fit is done (None before)."""
 
-    def tensorize(self, pre: Preprocessed, train: bool) -> Chunk:
-        """``train``: the chunk feeds training steps (a library may learn while encoding)."""
+    encodes: bool  # an encode step of its own (its stage row), before tensorize
+
+    def encode(self, pre: Preprocessed, train: bool) -> Encoded:
+        """The application's cell encoding, where the library leaves it to the application."""
+        ...
+
+    def tensorize(self, pre: Preprocessed, train: bool, encoded: Encoded | None) -> Chunk:
+        """``train``: the chunk feeds training steps (a library may learn while encoding);
+        ``encoded``: what this side's ``encode`` returned (None without an encode step)."""
         ...
 
     def engine(self, clock: Clock) -> EngineBase | None: ...
+
+
+def harness_problems(spec: Spec) -> list[Unsupported]:
+    """Settings whose harness path exists only for the reference model (``model/``): a
+    library under test runs through ``tasks/libraries/engine.py``, which has none of them."""
+    run, out = spec.run, list[Unsupported]()
+    fix = "use model.library: reference for it, or leave the setting at its default"
+    if spec.task.branch is not None:
+        out.append(
+            Unsupported(
+                "task.branch",
+                spec.task.branch,
+                "a library's predictions are one per root row here (a per-branch-row target is the reference model's)",
+                "predict a root column, or " + fix,
+            )
+        )
+    for name in spec.task.outputs:
+        if name != "prediction" and not name.startswith("topk:"):
+            out.append(
+                Unsupported(
+                    "task.outputs", name, "the harness writes a library's prediction and top-k only", "remove it"
+                )
+            )
+    if run.distributed is not None:
+        out.append(Unsupported("run.distributed", "set", "DDP training runs the reference model's engine", fix))
+    if run.reference_checkpoint:
+        out.append(
+            Unsupported(
+                "run.reference_checkpoint",
+                run.reference_checkpoint,
+                "the fp16 reference pass loads the reference model's checkpoint format",
+                fix,
+            )
+        )
+    if run.check_outputs:
+        out.append(
+            Unsupported(
+                "run.check_outputs", True, "the plain comparison pass is the reference model's (padded, eager)", fix
+            )
+        )
+    if run.loader.num_workers > 0:
+        out.append(
+            Unsupported(
+                "run.loader.num_workers",
+                run.loader.num_workers,
+                "loader workers encode with the reference model's ArrowDataModule; a library's encode is the "
+                "tensorize stage, in-process",
+                "set run.loader.num_workers: 0",
+            )
+        )
+    if run.compile.model:
+        out.append(
+            Unsupported("run.compile.model", True, "whole-model compilation wraps the reference model's forward", fix)
+        )
+    return out

@@ -67,6 +67,8 @@ class Driver(Protocol):
 
     def train_step(self, part: Any) -> None: ...
 
+    def end_epoch(self) -> None: ...
+
     def predict_step(self, part: Any) -> torch.Tensor:
         """The prediction of a batch in the harness's convention (see the module note)."""
         ...
@@ -164,6 +166,9 @@ class LibraryEngine(EngineBase):
         x, order = torch.cat(xs), torch.cat(ran)
         keep = chunk.label_present[order]
         return x[keep], chunk.labels[order][keep]
+
+    def end_epoch(self) -> None:
+        self.driver.end_epoch()
 
     def predictions_table(self, keys: pa.Array, outs: PredictOutputs) -> pa.Table:
         return self.driver.predictions_table(keys, outs.tensors["prediction"])

@@ -65,6 +65,10 @@ FIRST_CALL_SECONDS = "compute.first_call_seconds"
 TRAIN_UPDATES = "compute.train.updates"
 TRAIN_UPDATES_PER_EPOCH = "compute.train.updates_per_epoch"
 COMPILED_FRAMES = "compute.compiled_frames"
+# A library's compiled regions (model.library relflow): calls that ran the compiled graph vs
+# fell back to eager (the reasons are tagged relflow.library_eager_reasons).
+COMPILED_REGION_CALLS = "compute.compiled_region_calls"
+EAGER_REGION_CALLS = "compute.eager_region_calls"
 COMPILE_CACHE_HITS = "compute.compile_cache_hits"
 COMPILE_CACHE_MISSES = "compute.compile_cache_misses"
 # compute(phase, ESTIMATED_ROWS_PER_S): logged by the model's throughput callback itself
@@ -236,6 +240,8 @@ LATENCY_ROWS_PER_SERVICE_S = "latency.rows_per_service_s"
 LATENCY_ROWS_PER_WALL_S = "latency.rows_per_wall_s"
 LATENCY_SERVICE_SECONDS = "latency.service_seconds"
 LATENCY_INTRA_OP_THREADS = "latency.intra_op_threads"
+# server: the lowest bound LoadGen's server rule passes (tasks/scenarios/early_stopping.py).
+LATENCY_P99_SERVER_RULE = "latency.request_ms.p99_server_rule"
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
 # Request scenarios: served outputs vs an offline pass over the same keys, and repeated keys
 # (tasks/scenarios/outputs.py).
@@ -408,6 +414,16 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ),
     (COMPILED_FRAMES, "frames Dynamo compiled during the run (all phases, warm-up included)"),
     (
+        COMPILED_REGION_CALLS,
+        "model.library relflow with run.compile.encoders/pools: region calls (all phases) that ran "
+        "relflow's compiled graph",
+    ),
+    (
+        EAGER_REGION_CALLS,
+        "model.library relflow with run.compile.encoders/pools: region calls that fell back to eager "
+        "(reasons and counts in tag relflow.library_eager_reasons, e.g. packing=N)",
+    ),
+    (
         COMPILE_CACHE_HITS,
         "graphs the run's compiles took from the compiler's on-disk caches (Inductor FX-graph and "
         "AOTAutograd hits, all phases): above 0, first_call_seconds holds no cold compile of them "
@@ -487,6 +503,13 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "(run.request.intra_op_threads; the run's own setting is tag relflow.threads.intra_op)",
     ),
     (
+        LATENCY_P99_SERVER_RULE,
+        "server: the lowest latency bound the run passes under LoadGen's server rule (p99, confidence 0.99): "
+        "the (t+1)-th slowest request, t the most requests over the bound n requests tolerate "
+        "(n >= min_passing(t) + t), and no lower than LoadGen's percentile sample (index int(0.99 n) of the "
+        "sorted latencies); above run.request.latency_bound_ms the run is INVALID; absent below 459 requests",
+    ),
+    (
         LATENCY_ROWS_PER_SERVICE_S,
         "request scenarios: root rows of the steady requests / latency.service_seconds (rows per second of "
         "service time: what the serving path sustains while busy)",
@@ -552,10 +575,20 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ),
     (
         SERVER_PEAK_QPS,
-        "peak-qps: the highest Poisson rate whose early-stopping p99 held --bound-ms (the bracket's low end)",
+        "peak-qps: the highest Poisson rate whose probe was VALID (LoadGen's server rule at --bound-ms "
+        "included) below every failing one; logged only when the search bracketed the peak (a failing "
+        "rate above it)",
     ),
-    (SERVER_PEAK_QPS_BRACKET_LOW, "peak-qps: the highest probed rate that held the bound below every failing one"),
-    (SERVER_PEAK_QPS_BRACKET_HIGH, "peak-qps: the lowest probed rate whose early-stopping p99 missed the bound"),
+    (
+        SERVER_PEAK_QPS_BRACKET_LOW,
+        "peak-qps: the highest probed rate that passed (a VALID run) below every failing one; without "
+        "server.peak_qps_bracket_high (every probe passed) a lower bound on the peak only",
+    ),
+    (
+        SERVER_PEAK_QPS_BRACKET_HIGH,
+        "peak-qps: the lowest probed rate that failed (INVALID, bound missed, or the run failed); without "
+        "server.peak_qps_bracket_low (no probe passed) the peak is below it, if any",
+    ),
     (SERVER_PEAK_PROBES, "peak-qps: probes (fresh-process server runs) the search ran"),
     ("calibration.<what>", "temperature scaling: temperature, fit_seconds"),
     (

@@ -86,7 +86,9 @@ class Workload:
         p = self.chain.prepare(self.chunks[i], self.sink(phase), {"chunk": i, "phase": phase})
         self.account(p, i)
         self.add_bytes(p, phase)
-        if phase == "train" and len(self.chunks) == 1:
+        # A library may learn while it encodes training rows, or draw masks per epoch
+        # (tasks/libraries): its training chunks are encoded again every epoch.
+        if phase == "train" and len(self.chunks) == 1 and self.chain.side is None:
             self._kept[i] = p.tz
         return p.tz
 
@@ -98,7 +100,9 @@ class Workload:
 
     def prepare_untimed(self, i: int) -> Chunk:
         """Chunk ``i`` outside every timing (kept training tensors are reused)."""
-        return self._kept[i] if i in self._kept else self.chain.prepare_untimed(self.chunks[i])
+        # A library's training encode holds the training rows only (tasks/libraries): re-prepare.
+        reusable = i in self._kept and self.chain.side is None
+        return self._kept[i] if reusable else self.chain.prepare_untimed(self.chunks[i])
 
     def train(self) -> None:
         sink = self.sink("train")
@@ -108,6 +112,8 @@ class Workload:
             for i in range(len(self.chunks)):
                 tz = self.prepare(i, "train")
                 self.chain.train(tz, sink, {"chunk": i, "phase": "train", "epoch": epoch})
+            if self.chain.engine is not None:
+                self.chain.engine.end_epoch()
             if epoch == 0 and self.chain.engine is not None:
                 self.result.updates_per_epoch = self.chain.engine.train_timings.updates - before
             self.result.train_epochs += 1

@@ -37,7 +37,7 @@ from tasks.sources.tables import Sources
 from tasks.spec import Spec
 from tasks.stages.calibrate import CalibrationQuality, calibrate_outputs, report_mask
 from tasks.stages.compute import Engine
-from tasks.stages.encode import encode, text_columns
+from tasks.stages.encode import Encoded, encode, text_columns
 from tasks.stages.engine import EngineBase, PredictOutputs
 from tasks.stages.preprocess import Preprocessed, preprocess
 from tasks.stages.retrieve import retrieve
@@ -123,13 +123,15 @@ class Chain:
         self.encoding, self.schema = encoding, schema
         self.weights = weights or Weights()
         self.run_stage = run_stage
-        self.has_text = bool(text_columns(spec))
+        self.has_text = bool(text_columns(spec))  # an encode step (below: or the library's own)
         self.temperature = self.weights.temperature
         self.calibration = CalibrationQuality(spec.task.kind, self.temperature)
         self.outputs = tuple(spec.task.outputs)
         # A library under test (model.library) brings its own tensorize step and engine; the
         # reference model's are tasks/stages/tensorize.py and compute.py, run from here.
         self.side: ModelSide | None = library_for(spec).model_side(spec, device)
+        if self.side is not None:
+            self.has_text = self.side.encodes
         self.engine: EngineBase | None = None
         self.engine_setup_seconds = 0.0  # building the model: its own figure, not a stage
 
@@ -145,11 +147,11 @@ class Chain:
         spec = self.spec
         r = run("retrieve", lambda: retrieve(spec, self.sources, keys), lambda r: r.root_rows)
         pre: Preprocessed = run("preprocess", lambda: preprocess(spec, r), lambda p: p.root_rows)
-        cells = 0
-        if self.has_text:
-            encoded = run("encode", lambda: encode(spec, pre), lambda e: e.pre.root_rows)
+        cells, encoded = 0, None
+        if self.has_text:  # the application's encoder: the reference model's text cells, or a library's
+            encoded = run("encode", lambda: self._encode(pre, train), lambda e: e.pre.root_rows)
             pre, cells = encoded.pre, encoded.cells
-        tz: Chunk = run("tensorize", lambda: self._tensorize(pre, train), lambda t: t.root_rows)
+        tz: Chunk = run("tensorize", lambda: self._tensorize(pre, train, encoded), lambda t: t.root_rows)
         arrow_bytes = sum(t.nbytes for t in r.tables.values())
         return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells, arrow_bytes)
 
@@ -191,9 +193,12 @@ class Chain:
             outs = engine.predict(tz, self.outputs)
         return tz, calibrate_outputs(outs, self.temperature, self.spec.task.kind)
 
-    def _tensorize(self, pre: Preprocessed, train: bool) -> Chunk:
+    def _encode(self, pre: Preprocessed, train: bool) -> Encoded:
+        return self.side.encode(pre, train) if self.side is not None else encode(self.spec, pre)
+
+    def _tensorize(self, pre: Preprocessed, train: bool, encoded: Encoded | None) -> Chunk:
         if self.side is not None:
-            return self.side.tensorize(pre, train)
+            return self.side.tensorize(pre, train, encoded)
         if self.encoding is None or self.schema is None:  # no checkpoint: fit on this chunk
             self.encoding, self.schema = fit(self.spec, pre)
         return tensorize(self.spec, pre, self.encoding, self.schema)

@@ -239,6 +239,7 @@ def encode_column(
 class Encoded:
     pre: Preprocessed  # the same rows, each text column replaced by its vectors
     cells: int  # text cells encoded (nulls included: they are present cells)
+    payload: object = None  # a library's own encoding (tasks/libraries), handed to its tensorize
 
 
 Children = dict[str, tuple[Mapping[str, str], "Children"]]  # branch name -> (its columns, its children)

@@ -152,6 +152,9 @@ class EngineBase:
         mask = torch.ones(pred.shape[0], dtype=torch.bool)
         return mask.reshape(-1, *([1] * (pred.dim() - 1))).expand_as(pred)
 
+    def end_epoch(self) -> None:
+        """Called after each training epoch (every chunk trained once)."""
+
     def steady_batch(self, phase: str, part: Any) -> None:
         """Called for each steady batch after its step (outside its timed span)."""
 

@@ -1,53 +1,29 @@
 """relflow 0.4.0 as the model under test (``model.library: relflow``).
 
-``mapping``: the spec checked against what relflow can honour, the harness's nested table
-as relflow reads it, and the relflow ``Model`` built from the spec. ``driver``: what the
-harness's compute engine calls per batch (encode, train step, predict, write) and the facts
-it reports (occupancy, packing, compiled region calls, throughput estimate, FLOPs).
+- ``checks``: what relflow cannot honour, decided from the spec alone (imports no relflow: the
+  checks before work run it in about a second)
+- ``mapping``: the harness's nested table as relflow reads it, and the relflow ``Model`` built
+  from the spec
+- ``driver``: what the engine calls per batch (encode, train step, predict, write) and the
+  facts it reports (occupancy, packing, compiled region calls, throughput estimate, FLOPs)
+- ``side``: relflow inside the chain: its tensorize step and its engine
+
 See README.md in this folder for the mapping table and the measured findings.
 """
 
 from __future__ import annotations
 
-import os
+from typing import TYPE_CHECKING
 
-import relflow
-from relflow.logging.config import configure
-
+from tasks.libraries.relflow.checks import LIBRARY, check
 from tasks.spec import Spec
 
-# relflow logs at DEBUG unless RELFLOW_LOG_LEVEL says otherwise (relflow/logging/config.py),
-# one stderr line per model build, checkpoint and warning path; the harness keeps a user's
-# explicit setting and otherwise logs relflow's warnings only.
-configure(level=os.environ.get("RELFLOW_LOG_LEVEL", "WARNING"))
+if TYPE_CHECKING:
+    import torch
 
-from tasks.libraries.relflow.driver import (  # noqa: E402
-    CompiledCalls,
-    FieldOccupancy,
-    MemoryLogger,
-    Occupancy,
-    PackingFact,
-    RelflowDriver,
-    ThroughputRows,
-    throughput_rows,
-)
-from tasks.libraries.relflow.mapping import LIBRARY, build, check, input_table, problems  # noqa: E402
+    from tasks.libraries.base import ModelSide
 
-__all__ = [
-    "CompiledCalls",
-    "FieldOccupancy",
-    "MemoryLogger",
-    "Occupancy",
-    "PackingFact",
-    "Relflow",
-    "RelflowDriver",
-    "ThroughputRows",
-    "build",
-    "check",
-    "input_table",
-    "problems",
-    "throughput_rows",
-]
+__all__ = ["RELFLOW", "Relflow"]
 
 
 class Relflow:
@@ -55,7 +31,16 @@ class Relflow:
 
     name = LIBRARY
     distribution: str | None = "relflow"
-    version = relflow.__version__
 
     def check(self, spec: Spec) -> None:
         check(spec)
+
+    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
+        from pathlib import Path
+
+        from tasks.libraries.relflow.side import RelflowSide  # imports relflow (and Lightning)
+
+        return RelflowSide(spec, device, Path(spec.run.checkpoint) if spec.run.checkpoint else None)
+
+
+RELFLOW = Relflow()

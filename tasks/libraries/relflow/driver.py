@@ -354,8 +354,13 @@ class RelflowDriver:
         runs (so new vocabulary rows reach the Trainer's optimizer)."""
         self.optimizer()
         runner = self.trainer(callbacks=callbacks, logger=logger, log_every_n_steps=log_every_n_steps)
-        runner.fit(self.model, train_dataloaders=_Epochs(batches))
-        self.model.to(self.device)
+        try:
+            runner.fit(self.model, train_dataloaders=_Epochs(batches))
+        finally:
+            # A model left attached to a finished Trainer logs into its closed loop:
+            # LightningModule.log then raises in the next own-loop train_step.
+            self.model.trainer = None
+            self.model.to(self.device)
         return runner
 
     # --- predict ---------------------------------------------------------------------------

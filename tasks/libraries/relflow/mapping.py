@@ -15,6 +15,7 @@ The rules, and why each refusal exists, are in this folder's README.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,10 +24,16 @@ from typing import Any, Literal, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 import relflow as rf
+from relflow.logging.config import configure
 
-from tasks.libraries.base import Unsupported
+from tasks.libraries.relflow.checks import LIBRARY, TRAIN_COLUMN, TREND_SUFFIX, check, problems
 from tasks.runtime.errors import UserError
 from tasks.spec import Branch, Spec
+
+# relflow logs at DEBUG unless RELFLOW_LOG_LEVEL says otherwise (relflow/logging/config.py),
+# one stderr line per model build, checkpoint and warning path; the harness keeps a user's
+# explicit setting and otherwise logs relflow's warnings only.
+configure(level=os.environ.get("RELFLOW_LOG_LEVEL", "WARNING"))
 
 __all__ = [
     "LIBRARY",
@@ -41,9 +48,6 @@ __all__ = [
     "trend_column",
 ]
 
-LIBRARY = "relflow"
-TRAIN_COLUMN = "__train"  # tasks/stages/split.py's TRAIN; not imported: no tasks.stages here
-TREND_SUFFIX = "__epoch_days"
 OVERFLOW: dict[str, Literal["head", "tail", "error"]] = {
     "keep_first": "head",
     "keep_last": "tail",
@@ -77,172 +81,6 @@ def _branch_trail(spec: Spec, name: str | None) -> list[str]:
     while (parent := parents[trail[0]]) is not None:
         trail.insert(0, parent)
     return trail
-
-
-def problems(spec: Spec) -> list[Unsupported]:
-    """Every setting of ``spec`` relflow cannot honour; empty when it can run the spec."""
-    out: list[Unsupported] = []
-    run, model = spec.run, spec.model
-    if model.heads % 2:
-        out.append(
-            Unsupported(
-                "model.heads",
-                model.heads,
-                "relflow requires an even number of attention heads (relflow.structs.tree.Node)",
-                f"set model.heads to {model.heads + 1} (d_model {model.d_model} must stay divisible by it)",
-            )
-        )
-    elif model.d_model // model.heads < 2:
-        out.append(
-            Unsupported(
-                "model.heads",
-                model.heads,
-                f"relflow's rotary attention needs at least 2 dimensions per head (d_model {model.d_model})",
-                "lower model.heads or raise model.d_model",
-            )
-        )
-    names: list[tuple[str, str]] = [(f"schema.root.columns.{c}", c) for c in spec.schema_.root.columns]
-    names.append(("task.target", spec.task.target))
-    for b, _ in spec.schema_.walk():
-        names.append((f"{b.name}.name", b.name))
-        names.extend((f"{b.name}.columns.{c}", c) for c in b.columns)
-        if b.overflow == "sample":
-            out.append(
-                Unsupported(
-                    f"{b.name}.overflow",
-                    "sample",
-                    "relflow's Branch overflow rules are head, tail and error only (relflow.Overflow); "
-                    "a sampled subset is not a relflow rule",
-                    f"use --set {b.name}.overflow=keep_first (relflow head) or keep_last (relflow tail)",
-                )
-            )
-    for key, name in names:
-        if not _NAME.match(name):
-            out.append(
-                Unsupported(
-                    key,
-                    name,
-                    "relflow names fields and branches after the data and accepts only letters, digits, "
-                    "'_' and '-' in a name",
-                    "rename the column (or branch) in the source tables",
-                )
-            )
-        elif name.endswith(TREND_SUFFIX):
-            out.append(
-                Unsupported(
-                    key,
-                    name,
-                    f"names ending in '{TREND_SUFFIX}' are the harness's trend-in-time numbers beside "
-                    "each timestamp column",
-                    "rename the column",
-                )
-            )
-    for node, columns in [("schema.root", spec.schema_.root.columns)] + [
-        (b.name, b.columns) for b, _ in spec.schema_.walk()
-    ]:
-        for column, kind in columns.items():
-            if kind == "text":
-                out.append(
-                    Unsupported(
-                        f"{node}.columns.{column}",
-                        "text",
-                        "relflow's Text field runs a pretrained Hugging Face encoder (default "
-                        "google/bert_uncased_L-2_H-128_A-2, loaded by AutoModel.from_pretrained) and "
-                        "needs the relflow[text] extra (transformers); neither the package nor a model "
-                        "can be fetched on this offline host",
-                        "declare the column as category, or leave it out of the schema",
-                    )
-                )
-    for output in spec.task.outputs:
-        head, _, arg = output.partition(":")
-        if head == "leaf":
-            out.append(
-                Unsupported(
-                    "task.outputs",
-                    output,
-                    "relflow emits a branch's reduced vector (Branch(embed=True)) or per-field decoder "
-                    "embeddings, not one vector per branch row; a per-row output would need "
-                    "reduction=None, a different model",
-                    f"use branch_embedding:{arg}, or drop {output}",
-                )
-            )
-        elif head == "topk" and arg == "1":
-            out.append(
-                Unsupported(
-                    "task.outputs",
-                    output,
-                    "relflow's Category top-k needs k > 1 (k = 1 is its prediction)",
-                    "drop topk:1 (prediction is the top class) or ask for k >= 2",
-                )
-            )
-    if run.packing == "off":
-        out.append(
-            Unsupported(
-                "run.packing",
-                "off",
-                "relflow packs present coordinates automatically and has no switch to turn it off "
-                "(only active dropout or hooks on a region fall back to the padded path)",
-                "use run.packing: auto",
-            )
-        )
-    if run.backend != "pytorch":
-        out.append(
-            Unsupported(
-                "run.backend",
-                run.backend,
-                "relflow 0.4.0 has no ONNX export and serves only through PyTorch"
-                if run.backend == "onnxruntime"
-                else "the Triton kernels are the reference model's own (model/), not relflow's",
-                "use run.backend: pytorch",
-            )
-        )
-    if run.compile.model:
-        out.append(
-            Unsupported(
-                "run.compile.model",
-                True,
-                "relflow compiles regions (Model.compile(encoders=, pools=)); its forward validates "
-                "and routes on the host (numpy, beartype, Python sets), which is not a whole-model graph",
-                "use run.compile.encoders and/or run.compile.pools",
-            )
-        )
-    if run.compile.mode is not None:
-        out.append(
-            Unsupported(
-                "run.compile.mode",
-                run.compile.mode,
-                "relflow's Model.compile takes backend, dynamic and options, not a torch.compile mode",
-                "drop run.compile.mode and pass Inductor settings in run.compile.options",
-            )
-        )
-    if run.distributed is not None:
-        out.append(
-            Unsupported(
-                "run.distributed",
-                "set",
-                "the relflow driver trains in one process (relflow's own DDP goes through Lightning "
-                "strategies the harness does not launch)",
-                "drop run.distributed",
-            )
-        )
-    if run.reference_checkpoint is not None:
-        out.append(
-            Unsupported(
-                "run.reference_checkpoint",
-                run.reference_checkpoint,
-                "reduced-precision weight files are the reference model's format; relflow checkpoints "
-                "are Model.save files",
-                "drop run.reference_checkpoint",
-            )
-        )
-    return out
-
-
-def check(spec: Spec) -> None:
-    """Raise ``UserError`` (exit 2) naming every setting relflow cannot honour."""
-    found = problems(spec)
-    if found:
-        raise UserError(" ".join(p.message(LIBRARY) for p in found))
 
 
 # --- the table relflow reads -------------------------------------------------------------

@@ -1,0 +1,211 @@
+"""relflow inside the harness's chain: its tensorize step (``Model.encode``) and its engine.
+
+The harness reads and preprocesses (the nested table, columnar); then, per chunk:
+
+- **tensorize** = ``mapping.input_table`` (the casts relflow needs) + relflow's
+  ``Model.encode`` of the chunk, its own stage row. A training chunk encodes only its
+  training rows, with ``strata=train`` (relflow learns vocabularies and numeric statistics
+  while it encodes, so held-out rows never shape them); a predict chunk encodes every row
+  with ``strata=predict`` (no learning, no masks). The first chunk also builds the relflow
+  model (``mapping.build``), inside that step's time as the reference model's first fit is.
+- **compute** = relflow's ``training_step`` + the run's ``rf.adamw`` step per batch, and its
+  predict-mode forward, in the harness's clocked loop (``LibraryEngine``). Batches are root
+  rows sliced from the chunk's TensorDict.
+- **write** = the harness's atomic Parquet writer, over the calibrated prediction with
+  relflow's class vocabulary (the same columns as the reference model's file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tensordict import TensorDict
+
+from tasks.libraries.engine import LibraryChunk, LibraryEngine
+from tasks.libraries.relflow.driver import CompiledCalls, RelflowDriver
+from tasks.libraries.relflow.mapping import LIBRARY
+from tasks.measure import keys as K
+from tasks.measure.clock import Clock
+from tasks.spec import Spec
+from tasks.stages.encode import Encoded
+from tasks.stages.engine import EngineBase, ModelFacts
+from tasks.stages.preprocess import TRAIN, Preprocessed
+
+
+@dataclass
+class _Part:
+    """One device batch: its TensorDict and the chunk rows it holds."""
+
+    td: TensorDict
+    rows: torch.Tensor  # chunk rows, in the batch's order
+    input_rows: int  # rows of the encoded TensorDict it was sliced from (allocated extent)
+
+
+class RelflowSide:
+    """The ``ModelSide`` (tasks/libraries/base.py) of one run over relflow."""
+
+    def __init__(self, spec: Spec, device: torch.device, checkpoint: Path | None) -> None:
+        self.spec, self.device = spec, device
+        self.driver: RelflowDriver | None = RelflowDriver.load(spec, checkpoint, device) if checkpoint else None
+        self.calls: CompiledCalls | None = None
+        if self.driver is not None:
+            self._compile()
+
+    def _compile(self) -> None:
+        c = self.spec.run.compile
+        if self.driver is not None and (c.encoders or c.pools):
+            self.calls = self.driver.compile()
+
+    encodes = False  # relflow encodes in its own Model.encode (the tensorize step)
+
+    def encode(self, pre: Preprocessed, train: bool) -> Encoded:
+        raise AssertionError("relflow has no encode step of the application's")
+
+    def tensorize(self, pre: Preprocessed, train: bool, encoded: Encoded | None) -> LibraryChunk:
+        spec = self.spec
+        if self.driver is None:  # the first chunk: build the model (relflow sizes it from data)
+            self.driver = RelflowDriver.build(spec, pre.table, self.device)
+            self._compile()
+        driver = self.driver
+        table = driver.input_table(pre.table)
+        is_train = torch.from_numpy(pre.table[TRAIN].to_numpy(zero_copy_only=False).astype(bool))
+        keys = pre.table[spec.schema_.root.key].combine_chunks()
+        rows = torch.nonzero(is_train).flatten() if train else torch.arange(pre.root_rows)
+        encoded = driver.encode(table.take(pa.array(rows.numpy())) if train else table, train=train, epoch=driver.epoch)
+        # After encoding: a training encode grows the target's vocabulary, whose order is the
+        # class axis of the logits the labels index into.
+        labels, present = driver.labels(table)
+        occupancy = driver.occupancy(encoded)
+        return LibraryChunk(
+            keys=keys,
+            is_train=is_train,
+            labels=labels,
+            label_present=present,
+            coords_present=occupancy.present,
+            coords_reserved=occupancy.reserved,
+            root_rows=pre.root_rows,
+            inputs=_Encoded(encoded, rows),
+            input_tensors=[t for t in encoded.flatten_keys().values() if isinstance(t, torch.Tensor)],
+        )
+
+    def engine(self, clock: Clock) -> EngineBase | None:
+        if self.driver is None:
+            return None
+        return LibraryEngine(self.spec, self.device, clock, _Steps(self.spec, self.driver, self))
+
+
+@dataclass
+class _Encoded:
+    td: TensorDict
+    rows: torch.Tensor  # chunk rows the TensorDict holds, in its order
+
+    def positions(self, rows: torch.Tensor, n: int) -> torch.Tensor:
+        """Where chunk ``rows`` sit in the TensorDict (every one must be there)."""
+        where = torch.full((n,), -1, dtype=torch.long)
+        where[self.rows] = torch.arange(self.rows.numel())
+        pos = where[rows]
+        if bool((pos < 0).any()):
+            raise RuntimeError("a batch asked for chunk rows the relflow encoding does not hold")
+        return pos
+
+
+class _Steps:
+    """The ``Driver`` (tasks/libraries/engine.py) over a ``RelflowDriver``."""
+
+    name = LIBRARY
+
+    def __init__(self, spec: Spec, driver: RelflowDriver, side: RelflowSide) -> None:
+        self.spec, self.driver, self.side = spec, driver, side
+
+    def batches(self, chunk: LibraryChunk, rows: torch.Tensor) -> Iterator[tuple[Any, int]]:
+        encoded = cast(_Encoded, chunk.inputs)
+        positions = encoded.positions(rows, chunk.root_rows)
+        n_input = int(encoded.rows.numel())
+        for idx, pos in zip(
+            rows.split(self.spec.run.batch_size), positions.split(self.spec.run.batch_size), strict=True
+        ):
+            yield _Part(RelflowDriver.take(encoded.td, pos), idx, n_input), int(idx.numel())
+
+    def rows_of(self, part: Any) -> torch.Tensor:
+        return cast(_Part, part).rows
+
+    def train_step(self, part: Any) -> None:
+        self.driver.train_step(cast(_Part, part).td)
+
+    def end_epoch(self) -> None:
+        self.driver.end_epoch()
+
+    def predict_step(self, part: Any) -> torch.Tensor:
+        out = self.driver.predict(cast(_Part, part).td)
+        # The harness's convention: logits for category and binary (temperature scaling and
+        # quality read logits), the value in the target's units for regression.
+        return out["logits"] if self.spec.task.kind in ("category", "binary") else out["prediction"]
+
+    def cells(self, part: Any) -> tuple[int, int]:
+        occ = self.driver.occupancy(cast(_Part, part).td)
+        return occ.present, occ.allocated
+
+    def shape(self, part: Any) -> tuple[int, ...]:
+        occ = self.driver.occupancy(cast(_Part, part).td)
+        return tuple(f.allocated // max(occ.rows, 1) for f in occ.sequences.values())
+
+    def predictions_table(self, keys: pa.Array, prediction: torch.Tensor) -> pa.Table:
+        cols: dict[str, pa.Array] = {self.spec.schema_.root.key: keys}
+        kind = self.spec.task.kind
+        for name in self.spec.task.outputs:
+            head, _, arg = name.partition(":")
+            if head == "prediction" and kind == "category":
+                classes = pa.array(self.driver.classes(), pa.string())
+                cols["prediction"] = classes.take(pa.array(prediction.argmax(-1).numpy()))
+            elif head == "prediction" and kind == "binary":
+                cols["prediction"] = pa.array(torch.sigmoid(prediction).numpy().astype(np.float64))
+            elif head == "prediction":
+                cols["prediction"] = pa.array(prediction.numpy().astype(np.float64))
+            elif head == "topk":
+                k = min(int(arg), prediction.shape[-1])
+                scores, idx = torch.softmax(prediction, -1).topk(k, dim=-1)
+                classes = pa.array(self.driver.classes(), pa.string())
+                labels = classes.take(pa.array(idx.reshape(-1).numpy()))
+                cols[f"top{k}_labels"] = pa.FixedSizeListArray.from_arrays(labels, k)
+                cols[f"top{k}_scores"] = pa.FixedSizeListArray.from_arrays(pa.array(scores.reshape(-1).numpy()), k)
+        return pa.table(cols)
+
+    def facts(self) -> ModelFacts:
+        metrics: dict[str, float] = {}
+        calls = self.side.calls
+        tags = {"relflow.library_packing": _packing_tag(self.driver)}
+        if calls is not None:
+            metrics[K.COMPILED_REGION_CALLS] = float(calls.compiled)
+            metrics[K.EAGER_REGION_CALLS] = float(calls.eager_total)
+            tags["relflow.library_eager_reasons"] = ",".join(f"{k}={v}" for k, v in sorted(calls.eager.items()))
+        return ModelFacts(
+            LIBRARY,
+            self.driver.parameter_count(),
+            None,
+            "relflow packs present coordinates per batch: FLOPs per root row vary with each batch's live slots",
+            tags,
+            metrics,
+        )
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        self.driver.save(tmp)
+        tmp.replace(path)
+
+    def paths(self) -> set[str]:
+        return {"relflow-compiled" if self.side.calls is not None else "relflow-eager"}
+
+    def close(self) -> None:
+        return None
+
+
+def _packing_tag(driver: RelflowDriver) -> str:
+    """Which encoder regions pack present coordinates in predict mode, and why others do not."""
+    facts = driver.packing(training=False)
+    return "; ".join(f"{f.region}: {'packed' if f.eligible else f.why_not}" for f in facts)
