@@ -11,34 +11,10 @@ seconds that a reference run should not pay.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tasks.libraries.base import Library, ModelSide, Unsupported, version_of
-from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 
-if TYPE_CHECKING:
-    import torch
-
 __all__ = ["Library", "ModelSide", "Unsupported", "check_library", "library_for", "library_tags", "version_of"]
-
-
-class NotBuilt:
-    """A library whose harness part has not landed: refused before work, naming the issue."""
-
-    def __init__(self, name: str, distribution: str, issue: int) -> None:
-        self.name, self.issue = name, issue
-        self.distribution: str | None = distribution
-
-    def check(self, spec: Spec) -> None:
-        raise UserError(
-            f"model.library {self.name} is not built yet: benchmarking {self.distribution} through the "
-            f"harness is issue {self.issue}'s feature. Use model.library: reference (the default) for now."
-        )
-
-    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
-        self.check(spec)
-        return None
 
 
 def library_for(spec: Spec) -> Library:
@@ -49,7 +25,9 @@ def library_for(spec: Spec) -> Library:
 
         return RELFLOW
     if name == "relational_transformers":
-        return NotBuilt(name, "relational-transformers", 34)
+        from tasks.libraries.relational_transformers import RELATIONAL_TRANSFORMERS
+
+        return RELATIONAL_TRANSFORMERS
     from tasks.libraries.reference import Reference
 
     return Reference()

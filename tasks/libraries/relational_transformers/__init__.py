@@ -7,40 +7,48 @@ what was measured.
   encode step (``encode``, ``hashing_encoder``), the library's ``RelationalBatch``
   (``collate``, ``plan_batches``, ``cells_present``, ``cells_padded``)
 - ``driver``: the model per batch (``RTDriver``: predict, train step, save in five weight
-  formats, FLOPs, ONNX export and ``OnnxDriver``), ``inspect_meta``, ``check``
+  formats, FLOPs, ONNX export and ``OnnxDriver``), ``inspect_meta``
+- ``checks``: ``check`` / ``refusals``, from the spec alone (no torch: the checks before work
+  import this package, so the names of ``contexts`` and ``driver`` load on first use)
+- ``side``: the library inside the harness's chain (its encode and tensorize steps, its engine)
 """
 
 from __future__ import annotations
 
-from tasks.libraries.relational_transformers.contexts import (
-    D_TEXT,
-    ContextConfig,
-    Contexts,
-    Encoded,
-    Stats,
-    build_contexts,
-    cells_padded,
-    cells_present,
-    collate,
-    encode,
-    fit_stats,
-    hashing_encoder,
-    plan_batches,
-)
-from tasks.libraries.relational_transformers.driver import (
-    LIBRARY,
-    RT_J,
-    FlopCount,
-    MetaReport,
-    ModelDims,
-    OnnxDriver,
-    RTDriver,
-    SavedCheckpoint,
-    check,
-    inspect_meta,
-    refusals,
-)
+from typing import TYPE_CHECKING, Any
+
+from tasks.libraries.relational_transformers.checks import LIBRARY, check, refusals
 from tasks.spec import Spec
+
+if TYPE_CHECKING:
+    import torch
+
+    from tasks.libraries.base import ModelSide
+    from tasks.libraries.relational_transformers.contexts import (
+        D_TEXT,
+        ContextConfig,
+        Contexts,
+        Encoded,
+        Stats,
+        build_contexts,
+        cells_padded,
+        cells_present,
+        collate,
+        encode,
+        fit_stats,
+        hashing_encoder,
+        plan_batches,
+    )
+    from tasks.libraries.relational_transformers.driver import (
+        RT_J,
+        FlopCount,
+        MetaReport,
+        ModelDims,
+        OnnxDriver,
+        RTDriver,
+        SavedCheckpoint,
+        inspect_meta,
+    )
 
 __all__ = [
     "D_TEXT",
@@ -54,6 +62,7 @@ __all__ = [
     "ModelDims",
     "OnnxDriver",
     "RTDriver",
+    "RELATIONAL_TRANSFORMERS",
     "RelationalTransformers",
     "SavedCheckpoint",
     "Stats",
@@ -79,3 +88,40 @@ class RelationalTransformers:
 
     def check(self, spec: Spec) -> None:
         check(spec)
+
+    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
+        from tasks.libraries.relational_transformers.side import RTSide  # imports torch and the library
+
+        return RTSide(spec, device)
+
+
+RELATIONAL_TRANSFORMERS = RelationalTransformers()
+
+_CONTEXTS = {
+    "D_TEXT",
+    "ContextConfig",
+    "Contexts",
+    "Encoded",
+    "Stats",
+    "build_contexts",
+    "cells_padded",
+    "cells_present",
+    "collate",
+    "encode",
+    "fit_stats",
+    "hashing_encoder",
+    "plan_batches",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The heavy names on first use: the checks before work import this package and must not
+    # pay torch's import (seconds) to refuse a setting.
+    if name in __all__ and name not in globals():
+        import importlib
+
+        module = "contexts" if name in _CONTEXTS else "driver"
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

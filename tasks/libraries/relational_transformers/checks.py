@@ -1,0 +1,243 @@
+"""What relational-transformers 0.1.0 cannot honour in a spec, decided before any work.
+
+Imports neither torch nor the library: ``relflow-bench run`` calls ``check`` before torch is
+imported (tasks/checks/preflight.py), and a refused setting must exit in about a second. The
+two library constants it needs are repeated here (a test holds them equal to the library's).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tasks.runtime.errors import UserError
+from tasks.spec import Spec
+
+__all__ = ["D_TEXT", "LIBRARY", "MAX_PARENTS", "LinkMode", "Refusal", "check", "device_type", "refusals"]
+
+LIBRARY = "relational_transformers"
+D_TEXT = 384  # RT-J's d_text (relational_transformers: the published models' cell-vector width)
+MAX_PARENTS = 5  # relational_transformers.constants.MAX_F2P: parent node ids per cell
+LinkMode = Literal["parent", "ancestors"]
+
+
+def device_type(spec: Spec) -> str:
+    """The run's device type without importing torch where it can be avoided: with
+    ``run.device: auto`` and no NVIDIA driver loaded, torch could not see a GPU either."""
+    if spec.run.device != "auto":
+        return spec.run.device.split(":")[0]
+    if "torch" not in sys.modules and not Path("/proc/driver/nvidia/version").exists():
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One spec setting this library cannot honour (the message shape of tasks.libraries.base)."""
+
+    key: str
+    value: object
+    why: str
+    fix: str
+
+    def message(self) -> str:
+        return f"model.library {LIBRARY} cannot honour {self.key}={self.value!r}: {self.why}; {self.fix}."
+
+
+def _checkpoint_blocks(path: str) -> int | None:
+    """The block count in a local checkpoint's config; None when there is no such checkpoint."""
+    folder = Path(path).expanduser()
+    for d in (folder, folder / "classification", folder / "regression"):
+        if (d / "config.json").is_file():
+            # the library's model_dimensions: top-level keys, overridden by a "model" section
+            config = json.loads((d / "config.json").read_text())
+            blocks = {**config, **config.get("model", {})}.get("num_blocks")
+            return int(blocks) if blocks is not None else None
+    return None
+
+
+def refusals(spec: Spec, *, links: LinkMode = "parent") -> list[Refusal]:
+    """Every setting of ``spec`` this library cannot honour, each with why and the fix.
+    Reads only the spec and the local files it names (a checkpoint's config.json)."""
+    out: list[Refusal] = []
+    task, run, model = spec.task, spec.run, spec.model
+
+    def refuse(key: str, value: object, why: str, fix: str) -> None:
+        out.append(Refusal(key, value, why, fix))
+
+    if task.branch is not None:
+        refuse(
+            "task.branch",
+            task.branch,
+            "a context holds exactly one target cell and one context is built per root row; a per-branch-row "
+            "target would put several target cells in one context, and the library sums their scores into one",
+            "predict a root column (leave task.branch unset)",
+        )
+    extra = [o for o in task.outputs if o.partition(":")[0] not in ("prediction", "topk")]
+    if extra:
+        refuse(
+            "task.outputs",
+            extra,
+            "RT-J serves one score (or class logits) per context; it has no pooled root, branch or leaf outputs",
+            "keep prediction (and topk:<k> for a category target)",
+        )
+    if task.target in spec.schema_.root.columns:
+        refuse(
+            f"schema.root.columns.{task.target}",
+            spec.schema_.root.columns[task.target],
+            "the target column would also be an input cell, so its value would leak into its own context",
+            f"remove '{task.target}' from schema.root.columns",
+        )
+    device = device_type(spec)
+    if run.backend == "triton":
+        if device != "cuda":
+            refuse(
+                "run.backend",
+                "triton",
+                f"the library's Triton backend (RTJTriton) needs CUDA: it moves every weight to the GPU with "
+                f".cuda() and runs CUDA kernels, and this run's device is {device}",
+                "use run.backend pytorch or onnxruntime on this host",
+            )
+        else:
+            refuse(
+                "run.backend",
+                "triton",
+                "the library's Triton backend hard-codes RT-J's size (12 blocks, d 512) and fp16 weights and serves "
+                "binary scores only; this harness has not wired it (it was built without a GPU)",
+                "use run.backend pytorch or onnxruntime",
+            )
+    c = run.compile
+    if c.encoders or c.pools:
+        refuse(
+            "run.compile.encoders/pools",
+            {"encoders": c.encoders, "pools": c.pools},
+            "RT-J has no separate encoder or pooling regions; the library compiles the whole model or nothing",
+            "use run.compile.model: true (the library's compile=True) or leave compile off",
+        )
+    if c.model and (c.backend != "inductor" or c.mode is not None or c.options or c.dynamic is False):
+        refuse(
+            "run.compile",
+            {"backend": c.backend, "mode": c.mode, "options": c.options, "dynamic": c.dynamic},
+            "the library's compile=True is torch.compile(model, dynamic=True) with nothing else to set",
+            "leave run.compile.backend/mode/options/dynamic at their defaults",
+        )
+    if run.precision != "fp32":
+        refuse(
+            "run.precision",
+            run.precision,
+            "the library's PyTorch backend always runs fp32: it builds the model in fp32 and loads any "
+            "checkpoint into it (fp16, fp8, int8 and int4 files included)",
+            "use run.precision fp32",
+        )
+    if run.backend == "onnxruntime":
+        if run.onnxruntime.quantization is not None:
+            refuse(
+                "run.onnxruntime.quantization",
+                run.onnxruntime.quantization,
+                "the library's ONNX backend serves the exported file as it is",
+                "drop run.onnxruntime.quantization",
+            )
+        if run.onnxruntime.model is not None:
+            p = Path(run.onnxruntime.model).expanduser()
+            if not (p.is_file() or (p / "model.onnx").is_file()):
+                refuse(
+                    "run.onnxruntime.model",
+                    run.onnxruntime.model,
+                    "no such ONNX file or folder holding model.onnx; the library would look the name up on "
+                    "the Hugging Face hub, which this harness never does",
+                    "give a local .onnx file or folder, or drop the key to export the run's model",
+                )
+    if run.distributed is not None:
+        refuse(
+            "run.distributed",
+            "set",
+            "the library trains in one process (its trainer has no data-parallel path)",
+            "drop run.distributed",
+        )
+    if run.loader.num_workers > 0:
+        refuse(
+            "run.loader.num_workers",
+            run.loader.num_workers,
+            "loader workers encode batches with the reference model's encoding; RT-J's contexts are "
+            "built, encoded and collated by tasks/libraries/relational_transformers",
+            "set run.loader.num_workers 0",
+        )
+    if model.dropout > 0:
+        refuse("model.dropout", model.dropout, "RT-J has no dropout", "set model.dropout 0")
+    # the default width is the harness encoder's; any other value asks for a width RT-J cannot read
+    # (fields_set would not do: a spec dumped and parsed again marks every default as set)
+    if run.text.dim not in (type(run.text).model_fields["dim"].default, D_TEXT):
+        refuse(
+            "run.text.dim",
+            run.text.dim,
+            f"RT-J reads {D_TEXT}-wide cell vectors (its d_text)",
+            f"drop run.text.dim or set it to {D_TEXT}",
+        )
+    if run.text.encoder != "hashed":
+        refuse(
+            "run.text.encoder",
+            run.text.encoder,
+            f"this library's cells are encoded by its own encode step ({D_TEXT}-wide hashing encoder); "
+            "a plug-in encoder is not wired for it",
+            "use run.text.encoder hashed",
+        )
+    blocks = model.layers
+    for key in ("checkpoint", "reference_checkpoint"):
+        value = getattr(run, key)
+        if value is None:
+            continue
+        found = _checkpoint_blocks(value)
+        if found is None:
+            refuse(
+                f"run.{key}",
+                value,
+                "no local checkpoint folder there (config.json, or classification/ or regression/ holding one); "
+                "the library would look the name up on the Hugging Face hub, which this harness never does",
+                "give the local folder that holds config.json and model.safetensors",
+            )
+        elif key == "checkpoint":
+            blocks = found
+    depths = _branch_depths(spec)
+    if links == "ancestors":
+        for name, depth in depths.items():
+            if depth > MAX_PARENTS:
+                refuse(
+                    f"branch '{name}' depth",
+                    depth,
+                    f"with ancestor links its rows carry {depth} parent node ids; RT-J reads at most {MAX_PARENTS}",
+                    f"nest '{name}' at most {MAX_PARENTS} levels deep, or use parent links",
+                )
+    else:
+        for name, depth in depths.items():
+            if depth > blocks:
+                refuse(
+                    f"branch '{name}' depth",
+                    depth,
+                    f"its rows are {depth} foreign-key hops from the target cell; RT-J moves information "
+                    f"one foreign-key hop per block, and the model has {blocks}: "
+                    f"the cells of '{name}' would be read, encoded and attended over but could never "
+                    "reach the prediction",
+                    f"set model.layers to at least {depth}, or remove branch '{name}'",
+                )
+    return out
+
+
+def _branch_depths(spec: Spec) -> dict[str, int]:
+    """Foreign-key hops from the root (the target's row) to each branch's rows."""
+    depth: dict[str | None, int] = {None: 0}
+    for branch, parent in spec.schema_.walk():
+        depth[branch.name] = depth[parent] + 1
+    return {name: d for name, d in depth.items() if name is not None}
+
+
+def check(spec: Spec, *, links: LinkMode = "parent") -> None:
+    """``UserError`` listing every setting of ``spec`` this library cannot honour (library,
+    key, why, fix), before any data is read; None when it can run the spec as written."""
+    found = refusals(spec, links=links)
+    if found:
+        raise UserError(" ".join(r.message() for r in found))
