@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from flows.cli import temporary_server
 from flows.cli.backends import backends_report_cmd, export_cmd, quantize_cmd
 from flows.cli.common import (
     DEFAULT_SPEC,
@@ -130,6 +131,7 @@ def _run_benchmark(
     # input exits 2 in about a second.
     s = load_spec(path, overrides)
     check_settings(s)
+    temporary_server.configure()  # before the flow's first Prefect call starts that server
     from flows.benchmark import benchmark, plan
 
     mask_log_secrets()  # with --debug too: Prefect's and MLflow's log lines show URIs masked
@@ -143,8 +145,8 @@ def _run_benchmark(
     if checked.generated:
         console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
     launched = wall_clock()
-    with _progress_line(s.name):
-        return benchmark(
+    with _progress_line(s.name), temporary_server.recorded(benchmark) as flow:
+        return flow(
             spec=s.to_dict(), spec_dir=str(tables_dir), launched_at=launched, parent_run_id=parent_run, tags=tags
         )
 
