@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.repo import REPO
+
 README = REPO / "README.md"
 MAX_LINES = 250
 # Folders whose code folders must all appear in the tree (tests/: its top level only).

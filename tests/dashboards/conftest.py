@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.repo import REPO
+
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 SMALL = [
     "model.d_model=16",

@@ -18,8 +18,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec, parse_spec
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 SMALL = [

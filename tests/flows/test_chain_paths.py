@@ -5,14 +5,12 @@ request path once had no encode step and handed raw strings to tensorize). Slow:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 TEXT_SPEC = REPO / "benchmarks" / "tpch_orders_text_short.yaml"
 SMALL = [
     "model.d_model=16",

@@ -13,8 +13,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 SMALL = [
     "model.d_model=16",

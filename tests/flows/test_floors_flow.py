@@ -6,15 +6,13 @@ with the floors measured after its timed region (a private cache starts empty).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.measure import keys as K
 from tasks.spec import load_spec
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 SMALL = [
     "model.d_model=16",

@@ -3,16 +3,14 @@ as artifacts, and the profiled tag that keeps it out of history by default."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from mlflow.tracking import MlflowClient
 
 from dashboards.history import select_history_runs
 from tasks.spec import load_spec
 from tasks.tracking.store import search_runs
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "model.d_model=16",
     "model.layers=1",

@@ -24,7 +24,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.repo import REPO
+
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 SMALL = [
     "model.d_model=8",

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # real CLI processes against database URLs
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.slow  # real CLI processes against database URLs
 
 
 def _cli(folder: Path, *sets: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:

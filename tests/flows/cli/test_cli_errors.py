@@ -24,9 +24,10 @@ import polars as pl
 import pytest
 import yaml
 
+from tests.repo import REPO
+
 pytestmark = pytest.mark.slow  # every case is a real `python -m flows.cli run` process
 
-REPO = Path(__file__).resolve().parents[3]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 TIMEOUT_S = 300
 

@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow  # 21 real `python -m flows.cli run` processes
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.slow  # 21 real `python -m flows.cli run` processes
 
 
 def _closed_port() -> int:

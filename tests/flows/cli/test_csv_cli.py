@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from tasks.spec import PANDAS_NULL_VALUES
+from tests.repo import REPO
 
 pytestmark = pytest.mark.slow  # real CLI processes
 
-REPO = Path(__file__).resolve().parents[3]
 
 PEOPLE = "id;balance;since;churn\n" + "".join(
     f"{i};{'NA' if i % 4 == 0 else '?' if i == 7 else i * 1.5};"

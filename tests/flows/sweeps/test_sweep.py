@@ -19,8 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from tasks.runtime.errors import UserError
 from tasks.spec import load_spec
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[3]
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 BASE = [
     "model.d_model=8",

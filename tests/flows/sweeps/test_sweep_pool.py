@@ -29,7 +29,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from pgserver import private_dir, running_postgres, running_prefect_server
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.repo import REPO
+
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 # predict mode (untrained weights): this test is about where runs go, not about quality
 SMALL = [

@@ -35,7 +35,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.repo import REPO
+
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 GRID = ["--grid", "run.batch_size=64,256"]
 # padded + compiled: where the recompile limit was hit

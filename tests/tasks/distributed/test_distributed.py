@@ -19,8 +19,8 @@ from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings
 from tasks.runtime.errors import UserError
 from tasks.spec import parse_spec
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[3]
 SMALL = [
     "model.d_model=8",
     "model.heads=2",

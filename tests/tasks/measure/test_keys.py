@@ -19,12 +19,12 @@ import sys
 import tokenize
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
 if __name__ == "__main__":  # run as a script: make the checkout importable
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from tasks.measure import keys as K  # noqa: E402
 from tasks.measure.records import PhaseTimings, RunResult  # noqa: E402
+from tests.repo import REPO  # noqa: E402
 
 CATALOGUE_README = REPO / "tasks" / "measure" / "README.md"
 SOURCE_FOLDERS = ("tasks", "flows", "dashboards", "benchmarks", "model")

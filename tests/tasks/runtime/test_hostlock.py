@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.repo import REPO
 
 
 def test_lock_file_is_created_world_writable(tmp_path, monkeypatch):

@@ -7,15 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.runtime import liveness
 from tasks.tracking.store import Tracker, end_stale_runs
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.repo import REPO
 
 
 def test_process_tags_identify_this_process():

@@ -23,8 +23,7 @@ from tasks.stages.compute import Engine
 from tasks.stages.encode import encode_column, hashed, load_encoder
 from tasks.stages.retrieve import list_root_keys
 from tests.reference_hashes import M64, splitmix64
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.repo import REPO
 
 
 def test_hashed_is_deterministic_normalised_and_similarity_aware():

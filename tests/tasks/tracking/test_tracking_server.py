@@ -31,8 +31,8 @@ from mlflow.tracking import MlflowClient
 from pgserver import create_database, private_dir, running_mlflow_server, running_postgres, running_prefect_server
 
 from tasks.measure import keys as K
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[3]
 SMALL = [
     "model.d_model=8",
     "model.heads=2",
