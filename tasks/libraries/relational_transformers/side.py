@@ -1,0 +1,320 @@
+"""relational-transformers 0.1.0 inside the harness's chain: its encode and tensorize steps
+and its engine.
+
+The harness reads and preprocesses (one nested Arrow row per root key); then, per chunk:
+
+- **encode** (its own stage row: the application's cell encoding, which the library leaves
+  to the application) = ``build_contexts`` (cells, node ids, parent links, normalisation
+  with the training split's statistics: fitted on the first chunk's ``__train`` rows, or
+  read from the checkpoint) + ``contexts.encode`` (each distinct string and column name ->
+  a 384-wide vector). A training chunk builds contexts for its training rows only, so
+  held-out rows never reach a training step.
+- **tensorize** = collation into the library's ``RelationalBatch``, ``run.batch_size``
+  contexts per batch, planned by ``plan_batches`` (``run.bucketing: by_length`` groups
+  similar context lengths; training shuffles with the run's seed and the epoch). The first
+  chunk also builds the model (``RTDriver.from_spec``), inside that step's time as the
+  reference model's first fit is; ``run.checkpoint`` loads it when the side is made instead.
+- **compute** = ``RTDriver.train_step`` / ``scores`` per pre-collated batch in the harness's
+  clocked loop (``LibraryEngine``); ``run.backend: onnxruntime`` exports the trained model
+  through the library's exporter on the first predict-mode batch (the calibration fit's in
+  train+predict, untimed; else the first call of predict) and serves the library's ONNX
+  backend with the spec's providers and threads (0 = torch's thread count).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+import torch
+from relational_transformers import RelationalBatch
+
+from tasks.libraries.engine import LibraryChunk, LibraryEngine
+from tasks.libraries.relational_transformers.checks import LIBRARY
+from tasks.libraries.relational_transformers.contexts import (
+    TRAIN_COLUMN,
+    Contexts,
+    Stats,
+    build_contexts,
+    cells_padded,
+    cells_present,
+    collate,
+    encode,
+    fit_stats,
+    plan_batches,
+)
+from tasks.libraries.relational_transformers.contexts import Encoded as CellVectors
+from tasks.libraries.relational_transformers.driver import OnnxDriver, RTDriver
+from tasks.measure.clock import Clock
+from tasks.spec import Spec
+from tasks.stages.encode import Encoded
+from tasks.stages.engine import EngineBase, ModelFacts
+from tasks.stages.preprocess import Preprocessed
+
+__all__ = ["RTSide"]
+
+
+@dataclass
+class _Encoding:
+    """What the encode step hands to tensorize: contexts, their vectors, and which chunk row
+    each context is (a training chunk holds its training rows only)."""
+
+    contexts: Contexts
+    vectors: CellVectors
+    rows: torch.Tensor  # chunk row of context i
+
+
+@dataclass
+class _Part:
+    """One device batch: the library's batch, the chunk rows it holds (batch order), labels."""
+
+    batch: RelationalBatch
+    rows: torch.Tensor
+    labels: torch.Tensor
+    present: torch.Tensor
+
+
+@dataclass
+class _Collated:
+    """A chunk's library inputs: the encoding and the batches tensorize collated from it."""
+
+    encoding: _Encoding
+    parts: list[_Part]
+    sorted_rows: torch.Tensor  # the chunk rows the parts cover, sorted (to recognise a request)
+
+
+def _train_mask(table: pa.Table) -> np.ndarray:
+    column = table[TRAIN_COLUMN].combine_chunks().fill_null(False)
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _rows_of_contexts(table: pa.Table, train: bool) -> tuple[pa.Table, torch.Tensor]:
+    if not train:
+        return table, torch.arange(table.num_rows)
+    rows = np.flatnonzero(_train_mask(table))
+    return table.take(pa.array(rows)), torch.from_numpy(rows.astype(np.int64))
+
+
+class RTSide:
+    """The ``ModelSide`` (tasks/libraries/base.py) of one run over relational-transformers."""
+
+    encodes = True  # the library never sees strings: the application's encode step, its own row
+
+    def __init__(self, spec: Spec, device: torch.device) -> None:
+        self.spec, self.device = spec, device
+        self.driver: RTDriver | None = None
+        self.stats: Stats | None = None
+        self.epoch = 0
+        if spec.run.checkpoint:  # a missing path is a UserError naming it (exit 2), before any work
+            self.driver = RTDriver.from_spec(spec, checkpoint=spec.run.checkpoint, device=device)
+            self.stats = self.driver.stats
+
+    def encode(self, pre: Preprocessed, train: bool) -> Encoded:
+        if self.stats is None:  # the first chunk: the training split's statistics
+            self.stats = fit_stats(pre.table, self.spec)
+        table, rows = _rows_of_contexts(pre.table, train)
+        contexts = build_contexts(table, self.spec, self.stats)
+        vectors = encode(contexts)
+        return Encoded(pre, vectors.strings_encoded, _Encoding(contexts, vectors, rows))
+
+    def tensorize(self, pre: Preprocessed, train: bool, encoded: Encoded | None) -> LibraryChunk:
+        spec, run = self.spec, self.spec.run
+        assert encoded is not None and isinstance(encoded.payload, _Encoding), "the chain runs encode first"
+        enc = encoded.payload
+        if self.driver is None:  # the first chunk: the model, sized by the spec, fresh weights
+            assert self.stats is not None
+            self.driver = RTDriver.from_spec(spec, self.stats, device=self.device)
+        n = pre.root_rows
+        # the plan shuffles training batches anew each epoch, reproducibly from the run's seed
+        seed = run.seed * 1_000_003 + self.epoch if train else None
+        plan = plan_batches(enc.contexts.lengths, run.batch_size, run.bucketing, run.bucket_count, seed)
+        parts = [_collate(enc, idx) for idx in plan]
+        labels, present = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
+        all_labels, all_present = enc.contexts.label_tensors(np.arange(enc.contexts.count))
+        labels[enc.rows], present[enc.rows] = all_labels, all_present
+        return LibraryChunk(
+            keys=pre.table[spec.schema_.root.key].combine_chunks(),
+            is_train=torch.from_numpy(_train_mask(pre.table)),
+            labels=labels,
+            label_present=present,
+            coords_present=sum(cells_present(p.batch) for p in parts),
+            coords_reserved=sum(cells_padded(p.batch) for p in parts),
+            root_rows=n,
+            inputs=_Collated(enc, parts, torch.sort(enc.rows).values),
+            input_tensors=[getattr(p.batch, f.name) for p in parts for f in fields(p.batch)],
+        )
+
+    def engine(self, clock: Clock) -> EngineBase | None:
+        if self.driver is None:
+            return None
+        return LibraryEngine(self.spec, self.device, clock, _Steps(self.spec, self.driver, self))
+
+
+def _collate(enc: _Encoding, idx: np.ndarray) -> _Part:
+    labels, present = enc.contexts.label_tensors(idx)
+    return _Part(collate(enc.contexts, enc.vectors, idx), enc.rows[torch.from_numpy(idx)], labels, present)
+
+
+class _Steps:
+    """The ``Driver`` (tasks/libraries/engine.py) over an ``RTDriver``."""
+
+    name = LIBRARY
+
+    def __init__(self, spec: Spec, driver: RTDriver, side: RTSide) -> None:
+        self.spec, self.driver, self.side = spec, driver, side
+        self.onnx: OnnxDriver | None = None
+        self._onnx_dir: Path | None = None
+        self._flops: tuple[int | None, str] | None = None  # per root row, or why none
+
+    def batches(self, chunk: LibraryChunk, rows: torch.Tensor) -> Iterator[tuple[Any, int]]:
+        collated = cast(_Collated, chunk.inputs)
+        if torch.equal(torch.sort(rows).values, collated.sorted_rows):
+            # The rows tensorize collated for: its batches, in its plan's order (the length
+            # buckets, and the training shuffle by seed and epoch), are the measured inputs.
+            for part in collated.parts:
+                yield part, int(part.rows.numel())
+            return
+        # Another set of rows (the calibration fit's half of the validation rows): collated
+        # here, outside every stage, in the same plan over just those contexts.
+        enc = collated.encoding
+        where = torch.full((chunk.root_rows,), -1, dtype=torch.long)
+        where[enc.rows] = torch.arange(enc.rows.numel())
+        pos = where[rows]
+        if bool((pos < 0).any()):
+            raise RuntimeError("a batch asked for chunk rows the relational contexts do not hold")
+        positions = pos.numpy()
+        run = self.spec.run
+        for idx in plan_batches(enc.contexts.lengths[positions], run.batch_size, run.bucketing, run.bucket_count):
+            part = _collate(enc, positions[idx])
+            yield part, int(part.rows.numel())
+
+    def rows_of(self, part: Any) -> torch.Tensor:
+        return cast(_Part, part).rows
+
+    def train_step(self, part: Any) -> None:
+        p = cast(_Part, part)
+        self.driver.train_step(p.batch, p.labels, p.present)
+        self._drop_onnx()  # an export holds the weights of its time: a later predict re-exports
+
+    def end_epoch(self) -> None:
+        self.side.epoch += 1
+
+    def predict_step(self, part: Any) -> torch.Tensor:
+        batch = cast(_Part, part).batch
+        if self._flops is None:
+            self._count_flops(batch)
+        if self.spec.run.backend == "onnxruntime":
+            scores = self._onnx(batch).scores(batch)
+        else:
+            scores = self.driver.scores(batch)
+        if self.spec.task.kind == "regression":  # the harness's convention: the target's units
+            stats = self.driver.stats
+            return scores * stats.target_std + stats.target_mean
+        return scores  # logits: binary [B], category [B, C] over the training classes
+
+    def _count_flops(self, batch: RelationalBatch) -> None:
+        rows = int(batch.is_padding.shape[0])
+        count = self.driver.flops(batch)  # the torch model: the ONNX graph is the same model
+        per_row = count.flops // max(rows, 1) if count.flops is not None else None
+        self._flops = (per_row, count.reason or "")
+
+    def _onnx(self, example: RelationalBatch) -> OnnxDriver:
+        if self.onnx is None:
+            o = self.spec.run.onnxruntime
+            if o.model is not None:
+                path = Path(o.model).expanduser()
+            else:
+                self._onnx_dir = Path(tempfile.mkdtemp(prefix="relflow-rt-onnx-"))
+                path = self.driver.export_onnx(self._onnx_dir / "model.onnx", example)
+            self.onnx = self.driver.onnx(
+                path,
+                providers=tuple(o.providers),
+                intra_op_threads=o.intra_op_threads,  # 0: torch.get_num_threads(), like for like
+                inter_op_threads=o.inter_op_threads,
+                graph_optimization_level=o.graph_optimization_level,
+            )
+        return self.onnx
+
+    def _drop_onnx(self) -> None:
+        if self.onnx is not None and self.spec.run.onnxruntime.model is None:
+            self.onnx = None
+            if self._onnx_dir is not None:
+                shutil.rmtree(self._onnx_dir, ignore_errors=True)
+                self._onnx_dir = None
+
+    def cells(self, part: Any) -> tuple[int, int]:
+        batch = cast(_Part, part).batch
+        return cells_present(batch), cells_padded(batch)
+
+    def shape(self, part: Any) -> tuple[int, ...]:
+        return tuple(cast(_Part, part).batch.is_padding.shape)
+
+    def predictions_table(self, keys: pa.Array, prediction: torch.Tensor) -> pa.Table:
+        cols: dict[str, pa.Array] = {self.spec.schema_.root.key: keys}
+        kind = self.spec.task.kind
+        classes = pa.array(list(self.driver.stats.classes), pa.string())
+        for name in self.spec.task.outputs:
+            head, _, arg = name.partition(":")
+            if head == "prediction" and kind == "category":
+                cols["prediction"] = classes.take(pa.array(prediction.argmax(-1).numpy()))
+            elif head == "prediction" and kind == "binary":
+                cols["prediction"] = pa.array(torch.sigmoid(prediction).numpy().astype(np.float64))
+            elif head == "prediction":
+                cols["prediction"] = pa.array(prediction.numpy().astype(np.float64))
+            elif head == "topk" and kind == "category":
+                k = min(int(arg), prediction.shape[-1])
+                scores, idx = torch.softmax(prediction, -1).topk(k, dim=-1)
+                labels = classes.take(pa.array(idx.reshape(-1).numpy()))
+                cols[f"top{k}_labels"] = pa.FixedSizeListArray.from_arrays(labels, k)
+                cols[f"top{k}_scores"] = pa.FixedSizeListArray.from_arrays(pa.array(scores.reshape(-1).numpy()), k)
+        return pa.table(cols)
+
+    def facts(self) -> ModelFacts:
+        run = self.spec.run
+        per_row, reason = self._flops if self._flops is not None else (None, "no predict batch ran")
+        tags = {
+            "relflow.library_backend": run.backend,
+            "relflow.library_bucketing": f"{run.bucketing} ({run.bucket_count} buckets)"
+            if run.bucketing == "by_length"
+            else "off",
+            "relflow.library_links": "parent",
+            # timing, not pretrained quality: the published models' MiniLM cannot be fetched here
+            "relflow.library_cell_encoder": "hashing_encoder (384-wide, deterministic)",
+            "relflow.library_category_head": "TaskHead over target_features, trained end to end"
+            if self.spec.task.kind == "category"
+            else "none (the published scalar decoder)",
+        }
+        if self.onnx is not None:
+            tags["relflow.library_onnx"] = (
+                f"{self.onnx.path.name}: providers {','.join(self.onnx.providers)}, "
+                f"{self.onnx.intra_op_threads} intra-op threads"
+            )
+        # per root row of the first predict batch, at its padded shape
+        return ModelFacts(LIBRARY, self.driver.parameters(), per_row, "" if per_row is not None else reason, tags)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.driver.save(tmp)
+        if path.is_dir():  # a folder cannot be replaced in one rename onto a non-empty one
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        tmp.replace(path)
+
+    def paths(self) -> set[str]:
+        if self.spec.run.backend == "onnxruntime":
+            return {"rt-onnxruntime"}
+        return {"rt-compiled" if self.spec.run.compile.model else "rt-eager"}
+
+    def close(self) -> None:
+        self.onnx = None
+        if self._onnx_dir is not None:
+            shutil.rmtree(self._onnx_dir, ignore_errors=True)
+            self._onnx_dir = None

@@ -1,0 +1,165 @@
+"""``model.library: relational_transformers`` inside the harness (tasks/libraries/
+relational_transformers/side.py): the whole flow on the shop tables (an encode stage row,
+every root key predicted once, in key order), the same predictions with and without length
+buckets through the side's chain, run.backend=triton refused before torch is imported, and
+the constants the light check repeats equal to the library's.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+STAGES = ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
+
+
+def rt_spec(shop_spec: dict[str, Any], **run: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(shop_spec)
+    # two blocks: the lines branch is two foreign-key hops below the target (the check's rule)
+    spec["model"] = {"library": "relational_transformers", "d_model": 8, "layers": 2, "heads": 2}
+    spec["run"] |= {"system_metrics_interval_s": 0, **run}
+    return spec
+
+
+@pytest.mark.slow
+def test_a_run_through_the_flow_has_an_encode_row_and_predicts_every_root_in_key_order(
+    prefect_harness, shop_spec, shop_files, tmp_path, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+
+    from flows.benchmark import benchmark
+    from tasks.spec import parse_spec
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    spec = rt_spec(shop_spec, epochs=2, batch_size=2, bucketing="by_length")
+    summary = benchmark(spec=parse_spec(spec).to_dict(), spec_dir=str(shop_files))
+    run = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
+    assert run.info.status == "FINISHED"
+    assert {(r["phase"], r["stage"]) for r in summary["stages"]} == {
+        *(("train", s) for s in STAGES[:5]),
+        *(("predict", s) for s in STAGES),
+    }
+    m = run.data.metrics
+    assert m["data.rows_predicted"] == m["data.rows_written"] == m["stage.encode.predict.rows"] == 5
+    assert m["e2e.train.epochs"] == 2
+    # present cells over the padded cells the batches materialised
+    assert 0 < m["data.coords_present"] <= m["data.coords_reserved"]
+    tags = run.data.tags
+    assert tags["relflow.library"] == "relational_transformers"
+    assert tags["relflow.library_version"] == "0.1.0"
+    assert tags["relflow.library_bucketing"].startswith("by_length")
+    table = pq.read_table(summary["output_path"])
+    assert table["c_id"].to_pylist() == [1, 2, 3, 4, 5]
+    assert set(table["prediction"].to_pylist()) <= {"yes", "no"}
+    saved = Path(summary["checkpoint_path"])
+    assert (saved / "config.json").is_file() and (saved / "head" / "head_config.json").is_file()
+
+
+def _prepared(spec_dict: dict[str, Any], folder: Path) -> Any:
+    """Every shop customer as one chunk through the side's chain, untimed; (engine, chunk)."""
+    import torch
+
+    from tasks.sources.files import resolve_sources
+    from tasks.spec import parse_spec
+    from tasks.stages.chain import Chain
+    from tasks.stages.retrieve import list_root_keys
+
+    spec = parse_spec(spec_dict)
+    chain = Chain(spec, resolve_sources(spec, folder), torch.device("cpu"))
+    keys, _ = list_root_keys(spec, chain.sources)
+    tz = chain.prepare_untimed(keys)
+    engine = chain.ensure_engine()
+    assert engine is not None
+    return engine, tz
+
+
+def test_length_buckets_give_the_same_predictions_as_natural_order(shop_spec, shop_files):
+    import torch
+
+    runs = {}
+    for bucketing in ("off", "by_length"):
+        engine, tz = _prepared(rt_spec(shop_spec, batch_size=2, bucketing=bucketing), shop_files)
+        runs[bucketing] = engine.predict(tz, ("prediction",)).tensors["prediction"], tz
+    (natural, tz_natural), (bucketed, tz_bucketed) = runs["off"], runs["by_length"]
+    assert natural.shape == (5, 2)
+    # same seed, same fresh weights; each prediction back in key order whatever the batch plan
+    assert torch.allclose(natural, bucketed, atol=1e-5)
+    assert tz_bucketed.coords_present == tz_natural.coords_present
+    assert tz_bucketed.coords_reserved < tz_natural.coords_reserved  # buckets pad less
+
+
+def test_rows_the_batches_were_not_built_for_are_collated_on_the_fly(shop_spec, shop_files):
+    import torch
+
+    engine, tz = _prepared(rt_spec(shop_spec, batch_size=2, bucketing="by_length"), shop_files)
+    full = engine.predict(tz, ("prediction",)).tensors["prediction"]
+    steps = engine.driver
+    # the calibration fit's case: a subset of the rows, in an order of its own
+    subset = torch.tensor([4, 1, 3])
+    parts = [part for part, _ in steps.batches(tz, subset)]
+    assert not any(p is q for p in parts for q in tz.inputs.parts)
+    ran = torch.cat([steps.rows_of(part) for part in parts])
+    assert sorted(ran.tolist()) == [1, 3, 4]
+    got = torch.cat([steps.predict_step(part) for part in parts])
+    assert torch.allclose(got, full[ran], atol=1e-5)
+    # the full set of rows, in any order: the batches tensorize collated (the measured inputs)
+    again = [part for part, _ in steps.batches(tz, torch.tensor([3, 0, 4, 2, 1]))]
+    assert all(a is b for a, b in zip(again, tz.inputs.parts, strict=True))
+
+
+def test_triton_exits_2_before_torch_is_imported(tmp_path):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env.pop("PREFECT_API_URL", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "run",
+            "--set",
+            "model.library=relational_transformers",
+            "--set",
+            "run.backend=triton",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    out = " ".join((done.stdout + done.stderr).split())
+    assert "model.library relational_transformers cannot honour run.backend='triton'" in out
+    assert not (tmp_path / "data").exists()  # refused before any data was generated
+    # the check itself loads neither torch nor the library (what makes the refusal fast)
+    probe = (
+        "import sys; from tasks.spec import load_spec; from tasks.libraries import check_library\n"
+        "from tests.repo import REPO\n"
+        "spec = load_spec(REPO / 'benchmarks' / 'tpch_orders.yaml', "
+        "['model.library=relational_transformers', 'run.backend=triton'])\n"
+        "try:\n    check_library(spec)\nexcept Exception as e:\n    print(type(e).__name__)\n"
+        "print('torch' in sys.modules, 'relational_transformers' in sys.modules)\n"
+    )
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=repo, timeout=120)
+    assert done.stdout.split() == ["UserError", "False", "False"], done.stdout + done.stderr
+
+
+def test_the_light_checks_repeat_the_librarys_constants():
+    from relational_transformers.constants import MAX_F2P
+
+    from tasks.libraries.relational_transformers import checks, contexts
+
+    assert checks.MAX_PARENTS == MAX_F2P
+    assert checks.D_TEXT == contexts.D_TEXT
