@@ -397,6 +397,8 @@ def test_lightning_trainer_owned_by_the_harness(shop_spec, shop_tables, tmp_path
     assert trainer.precision == "32-true" and not trainer.early_stopping_callbacks
     assert not trainer.checkpoint_callbacks and not list(tmp_path.iterdir())  # nothing written
     assert len(log.series("loss/train")) == 4
+    # the model is detached from the finished Trainer: the own loop still runs
+    assert np.isfinite(driver.train_step(driver.encode(it, train=True)))
 
 
 def test_checkpoint_keeps_weights_and_learned_vocabularies(shop_spec, shop_tables, tmp_path) -> None:
