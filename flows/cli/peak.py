@@ -1,8 +1,10 @@
-"""``relflow-bench peak-qps``: the highest Poisson rate whose early-stopping p99 holds a bound.
+"""``relflow-bench peak-qps``: the highest Poisson rate at which a server run is VALID at a
+latency bound (LoadGen's server rule, p99).
 
 Registered on the main Typer app in ``flows/cli/app.py``; the flow is ``flows/sweeps/peak.py``,
 the search ``tasks/scenarios/peak.py``. Exit codes as every command's (``flows/cli/common.py``),
-plus 1 when no probed rate held the bound.
+plus 1 when the search found no peak: no probed rate passed, or every one did (a lower bound
+only).
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ def peak_table(summary: dict[str, Any]) -> Table:
         title=f"peak-qps, bound {summary['bound_ms']:g} ms (parent run {summary['parent_run_id']}), probes by rate",
         title_justify="left",
     )
-    for col in ("#", "target QPS", "achieved QPS", "p99 early stopping (ms)", "within bound", "validity", "run id"):
-        table.add_column(col, justify="left" if col in {"within bound", "validity", "run id"} else "right")
+    for col in ("#", "target QPS", "achieved QPS", "p99 server rule (ms)", "passed", "validity", "run id"):
+        table.add_column(col, justify="left" if col in {"passed", "validity", "run id"} else "right")
     order = sorted(range(len(summary["probes"])), key=lambda i: summary["probes"][i]["rate"])
     for i in order:
         p = summary["probes"][i]
-        p99 = p["p99_early_stopping_ms"]
+        p99 = p["p99_server_rule_ms"]
         table.add_row(
             str(i + 1),
             f"{p['rate']:.2f}",
@@ -51,20 +53,22 @@ def _show(event: str, info: dict[str, Any]) -> None:
     elif kind == "trained":
         console.print(f"trained: run {info['run_id']}, checkpoint {info['checkpoint']}")
     elif kind == "start":
-        console.print(f"[probe {info['index'] + 1}] {info['rate']:.2f} QPS: running")
+        # markup off: rich read "[probe 1]" as a style tag and dropped it (and reasons may hold brackets)
+        console.print(f"[probe {info['index'] + 1}] {info['rate']:.2f} QPS: running", markup=False)
     elif kind == "done":
         p = info["probe"]
         p99 = "n/a" if p.p99_ms is None else f"{p.p99_ms:.2f} ms"
-        verdict = "within the bound" if p.passed else "over the bound"
+        verdict = "passed (VALID)" if p.passed else f"failed ({p.validity}: {'; '.join(p.reasons) or '-'})"
         console.print(
-            f"[probe {info['index'] + 1}] {p.rate:.2f} QPS: early-stopping p99 {p99}, {verdict} (run {p.run_id})"
+            f"[probe {info['index'] + 1}] {p.rate:.2f} QPS: p99 server rule {p99}, {verdict} (run {p.run_id})",
+            markup=False,
         )
 
 
 def peak_qps_cmd(
     spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
     bound_ms: Annotated[
-        float, typer.Option("--bound-ms", help="Latency bound (ms) the early-stopping p99 must hold.")
+        float, typer.Option("--bound-ms", help="Latency bound (ms) of LoadGen's server rule (p99) for every probe.")
     ] = 0.0,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Spec override for every probe, as for run.")] = None,
     scale: Annotated[float | None, typer.Option(help="TPC-H scale factor.")] = None,
@@ -82,9 +86,10 @@ def peak_qps_cmd(
     tag: Annotated[list[str] | None, typer.Option(help="Extra MLflow tag key=value (repeatable).")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and Prefect's logs.")] = False,
 ) -> None:
-    """Search the server scenario's Poisson rate for the highest one whose early-stopping p99
-    stays within --bound-ms, each probe a fresh-process server run (child of one parent run).
-    Exits 1 when no probed rate held the bound."""
+    """Search the server scenario's Poisson rate for the highest one whose run is VALID at
+    --bound-ms (LoadGen's server rule, p99, and every other validity rule), each probe a
+    fresh-process server run (child of one parent run). Exits 1 when the search found no peak:
+    no probed rate passed, or every one did."""
     overrides = start_run_command(debug, set_, scale)
     try:
         summary = _run(spec, overrides, bound_ms, start_qps, probe_requests, probe_seconds, tolerance, max_probes, tag)
@@ -93,16 +98,22 @@ def peak_qps_cmd(
     (out if out.is_terminal else Console(width=200)).print(peak_table(summary))
     low, high = summary["bracket"]
     if low is None:
-        out.print(f"no probed rate held {summary['bound_ms']:g} ms; lowest failing rate {high}")
+        out.print(f"no probed rate passed at {summary['bound_ms']:g} ms; lowest failing rate {high}")
         if summary.get("unloaded_above_bound"):
             out.print(
-                "halving the rate no longer lowered the early-stopping p99, so the latency at low load is "
-                "above the bound: lower rates would fail the same (raise --bound-ms, or make one request faster)"
+                "halving the rate no longer lowered the p99, so the latency at low load is above the "
+                "bound: lower rates would fail the same (raise --bound-ms, or make one request faster)"
             )
         raise typer.Exit(1)
-    top = f"{high:.2f}" if high is not None else "not found (every probe held the bound)"
+    if high is None:
+        out.print(
+            f"no peak found: every probe passed, up to {low:.2f} QPS (server.peak_qps_bracket_low, a lower "
+            f"bound on the peak; server.peak_qps not logged); raise --max-probes or --start-qps\n"
+            f"parent run {summary['parent_run_id']}, {summary['tracking_uri']}"
+        )
+        raise typer.Exit(1)
     out.print(
-        f"server.peak_qps {low:.2f} QPS (bracket {low:.2f} .. {top}); chart peak_qps.html on parent run "
+        f"server.peak_qps {low:.2f} QPS (bracket {low:.2f} .. {high:.2f}); chart peak_qps.html on parent run "
         f"{summary['parent_run_id']}\n{summary['tracking_uri']}"
     )
 

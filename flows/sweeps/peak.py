@@ -1,4 +1,5 @@
-"""The ``peak-qps`` flow: the highest Poisson rate whose early-stopping p99 holds a bound.
+"""The ``peak-qps`` flow: the highest Poisson rate at which a server run is VALID, LoadGen's
+server rule at the latency bound included.
 
     relflow-bench peak-qps SPEC --bound-ms 50
 
@@ -6,11 +7,17 @@ LoadGen's FindPeakPerformance for the server scenario. The search itself is
 ``tasks/scenarios/peak.py`` (double or halve, then bisect until the bracket is within 5%);
 here each probe is a fresh-process ``relflow-bench run`` of the spec as a server run at the
 probe's rate (``flows/sweeps/launch.py``, as a sweep's configurations are), a child MLflow
-run of one parent run. A ``train+predict`` spec is trained once first, by one offline child
-run; every probe then loads its checkpoint (``run.mode=predict``), so the probes time
-serving, not training, and serve the same weights. The parent logs ``server.peak_qps``, the
-bracket (``server.peak_qps_bracket_low`, `server.peak_qps_bracket_high``), the probes as ``peak_probes.json`` and the
-chart of p99 against rate as ``peak_qps.html`` (``dashboards/peak.py``).
+run of one parent run. A probe passes only when its run is VALID: LoadGen's server rule at
+the bound (``latency.request_ms.p99_server_rule`` within it), and every other rule (issue
+lateness, host load, output mismatches, quality), since a peak resting on a run the harness
+itself calls untrustworthy would be published as if it were not. A ``train+predict`` spec is
+trained once first, by one offline child run; every probe then loads its checkpoint
+(``run.mode=predict``), so the probes time serving, not training, and serve the same weights.
+The parent logs ``server.peak_qps`` only when the search bracketed the peak (a passing rate
+below every failing one, and a failing one); the ends it did find always
+(``server.peak_qps_bracket_low``, ``server.peak_qps_bracket_high``), the probes as
+``peak_probes.json`` and the chart of p99 against rate as ``peak_qps.html``
+(``dashboards/peak.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from tasks.scenarios.peak import PeakResult, Probe, check_args, search
 from tasks.spec import apply_overrides, parse_spec
 from tasks.tracking.store import Tracker
 
-P99_KEY = "latency.request_ms.p99_early_stopping"
+P99_KEY = K.LATENCY_P99_SERVER_RULE
 
 
 def probe_overrides(rate: float, bound_ms: float, checkpoint: str, requests: int, seconds: float) -> list[str]:
@@ -52,7 +59,9 @@ def probe_overrides(rate: float, bound_ms: float, checkpoint: str, requests: int
 
 
 def probe_from(rate: float, bound_ms: float, launched: Launched) -> Probe:
-    """A probe passes when its early-stopping p99 exists and is within the bound."""
+    """A probe passes when its run is VALID and LoadGen's server rule held at the bound (the
+    lowest bound it passes, ``P99_KEY``, within ``bound_ms``; VALID implies it when the child
+    judged the same bound, which the probe's overrides set)."""
     r = launched.summary
     if r is None:
         return Probe(rate, None, False, validity="FAILED", reasons=(launched.error or "the run failed",))
@@ -60,7 +69,7 @@ def probe_from(rate: float, bound_ms: float, launched: Launched) -> Probe:
     return Probe(
         rate,
         p99,
-        p99 is not None and p99 <= bound_ms,
+        r.validity == "VALID" and p99 is not None and p99 <= bound_ms,
         run_id=r.run_id,
         achieved_qps=r.metrics.get("latency.achieved_qps"),
         validity=r.validity,
@@ -183,7 +192,7 @@ def peak_qps(
         "experiment": base.name,
         "tracking_uri": mask_uri(tracker.uri),  # printed and in --json
         "bound_ms": bound_ms,
-        "peak_qps": res.low,
+        "peak_qps": res.low if res.bracketed else None,
         "bracket": [res.low, res.high],
         "unloaded_above_bound": res.unloaded_above_bound,
         "probes": [probe_dict(p) for p in res.probes],
@@ -193,7 +202,7 @@ def peak_qps(
 def probe_dict(p: Probe) -> dict[str, Any]:
     return {
         "rate": p.rate,
-        "p99_early_stopping_ms": p.p99_ms,
+        "p99_server_rule_ms": p.p99_ms,
         "passed": p.passed,
         "achieved_qps": p.achieved_qps,
         "validity": p.validity,
@@ -204,10 +213,14 @@ def probe_dict(p: Probe) -> dict[str, Any]:
 
 def log_result(tracker: Tracker, res: PeakResult) -> None:
     metrics = {K.SERVER_PEAK_PROBES: float(len(res.probes))}
+    # Each end the search found is a claim of its own (a lower or an upper bound on the peak);
+    # the peak is claimed only between the two.
     if res.low is not None:
-        metrics[K.SERVER_PEAK_QPS] = metrics[K.SERVER_PEAK_QPS_BRACKET_LOW] = res.low
+        metrics[K.SERVER_PEAK_QPS_BRACKET_LOW] = res.low
     if res.high is not None:
         metrics[K.SERVER_PEAK_QPS_BRACKET_HIGH] = res.high
+    if res.low is not None and res.high is not None:  # res.bracketed
+        metrics[K.SERVER_PEAK_QPS] = res.low
     tracker.log_metrics(metrics)
     tracker.set_tags(
         {

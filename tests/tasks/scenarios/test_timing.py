@@ -11,6 +11,7 @@ from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import STEPS, LatencyRecord, verdict
 from tasks.scenarios.schedule import poisson_arrivals, request_keys
 from tasks.spec import Request
+from tests.tasks.scenarios.test_early_stopping import SERVER_CASES, scipy_server_passes
 
 
 class FakeTime:
@@ -137,32 +138,51 @@ def test_single_stream_cold_first_then_until_count_and_duration():
     assert m["latency.step_share.retrieve"] == pytest.approx(0.5)
 
 
+def _server_run(n: int, over: int, bound_ms: float = 50.0, duration_s: float = 2.0) -> LatencyRecord:
+    """``n`` server requests, ``over`` of them slower than ``bound_ms`` and the rest well within."""
+    lat = [0.2 * bound_ms / 1e3] * (n - over) + [4.0 * bound_ms / 1e3] * over
+    return LatencyRecord("server", latency_s=lat, queue_s=[0.0] * n, duration_s=duration_s)
+
+
+def _bound_reasons(reasons: list[str]) -> list[str]:
+    return [r for r in reasons if "latency_bound_ms" in r or "LoadGen" in r]
+
+
+@pytest.mark.parametrize(("n", "over"), SERVER_CASES)
+def test_server_verdict_is_loadgens_server_rule(n, over):
+    """INVALID exactly where LoadGen's server case fails: n < min_passing(over) + over
+    (scipy.stats.binom, in the test), or LoadGen's p99 sample over the bound."""
+    req = Request(min_requests=1, min_duration_s=0.0, latency_bound_ms=50)
+    reasons = _bound_reasons(verdict("server", req, _server_run(n, over).metrics()))
+    assert (reasons == []) == scipy_server_passes(n, over, 0.99), reasons
+
+
 def test_validity_rules():
     req = Request(min_requests=10, min_duration_s=1.0, latency_bound_ms=50)
-    # 900 requests: early stopping's t is 2 (838 needed for 2, 1001 for 3), so the estimate
-    # is the 2nd slowest; with 2 slow ones it is slow though the raw p99 (rank 891) is fast
-    lat = [0.01] * 898 + [0.2] * 2
-    rec = LatencyRecord("server", latency_s=lat, queue_s=[0.0] * 900, duration_s=0.5)
+    # 900 requests with 2 over the bound: LoadGen's server rule passes (838 = 836 + 2 needed),
+    # though the early-stopping estimate (the 2nd slowest) is over it
+    rec = _server_run(900, 2, duration_s=0.5)
     m = rec.metrics()
     assert m["latency.request_ms.p99"] == pytest.approx(10.0)
     assert m["latency.request_ms.p99_early_stopping"] == pytest.approx(200.0)
     reasons = verdict("server", req, m)
-    assert any("min_duration_s" in r for r in reasons)
-    assert any("p99_early_stopping" in r and "latency_bound_ms" in r for r in reasons)
-    assert not any("min_requests" in r for r in reasons)
-    one_slow = LatencyRecord("server", latency_s=[0.01] * 899 + [0.2], queue_s=[0.0] * 900, duration_s=2.0)
-    assert verdict("server", req, one_slow.metrics()) == []
-    assert verdict("single_stream", req, m) == [r for r in reasons if "bound" not in r]
+    assert reasons == ["latency.duration_seconds 0.50 < run.request.min_duration_s 1.0"]
+    # 3 over: 998 + 3 needed
+    (reason,) = _bound_reasons(verdict("server", req, _server_run(900, 3).metrics()))
+    assert "latency_bound_ms 50" in reason and "2 of 900" in reason and "1001" in reason, reason
+    assert verdict("single_stream", req, m) == reasons  # no bound rule in single_stream
 
 
 def test_too_few_requests_for_the_rules_percentile_is_invalid_naming_the_count():
     req = Request(min_requests=10, min_duration_s=0.0, latency_bound_ms=50)
-    rec = LatencyRecord("server", latency_s=[0.01] * 661, queue_s=[0.0] * 661, duration_s=2.0)
-    m = rec.metrics()
+    # the server's rule needs 459 requests with none over the bound, not the 662 a p99 estimate does
+    m = _server_run(661, 0).metrics()
     assert "latency.request_ms.p99_early_stopping" not in m  # no estimate from 661
     assert m["latency.request_ms.p90_early_stopping"] == pytest.approx(10.0)
-    (reason,) = verdict("server", req, m)
-    assert "662" in reason and "run.request.min_requests" in reason
+    assert verdict("server", req, m) == []
+    assert verdict("server", req, _server_run(459, 0).metrics()) == []
+    (reason,) = verdict("server", req, _server_run(458, 0).metrics())
+    assert "458 < 459" in reason and "run.request.min_requests" in reason, reason
     short = LatencyRecord("single_stream", latency_s=[0.01] * 63, queue_s=[0.0] * 63, duration_s=2.0)
     (reason,) = verdict("single_stream", req, short.metrics())
     assert "64" in reason and "p90" in reason
