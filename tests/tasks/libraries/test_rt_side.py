@@ -43,6 +43,8 @@ def test_a_run_through_the_flow_has_an_encode_row_and_predicts_every_root_in_key
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     spec = rt_spec(shop_spec, epochs=2, batch_size=2, bucketing="by_length")
+    # customer 1 held out (the key hash at 0.3): a validation row, and both classes in training
+    spec["task"]["validation_fraction"] = 0.3
     summary = benchmark(spec=parse_spec(spec).to_dict(), spec_dir=str(shop_files))
     run = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
     assert run.info.status == "FINISHED"
