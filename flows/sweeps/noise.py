@@ -20,7 +20,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dashboards.compare import family_of_group
 from flows.sweeps.launch import launch_local
 from tasks.measure import keys as K
 from tasks.measure.noise import cv
@@ -78,6 +77,10 @@ def samples(reports: list[RunReport], key: str) -> list[float]:
 
 def family(reports: list[RunReport]) -> int:
     """How many metrics compare would test between two groups of these runs (Holm's family)."""
+    # dashboards.compare reads runs through tasks/tracking (MLflow: seconds to import); the
+    # noise CLI imports this module before it validates the spec, which must stay instant.
+    from dashboards.compare import family_of_group
+
     return max(len(family_of_group([r.metrics for r in reports])), 1)
 
 
