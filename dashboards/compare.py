@@ -64,10 +64,10 @@ KEY_METRICS: tuple[tuple[str, int], ...] = (
     (K.TRAIN_UPDATES, 0),
     (K.TRAIN_UPDATES_PER_EPOCH, 0),
     # request scenarios (single_stream / server); absent on offline runs, so not shown there
-    ("latency.request_ms.p50", -1),
-    ("latency.request_ms.p99", -1),
-    ("latency.first_request_ms", -1),
-    ("latency.achieved_qps", +1),
+    (K.latency_request_ms(50), -1),
+    (K.latency_request_ms(99), -1),
+    (K.LATENCY_FIRST_REQUEST_MS, -1),
+    (K.LATENCY_ACHIEVED_QPS, +1),
 )
 # quality.<name> direction by name; unknown quality keys are shown with no direction.
 QUALITY_DIRECTION = {
@@ -446,7 +446,7 @@ def fmt_value(key: str, v: float) -> str:
         return f"{v / 2**20:,.1f} MiB"
     if key.endswith("seconds"):
         return f"{v:,.3f} s" if v >= 0.01 else f"{v * 1e3:,.2f} ms"
-    if key.startswith("latency.") and ("_ms" in key):
+    if key.startswith(K.LATENCY_PREFIX) and ("_ms" in key):
         return f"{v:,.2f} ms"
     if abs(v) >= 1000 or (v == int(v) and abs(v) >= 1):
         return f"{v:,.0f}"

@@ -266,12 +266,12 @@ def occupancy_vs_packing(runs: Sequence[RunRecord]) -> go.Figure:
 def history_figure(runs: Sequence[RunRecord], steps: Sequence[HistoryStep]) -> go.Figure:
     """Throughput over time for one host and spec, with detected steps marked."""
     # Throughput always; latency rows only when the runs are request-scenario runs.
-    keys = [k for k in HISTORY_METRICS if not k.startswith("latency.") or series(runs, k)[0]]
+    keys = [k for k in HISTORY_METRICS if not k.startswith(K.LATENCY_PREFIX) or series(runs, k)[0]]
     fig = make_subplots(
         rows=len(keys),
         cols=1,
         shared_xaxes=True,
-        subplot_titles=[f"{k} ({'ms' if k.startswith('latency.') else 'rows/s'})" for k in keys],
+        subplot_titles=[f"{k} ({'ms' if k.startswith(K.LATENCY_PREFIX) else 'rows/s'})" for k in keys],
     )
     fig.update_layout(
         title="History (one host fingerprint, one spec hash), detected steps marked",
@@ -327,20 +327,20 @@ def latency_cdf(runs: Sequence[RunRecord], cdfs: dict[str, list[float]]) -> go.F
         xaxis_type="log",
         **LAYOUT,
     )
-    runs = [r for r in benchmark_runs(runs) if r.metrics.get("latency.requests", 0) > 0]
+    runs = [r for r in benchmark_runs(runs) if r.metrics.get(K.LATENCY_REQUESTS, 0) > 0]
     if not runs:
         return _note(fig, "no single_stream or server runs (run.scenario)")
     for r in runs:
         m = r.metrics
         scenario = r.params.get("run.scenario", "?")
-        qps = f" @ {m['latency.target_qps']:g} QPS" if "latency.target_qps" in m else ""
+        qps = f" @ {m[K.LATENCY_TARGET_QPS]:g} QPS" if K.LATENCY_TARGET_QPS in m else ""
         name = f"{r.label} {scenario}{qps} [{r.tags.get('relflow.validity', '?')}]"
         cdf = cdfs.get(r.run_id)
         if cdf:
             x, y = cdf, [100.0 * i / (len(cdf) - 1) for i in range(len(cdf))]
         else:
-            pts = [(p, m.get(f"latency.request_ms.p{p}")) for p in (50, 90, 99)]
-            pts.append((100, m.get("latency.request_ms.max")))
+            pts = [(p, m.get(K.latency_request_ms(p))) for p in (50, 90, 99)]
+            pts.append((100, m.get(K.LATENCY_REQUEST_MS_MAX)))
             x, y = [v for _, v in pts if v is not None], [p for p, v in pts if v is not None]
         fig.add_scatter(x=x, y=y, mode="lines", name=name, line_shape="hv")
         if "run.request.latency_bound_ms" in r.params and scenario == "server":

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S
+from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S, latency_request_ms
 from tasks.tracking.store import RunRecord
 
 # Metrics the history walks: throughput (higher is better) and, for request scenarios
@@ -33,10 +33,10 @@ from tasks.tracking.store import RunRecord
 HISTORY_METRICS: tuple[str, ...] = (
     E2E_PREDICT_ROWS_PER_S,
     STEADY_ROWS_PER_S,
-    "latency.request_ms.p50",
-    "latency.request_ms.p99",
+    latency_request_ms(50),
+    latency_request_ms(99),
 )
-LOWER_IS_BETTER = frozenset({"latency.request_ms.p50", "latency.request_ms.p99"})
+LOWER_IS_BETTER = frozenset({latency_request_ms(50), latency_request_ms(99)})
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in sigma / sqrt(n)
 

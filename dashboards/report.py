@@ -24,6 +24,7 @@ from dashboards import figures
 from dashboards.backends import backends_figure, rows_from_runs
 from dashboards.floors import floor_ledger
 from dashboards.history import HISTORY_METRICS, HistoryStep, drop_invalid, history, select_history_runs
+from tasks.measure import keys as K
 from tasks.runtime import interrupts
 from tasks.tracking.store import RunRecord
 
@@ -60,11 +61,11 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
     backend_rows = rows_from_runs(runs)
     if backend_rows:  # children of a backends-report: the same chart as its parent's
         figs["backends"] = backends_figure(backend_rows)
-    latency_runs = [r for r in bench if r.metrics.get("latency.requests", 0) > 0]
+    latency_runs = [r for r in bench if r.metrics.get(K.LATENCY_REQUESTS, 0) > 0]
     if latency_runs:  # request scenarios: the CDF series each run logged
         from tasks.tracking.store import metric_history
 
-        cdfs = {r.run_id: metric_history(r.run_id, "latency.cdf_ms") for r in latency_runs}
+        cdfs = {r.run_id: metric_history(r.run_id, K.LATENCY_CDF_MS) for r in latency_runs}
         figs["latency_cdf"] = figures.latency_cdf(latency_runs, cdfs)
     return Dashboard(experiment, figs, bench, hist_runs, steps, host, spec, len(invalid))
 

@@ -476,7 +476,7 @@ def log_run(run: Invocation, metrics: dict[str, float], reasons: list[str]) -> d
     tracker.log_metrics(metrics)
     metrics.update(engine.flush_throughput(tracker))  # the callback logs its own estimate
     if run.latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
-        tracker.log_metric_steps("latency.cdf_ms", run.latency.cdf_ms())
+        tracker.log_metric_steps(K.LATENCY_CDF_MS, run.latency.cdf_ms())
     tracker.flush_system_metrics()
     tracker.set_tags(
         {

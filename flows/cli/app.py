@@ -177,19 +177,21 @@ def _progress_line(name: str) -> Iterator[None]:
 
 
 def _latency_line(m: dict[str, float]) -> str:
+    from tasks.measure import keys as K
+
     steps = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write", "queue")
-    shares = ", ".join(f"{s} {m.get(f'latency.step_share.{s}', 0.0):.0%}" for s in steps)
+    shares = ", ".join(f"{s} {m.get(K.latency_step_share(s), 0.0):.0%}" for s in steps)
     qps = (
-        f", {m['latency.achieved_qps']:.1f} QPS achieved of {m['latency.target_qps']:g}"
-        if "latency.target_qps" in m
+        f", {m[K.LATENCY_ACHIEVED_QPS]:.1f} QPS achieved of {m[K.LATENCY_TARGET_QPS]:g}"
+        if K.LATENCY_TARGET_QPS in m
         else ""
     )
     return (
-        f"latency              {int(m['latency.requests']):,} requests in "
-        f"{m['latency.duration_seconds']:.1f} s{qps}: p50 {m.get('latency.request_ms.p50', 0):.2f} "
-        f"ms, p90 {m.get('latency.request_ms.p90', 0):.2f}, p99 "
-        f"{m.get('latency.request_ms.p99', 0):.2f}, max {m.get('latency.request_ms.max', 0):.2f}; "
-        f"cold first {m.get('latency.first_request_ms', 0):.1f} ms\n"
+        f"latency              {int(m[K.LATENCY_REQUESTS]):,} requests in "
+        f"{m[K.LATENCY_DURATION_SECONDS]:.1f} s{qps}: p50 {m.get(K.latency_request_ms(50), 0):.2f} "
+        f"ms, p90 {m.get(K.latency_request_ms(90), 0):.2f}, p99 "
+        f"{m.get(K.latency_request_ms(99), 0):.2f}, max {m.get(K.LATENCY_REQUEST_MS_MAX, 0):.2f}; "
+        f"cold first {m.get(K.LATENCY_FIRST_REQUEST_MS, 0):.1f} ms\n"
         f"                     early stopping: {_early_stopping(m)}\n"
         f"                     shares: {shares}"
     )
@@ -209,16 +211,18 @@ def _first_call_line(m: dict[str, float]) -> str:
 
 def _early_stopping(m: dict[str, float]) -> str:
     """The early-stopping estimates (absent when too few requests) and issue lateness."""
+    from tasks.measure import keys as K
+
     parts = [
-        f"p{q} {m[f'latency.request_ms.p{q}_early_stopping']:.2f} ms"
-        if f"latency.request_ms.p{q}_early_stopping" in m
+        f"p{q} {m[K.latency_early_stopping(q)]:.2f} ms"
+        if K.latency_early_stopping(q) in m
         else f"p{q} n/a (too few requests)"
         for q in (90, 99)
     ]
-    if "latency.issue_lateness_ms.p99" in m:
+    if K.LATENCY_ISSUE_LATENESS_MS_P99 in m:
         parts.append(
-            f"issue lateness p50 {m['latency.issue_lateness_ms.p50']:.3f} ms, p99 "
-            f"{m['latency.issue_lateness_ms.p99']:.3f}, max {m['latency.issue_lateness_ms.max']:.3f}"
+            f"issue lateness p50 {m[K.LATENCY_ISSUE_LATENESS_MS_P50]:.3f} ms, p99 "
+            f"{m[K.LATENCY_ISSUE_LATENESS_MS_P99]:.3f}, max {m[K.LATENCY_ISSUE_LATENESS_MS_MAX]:.3f}"
         )
     return "; ".join(parts)
 
@@ -312,7 +316,7 @@ def report(summary: dict[str, Any]) -> None:
         f"the cores just before the timed region, {m.get(K.HOST_OTHER_CPU_FRACTION, 0):.0%} during it",
         f"predictions          {summary['output_path']} ({int(m[K.OUTPUT_BYTES]):,} bytes)",
     ]
-    if "latency.requests" in m:  # single_stream / server (tasks/scenarios)
+    if K.LATENCY_REQUESTS in m:  # single_stream / server (tasks/scenarios)
         lines.append(_latency_line(m))
     if K.quality("nll") in m:
         lines.append(

@@ -41,9 +41,6 @@ from tasks.measure.report import (
     slower_by_paired_ratio,
 )
 from tasks.measure.report import summarize as summarize_groups
-from tasks.measure.stats import MIN_CI_SAMPLES
-
-DEFAULT_ROUNDS = MIN_CI_SAMPLES  # enough rounds for a 95% interval of each median
 
 VARIANTS: dict[str, tuple[bool, bool]] = {
     "eager": (False, False),

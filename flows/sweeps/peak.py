@@ -71,7 +71,7 @@ def probe_from(rate: float, bound_ms: float, launched: Launched) -> Probe:
         p99,
         r.validity == "VALID" and p99 is not None and p99 <= bound_ms,
         run_id=r.run_id,
-        achieved_qps=r.metrics.get("latency.achieved_qps"),
+        achieved_qps=r.metrics.get(K.LATENCY_ACHIEVED_QPS),
         validity=r.validity,
         reasons=tuple(r.invalid_reasons),
     )

@@ -93,7 +93,6 @@ def median_ci_level(key: str) -> str:
     return f"{key}.median_ci_level"
 
 
-REPEATED = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S)  # keys with per-pass samples
 REPEATS_MEASURED = "run.repeats_measured"
 
 DATA_ROOT_ROWS = "data.root_rows"
@@ -242,6 +241,51 @@ LATENCY_SERVICE_SECONDS = "latency.service_seconds"
 LATENCY_INTRA_OP_THREADS = "latency.intra_op_threads"
 # server: the lowest bound LoadGen's server rule passes (tasks/scenarios/early_stopping.py).
 LATENCY_P99_SERVER_RULE = "latency.request_ms.p99_server_rule"
+# The rest of a request scenario's record (tasks/scenarios/latency.py; CATALOGUE's latency.<what>).
+LATENCY_PREFIX = "latency."  # every request-scenario key starts so
+LATENCY_REQUESTS = "latency.requests"
+LATENCY_ROOTS_PER_REQUEST = "latency.roots_per_request"
+LATENCY_DURATION_SECONDS = "latency.duration_seconds"
+LATENCY_FIRST_REQUEST_MS = "latency.first_request_ms"
+LATENCY_REQUEST_MS_MAX = "latency.request_ms.max"
+LATENCY_REQUEST_MS_MEAN = "latency.request_ms.mean"
+LATENCY_STEP_SHARE_QUEUE = "latency.step_share.queue"
+LATENCY_STEP_SHARE_OTHER = "latency.step_share.other"
+LATENCY_QUEUE_MS_P50 = "latency.queue_ms.p50"
+LATENCY_QUEUE_MS_P99 = "latency.queue_ms.p99"
+LATENCY_ISSUE_LATENESS_MS_P50 = "latency.issue_lateness_ms.p50"
+LATENCY_ISSUE_LATENESS_MS_P99 = "latency.issue_lateness_ms.p99"
+LATENCY_ISSUE_LATENESS_MS_MAX = "latency.issue_lateness_ms.max"
+LATENCY_ACHIEVED_QPS = "latency.achieved_qps"
+LATENCY_TARGET_QPS = "latency.target_qps"
+LATENCY_BATCH_REQUESTS_MEAN = "latency.batch_requests.mean"
+LATENCY_BATCH_REQUESTS_MAX = "latency.batch_requests.max"
+LATENCY_CDF_MS = "latency.cdf_ms"  # a series: step q (0..100) is percentile q, in ms
+
+
+def latency_request_ms(q: int) -> str:
+    """``latency.request_ms.p<q>``: nearest-rank percentile ``q`` of the steady requests."""
+    return f"latency.request_ms.p{q}"
+
+
+def latency_early_stopping(q: int) -> str:
+    """``latency.request_ms.p<q>_early_stopping``: LoadGen's early-stopping estimate."""
+    return f"latency.request_ms.p{q}_early_stopping"
+
+
+def latency_first_request_step_ms(step: str) -> str:
+    return f"latency.first_request.step_ms.{step}"
+
+
+def latency_step_ms_mean(step: str) -> str:
+    return f"latency.step_ms.{step}.mean"
+
+
+def latency_step_share(step: str) -> str:
+    """``latency.step_share.<step>`` (also ``queue`` and ``other``: LATENCY_STEP_SHARE_*)."""
+    return f"latency.step_share.{step}"
+
+
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
 # Request scenarios: served outputs vs an offline pass over the same keys, and repeated keys
 # (tasks/scenarios/outputs.py).

@@ -110,56 +110,56 @@ class LatencyRecord:
     def metrics(self) -> dict[str, float]:
         lat = np.asarray(self.latency_s)
         m: dict[str, float] = {
-            "latency.requests": float(self.requests),
-            "latency.roots_per_request": float(self.roots),
-            "latency.duration_seconds": self.duration_s,
+            K.LATENCY_REQUESTS: float(self.requests),
+            K.LATENCY_ROOTS_PER_REQUEST: float(self.roots),
+            K.LATENCY_DURATION_SECONDS: self.duration_s,
         }
         if self.first_latency_s is not None:
-            m["latency.first_request_ms"] = self.first_latency_s * 1e3
+            m[K.LATENCY_FIRST_REQUEST_MS] = self.first_latency_s * 1e3
             for s, v in self.first_steps_s.items():
-                m[f"latency.first_request.step_ms.{s}"] = v * 1e3
+                m[K.latency_first_request_step_ms(s)] = v * 1e3
         if not self.requests:
             return m
         for q in (50, 90, 99):
-            m[f"latency.request_ms.p{q}"] = self.percentile_ms(q)
+            m[K.latency_request_ms(q)] = self.percentile_ms(q)
         for q in EARLY_STOPPING_PERCENTILES:  # absent when the run is too short for one
             est = self.early_stopping_ms(q)
             if est is not None:
-                m[f"latency.request_ms.p{q}_early_stopping"] = est
+                m[K.latency_early_stopping(q)] = est
         if self.scenario == "server":  # the record does not know the bound: log the lowest that passes
             bound = early_stopping.server_bound(lat, SERVER_P)
             if bound is not None:
                 m[K.LATENCY_P99_SERVER_RULE] = bound * 1e3
-        m["latency.request_ms.max"] = float(lat.max() * 1e3)
-        m["latency.request_ms.mean"] = float(lat.mean() * 1e3)
+        m[K.LATENCY_REQUEST_MS_MAX] = float(lat.max() * 1e3)
+        m[K.LATENCY_REQUEST_MS_MEAN] = float(lat.mean() * 1e3)
         total = float(lat.sum()) or 1.0
         accounted = 0.0
         for s, seconds in self.steps_s.items():
             step_s = np.asarray(seconds)
-            m[f"latency.step_ms.{s}.mean"] = float(step_s.mean() * 1e3) if len(step_s) else 0.0
-            m[f"latency.step_share.{s}"] = float(step_s.sum()) / total
+            m[K.latency_step_ms_mean(s)] = float(step_s.mean() * 1e3) if len(step_s) else 0.0
+            m[K.latency_step_share(s)] = float(step_s.sum()) / total
             accounted += float(step_s.sum())
         queue = np.asarray(self.queue_s)
-        m["latency.step_share.queue"] = float(queue.sum()) / total
-        m["latency.step_share.other"] = max(total - accounted - float(queue.sum()), 0.0) / total
-        m["latency.queue_ms.p50"] = float(nearest_rank_ms(queue, 50))
-        m["latency.queue_ms.p99"] = float(nearest_rank_ms(queue, 99))
+        m[K.LATENCY_STEP_SHARE_QUEUE] = float(queue.sum()) / total
+        m[K.LATENCY_STEP_SHARE_OTHER] = max(total - accounted - float(queue.sum()), 0.0) / total
+        m[K.LATENCY_QUEUE_MS_P50] = float(nearest_rank_ms(queue, 50))
+        m[K.LATENCY_QUEUE_MS_P99] = float(nearest_rank_ms(queue, 99))
         if self.lateness_s:
             late = np.asarray(self.lateness_s)
-            m["latency.issue_lateness_ms.p50"] = float(nearest_rank_ms(late, 50))
-            m["latency.issue_lateness_ms.p99"] = float(nearest_rank_ms(late, 99))
-            m["latency.issue_lateness_ms.max"] = float(late.max() * 1e3)
-        m["latency.achieved_qps"] = self.requests / self.duration_s if self.duration_s > 0 else 0.0
+            m[K.LATENCY_ISSUE_LATENESS_MS_P50] = float(nearest_rank_ms(late, 50))
+            m[K.LATENCY_ISSUE_LATENESS_MS_P99] = float(nearest_rank_ms(late, 99))
+            m[K.LATENCY_ISSUE_LATENESS_MS_MAX] = float(late.max() * 1e3)
+        m[K.LATENCY_ACHIEVED_QPS] = self.requests / self.duration_s if self.duration_s > 0 else 0.0
         m[K.LATENCY_SERVICE_SECONDS] = self.service_s
         m[K.LATENCY_ROWS_PER_SERVICE_S] = self.rows / self.service_s if self.service_s > 0 else 0.0
         m[K.LATENCY_ROWS_PER_WALL_S] = self.rows / self.duration_s if self.duration_s > 0 else 0.0
         if self.target_qps is not None:
-            m["latency.target_qps"] = self.target_qps
+            m[K.LATENCY_TARGET_QPS] = self.target_qps
         if self.intra_op_threads:
             m[K.LATENCY_INTRA_OP_THREADS] = float(self.intra_op_threads)
         if self.batch_requests:
-            m["latency.batch_requests.mean"] = float(np.mean(self.batch_requests))
-            m["latency.batch_requests.max"] = float(np.max(self.batch_requests))
+            m[K.LATENCY_BATCH_REQUESTS_MEAN] = float(np.mean(self.batch_requests))
+            m[K.LATENCY_BATCH_REQUESTS_MAX] = float(np.max(self.batch_requests))
         m.update(repeat_key_speedup(self.request_keys, self.latency_s))
         if self.output_check is not None:
             m.update(self.output_check.metrics())
@@ -174,23 +174,23 @@ def verdict(scenario: str, r: Request, metrics: dict[str, float]) -> list[str]:
     judged through ``latency.request_ms.p99_server_rule``, the lowest bound that passes), and
     the generator's issue lateness (ours: LoadGen's generator has a thread to itself)."""
     reasons = []
-    n = int(metrics.get("latency.requests", 0))
+    n = int(metrics.get(K.LATENCY_REQUESTS, 0))
     if n < r.min_requests:
-        reasons.append(f"latency.requests {n} < run.request.min_requests {r.min_requests}")
+        reasons.append(f"{K.LATENCY_REQUESTS} {n} < run.request.min_requests {r.min_requests}")
     if scenario == "single_stream" and n < (need := early_stopping.min_requests(RULE_PERCENTILE[scenario] / 100)):
         reasons.append(
-            f"latency.requests {n} < {need}, the fewest requests LoadGen's early stopping "
+            f"{K.LATENCY_REQUESTS} {n} < {need}, the fewest requests LoadGen's early stopping "
             f"(confidence 0.99) needs for a p90 estimate; raise run.request.min_requests to {need}"
         )
-    d = metrics.get("latency.duration_seconds", 0.0)
+    d = metrics.get(K.LATENCY_DURATION_SECONDS, 0.0)
     if d < r.min_duration_s:
-        reasons.append(f"latency.duration_seconds {d:.2f} < run.request.min_duration_s {r.min_duration_s}")
+        reasons.append(f"{K.LATENCY_DURATION_SECONDS} {d:.2f} < run.request.min_duration_s {r.min_duration_s}")
     if scenario == "server":
         reasons += _server_bound_reasons(n, r, metrics)
-        late = metrics.get("latency.issue_lateness_ms.p99")
+        late = metrics.get(K.LATENCY_ISSUE_LATENESS_MS_P99)
         if late is not None and late > LATENESS_SHARE * r.latency_bound_ms:
             reasons.append(
-                f"latency.issue_lateness_ms.p99 {late:.2f} > {LATENESS_SHARE:.0%} of "
+                f"{K.LATENCY_ISSUE_LATENESS_MS_P99} {late:.2f} > {LATENESS_SHARE:.0%} of "
                 f"run.request.latency_bound_ms {r.latency_bound_ms}: the load generator, not the "
                 "system, set the latency; run on a quieter host or lower run.request.target_qps"
             )
@@ -204,7 +204,7 @@ def _server_bound_reasons(n: int, r: Request, metrics: dict[str, float]) -> list
     if tolerated is None:
         need = early_stopping.requests_needed(0, SERVER_P)
         return [
-            f"latency.requests {n} < {need}, the fewest LoadGen's server rule (p99, confidence 0.99) passes "
+            f"{K.LATENCY_REQUESTS} {n} < {need}, the fewest LoadGen's server rule (p99, confidence 0.99) passes "
             f"even with no request over run.request.latency_bound_ms; raise run.request.min_requests to {need}"
         ]
     key = K.LATENCY_P99_SERVER_RULE

@@ -91,6 +91,59 @@ def test_no_other_module_spells_a_metric_key():
     assert not offenders, "metric keys spelled outside tasks/measure/keys.py:\n" + "\n".join(offenders)
 
 
+# Folders whose code must name every metric key through tasks/measure/keys.py.
+CODE_FOLDERS = ("tasks", "flows", "dashboards")
+KEYS_PY = REPO / "tasks" / "measure" / "keys.py"
+# Every key keys.py spells: its module-level string constants and the catalogue's entries.
+SPELLED_KEYS = {v for n, v in vars(K).items() if n.isupper() and isinstance(v, str)} | {k for k, _ in K.CATALOGUE}
+
+
+def spelled_key(value: str) -> bool:
+    """A string that is a metric key (or a ``latency.`` key piece, such as the head of
+    ``f"latency.request_ms.p{q}"``); prose that mentions a key has a space in it."""
+    return value in SPELLED_KEYS or (value.startswith("latency.") and " " not in value)
+
+
+def key_literals(path: Path, root: Path = REPO) -> list[str]:
+    """``file:line: 'value'`` for each string constant in ``path`` that spells a key
+    (f-string pieces included: they are ``ast.Constant`` too), in line order."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = sorted(
+        (node.lineno, node.col_offset, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and spelled_key(node.value)
+    )
+    return [f"{path.relative_to(root)}:{line}: {value!r}" for line, _, value in found]
+
+
+def test_no_module_spells_a_key_keys_py_has():
+    offenders = []
+    for folder in CODE_FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path != KEYS_PY and "__pycache__" not in path.parts:
+                offenders += key_literals(path)
+    assert not offenders, (
+        "metric keys spelled outside tasks/measure/keys.py (use its constant or function):\n" + "\n".join(offenders)
+    )
+
+
+def test_the_key_literal_check_catches_f_string_pieces(tmp_path):
+    code = (
+        'm = {"latency.requests": 1.0, "e2e.predict.seconds": 2.0}\n'
+        'k = f"latency.request_ms.p{q}"\n'
+        'why = f"latency.requests {n} < 5"\n'  # prose: has a space
+        'ok = f"{K.LATENCY_REQUESTS} {n} < 5"\n'
+    )
+    path = tmp_path / "probe.py"
+    path.write_text(code)
+    found = key_literals(path, root=tmp_path)
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "'latency.requests'",
+        "'e2e.predict.seconds'",
+        "'latency.request_ms.p'",
+    ]
+
+
 # --- every key the docs mention ------------------------------------------------------------
 
 # Metric namespaces: the first segment of every catalogued key. `run.` is left out (spec keys
