@@ -153,7 +153,8 @@ class LibraryEngine(EngineBase):
         self.paths_seen |= self.driver.paths()
         prediction = _in_key_order(torch.cat(preds), torch.cat(ran), chunk.root_rows)
         mask = chunk.label_present & ~chunk.is_train
-        self.quality.add(prediction, chunk.labels, mask)
+        if not (self.spec.task.kind == "category" and prediction.shape[-1] == 0):  # no class learned yet
+            self.quality.add(prediction, chunk.labels, mask)
         return PredictOutputs({"prediction": prediction}, labels=chunk.labels, label_mask=mask)
 
     @torch.no_grad()

@@ -160,14 +160,18 @@ class _Steps:
         kind = self.spec.task.kind
         for name in self.spec.task.outputs:
             head, _, arg = name.partition(":")
-            if head == "prediction" and kind == "category":
+            if head == "prediction" and kind == "category" and prediction.shape[-1] == 0:
+                # untrained weights (predict without run.checkpoint): relflow learns its classes
+                # while encoding training rows, so there is no class to name
+                cols["prediction"] = pa.nulls(len(keys), pa.string())
+            elif head == "prediction" and kind == "category":
                 classes = pa.array(self.driver.classes(), pa.string())
                 cols["prediction"] = classes.take(pa.array(prediction.argmax(-1).numpy()))
             elif head == "prediction" and kind == "binary":
                 cols["prediction"] = pa.array(torch.sigmoid(prediction).numpy().astype(np.float64))
             elif head == "prediction":
                 cols["prediction"] = pa.array(prediction.numpy().astype(np.float64))
-            elif head == "topk":
+            elif head == "topk" and prediction.shape[-1] > 0:
                 k = min(int(arg), prediction.shape[-1])
                 scores, idx = torch.softmax(prediction, -1).topk(k, dim=-1)
                 classes = pa.array(self.driver.classes(), pa.string())
