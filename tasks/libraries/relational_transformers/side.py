@@ -171,6 +171,7 @@ class _Steps:
         self.onnx: OnnxDriver | None = None
         self._onnx_dir: Path | None = None
         self._flops: tuple[int | None, str] | None = None  # per root row, or why none
+        self._served = ""  # what ONNX Runtime served, kept for facts() (asked after close())
 
     def batches(self, chunk: LibraryChunk, rows: torch.Tensor) -> Iterator[tuple[Any, int]]:
         collated = cast(_Collated, chunk.inputs)
@@ -239,6 +240,10 @@ class _Steps:
                 inter_op_threads=o.inter_op_threads,
                 graph_optimization_level=o.graph_optimization_level,
             )
+            self._served = (
+                f"{self.onnx.path.name} ({'given' if o.model is not None else 'exported by the library'}): "
+                f"providers {','.join(self.onnx.providers)}, {self.onnx.intra_op_threads} intra-op threads"
+            )
         return self.onnx
 
     def _drop_onnx(self) -> None:
@@ -290,11 +295,8 @@ class _Steps:
             if self.spec.task.kind == "category"
             else "none (the published scalar decoder)",
         }
-        if self.onnx is not None:
-            tags["relflow.library_onnx"] = (
-                f"{self.onnx.path.name}: providers {','.join(self.onnx.providers)}, "
-                f"{self.onnx.intra_op_threads} intra-op threads"
-            )
+        if self._served:
+            tags["relflow.library_onnx"] = self._served
         # per root row of the first predict batch, at its padded shape
         return ModelFacts(LIBRARY, self.driver.parameters(), per_row, "" if per_row is not None else reason, tags)
 

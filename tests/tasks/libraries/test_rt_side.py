@@ -165,3 +165,18 @@ def test_the_light_checks_repeat_the_librarys_constants():
 
     assert checks.MAX_PARENTS == MAX_F2P
     assert checks.D_TEXT == contexts.D_TEXT
+
+
+def test_onnxruntime_serves_the_librarys_export_with_torchs_thread_count(shop_spec, shop_files):
+    import torch
+
+    engine, tz = _prepared(rt_spec(shop_spec, batch_size=2), shop_files)
+    eager = engine.predict(tz, ("prediction",)).tensors["prediction"]
+    engine, tz = _prepared(rt_spec(shop_spec, batch_size=2, backend="onnxruntime"), shop_files)
+    served = engine.predict(tz, ("prediction",)).tensors["prediction"]
+    assert torch.allclose(served, eager, atol=1e-5)
+    steps = engine.driver
+    assert steps.onnx is not None and steps.onnx.intra_op_threads == torch.get_num_threads()
+    assert engine.facts().tags["relflow.library_onnx"].endswith(f"{torch.get_num_threads()} intra-op threads")
+    steps.close()
+    assert steps._onnx_dir is None
