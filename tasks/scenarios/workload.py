@@ -62,7 +62,7 @@ class Workload:
         self.chunks = [keys[i : i + n] for i in range(0, len(keys), n)]
         self.result.chunks = len(self.chunks)
 
-    def account(self, p: Prepared, chunk: int | None) -> None:
+    def account(self, p: Prepared, chunk: int | None, phase: str = "predict") -> None:
         """What a prepared chunk or request read; data figures once per chunk (``chunk`` None:
         a request, counted every time)."""
         res = self.result
@@ -71,6 +71,8 @@ class Workload:
         self.text_cells += p.text_cells
         if chunk is not None and chunk in self._counted:
             return
+        if chunk is not None and phase == "train" and self.chain.side is not None:
+            return  # a library's training encode holds the training rows only: count the predict one
         if chunk is not None:
             self._counted.add(chunk)
         self.text_cells_per_pass += p.text_cells
@@ -84,7 +86,7 @@ class Workload:
         if phase == "train" and i in self._kept:
             return self._kept[i]
         p = self.chain.prepare(self.chunks[i], self.sink(phase), {"chunk": i, "phase": phase})
-        self.account(p, i)
+        self.account(p, i, phase)
         self.add_bytes(p, phase)
         # A library may learn while it encodes training rows, or draw masks per epoch
         # (tasks/libraries): its training chunks are encoded again every epoch.
