@@ -24,7 +24,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from flows.cli import temporary_server
-from flows.cli.backends import backends_report_cmd, export_cmd, quantize_cmd
+from flows.cli.backends import backends_report_cmd, export_cmd, models_report_cmd, quantize_cmd
 from flows.cli.common import (
     DEFAULT_SPEC,
     INTERRUPTED_EXIT,
@@ -472,6 +472,7 @@ app.command("ui")(ui_cmd)
 app.command("export")(export_cmd)
 app.command("quantize")(quantize_cmd)
 app.command("backends-report")(backends_report_cmd)
+app.command("models-report")(models_report_cmd)
 app.command("sweep")(sweep_cmd)
 app.command("serve")(serve_cmd)
 app.command("peak-qps")(peak_qps_cmd)

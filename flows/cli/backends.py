@@ -1,4 +1,4 @@
-"""``relflow-bench export``, ``quantize`` and ``backends-report``: the deployment commands.
+"""``relflow-bench export``, ``quantize``, ``backends-report`` and ``models-report``: the deployment commands.
 
 Registered on the main Typer app in ``flows/cli/__init__.py``; exit codes as every command's (see
 ``flows/cli/common.py``).
@@ -137,3 +137,45 @@ def backends_report_cmd(
     except BaseException as err:  # noqa: BLE001
         handle_run_error(err, debug, "the running variant and the report's parent MLflow run were ended.")
     out.print(md, markup=False, soft_wrap=True)  # "[n=1<6, no CI]" is text, not Rich markup
+
+
+def models_report_cmd(
+    spec: Annotated[Path, typer.Argument(help="Benchmark spec YAML.")] = DEFAULT_SPEC,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (each runs every library).")] = 2,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Spec override for every library, as for run.")
+    ] = None,
+    libraries: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated libraries (default: reference,relflow,relational_transformers)."),
+    ] = None,
+    scale: Annotated[float | None, typer.Option(help="TPC-H scale factor.")] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
+) -> None:
+    """The three libraries (model.library) on one spec and data, in fresh processes, interleaved."""
+    from tasks.runtime.errors import UserError
+    from tasks.spec import load_spec
+
+    overrides = start_run_command(debug, set_, scale)
+    try:
+        if rounds < 1:
+            raise UserError("--rounds must be at least 1.")
+        from flows.sweeps.models_report import parse_libraries
+
+        try:
+            chosen = parse_libraries(libraries)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        load_spec(spec, overrides)  # before MLflow and the report's imports: a bad spec exits in a second
+        from flows.sweeps.models_report import run_report
+
+        md = run_report(
+            spec.resolve(),
+            overrides,
+            rounds,
+            chosen,
+            lambda line: console.print(line, markup=False, soft_wrap=True),
+        )
+    except BaseException as err:  # noqa: BLE001
+        handle_run_error(err, debug, "the running library's run and the report's parent MLflow run were ended.")
+    out.print(md, markup=False, soft_wrap=True)

@@ -1,0 +1,280 @@
+"""The three models under test side by side: ``relflow-bench models-report SPEC``.
+
+Each library (``model.library``: ``reference``, ``relflow``, ``relational_transformers``;
+``tasks/libraries``) runs the same spec and data as a full ``relflow-bench run`` with
+``--set model.library=<lib>`` in a fresh process (``flows/sweeps/launch.py``), interleaved
+round by round with the order rotated (as ``backends-report``), children tagged
+``relflow.variant`` (the library) and ``relflow.round`` under one parent MLflow run, which
+holds the table (``models_report.json`` / ``.md``).
+
+Columns: the headline quality next to its baseline (``quality.majority_rate`` for category
+and binary, ``quality.mae_of_mean`` for regression), e2e predict rows/s, steady rows/s, first
+call s, batch p99 ms, peak RSS, parameters (param ``model.parameters``) and **e2e vs
+reference**: the median over rounds of the library's ``e2e.predict.rows_per_s`` over the
+reference model's in the same round (``tasks/measure/report.py`` ``ratio_interval``, as
+backends-report's "e2e vs eager"), with its 95% interval from 6 paired rounds. Medians over
+rounds; FAILED rounds give NaN figures. A library that refuses the spec (its ``check``,
+exit 2) is a row saying why: the parent asks each library's check first (it imports no
+library, about a second), and a child that still exits 2 is recorded the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import get_args
+
+from tasks.measure import keys as K
+from tasks.measure.report import Cell, Group, Sample, interval_text, markdown_table, ratio_interval
+from tasks.measure.report import summarize as summarize_groups
+from tasks.spec.task import LibraryName
+
+LIBRARIES: tuple[str, ...] = get_args(LibraryName)  # reference, relflow, relational_transformers
+REFERENCE_LIBRARY = "reference"  # the denominator of "e2e vs reference"
+ROUND_TAG = "relflow.round"  # the same tag backends-report puts on its children
+VARIANT_TAG = "relflow.variant"
+PARAMETERS_PARAM = "model.parameters"
+REFUSED = "REFUSED"  # the validity of a library whose check refused the spec (exit 2)
+# The headline quality's baseline: what a model that learned nothing scores.
+BASELINE = {"category": "majority_rate", "binary": "majority_rate", "regression": "mae_of_mean"}
+
+
+def parse_libraries(text: str | None) -> list[str]:
+    """``--libraries a,b,c`` -> the libraries, in that order; ValueError naming the problem."""
+    if text is None:
+        return list(LIBRARIES)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--libraries is empty; choose from {', '.join(LIBRARIES)}.")
+    unknown = [n for n in names if n not in LIBRARIES]
+    if unknown:
+        raise ValueError(f"--libraries {unknown} unknown; choose from {', '.join(LIBRARIES)}.")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"--libraries names {dupes} more than once.")
+    return names
+
+
+def round_order(libraries: Sequence[str], r: int) -> list[str]:
+    """Round ``r``'s order: rotated by one per round, so no library always runs first."""
+    k = r % len(libraries) if libraries else 0
+    return [*libraries[k:], *libraries[:k]]
+
+
+def summarize(
+    samples: Sequence[Sample],
+    kind: str,
+    refused: Mapping[str, str] | None = None,
+    parameters: Mapping[str, float] | None = None,
+) -> list[dict[str, Cell]]:
+    """One row per library: medians over its rounds; a refused library's row holds its reason.
+
+    ``parameters``: ``model.parameters`` by child run id (a param, not in the run's summary)."""
+    headline, baseline = K.HEADLINE_QUALITY[kind], BASELINE[kind]
+    refused = dict(refused or {})
+    parameters = dict(parameters or {})
+
+    def e2e_by_round(of: Sequence[Sample]) -> dict[int, float]:
+        return {
+            s.round: s.metrics[K.E2E_PREDICT_ROWS_PER_S]
+            for s in of
+            if s.round >= 0 and K.E2E_PREDICT_ROWS_PER_S in s.metrics
+        }
+
+    ref_e2e = e2e_by_round([s for s in samples if s.variant == REFERENCE_LIBRARY])
+
+    def vs_ref(g: Group, field: str) -> float | None:
+        ri = ratio_interval(e2e_by_round(g.samples), ref_e2e)
+        if ri is None:
+            return math.nan if field == "median" else None
+        return getattr(ri, field)
+
+    def params(g: Group) -> float:
+        vals = sorted(parameters[r.run_id] for r in g.reports if r.run_id in parameters)
+        return vals[len(vals) // 2] if vals else math.nan
+
+    rows = summarize_groups(
+        [s for s in samples if s.variant not in refused],
+        {
+            "rounds": lambda g: len(g.reports),
+            "quality": lambda g: g.median(K.quality(headline)),
+            "baseline": lambda g: g.median(K.quality(baseline)),
+            "e2e_predict_rows_per_s": lambda g: g.median(K.E2E_PREDICT_ROWS_PER_S),
+            "e2e_vs_reference": lambda g: vs_ref(g, "median"),
+            "e2e_vs_reference_ci_low": lambda g: vs_ref(g, "low"),
+            "e2e_vs_reference_ci_high": lambda g: vs_ref(g, "high"),
+            "e2e_vs_reference_rounds": lambda g: vs_ref(g, "n"),
+            "steady_rows_per_s": lambda g: g.median(K.STEADY_ROWS_PER_S),
+            "first_call_s": lambda g: g.median(K.FIRST_CALL_SECONDS),
+            "batch_p99_ms": lambda g: g.median(K.compute("predict", "batch_ms.p99")),
+            "peak_rss_mib": lambda g: g.max(K.HOST_PEAK_BYTES) / 2**20,
+            "parameters": params,
+            "validity": lambda g: ",".join(sorted({s.validity for s in g.samples})),
+            "reason": lambda g: "",
+            "run_ids": lambda g: [s.run_id for s in g.samples],
+        },
+    )
+    rows += [{"variant": lib, "rounds": 0, "validity": REFUSED, "reason": why} for lib, why in refused.items()]
+    return rows
+
+
+def _num(v: Cell, fmt: str) -> str:
+    return "-" if not isinstance(v, int | float) or math.isnan(v) else f"{v:{fmt}}"
+
+
+def _vs_ref_text(r: Mapping[str, Cell]) -> str:
+    ratio = r.get("e2e_vs_reference")
+    if not isinstance(ratio, float) or math.isnan(ratio):
+        return "-"  # no round where both this library and the reference finished
+    n, low, high = r["e2e_vs_reference_rounds"], r["e2e_vs_reference_ci_low"], r["e2e_vs_reference_ci_high"]
+    bounds = (low, high) if isinstance(low, float) and isinstance(high, float) else (None, None)
+    return f"{ratio:.2f}x [{interval_text(*bounds, int(n) if isinstance(n, int | float) else 0, '.2f')}]"
+
+
+def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str) -> str:
+    headline, baseline = K.HEADLINE_QUALITY[kind], BASELINE[kind]
+    header = [
+        "library",
+        f"{headline} ({baseline})",
+        "e2e predict rows/s",
+        "e2e vs reference [95% CI]",
+        "steady rows/s",
+        "first call s",
+        "batch p99 ms",
+        "peak RSS MiB",
+        "parameters",
+        "rounds",
+        "validity",
+    ]
+    lines = []
+    for r in rows:
+        if r.get("validity") == REFUSED:
+            lines.append([str(r["variant"]), f"refused: {r['reason']}", *["-"] * 7, "0", REFUSED])
+            continue
+        lines.append(
+            [
+                str(r["variant"]),
+                f"{_num(r['quality'], '.4f')} ({_num(r['baseline'], '.4f')})",
+                _num(r["e2e_predict_rows_per_s"], ",.0f"),
+                _vs_ref_text(r),
+                _num(r["steady_rows_per_s"], ",.0f"),
+                _num(r["first_call_s"], ".2f"),
+                _num(r["batch_p99_ms"], ".1f"),
+                _num(r["peak_rss_mib"], ",.0f"),
+                _num(r["parameters"], ",.0f"),
+                str(r["rounds"]),
+                str(r["validity"]),
+            ]
+        )
+    return markdown_table(header, lines)
+
+
+@dataclass
+class Launch:
+    """Where and how the libraries' processes run (the report's store and spec folder)."""
+
+    spec_path: Path
+    overrides: list[str]
+    parent: str
+    workdir: Path
+    tracking_uri: str
+
+
+def refusals(spec_path: Path, overrides: list[str], libraries: Sequence[str]) -> dict[str, str]:
+    """Each library's check on the spec (no library is imported): the refused ones, with why."""
+    from tasks.libraries import check_library
+    from tasks.runtime.errors import UserError
+    from tasks.spec import load_spec
+
+    out = {}
+    for lib in libraries:
+        try:
+            check_library(load_spec(spec_path, [*overrides, f"model.library={lib}"]))
+        except UserError as err:
+            out[lib] = " ".join(str(err).split())
+    return out
+
+
+def collect(
+    launch: Launch, rounds: int, libraries: list[str], refused: dict[str, str], say: Callable[[str], None]
+) -> tuple[list[Sample], dict[str, float]]:
+    """Every library in every round (order rotated); the samples and ``model.parameters`` by
+    run id. A child that exits 2 adds its library to ``refused`` (no further rounds)."""
+    from flows.sweeps.launch import launch_local
+    from tasks.spec import load_spec
+    from tasks.tracking.reader import get_run_record
+
+    samples: list[Sample] = []
+    parameters: dict[str, float] = {}
+    for r in range(rounds):
+        for lib in round_order(libraries, r):
+            if lib in refused:
+                continue
+            name = f"{lib}-{r}"
+            spec = load_spec(launch.spec_path, [*launch.overrides, f"model.library={lib}"])
+            done = launch_local(
+                spec.to_dict(),
+                name=name,
+                spec_dir=str(launch.spec_path.parent),
+                parent_run_id=launch.parent,
+                tags={VARIANT_TAG: lib, ROUND_TAG: str(r)},
+                workdir=launch.workdir,
+                tracking_uri=launch.tracking_uri,
+                api_url=None,  # each child starts Prefect's temporary server, as a standalone run does
+            )
+            if done.summary is None:
+                if done.returncode == 2:  # the library (or the harness for it) refused the spec
+                    refused[lib] = done.error or "exit 2"
+                    say(f"  round {r + 1} {lib:<24} REFUSED: {refused[lib][-400:]}")
+                    continue
+                say(f"  round {r + 1} {lib:<24} FAILED (exit {done.returncode}): {str(done.error)[-400:]}")
+                samples.append(Sample(lib, r, None))
+                continue
+            rec = get_run_record(done.summary.run_id, launch.tracking_uri)
+            report = replace(done.summary, tags=rec.tags)
+            try:
+                parameters[report.run_id] = float(rec.params[PARAMETERS_PARAM])
+            except (KeyError, ValueError):
+                pass
+            samples.append(Sample(lib, r, report))
+            m = report.metrics
+            say(
+                f"  round {r + 1} {lib:<24} e2e {m.get(K.E2E_PREDICT_ROWS_PER_S, math.nan):>10,.0f} rows/s, "
+                f"steady {m.get(K.STEADY_ROWS_PER_S, math.nan):>10,.0f} rows/s, "
+                f"first call {m.get(K.FIRST_CALL_SECONDS, math.nan):.2f} s ({report.validity}, run {report.run_id[:8]})"
+            )
+    return samples, parameters
+
+
+def run_report(
+    spec_path: Path, overrides: list[str], rounds: int, libraries: list[str], say: Callable[[str], None]
+) -> str:
+    from tasks.runtime.errors import UserError
+    from tasks.spec import load_spec
+    from tasks.tracking.writer import Tracker
+
+    if rounds < 1:
+        raise UserError("--rounds must be at least 1.")
+    s = load_spec(spec_path, overrides)
+    refused = refusals(spec_path, overrides, libraries)
+    for lib, why in refused.items():
+        say(f"  {lib}: refused by its check, not run: {why}")
+    tracker = Tracker(s.name)
+    parent = tracker.start(f"{s.name}-models-report", {"relflow.spec_hash": s.spec_hash, "relflow.report": "models"})
+    say(f"parent MLflow run {parent} in experiment '{s.name}'")
+    try:
+        workdir = Path(s.run.output_dir).resolve() / f"models-{parent[:12]}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        launch = Launch(spec_path, overrides, parent, workdir, tracker.uri)
+        samples, parameters = collect(launch, rounds, libraries, refused, say)
+        rows = summarize(samples, s.task.kind, refused, parameters)
+        md = to_markdown(rows, s.task.kind)
+        tracker.log_dict({"rows": rows, "libraries": libraries, "rounds": rounds}, "models_report.json")
+        tracker.log_text(md, "models_report.md")
+        tracker.finish()
+    except BaseException as err:
+        tracker.fail(err)
+        raise
+    return md

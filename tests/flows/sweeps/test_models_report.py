@@ -1,0 +1,132 @@
+"""The models report: its table and paired ratios from hand-made child records, the
+rotation of order per round, and bad flags (exit 2 before any run)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from flows.sweeps.models_report import (
+    LIBRARIES,
+    REFUSED,
+    parse_libraries,
+    round_order,
+    summarize,
+    to_markdown,
+)
+from tasks.measure.report import RunReport, Sample
+
+
+def sample(lib: str, r: int, e2e: float, **extra: float) -> Sample:
+    m = {
+        "e2e.predict.rows_per_s": e2e,
+        "compute.steady_rows_per_s": e2e * 4,
+        "compute.first_call_seconds": 0.5,
+        "compute.batch_ms.p99": 9.0,
+        "quality.accuracy": 0.8,
+        "quality.majority_rate": 0.6,
+        "memory.host_peak_bytes": 2**30,
+        **extra,
+    }
+    return Sample(lib, r, RunReport(f"id-{lib}-{r}", m, "VALID"))
+
+
+def test_half_the_references_rows_per_s_every_round_is_0_5_with_a_0_5_interval():
+    samples, params = [], {}
+    for r in range(6):
+        ref = 100.0 * (r + 1)  # the host drifts; the paired ratio does not
+        samples += [sample("reference", r, ref), sample("relflow", r, ref / 2)]
+        params[f"id-reference-{r}"], params[f"id-relflow-{r}"] = 1000.0, 250_000.0
+    rows = {row["variant"]: row for row in summarize(samples, "category", parameters=params)}
+    rf = rows["relflow"]
+    assert rf["e2e_vs_reference"] == 0.5
+    assert (rf["e2e_vs_reference_ci_low"], rf["e2e_vs_reference_ci_high"]) == (0.5, 0.5)
+    assert rf["e2e_vs_reference_rounds"] == 6
+    assert rows["reference"]["e2e_vs_reference"] == 1.0
+    assert rf["e2e_predict_rows_per_s"] == 175.0  # median of 50..300
+    assert rf["parameters"] == 250_000.0 and rf["quality"] == 0.8 and rf["baseline"] == 0.6
+    assert rf["peak_rss_mib"] == 1024.0
+    md = to_markdown(list(rows.values()), "category")
+    assert "accuracy (majority_rate)" in md.splitlines()[0]
+    assert (
+        "| relflow | 0.8000 (0.6000) | 175 | 0.50x [0.50, 0.50] | 700 | 0.50 | 9.0 | 1,024 | 250,000 | 6 | VALID |"
+        in md
+    )
+
+
+def test_fewer_than_6_rounds_give_no_interval_and_a_failed_round_pairs_with_nothing():
+    samples = [sample("reference", 0, 100.0), sample("relational_transformers", 0, 20.0)]
+    samples += [sample("reference", 1, 100.0), Sample("relational_transformers", 1, None)]
+    rows = {row["variant"]: row for row in summarize(samples, "regression")}
+    rt = rows["relational_transformers"]
+    assert rt["e2e_vs_reference"] == 0.2 and rt["e2e_vs_reference_rounds"] == 1
+    assert rt["e2e_vs_reference_ci_low"] is None
+    assert rt["validity"] == "FAILED,VALID" and math.isnan(rt["parameters"])
+    md = to_markdown(list(rows.values()), "regression")
+    assert "mae (mae_of_mean)" in md and "0.20x [n=1<6, no CI]" in md
+
+
+def test_a_refused_library_is_a_row_saying_why():
+    samples = [sample("reference", 0, 100.0)]
+    why = "UserError: model.library relational_transformers cannot run task.kind ...; set X."
+    rows = summarize(samples, "category", refused={"relational_transformers": why})
+    assert [r["variant"] for r in rows] == ["reference", "relational_transformers"]
+    assert rows[1]["validity"] == REFUSED and rows[1]["reason"] == why
+    md = to_markdown(rows, "category")
+    assert f"| relational_transformers | refused: {why} |" in md and md.rstrip().endswith("| 0 | REFUSED |")
+    # a library without the reference beside it has no ratio: "-", not a crash
+    assert "| - |" in to_markdown(summarize([sample("relflow", 0, 5.0)], "binary"), "binary")
+
+
+def test_the_order_rotates_each_round():
+    libs = list(LIBRARIES)
+    assert libs == ["reference", "relflow", "relational_transformers"]
+    orders = [round_order(libs, r) for r in range(4)]
+    assert orders[0] == libs
+    assert orders[1] == ["relflow", "relational_transformers", "reference"]
+    assert orders[2] == ["relational_transformers", "reference", "relflow"]
+    assert orders[3] == orders[0]
+    assert [o[0] for o in orders[:3]] == libs  # each library leads one round in three
+
+
+def test_libraries_flag_parsing():
+    assert parse_libraries(None) == list(LIBRARIES)
+    assert parse_libraries("relflow, reference") == ["relflow", "reference"]
+    for bad, says in (("", "empty"), ("reference,bogus", "bogus"), ("relflow,relflow", "more than once")):
+        with pytest.raises(ValueError, match=says):
+            parse_libraries(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--libraries", "reference,bogus"], "bogus"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--set", "bogus=1"], "bogus"),
+    ],
+)
+def test_bad_flags_exit_2_before_any_run(args, says, tmp_path, shop_spec):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(shop_spec))
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "models-report", str(spec), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = proc.stderr.splitlines()
+    message = " ".join(line for line in lines + proc.stdout.splitlines() if not line.startswith("import time:"))
+    assert proc.returncode == 2, message[-2000:]
+    assert says in message, message[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in lines if line.startswith("import time:")}
+    assert not imported & {"torch", "mlflow", "prefect"}
+    assert not (tmp_path / "m.db").exists()
