@@ -21,10 +21,10 @@ TREND_SUFFIX = "__epoch_days"
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-def problems(spec: Spec) -> list[Unsupported]:
-    """Every setting of ``spec`` relflow cannot honour; empty when it can run the spec."""
+def _model_problems(spec: Spec) -> list[Unsupported]:
+    """Sizes relflow's attention cannot take."""
     out: list[Unsupported] = []
-    run, model = spec.run, spec.model
+    model = spec.model
     if model.heads % 2:
         out.append(
             Unsupported(
@@ -43,6 +43,12 @@ def problems(spec: Spec) -> list[Unsupported]:
                 "lower model.heads or raise model.d_model",
             )
         )
+    return out
+
+
+def _name_problems(spec: Spec) -> list[Unsupported]:
+    """Branch overflow rules and the names relflow matches fields by."""
+    out: list[Unsupported] = []
     names: list[tuple[str, str]] = [(f"schema.root.columns.{c}", c) for c in spec.schema_.root.columns]
     names.append(("task.target", spec.task.target))
     for b, _ in spec.schema_.walk():
@@ -79,6 +85,12 @@ def problems(spec: Spec) -> list[Unsupported]:
                     "rename the column",
                 )
             )
+    return out
+
+
+def _text_problems(spec: Spec) -> list[Unsupported]:
+    """Text columns: relflow's Text field needs a hub model."""
+    out: list[Unsupported] = []
     for node, columns in [("schema.root", spec.schema_.root.columns)] + [
         (b.name, b.columns) for b, _ in spec.schema_.walk()
     ]:
@@ -95,6 +107,12 @@ def problems(spec: Spec) -> list[Unsupported]:
                         "declare the column as category, or leave it out of the schema",
                     )
                 )
+    return out
+
+
+def _output_problems(spec: Spec) -> list[Unsupported]:
+    """Outputs relflow does not emit."""
+    out: list[Unsupported] = []
     for output in spec.task.outputs:
         head, _, arg = output.partition(":")
         if head == "leaf":
@@ -117,6 +135,13 @@ def problems(spec: Spec) -> list[Unsupported]:
                     "drop topk:1 (prediction is the top class) or ask for k >= 2",
                 )
             )
+    return out
+
+
+def _run_problems(spec: Spec) -> list[Unsupported]:
+    """Run settings relflow has no counterpart for."""
+    out: list[Unsupported] = []
+    run = spec.run
     if run.packing == "off":
         out.append(
             Unsupported(
@@ -177,6 +202,13 @@ def problems(spec: Spec) -> list[Unsupported]:
                 "drop run.reference_checkpoint",
             )
         )
+    return out
+
+
+def problems(spec: Spec) -> list[Unsupported]:
+    """Every setting of ``spec`` relflow cannot honour; empty when it can run the spec."""
+    out = [*_model_problems(spec), *_name_problems(spec), *_text_problems(spec)]
+    out += [*_output_problems(spec), *_run_problems(spec)]
     # What the harness runs for the reference model only (one entry per key: relflow's own
     # reason above wins).
     seen = {p.key for p in out}
