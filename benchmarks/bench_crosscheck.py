@@ -129,7 +129,7 @@ def side_activity(variant: str, spec, folder: Path) -> Iterator[None]:
         finally:
             other.stop()
     elif variant == "sysmetrics":
-        from tasks.tracking.store import SystemSampler
+        from tasks.tracking.writer import SystemSampler
 
         sampler = SystemSampler(spec.run.system_metrics_interval_s, f"sqlite:///{folder / 'mlflow.db'}")
         sampler.start()
@@ -138,7 +138,7 @@ def side_activity(variant: str, spec, folder: Path) -> Iterator[None]:
         finally:
             sampler.stop()
     elif variant == "mlflow":
-        from tasks.tracking.store import Tracker  # the one module that talks to MLflow
+        from tasks.tracking.writer import Tracker  # tasks/tracking: the one package that talks to MLflow
 
         tracker = Tracker("crosscheck", f"sqlite:///{folder / 'mlflow.db'}")
         tracker.start(run_name="crosscheck-mlflow", tags={})

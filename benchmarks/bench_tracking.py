@@ -55,7 +55,7 @@ def _one_process(uri: str, experiment: str, runs: int, barrier: str, tag: str, o
     os.environ["MLFLOW_TRACKING_URI"] = uri
     from tasks.measure.clock import wall_clock
     from tasks.spec import load_spec
-    from tasks.tracking.store import Tracker, flatten
+    from tasks.tracking.writer import Tracker, flatten
 
     spec = load_spec(ROOT / "benchmarks" / "tpch_orders.yaml")
     params = flatten(spec.to_dict())
@@ -83,7 +83,8 @@ def measure(uri: str, processes: int, runs: int) -> dict:
     from mlflow.tracking import MlflowClient
 
     from tasks.measure.clock import wall_clock
-    from tasks.tracking.store import Tracker, search_runs
+    from tasks.tracking.reader import search_runs
+    from tasks.tracking.writer import Tracker
 
     experiment = f"load-test-{uuid.uuid4().hex[:8]}"
     Tracker(experiment, uri)  # the experiment exists before the burst, as in a team's store

@@ -33,7 +33,7 @@ from tasks.measure.report import (
     slower_than_baseline,
 )
 from tasks.measure.report import summarize as summarize_groups
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 REFERENCE_VARIANT = "pytorch_fp16"  # every variant's quality reference (flows/sweeps/backends_report.py)
 EAGER_VARIANT = "pytorch_eager_fp32"  # what a compiled variant must not fall below unsaid

@@ -49,7 +49,7 @@ from tasks.measure.noise import cv
 from tasks.measure.significance import holm, min_rank_p, rank_mde, rank_test_p, reachable, run_sample, runs_needed
 from tasks.measure.stats import median_interval
 from tasks.runtime.errors import UserError
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 # (metric key, direction): +1 higher is better, -1 lower is better, 0 neither.
 KEY_METRICS: tuple[tuple[str, int], ...] = (

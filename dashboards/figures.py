@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 from dashboards.compare import IDENTITY_PARAMS
 from dashboards.history import HISTORY_METRICS, HistoryStep, series
 from tasks.measure import keys as K
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=110))
 

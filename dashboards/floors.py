@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from dashboards.figures import LAYOUT, _note, benchmark_runs
 from tasks.measure import keys as K
 from tasks.measure.floor_trust import untrusted
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 
 def floor_ledger(runs: Sequence[RunRecord]) -> go.Figure:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S, latency_request_ms
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 # Metrics the history walks: throughput (higher is better) and, for request scenarios
 # (single_stream / server runs), request latency (lower is better).

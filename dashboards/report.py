@@ -26,7 +26,7 @@ from dashboards.floors import floor_ledger
 from dashboards.history import HISTORY_METRICS, HistoryStep, drop_invalid, history, select_history_runs
 from tasks.measure import keys as K
 from tasks.runtime import interrupts
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 SYSTEM_CHROMIUM = "/usr/bin/chromium"
 PNG_SIZE = dict(width=1200, height=560)
@@ -63,7 +63,7 @@ def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str |
         figs["backends"] = backends_figure(backend_rows)
     latency_runs = [r for r in bench if r.metrics.get(K.LATENCY_REQUESTS, 0) > 0]
     if latency_runs:  # request scenarios: the CDF series each run logged
-        from tasks.tracking.store import metric_history
+        from tasks.tracking.reader import metric_history
 
         cdfs = {r.run_id: metric_history(r.run_id, K.LATENCY_CDF_MS) for r in latency_runs}
         figs["latency_cdf"] = figures.latency_cdf(latency_runs, cdfs)

@@ -79,8 +79,8 @@ from tasks.stages.engine import EngineBase, graph_break_reasons
 from tasks.stages.write import PredictionWriter
 from tasks.tracking.datasets import describe_sources, model_interface
 from tasks.tracking.run_note import run_description
-from tasks.tracking.store import Tracker, flatten
 from tasks.tracking.traces import log_request_traces
+from tasks.tracking.writer import Tracker, flatten
 
 _T = TypeVar("_T")
 

@@ -149,7 +149,7 @@ def deploy(planned: list[Planned], pool: str, working_dir: Path) -> list[str]:
     from prefect.types.entrypoint import EntrypointType
 
     from flows.benchmark import benchmark
-    from tasks.tracking.store import tracking_uri  # MLflow: after the specs were validated
+    from tasks.tracking.uri import tracking_uri  # MLflow: after the specs were validated
 
     uri = tracking_uri()
     deployments = []

@@ -369,7 +369,7 @@ def compile_report(
         s = load_spec(spec, list(set_ or []))  # before the heavy imports: a bad spec exits in a second
         from flows.sweeps.compile_report import SLOWER_TAG, collect, slower_than_eager, summarize, to_markdown
         from tasks.measure import keys as K
-        from tasks.tracking.store import Tracker
+        from tasks.tracking.writer import Tracker
 
         install_interrupts()  # SIGTERM: the parent run ends KILLED, exit 130, as run's
         tracker = Tracker(s.name)

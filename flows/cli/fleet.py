@@ -279,7 +279,7 @@ def serve_cmd(
     for p, i in zip(planned, ids, strict=True):
         table.add_row(f"benchmark/{p.name}", f"{p.cron} ({p.timezone})" if p.cron else "on demand", str(p.path), i)
     out.print(table)
-    from tasks.tracking.store import tracking_uri
+    from tasks.tracking.uri import tracking_uri
 
     out.print(
         f"runs are recorded in {mask_uri(tracking_uri())}\nstart a worker:  prefect worker start --pool "

@@ -36,7 +36,7 @@ def noise_cmd(
     try:
         check_runs(runs)
         s = load_spec(spec, list(set_ or []))  # bad input: exit 2 before any run, and before MLflow loads
-        from tasks.tracking.store import Tracker
+        from tasks.tracking.writer import Tracker
 
         install_interrupts()  # as run's: exit 130, the runs ended KILLED (the parent here, each run by its process)
         tracker = Tracker(s.name)

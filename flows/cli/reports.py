@@ -92,7 +92,7 @@ def side_runs(run_id: str):
     noise``, a sweep), its FINISHED benchmark children: independent fresh-process runs."""
     from dashboards.history import profiled
     from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S
-    from tasks.tracking.store import get_run_record, search_runs
+    from tasks.tracking.reader import get_run_record, search_runs
 
     run = get_run_record(run_id)
     if E2E_PREDICT_ROWS_PER_S in run.metrics:
@@ -149,7 +149,7 @@ def compare_cmd(
     from dashboards.compare import as_dict, compare, split_by
     from dashboards.history import profiled
     from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S
-    from tasks.tracking.store import search_runs
+    from tasks.tracking.reader import search_runs
 
     try:
         if threshold < 0 or not 0 < alpha < 1:
@@ -234,7 +234,7 @@ def history_cmd(
     """
     from dashboards.compare import differences, environment_tag
     from dashboards.history import HISTORY_METRICS, drop_invalid, history, select_history_runs
-    from tasks.tracking.store import search_runs
+    from tasks.tracking.reader import search_runs
 
     try:
         if min_segment < 2:
@@ -320,7 +320,9 @@ def dashboard_cmd(
     tagged relflow.report=dashboard; benchmark runs are never modified.
     """
     from dashboards import report
-    from tasks.tracking.store import Tracker, experiment_names, search_runs, tracking_uri
+    from tasks.tracking.reader import experiment_names, search_runs
+    from tasks.tracking.uri import tracking_uri
+    from tasks.tracking.writer import Tracker
 
     # as run's: exit 130, the files being drawn removed, the dashboard's MLflow run ended KILLED
     install_interrupts("the dashboard's unfinished files were removed and its MLflow run ended KILLED.")
@@ -379,7 +381,8 @@ def ui_cmd(
 
     Prints the direct link to each benchmark experiment's runs table.
     """
-    from tasks.tracking.store import default_artifact_root, experiment_ids, runs_page, tracking_uri
+    from tasks.tracking.reader import experiment_ids, runs_page
+    from tasks.tracking.uri import default_artifact_root, tracking_uri
 
     uri = tracking_uri()
     if uri.startswith(("http://", "https://")):  # a shared `mlflow server` is its own UI

@@ -138,7 +138,7 @@ def prepare_files(launch: Launch, say: Callable[[str], None]) -> dict[str, str]:
 def collect(
     launch: Launch, repeats: int, variants: list[str], files: dict[str, str], say: Callable[[str], None]
 ) -> list[Sample]:
-    from tasks.tracking.store import get_run_record
+    from tasks.tracking.reader import get_run_record
 
     samples = []
     variants = runnable_here(variants, say)
@@ -170,7 +170,7 @@ def run_report(
 ) -> str:
     from tasks.runtime.errors import UserError
     from tasks.spec import load_spec
-    from tasks.tracking.store import Tracker
+    from tasks.tracking.writer import Tracker
 
     if repeats < 1:
         raise UserError("--repeats must be at least 1.")

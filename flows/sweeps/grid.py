@@ -39,7 +39,8 @@ from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
-from tasks.tracking.store import RunRecord, Tracker, flatten, search_runs
+from tasks.tracking.reader import RunRecord, search_runs
+from tasks.tracking.writer import Tracker, flatten
 
 
 @dataclass(frozen=True)

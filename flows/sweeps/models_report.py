@@ -204,7 +204,7 @@ def collect(
     run id. A child that exits 2 adds its library to ``refused`` (no further rounds)."""
     from flows.sweeps.launch import launch_local
     from tasks.spec import load_spec
-    from tasks.tracking.store import get_run_record
+    from tasks.tracking.reader import get_run_record
 
     samples: list[Sample] = []
     parameters: dict[str, float] = {}
@@ -253,7 +253,7 @@ def run_report(
 ) -> str:
     from tasks.runtime.errors import UserError
     from tasks.spec import load_spec
-    from tasks.tracking.store import Tracker
+    from tasks.tracking.writer import Tracker
 
     if rounds < 1:
         raise UserError("--rounds must be at least 1.")

@@ -40,7 +40,7 @@ from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 from tasks.scenarios.peak import PeakResult, Probe, check_args, search
 from tasks.spec import apply_overrides, parse_spec
-from tasks.tracking.store import Tracker
+from tasks.tracking.writer import Tracker
 
 P99_KEY = K.LATENCY_P99_SERVER_RULE
 

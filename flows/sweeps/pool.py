@@ -52,7 +52,8 @@ from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 from tasks.spec import parse_spec
-from tasks.tracking.store import RunRecord, Tracker, search_runs
+from tasks.tracking.reader import RunRecord, search_runs
+from tasks.tracking.writer import Tracker
 
 TERMINAL_FAILED = {"FAILED", "CRASHED", "CANCELLED"}
 POLL_SECONDS = 3.0

@@ -147,7 +147,8 @@ def check_before_work(spec: Spec) -> list[str]:
     from tasks.checks.data import check_device_name
     from tasks.libraries import check_library
     from tasks.runtime.hostlock import check_lock_file
-    from tasks.tracking.store import end_stale_runs, tracking_uri
+    from tasks.tracking.stale_runs import end_stale_runs
+    from tasks.tracking.uri import tracking_uri
 
     check_library(spec)  # again for callers that skip check_settings (sweeps, DDP ranks, scripts)
     uri = tracking_uri()

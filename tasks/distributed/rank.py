@@ -147,7 +147,7 @@ def main(job_path: str) -> None:
             if job["role"] == "train":
                 # Rank 0 logs the job's own figures to the flow's run (by run id).
                 os.environ["MLFLOW_TRACKING_URI"] = job["tracking_uri"]
-                from tasks.tracking.store import Tracker
+                from tasks.tracking.writer import Tracker
 
                 tracker = Tracker(job["experiment"], job["tracking_uri"])
                 tracker.run_id = job["run_id"]

@@ -5,7 +5,7 @@ from, a digest, its Arrow schema); ``model_input_schema`` is the model's input a
 Arrow schema (root columns, each branch a list of structs of its columns). Neither reads
 table data: digests come from file metadata (name, size, modification time) and the schema,
 so they change when the data does and cost nothing on large tables (a database table's digest
-covers its location, name and schema only: nothing is queried). ``tasks.tracking.store`` turns
+covers its location, name and schema only: nothing is queried). ``tasks.tracking.writer`` turns
 them into MLflow dataset inputs and a model signature.
 """
 

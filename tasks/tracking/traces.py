@@ -119,7 +119,7 @@ def request_traces(rec: LatencyRecord, rate: float, seed: int) -> list[RequestTr
 
 
 class TraceStore(Protocol):
-    """Where traces go: ``tasks.tracking.store.Tracker`` (named structurally: the store imports
+    """Where traces go: ``tasks.tracking.writer.Tracker`` (named structurally: the writer imports
     this module's records)."""
 
     def log_traces(self, traces: Sequence[RequestTrace]) -> None: ...

@@ -20,7 +20,7 @@ from dashboards.compare import (
     split_by,
 )
 from tasks.runtime.errors import UserError
-from tasks.tracking.store import RunRecord, get_run_record, search_runs
+from tasks.tracking.reader import RunRecord, get_run_record, search_runs
 
 THROUGHPUT = ("e2e.predict.rows_per_s", "compute.steady_rows_per_s")
 

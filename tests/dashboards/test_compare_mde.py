@@ -17,7 +17,7 @@ from scipy import integrate, optimize, stats
 from dashboards.compare import BELOW_MDE, as_dict, compare
 from flows.cli.common import out
 from flows.cli.reports import print_comparison
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 KEY = "compute.steady_rows_per_s"
 NOT_ENOUGH_RUNS = "not enough runs"

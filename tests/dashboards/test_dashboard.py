@@ -65,7 +65,7 @@ def dashboard_dir(bench_runs, chromium, tmp_path_factory):
 
 @pytest.mark.slow
 def test_dashboard_files_and_mlflow_run(dashboard_dir, bench_runs):
-    from tasks.tracking.store import search_runs
+    from tasks.tracking.reader import search_runs
 
     names = sorted(p.name for p in dashboard_dir.iterdir())
     assert names == sorted([*(f"{c}.png" for c in PAGE_CHARTS), "index.html"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dashboards.figures import compile_groups, first_call_vs_steady, stage_breakdown
 from tasks.measure.keys import STAGES
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 
 def rec(i: int, batch: str, packing: str, compiled: bool, steady: float, tags=None) -> RunRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dashboards.floors import floor_ledger
 from dashboards.report import build
 from tasks.measure import keys as K
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 
 def _run(i: int, metrics: dict[str, float]) -> RunRecord:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dashboards.history import detect_steps, history
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 
 def noisy(level: float, n: int, rng: np.random.Generator, noise: float = 0.03) -> list[float]:

@@ -8,7 +8,7 @@ import pytest
 from dashboards import figures
 from dashboards.compare import compare
 from dashboards.history import history
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 
 def _run(i: int, p50: float, p99: float, scenario: str = "single_stream") -> RunRecord:

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from dashboards.history import select_history_runs
 from tasks.spec import load_spec
-from tasks.tracking.store import search_runs
+from tasks.tracking.reader import search_runs
 from tests.repo import REPO
 
 SMALL = [

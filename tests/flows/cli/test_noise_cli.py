@@ -140,7 +140,7 @@ def shop4_files(write_tables, shop_tables):
 
 @pytest.mark.slow
 def test_noise_runs_fresh_processes_and_logs_the_cv_of_compares_sample(tmp_path: Path, shop4_files: Path, shop_spec):
-    from tasks.tracking.store import search_runs
+    from tasks.tracking.reader import search_runs
 
     spec_file = shop4_files / "shop.yaml"
     spec_file.write_text(yaml.safe_dump(shop_spec))

@@ -134,7 +134,7 @@ def test_e2e_vs_eager_is_the_median_of_same_round_ratios():
 
 def test_children_without_a_round_tag_pair_with_nothing():
     from dashboards.backends import ROUND_TAG, rows_from_runs
-    from tasks.tracking.store import RunRecord
+    from tasks.tracking.reader import RunRecord
 
     def record(variant: str, e2e: float, tags: dict[str, str], parent: str = "p") -> RunRecord:
         m = {"compute.steady_rows_per_s": e2e * 10, "e2e.predict.rows_per_s": e2e}

@@ -75,7 +75,7 @@ def test_unlike_cpu_flags_are_unlike_host_fingerprints(monkeypatch):
 
 def test_compare_says_when_the_hosts_are_unlike():
     from dashboards.compare import compare
-    from tasks.tracking.store import RunRecord
+    from tasks.tracking.reader import RunRecord
 
     def run(i: str, host: str, flags: str) -> RunRecord:
         tags = {"relflow.host_fingerprint": host, "relflow.cpu_flags": flags}

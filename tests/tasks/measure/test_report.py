@@ -16,7 +16,7 @@ from tasks.measure.report import (
     ratio_interval,
     summarize,
 )
-from tasks.tracking.store import RunRecord
+from tasks.tracking.reader import RunRecord
 
 # What `relflow-bench run --json` writes (flows/benchmark.py's summary), one key it does not know.
 SUMMARY = {

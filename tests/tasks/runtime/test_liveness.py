@@ -12,7 +12,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.runtime import liveness
-from tasks.tracking.store import Tracker, end_stale_runs
+from tasks.tracking.stale_runs import end_stale_runs
+from tasks.tracking.writer import Tracker
 from tests.repo import REPO
 
 
@@ -27,7 +28,7 @@ def test_process_tags_identify_this_process():
 @pytest.mark.slow
 def test_sigkilled_run_is_found_stale_and_ended_killed(mlflow_uri):
     code = (
-        "import os, signal\nfrom tasks.tracking.store import Tracker\n"
+        "import os, signal\nfrom tasks.tracking.writer import Tracker\n"
         "t = Tracker('stale')\nprint(t.start('doomed', {}), flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )

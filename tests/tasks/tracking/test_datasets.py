@@ -18,8 +18,9 @@ from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
 from tasks.stages.compute import Engine
 from tasks.tracking.datasets import describe_sources, model_input_schema, model_interface
+from tasks.tracking.reader import runs_page
 from tasks.tracking.run_note import run_description
-from tasks.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RUN_NOTE_TAG, Tracker, runs_page
+from tasks.tracking.writer import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RUN_NOTE_TAG, Tracker
 
 pytestmark = pytest.mark.slow  # real MLflow SQLite stores and logged models
 

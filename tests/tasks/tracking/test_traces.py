@@ -11,8 +11,8 @@ from mlflow.tracking import MlflowClient
 from tasks.measure import keys as K
 from tasks.scenarios import server, single_stream
 from tasks.scenarios.latency import LatencyRecord
-from tasks.tracking.store import Tracker
 from tasks.tracking.traces import TRACE_SLOWEST, log_request_traces, request_traces, sample_requests
+from tasks.tracking.writer import Tracker
 from tests.scripted_time import ScriptedTime
 
 SPAN_ORDER = ["queue", "retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write"]

@@ -8,7 +8,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.runtime.errors import UserError
-from tasks.tracking.store import Tracker, flatten, tracking_uri
+from tasks.tracking.uri import tracking_uri
+from tasks.tracking.writer import Tracker, flatten
 
 
 def test_default_store_is_in_the_working_directory(tmp_path, monkeypatch):

@@ -288,7 +288,7 @@ def test_basic_auth_read_only_user_cannot_create_runs(tpch_small, pg, prefect_ap
 
 def test_credentials_in_the_tracking_uri_are_refused(monkeypatch):
     from tasks.runtime.errors import UserError
-    from tasks.tracking.store import tracking_uri
+    from tasks.tracking.uri import tracking_uri
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://bench:pw@127.0.0.1:5000")
     with pytest.raises(UserError, match="MLFLOW_TRACKING_USERNAME"):

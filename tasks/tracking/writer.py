@@ -1,4 +1,4 @@
-"""The one module that talks to MLflow.
+"""Writing a run to MLflow: the ``Tracker`` (create, log, end) and the system-metrics sampler.
 
 Logging goes through ``MlflowClient`` by run id (MLflow's active run is per thread; Prefect
 may run task code on other threads). Metrics and params are sent in batches, after the
@@ -6,47 +6,40 @@ timed regions. A run always ends: ``FINISHED``, ``FAILED`` (with the error as a 
 artifact) or ``KILLED`` (Ctrl-C, SIGTERM).
 
 Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlartifacts``,
-unless ``MLFLOW_TRACKING_URI`` is set.
+unless ``MLFLOW_TRACKING_URI`` is set (``tasks/tracking/uri.py``).
 
 What the MLflow UI shows a user: every benchmark experiment is tagged
 ``mlflow.experimentKind=custom_model_development`` (the UI opens on its runs table, not on
 the GenAI traces overview); a run lists the tables it read as dataset inputs, the trained
 model as an MLflow PyTorch model with a signature, and a markdown description (stage table
-and verdict, tag ``mlflow.note.content``).
+and verdict, tag ``mlflow.note.content``). Arrow schemas and table locations become MLflow's
+types in ``adapters.py``; runs are read back in ``reader.py``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
-import mlflow  # noqa: E402
-from mlflow.data.dataset_source import DatasetSource  # noqa: E402
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-
-from tasks.measure.clock import unix_time  # noqa: E402
-from tasks.runtime import interrupts, liveness  # noqa: E402
-from tasks.runtime.errors import UserError  # noqa: E402
-from tasks.runtime.masking import mask_secrets, mask_uri  # noqa: E402
-from tasks.tracking.uri import default_artifact_root as default_artifact_root  # noqa: E402  (re-exported)
-from tasks.tracking.uri import is_server as is_server  # noqa: E402
-from tasks.tracking.uri import tracking_uri as tracking_uri  # noqa: E402
+from tasks.measure.clock import unix_time
+from tasks.runtime import interrupts, liveness
+from tasks.runtime.masking import mask_secrets, mask_uri
+from tasks.tracking.adapters import dataset_source, mlflow_schema
+from tasks.tracking.uri import default_artifact_root, tracking_uri
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     import torch
 
     from tasks.tracking.datasets import DatasetInfo, ModelInterface
@@ -269,10 +262,10 @@ class Tracker:
         for d in datasets:
             # MLflow's stubs call MetaDataset abstract (profile); it is the documented class.
             meta = MetaDataset(
-                _dataset_source(d.source),
+                dataset_source(d.source),
                 name=d.name,
                 digest=d.digest,  # type: ignore[abstract]
-                schema=_mlflow_schema(d.schema),
+                schema=mlflow_schema(d.schema),
             )
             inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, d.context)]))
         for attempt in range(DATASET_RACE_ATTEMPTS):
@@ -300,7 +293,7 @@ class Tracker:
         from mlflow.types.schema import Schema, TensorSpec
 
         signature = ModelSignature(
-            inputs=_mlflow_schema(interface.inputs),
+            inputs=mlflow_schema(interface.inputs),
             outputs=Schema(
                 [TensorSpec(np.dtype(dtype), shape, name) for name, (dtype, shape) in interface.outputs.items()]
             ),
@@ -404,45 +397,6 @@ class Tracker:
         return run_id
 
 
-def end_stale_runs(uri: str | None = None) -> list[str]:
-    """End KILLED every RUNNING run recorded by a process of this host that no longer exists
-    (SIGKILL, out-of-memory kill), tagged ``relflow.found_stale``; returns their ids."""
-    uri = uri or tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        return []  # no store yet, so no runs; opening it would create it before any check ran
-    client = MlflowClient(tracking_uri=uri)
-    exp_ids = [e.experiment_id for e in client.search_experiments()]
-    if not exp_ids:
-        return []
-    host = liveness.process_host()
-    found = []
-    for run in client.search_runs(
-        exp_ids,
-        filter_string=(f"attributes.status = 'RUNNING' and tags.\"relflow.process_host\" = '{host}'"),
-        max_results=1000,
-    ):
-        tags = run.data.tags
-        if liveness.is_alive(tags):
-            continue
-        try:
-            client.log_batch(
-                run.info.run_id,
-                tags=[
-                    RunTag("relflow.found_stale", "true"),
-                    RunTag(
-                        "relflow.error",
-                        f"process {tags.get('relflow.pid')} ended without ending "
-                        f"this run (SIGKILL or out-of-memory); found stale by process {os.getpid()}",
-                    ),
-                ],
-            )
-            client.set_terminated(run.info.run_id, "KILLED")
-        except mlflow.exceptions.MlflowException:
-            continue  # another user's run this user may not edit (an auth server): theirs to end
-        found.append(run.info.run_id)
-    return found
-
-
 DATASET_RACE_ATTEMPTS = 3
 
 
@@ -450,194 +404,3 @@ def _dataset_race(err: Exception) -> bool:
     """The unique-key failure of a dataset two runs inserted at once (PostgreSQL or SQLite)."""
     text = str(err)
     return "dataset_pk" in text or "UNIQUE constraint failed: datasets." in text
-
-
-def _dataset_source(location: str) -> Any:
-    """A local path as MLflow's local source; a URL (database) as a source of its scheme."""
-    import warnings
-
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-
-    if "://" not in location:
-        location = Path(location).resolve().as_uri()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "can be interpreted in multiple ways": all local ones agree
-        try:
-            return resolve_dataset_source(location)
-        except mlflow.exceptions.MlflowException:
-            return UrlSource(location)
-
-
-def _mlflow_type(t: pa.DataType) -> Any:
-    import pyarrow as pa
-    from mlflow.types.schema import Array, DataType, Object, Property
-
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return Array(_mlflow_type(t.value_type))
-    if pa.types.is_struct(t):
-        return Object([Property(f.name, _mlflow_type(f.type)) for f in t])
-    if pa.types.is_boolean(t):
-        return DataType.boolean
-    if pa.types.is_integer(t):
-        return DataType.integer if t.bit_width <= 32 and pa.types.is_signed_integer(t) else DataType.long
-    if pa.types.is_float32(t):
-        return DataType.float
-    if pa.types.is_floating(t) or pa.types.is_decimal(t):
-        return DataType.double
-    if pa.types.is_temporal(t):
-        return DataType.datetime
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return DataType.binary
-    return DataType.string  # strings, dictionaries of strings, anything else shown as text
-
-
-def _mlflow_schema(schema: pa.Schema) -> Any:
-    from mlflow.types.schema import ColSpec, Schema
-
-    return Schema([ColSpec(_mlflow_type(f.type), f.name) for f in schema])
-
-
-class UrlSource(DatasetSource):
-    """Where a table was read from when that is a database URL (password already removed)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    @staticmethod
-    def _get_source_type() -> str:
-        return "url"
-
-    def load(self, **kwargs: Any) -> Any:
-        raise mlflow.exceptions.MlflowException(
-            f"{self.url} records where the benchmark read its data; read it with the database's client."
-        )
-
-    @staticmethod
-    def _can_resolve(raw_source: Any) -> bool:
-        return False
-
-    @classmethod
-    def _resolve(cls, raw_source: Any) -> UrlSource:
-        return cls(str(raw_source))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url}
-
-    @classmethod
-    def from_dict(cls, source_dict: dict[Any, Any]) -> UrlSource:
-        return cls(source_dict["url"])
-
-
-# --- reading runs back (compare, history, dashboards) ----------------------------------
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One MLflow run as plain data: what reports read, with no MLflow types inside."""
-
-    run_id: str
-    run_name: str
-    experiment: str
-    status: str  # FINISHED | FAILED | KILLED | RUNNING | SCHEDULED
-    start_time_ms: int
-    end_time_ms: int | None
-    metrics: dict[str, float]
-    params: dict[str, str]
-    tags: dict[str, str]
-
-    @property
-    def started_at(self) -> dt.datetime:
-        """Start time in UTC (what reports put on a time axis)."""
-        return dt.datetime.fromtimestamp(self.start_time_ms / 1000, tz=dt.UTC)
-
-    @property
-    def label(self) -> str:
-        """A short name for tables and chart axes: run name plus the id's first 8 characters."""
-        return f"{self.run_name} {self.run_id[:8]}"
-
-
-def _record(run: Any, experiment: str) -> RunRecord:
-    return RunRecord(
-        run_id=run.info.run_id,
-        run_name=run.info.run_name or "",
-        experiment=experiment,
-        status=run.info.status,
-        start_time_ms=int(run.info.start_time or 0),
-        end_time_ms=int(run.info.end_time) if run.info.end_time else None,
-        metrics=dict(run.data.metrics),
-        params=dict(run.data.params),
-        tags={k: v for k, v in run.data.tags.items()},
-    )
-
-
-def experiment_ids(uri: str | None = None) -> dict[str, str]:
-    """Active experiments by name -> id, oldest first."""
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    return {e.name: e.experiment_id for e in client.search_experiments(order_by=["creation_time ASC"])}
-
-
-def runs_page(ui_url: str, experiment_id: str) -> str:
-    """The MLflow UI's page of one experiment's runs table.
-
-    MLflow 3.17's UI picks its landing page from a browser-side "workflow type" (default GenAI:
-    a traces overview) rather than from the experiment's kind tag, so the link names the
-    model-training view explicitly."""
-    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-
-
-def experiment_names(uri: str | None = None) -> list[str]:
-    """Names of the active experiments in the store, oldest first."""
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    exps = client.search_experiments(order_by=["creation_time ASC"])
-    return [e.name for e in exps]
-
-
-def search_runs(
-    experiment: str,
-    *,
-    status: str | None = "FINISHED",
-    filter_string: str = "",
-    uri: str | None = None,
-    max_results: int = 5000,
-) -> list[RunRecord]:
-    """Runs of one experiment (by name) as ``RunRecord``s, oldest start time first.
-
-    ``status`` keeps only runs in that state (``None``: all). ``filter_string`` is MLflow's
-    search syntax, e.g. ``tags."relflow.host_fingerprint" = 'abc'``. An unknown experiment
-    yields an empty list.
-    """
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    clauses = [c for c in (filter_string, f"attributes.status = '{status}'" if status else "") if c]
-    records: list[RunRecord] = []
-    token = None
-    while len(records) < max_results:
-        page = client.search_runs(
-            [exp.experiment_id],
-            filter_string=" and ".join(clauses),
-            max_results=min(1000, max_results - len(records)),
-            order_by=["attributes.start_time ASC"],
-            page_token=token,
-        )
-        records += [_record(r, experiment) for r in page]
-        token = page.token
-        if not token:
-            break
-    return records
-
-
-def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
-    """One run by id (any status); raises ``UserError`` naming the id when it is absent."""
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri=uri or tracking_uri())
-    try:
-        run = client.get_run(run_id)
-    except MlflowException as err:
-        raise UserError(
-            f"no MLflow run with id '{run_id}' in {mask_uri(uri or tracking_uri())}: copy the id from "
-            "`relflow-bench run` or the MLflow UI."
-        ) from err
-    return _record(run, client.get_experiment(run.info.experiment_id).name)
