@@ -2,7 +2,7 @@
 
     retrieve -> preprocess -> tensorize -> compute -> write
 
-The flow reads as its steps: ``plan`` (checks) -> ``start_run`` -> ``timed_body`` ->
+The flow reads as its steps: ``plan`` (checks, tasks/checks/plan.py) -> ``start_run`` -> ``timed_body`` ->
 ``collect`` -> ``judge`` (validity) -> ``log_run``. The work itself is not here: the plan's
 stage chain (tasks/stages/chain.py) owns the order of steps, the workload
 (tasks/scenarios/workload.py) its chunks, training epochs and calibration fit, and the
@@ -26,18 +26,15 @@ from typing import Any, TypeVar, cast
 
 import pandas as pd
 import pyarrow.parquet as pq
-import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_run_artifact
 from flows.floors import run_floor_metrics
-from tasks.backends.checkpoint import load_run_checkpoint
 from tasks.backends.served import fp8_metrics
-from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings, serving_backend
-from tasks.checks.data import check_data_before_work, check_files, check_table_folders
-from tasks.checks.preflight import check_before_work
+from tasks.backends.setup import serving_backend
+from tasks.checks.plan import Plan, plan
 from tasks.distributed import launch as distributed
 from tasks.libraries import library_for, library_tags
 from tasks.measure import keys as K
@@ -51,7 +48,7 @@ from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
 from tasks.measure.profiling import to_markdown as profile_markdown
 from tasks.measure.records import PHASES, BackendSetup, RunResult
-from tasks.measure.reference import check_reference, drop_reasons, quality_delta, reference_quality
+from tasks.measure.reference import drop_reasons, quality_delta, reference_quality
 from tasks.measure.stats import CI_METHOD
 from tasks.measure.utilisation import utilisation_reasons
 from tasks.measure.validity import verdict
@@ -68,13 +65,9 @@ from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
 from tasks.sources.databases import close_all as close_databases
-from tasks.sources.files import SourceTable, check_sources, resolve_sources
-from tasks.sources.open import data_home, open_database
 from tasks.spec import Spec, parse_spec
-from tasks.stages import compute as compute_stage
 from tasks.stages.chain import Chain, Weights
 from tasks.stages.compute import Engine
-from tasks.stages.encode import check_text
 from tasks.stages.engine import EngineBase, graph_break_reasons
 from tasks.stages.write import PredictionWriter
 from tasks.tracking.datasets import describe_sources, model_interface
@@ -114,68 +107,6 @@ def run_as_prefect_task(stage: str, step: Callable[[], _T], clock: Clock) -> tup
 def requests_task(work: Workload, writer: PredictionWriter) -> LatencyRecord:
     """single_stream / server: timed requests (tasks/scenarios)."""
     return run_requests(work, writer)
-
-
-@dataclass(kw_only=True)
-class Plan:
-    """Everything checked before the run starts."""
-
-    spec: Spec
-    sources: dict[str, SourceTable]
-    device: torch.device
-    checkpoint: dict[str, Any] | None
-    data_seconds: float
-    generated: bool
-    spec_dir: Path = Path(".")  # where relative source paths resolve (DDP ranks re-plan from it)
-    data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/checks/data.py counts
-    warnings: list[str] = field(default_factory=list)
-    backend: BackendPlan = field(default_factory=BackendPlan)  # run.backend (tasks/backends)
-    reference: dict[str, Any] | None = None  # run.reference_checkpoint, loaded and checked
-
-
-def plan(spec: Spec, spec_dir: Path) -> Plan:
-    """Validate inputs and make the data available; raises ``UserError`` before any work.
-
-    The returned ``Plan.spec`` reserves at most the data's observed rows per parent in each
-    branch (tasks/checks/data.py); the run's params and spec hash stay the configured spec's."""
-    t0 = wall_clock()
-    notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs
-    check_backend_settings(spec)  # e.g. an execution provider this onnxruntime build lacks
-    check_text(spec)  # a plug-in text encoder loads: settings first, the data scans after
-    # The same opening as every rank and script (tasks/sources/open.py), with the file checks.
-    home = data_home(spec, spec_dir)
-    sources: dict[str, SourceTable]
-    if spec.source.database is not None:  # tables in a database (tasks/sources/databases.py)
-        sources = cast(dict[str, SourceTable], open_database(spec, spec_dir, home))
-    else:
-        check_table_folders(spec, home.base)  # "holds no data files", not "does not exist"
-        sources = resolve_sources(spec, home.base)
-        check_files(spec, sources)  # corrupt files and folders of mixed types, named
-    check_sources(spec, sources)
-    # keys, duplicates, non-finite values, target, memory; the run uses the reserved lengths
-    spec, data_metrics, data_notes = check_data_before_work(spec, sources)
-    device = compute_stage.resolve_device(spec)
-    compute_stage.check_precision(spec, device)
-    distributed.check(spec, device)
-    ckpt = None
-    if spec.run.checkpoint and spec.model.library == "reference":  # a library loads its own format
-        # predict: its weights; train+predict: resume (settings checked)
-        ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
-    backend, ckpt = check_backend(spec, ckpt)  # providers, bundle (it may stand in for ckpt)
-    reference = check_reference(spec, ckpt["encoding"] if ckpt else None)
-    return Plan(
-        spec=spec,
-        sources=sources,
-        device=device,
-        checkpoint=ckpt,
-        data_seconds=wall_clock() - t0,
-        generated=home.generated,
-        spec_dir=spec_dir,
-        data_metrics=data_metrics,
-        warnings=notes + data_notes,
-        backend=backend,
-        reference=reference,
-    )
 
 
 @dataclass(kw_only=True)
