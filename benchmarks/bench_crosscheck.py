@@ -12,7 +12,7 @@ step seconds), in fresh processes interleaved over --rounds (order rotated each 
   the process tree reading every child's RSS: the sampler before issue 20), ``cpu`` (the
   ``OtherCpu`` bracket and the 0.5 s idle window before it, tasks/measure/hostload.py),
   ``sysmetrics`` (MLflow's system-metric collectors at the spec's default interval,
-  tasks/tracking/store.py ``SystemSampler``), ``prefect`` (the loop inside a Prefect flow run
+  tasks/tracking/writer.py ``SystemSampler``), ``prefect`` (the loop inside a Prefect flow run
   against Prefect's temporary server, a child process), ``mlflow`` (an MLflow run open on a
   local SQLite store);
 - ``harness``: ``relflow-bench run --set run.mode=predict`` with every other default, its

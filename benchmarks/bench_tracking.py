@@ -2,7 +2,7 @@
 
 A team shares one MLflow. This starts ``--processes`` fresh processes at the same moment
 (a barrier file), each logging ``--runs`` runs exactly the way a benchmark run does through
-``tasks.tracking.store.Tracker``: create the run, the flattened spec as params (batches of 100),
+``tasks.tracking.writer.Tracker``: create the run, the flattened spec as params (batches of 100),
 ``spec.yaml``, the contract metrics in one batch, the fingerprint tags, ``stages.json``,
 FINISHED. Afterwards it reads the store back and counts, per store URI:
 

@@ -1,7 +1,7 @@
 """Report commands: ``compare``, ``history``, ``dashboard`` and ``ui``.
 
 They read the MLflow store that ``relflow-bench run`` writes (``MLFLOW_TRACKING_URI`` or
-``sqlite:///<cwd>/mlflow.db``) through ``tasks.tracking.store``; the logic lives in
+``sqlite:///<cwd>/mlflow.db``) through ``tasks.tracking.reader``; the logic lives in
 ``dashboards/`` as pure functions over run records. Registered on the app in
 ``flows/cli/__init__.py``. Exit codes as every command's (``flows/cli/common.py``), plus 4 when
 ``history --fail-on-regression`` finds a regression.

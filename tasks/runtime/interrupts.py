@@ -11,7 +11,7 @@ stops this process's own children (Prefect's temporary server) and leaves with
 the process; a run it could not end is found stale by the next invocation on this host
 (``tasks/runtime/liveness.py``).
 
-Runs register themselves (``tasks/tracking/store.py`` does it for every run it starts) and so do
+Runs register themselves (``tasks/tracking/writer.py`` does it for every run it starts) and so do
 cleanups of partial files (the benchmark flow registers its outputs).
 """
 
@@ -33,7 +33,7 @@ PREFECT_SERVER = "prefect.server.api.server:create_app"  # its temporary server'
 
 
 class EndsOnInterrupt(Protocol):
-    """What the handler ends: ``tasks.tracking.store.Tracker`` (a lower layer cannot name it)."""
+    """What the handler ends: ``tasks.tracking.writer.Tracker`` (a lower layer cannot name it)."""
 
     run_id: str | None
 
