@@ -374,7 +374,7 @@ def save_checkpoint(run: Invocation, engine: EngineBase) -> None:
     assert chain is not None
     if run.ckpt_path is None:  # else saved before serving (ONNX Runtime exports it)
         run.ckpt_path = run.output.with_suffix(".ckpt")
-        engine.save_checkpoint(run.ckpt_path)
+        engine.save_checkpoint(run.ckpt_path, s)
     run.tracker.log_artifact(run.ckpt_path, "checkpoint")
     if isinstance(engine, Engine):
         outputs = engine.needed_outputs(tuple(s.task.outputs))

@@ -16,13 +16,16 @@ import os
 import pickle
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
+import torch
 
+from model import RelationalTransformer, adamw
 from model.arrow import Encoding, NodeLayout
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.config import ModelConfig
+from model.optim import AdamW
 from model.schema import ModelSchema, NodeDef
 from tasks.backends.lengths import spec_for_saved
 from tasks.measure.clock import Clock
@@ -30,7 +33,6 @@ from tasks.measure.records import CheckpointLoad
 from tasks.runtime.errors import UserError
 from tasks.runtime.writes import named_write_errors
 from tasks.spec import Spec
-from tasks.stages.compute import Engine
 from tasks.stages.split import check_split, split_record
 from tasks.stages.tensorize import layout
 
@@ -39,7 +41,27 @@ def _shape(node: NodeDef) -> list[Any]:
     return [node.name, [c.name for c in node.columns], node.max_length, node.reduce, [_shape(c) for c in node.children]]
 
 
-def save_run_checkpoint(path: Path, engine: Engine, enc: Encoding, spec: Spec) -> None:
+def optimizer_settings(spec: Spec) -> AdamW:
+    """The run's AdamW settings (``run.learning_rate`` and ``run.adamw``): the engine trains
+    with them, and a resumed run must match the saved ones."""
+    a = spec.run.adamw
+    return adamw(learning_rate=spec.run.learning_rate, weight_decay=a.weight_decay, fused=a.fused)
+
+
+class Trained(Protocol):
+    """What a checkpoint saves of the reference model's engine (tasks/stages/compute.py)."""
+
+    @property
+    def model(self) -> RelationalTransformer: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def optimizer_settings(self) -> AdamW: ...
+    @property
+    def temperature(self) -> float: ...
+
+
+def save_run_checkpoint(path: Path, engine: Trained, enc: Encoding, spec: Spec) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with named_write_errors(path, "the run's checkpoint", "run.output_dir"):
@@ -161,8 +183,6 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
 
 def _resumable_optimizer(path: Path, ckpt: Any, spec: Spec) -> dict[str, Any]:
     """The saved optimizer state, after checking the spec keeps the saved settings."""
-    from tasks.stages.compute import optimizer_settings  # compute imports this module's neighbours
-
     if ckpt.optimizer_state is None or ckpt.optimizer_settings is None:
         raise UserError(
             f"run.checkpoint '{path}' has no optimizer state, so training cannot resume from it; "

@@ -210,7 +210,7 @@ def serving_backend(
     if spec.run.mode == "train+predict" and spec.run.backend == "onnxruntime":
         served = saved = trained_checkpoint  # ONNX Runtime serves the trained weights
         served.parent.mkdir(parents=True, exist_ok=True)  # the writer creates it only when committing
-        engine.save_checkpoint(served)
+        engine.save_checkpoint(served, spec)
     progress.emit("phase", name=f"starting the {spec.run.backend} backend")
     setup, tags = start_backend(spec, engine, plan, served, load, chain.clock)
     return Served(wall_clock() - start, saved, setup, tags)

@@ -177,7 +177,7 @@ class LibraryEngine(EngineBase):
     def facts(self) -> ModelFacts:
         return self.driver.facts()
 
-    def save_checkpoint(self, path: Path) -> None:
+    def save_checkpoint(self, path: Path, spec: Spec) -> None:
         self.driver.save(path)
 
     def close(self) -> None:

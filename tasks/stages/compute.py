@@ -21,16 +21,16 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from model import ModelConfig, RelationalTransformer, adamw, bucketing
+from model import ModelConfig, RelationalTransformer, bucketing
 from model.arrow import Encoding, coordinate_counts, encode_trimmed, flatten
 from model.batch import Batch
 from model.data import ArrowDataModule
 from model.meta import inspect_on_meta
-from model.optim import AdamW
 from model.precision import autocast_context
 from model.quantize import Fp8Linear
 from model.schema import ModelSchema
 from tasks.backends import Backend
+from tasks.backends.checkpoint import optimizer_settings, save_run_checkpoint
 from tasks.backends.pytorch import PyTorchBackend, whole_model
 from tasks.measure.clock import Clock
 from tasks.measure.quality import Quality
@@ -76,12 +76,6 @@ def check_precision(spec: Spec, device: torch.device) -> None:
         raise UserError(
             "run.precision fp16 is not supported on CPU; use bf16 (supported on CPU) or fp32, or run on a CUDA device."
         )
-
-
-def optimizer_settings(spec: Spec) -> AdamW:
-    """The run's AdamW settings (``run.learning_rate`` and ``run.adamw``)."""
-    a = spec.run.adamw
-    return adamw(learning_rate=spec.run.learning_rate, weight_decay=a.weight_decay, fused=a.fused)
 
 
 class Engine(EngineBase):
@@ -416,12 +410,9 @@ class Engine(EngineBase):
         assert self.encoding is not None
         return to_table(self.spec, self.schema, self.encoding, keys, outs)
 
-    def save_checkpoint(self, path: Path) -> None:
-        # tasks/backends/checkpoint.py reads this module's names at import time
-        from tasks.backends.checkpoint import save_run_checkpoint
-
+    def save_checkpoint(self, path: Path, spec: Spec) -> None:
         assert self.encoding is not None  # set with the schema
-        save_run_checkpoint(path, self, self.encoding, self.spec)
+        save_run_checkpoint(path, self, self.encoding, spec)
 
     def facts(self) -> ModelFacts:
         outputs = self.needed_outputs(tuple(self.spec.task.outputs))

@@ -142,8 +142,9 @@ class EngineBase:
     def facts(self) -> ModelFacts:
         raise NotImplementedError
 
-    def save_checkpoint(self, path: Path) -> None:
-        """The trained weights and what rebuilding the model needs, written atomically."""
+    def save_checkpoint(self, path: Path, spec: Spec) -> None:
+        """The trained weights and what rebuilding the model needs, written atomically;
+        ``spec`` is the run's configured spec (its hash is the run's ``relflow.spec_hash``)."""
         raise NotImplementedError
 
     def target_present(self, outs: PredictOutputs) -> torch.Tensor:
