@@ -73,12 +73,9 @@ class Driver(Protocol):
         """The prediction of a batch in the harness's convention (see the module note)."""
         ...
 
-    def cells(self, part: Any) -> tuple[int, int]:
-        """(present, padded) cells the model received in this batch."""
-        ...
-
-    def shape(self, part: Any) -> tuple[int, ...]:
-        """The batch's padded shape (distinct shapes are ``data.batch_shapes``)."""
+    def layout(self, part: Any) -> tuple[int, int, tuple[int, ...]]:
+        """(present, padded) cells the model received in this batch, and its padded shape
+        (distinct shapes are ``data.batch_shapes``), from one look at the batch."""
         ...
 
     def predictions_table(self, keys: pa.Array, prediction: torch.Tensor) -> pa.Table: ...
@@ -144,8 +141,9 @@ class LibraryEngine(EngineBase):
                 with self.profiler.batch("predict", steady), window.span(recorded):
                     pred = self.driver.predict_step(part).float().to("cpu")
                 window.batch_done(steady)
-                self.batch_coords.append(self.driver.cells(part))
-                self.batch_shapes.add(self.driver.shape(part))
+                present, padded, shape = self.driver.layout(part)
+                self.batch_coords.append((present, padded))
+                self.batch_shapes.add(shape)
                 preds.append(pred)
                 ran.append(self.driver.rows_of(part))
             window.flush()

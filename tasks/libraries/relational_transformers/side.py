@@ -253,12 +253,9 @@ class _Steps:
                 shutil.rmtree(self._onnx_dir, ignore_errors=True)
                 self._onnx_dir = None
 
-    def cells(self, part: Any) -> tuple[int, int]:
+    def layout(self, part: Any) -> tuple[int, int, tuple[int, ...]]:
         batch = cast(_Part, part).batch
-        return cells_present(batch), cells_padded(batch)
-
-    def shape(self, part: Any) -> tuple[int, ...]:
-        return tuple(cast(_Part, part).batch.is_padding.shape)
+        return cells_present(batch), cells_padded(batch), tuple(batch.is_padding.shape)
 
     def predictions_table(self, keys: pa.Array, prediction: torch.Tensor) -> pa.Table:
         cols: dict[str, pa.Array] = {self.spec.schema_.root.key: keys}

@@ -147,13 +147,10 @@ class _Steps:
         # quality read logits), the value in the target's units for regression.
         return out["logits"] if self.spec.task.kind in ("category", "binary") else out["prediction"]
 
-    def cells(self, part: Any) -> tuple[int, int]:
-        occ = self.driver.occupancy(cast(_Part, part).td)
-        return occ.present, occ.allocated
-
-    def shape(self, part: Any) -> tuple[int, ...]:
-        occ = self.driver.occupancy(cast(_Part, part).td)
-        return tuple(f.allocated // max(occ.rows, 1) for f in occ.sequences.values())
+    def layout(self, part: Any) -> tuple[int, int, tuple[int, ...]]:
+        occ = self.driver.occupancy(cast(_Part, part).td)  # once per batch: it walks every field
+        shape = tuple(f.allocated // max(occ.rows, 1) for f in occ.sequences.values())
+        return occ.present, occ.allocated, shape
 
     def predictions_table(self, keys: pa.Array, prediction: torch.Tensor) -> pa.Table:
         cols: dict[str, pa.Array] = {self.spec.schema_.root.key: keys}
