@@ -1,6 +1,6 @@
 """``relflow-bench``: the command line (the app, ``run``, ``compile-report``, ``data``).
 
-``sweep``/``serve`` live in ``flows/cli/fleet.py``, the report commands in
+``sweep`` lives in ``flows/cli/sweep.py``, ``serve`` in ``flows/cli/serve.py``, the report commands in
 ``flows/cli/reports.py``, ``export``/``quantize``/``backends-report`` in
 ``flows/cli/backends.py``, the plumbing all of them share (consoles, exit codes) in
 ``flows/cli/common.py``. Prefect is imported only once a command needs it, so
@@ -37,11 +37,12 @@ from flows.cli.common import (
     pairs,
     start_run_command,
 )
-from flows.cli.fleet import serve_cmd, sweep_cmd
 from flows.cli.floors import floors_cmd
 from flows.cli.noise import noise_cmd
 from flows.cli.peak import peak_qps_cmd
 from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
+from flows.cli.serve import serve_cmd
+from flows.cli.sweep import sweep_cmd
 from tasks.measure.clock import wall_clock
 from tasks.runtime.masking import mask_log_secrets
 

@@ -1,5 +1,5 @@
 """The CLI modules form no import cycle: ``flows/cli/app.py`` registers the commands of
-``fleet``, ``reports`` and ``backends``; those and ``app`` share ``common``, which imports
+``sweep``, ``serve``, ``reports`` and ``backends``; those and ``app`` share ``common``, which imports
 none of them. Read from the source (no imports), so the test is instant."""
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_no_cli_module_imports_the_app_and_common_imports_no_command():
-    for name in ("common", "fleet", "reports", "backends"):
+    for name in ("common", "sweep", "serve", "reports", "backends"):
         assert "flows.cli.app" not in imported_modules(CLI / f"{name}.py"), name
-    assert not {"flows.cli.fleet", "flows.cli.reports", "flows.cli.backends"} & imported_modules(CLI / "common.py")
+    assert not {"flows.cli.sweep", "flows.cli.serve", "flows.cli.reports", "flows.cli.backends"} & imported_modules(
+        CLI / "common.py"
+    )
 
 
 def test_no_private_names_cross_module_boundaries():
