@@ -15,6 +15,10 @@ SMALL_MODEL = ["model.d_model=16", "model.layers=1", "model.heads=2"]  # small b
 # Validity rules a few-second run cannot meet (tests about other things): one steady batch counts.
 ANY_STEADY = ["run.min_steady_batches=1", "run.min_steady_seconds=0.000001"]
 NO_SYSTEM_METRICS = ["run.system_metrics_interval_s=0"]  # no sampler thread in short runs
+# One CPU epoch in batches of 512: a train+predict run of the small model in a few seconds.
+ONE_EPOCH = ["run.epochs=1", "run.batch_size=512", "run.device=cpu"]
+# Few, short rows: big batches of orders cut to two line items (predict runs of the tiny model).
+FEW_SHORT_BATCHES = ["run.batch_size=2048", "lineitem.max_length=2"]
 
 
 def as_cli(overrides: list[str]) -> list[str]:

@@ -29,20 +29,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.repo import REPO
+from tests.repo import ANY_STEADY, REPO, SMALL_MODEL
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 SMALL = [
-    "model.d_model=16",
-    "model.layers=1",
-    "model.heads=2",
+    *SMALL_MODEL,
     "run.epochs=1",
     "run.device=cpu",
     "run.packing=off",
     "run.repeats=4",
     "run.mode=predict",
-    "run.min_steady_seconds=0.000001",
-    "run.min_steady_batches=1",  # 3,000 orders: 6 batches of 512 a pass, 2 of them warm-up
+    *ANY_STEADY,  # 3,000 orders: 6 batches of 512 a pass, 2 of them warm-up
     "source.generate.tpch.scale=0.002",
     # these runs feed report plumbing, not figures: a test host busy with other tests must not
     # make them INVALID (history and the dashboard's history chart leave INVALID runs out)

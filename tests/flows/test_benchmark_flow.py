@@ -18,18 +18,14 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec, parse_spec
-from tests.repo import REPO
+from tests.repo import ONE_EPOCH, REPO, SMALL_MODEL
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 SMALL = [
-    "model.d_model=16",
-    "model.layers=1",
-    "model.heads=2",
-    "run.epochs=1",
-    "run.batch_size=512",
+    *SMALL_MODEL,
+    *ONE_EPOCH,
     "run.chunk_rows=10000",
-    "run.device=cpu",
     "run.packing=off",
     # issue 4: repeated predict passes (CIs) and a validity rule that must fail
     "run.repeats=3",

@@ -9,20 +9,17 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec
-from tests.repo import REPO
+from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, SMALL_MODEL
 
 TEXT_SPEC = REPO / "benchmarks" / "tpch_orders_text_short.yaml"
 SMALL = [
-    "model.d_model=16",
-    "model.layers=1",
-    "model.heads=2",
+    *SMALL_MODEL,
     "run.epochs=2",
     "run.repeats=1",
     "run.device=cpu",
     "run.text.dim=16",
-    "run.min_steady_batches=1",
-    "run.min_steady_seconds=0.000001",
-    "run.system_metrics_interval_s=0",
+    *ANY_STEADY,
+    *NO_SYSTEM_METRICS,
     "run.max_host_load=null",  # other tests share this host's cores
     "run.chunk_rows=4000",  # 15,000 orders at scale 0.01: four chunks
 ]

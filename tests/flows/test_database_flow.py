@@ -13,21 +13,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec
-from tests.repo import REPO
+from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, ONE_EPOCH, REPO, SMALL_MODEL
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-SMALL = [
-    "model.d_model=16",
-    "model.layers=1",
-    "model.heads=2",
-    "run.epochs=1",
-    "run.batch_size=512",
-    "run.device=cpu",
-    "run.min_steady_batches=1",
-    "run.min_steady_seconds=0.000001",
-    "run.system_metrics_interval_s=0",
-    "task.outputs=[prediction, 'topk:2']",
-]
+SMALL = [*SMALL_MODEL, *ONE_EPOCH, *ANY_STEADY, *NO_SYSTEM_METRICS, "task.outputs=[prediction, 'topk:2']"]
 REQUESTS = ["run.request.min_duration_s=0", "run.request.roots=2"]
 # the fewest requests LoadGen's early stopping needs for each rule's percentile (p90, p99)
 SINGLE, SERVER = "run.request.min_requests=64", "run.request.min_requests=662"

@@ -15,18 +15,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-SMALL = [
-    "--set",
-    "model.d_model=16",
-    "--set",
-    "model.heads=2",
-    "--set",
-    "run.batch_size=512",
-    "--set",
-    "run.min_steady_seconds=0.000001",
-    "--set",
-    "run.min_steady_batches=1",
-]
+from tests.repo import ANY_STEADY, SMALL_MODEL, as_cli
+
+SMALL = as_cli([*SMALL_MODEL, "run.batch_size=512", *ANY_STEADY])
 
 
 def _cli(args: list[str], cwd: Path, uri: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:

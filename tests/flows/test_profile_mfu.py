@@ -9,19 +9,15 @@ from mlflow.tracking import MlflowClient
 from dashboards.history import select_history_runs
 from tasks.spec import load_spec
 from tasks.tracking.reader import search_runs
-from tests.repo import REPO
+from tests.repo import NO_SYSTEM_METRICS, ONE_EPOCH, REPO, SMALL_MODEL
 
 SMALL = [
-    "model.d_model=16",
-    "model.layers=1",
-    "model.heads=2",
-    "run.epochs=1",
-    "run.batch_size=512",
-    "run.device=cpu",
+    *SMALL_MODEL,
+    *ONE_EPOCH,
     "run.profile=true",
     "run.profile_batches=2",
     "run.warmup_batches=1",
-    "run.system_metrics_interval_s=0",
+    *NO_SYSTEM_METRICS,
 ]
 
 

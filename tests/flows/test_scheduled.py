@@ -24,20 +24,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.repo import REPO
+from tests.repo import ANY_STEADY, FEW_SHORT_BATCHES, REPO, TINY_MODEL
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-SMALL = [
-    "model.d_model=8",
-    "model.heads=2",
-    "model.layers=1",
-    "run.mode=predict",
-    "run.device=cpu",
-    "run.batch_size=2048",
-    "lineitem.max_length=2",
-    "run.min_steady_batches=1",
-    "run.min_steady_seconds=0.000001",
-]
+SMALL = [*TINY_MODEL, "run.mode=predict", "run.device=cpu", *FEW_SHORT_BATCHES, *ANY_STEADY]
 POOL = "relflow-test"
 CRON = "0 3 * * *"
 

@@ -20,17 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.repo import ONE_EPOCH, SMALL_MODEL
+
 pytestmark = pytest.mark.slow  # a real CLI run with Prefect's temporary server
 
 # The default TPC-H workload, small: a tiny model, one epoch, two chunks.
 SMALL = [
-    "model.d_model=16",
-    "model.layers=1",
-    "model.heads=2",
-    "run.epochs=1",
-    "run.batch_size=512",
+    *SMALL_MODEL,
+    *ONE_EPOCH,
     "run.chunk_rows=10000",
-    "run.device=cpu",
     "run.packing=off",
     "run.max_host_load=null",  # other tests share this host's cores
 ]

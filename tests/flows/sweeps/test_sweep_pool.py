@@ -29,21 +29,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 from pgserver import private_dir, running_postgres, running_prefect_server
 
-from tests.repo import REPO
+from tests.repo import ANY_STEADY, FEW_SHORT_BATCHES, NO_SYSTEM_METRICS, REPO, TINY_MODEL
 
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 # predict mode (untrained weights): this test is about where runs go, not about quality
-SMALL = [
-    "model.d_model=8",
-    "model.heads=2",
-    "model.layers=1",
-    "run.batch_size=2048",
-    "lineitem.max_length=2",
-    "run.mode=predict",
-    "run.min_steady_batches=1",
-    "run.min_steady_seconds=0.000001",
-    "run.system_metrics_interval_s=0",
-]
+SMALL = [*TINY_MODEL, *FEW_SHORT_BATCHES, "run.mode=predict", *ANY_STEADY, *NO_SYSTEM_METRICS]
 POOL = "relflow-hosts"
 
 

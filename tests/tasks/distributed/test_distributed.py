@@ -19,19 +19,9 @@ from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings
 from tasks.runtime.errors import UserError
 from tasks.spec import parse_spec
-from tests.repo import REPO
+from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, TINY_MODEL
 
-SMALL = [
-    "model.d_model=8",
-    "model.heads=2",
-    "model.layers=1",
-    "run.batch_size=256",
-    "lineitem.max_length=2",
-    "run.min_steady_batches=1",
-    "run.min_steady_seconds=0.000001",
-    "run.system_metrics_interval_s=0",
-    "run.epochs=2",
-]
+SMALL = [*TINY_MODEL, "run.batch_size=256", "lineitem.max_length=2", *ANY_STEADY, *NO_SYSTEM_METRICS, "run.epochs=2"]
 
 
 def test_shards_are_disjoint_cover_every_key_and_are_stable():

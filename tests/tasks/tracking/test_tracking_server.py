@@ -31,17 +31,13 @@ from mlflow.tracking import MlflowClient
 from pgserver import create_database, private_dir, running_mlflow_server, running_postgres, running_prefect_server
 
 from tasks.measure import keys as K
-from tests.repo import REPO
+from tests.repo import ANY_STEADY, FEW_SHORT_BATCHES, NO_SYSTEM_METRICS, REPO, TINY_MODEL
 
 SMALL = [
-    "model.d_model=8",
-    "model.heads=2",
-    "model.layers=1",
-    "run.batch_size=2048",
-    "lineitem.max_length=2",
-    "run.min_steady_batches=1",
-    "run.min_steady_seconds=0.000001",
-    "run.system_metrics_interval_s=0",
+    *TINY_MODEL,
+    *FEW_SHORT_BATCHES,
+    *ANY_STEADY,
+    *NO_SYSTEM_METRICS,
     # four processes share 2 cores: each is "busy" by the host-load rule, and history leaves
     # INVALID runs out; this test is about the shared server, not about the figures
     "run.max_host_load=1.0",
