@@ -415,7 +415,7 @@ def peak_cmd(
 
     from tasks.measure.environment import fingerprint
     from tasks.measure.hostload import BUSY_HOST_FRACTION
-    from tasks.measure.peak import DTYPES, cache_file, peak_flops
+    from tasks.measure.peak_flops import DTYPES, cache_file, peak_flops
     from tasks.runtime.errors import UserError
 
     if precision not in DTYPES:

@@ -16,7 +16,7 @@ import torch
 from model.meta import inspect_on_meta
 from tasks.measure import keys as K
 from tasks.measure.environment import fingerprint
-from tasks.measure.peak import peak_flops
+from tasks.measure.peak_flops import peak_flops
 from tasks.measure.present_flops import flops_of_shapes
 from tasks.measure.records import PHASES, PhaseTimings, RunResult, batch_coordinate_metrics
 from tasks.measure.utilisation import PhaseWork, mfu_metrics

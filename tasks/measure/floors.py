@@ -50,7 +50,7 @@ import torch
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import BUSY_HOST_FRACTION, OtherCpu
-from tasks.measure.peak import DTYPES, save_cache
+from tasks.measure.peak_flops import DTYPES, save_cache
 from tasks.sources.databases import DatabaseTable, quote
 from tasks.sources.tables import Sources, Table
 from tasks.spec import CompileSettings, Spec

@@ -10,7 +10,7 @@ import torch
 
 from model import ColumnDef, ModelConfig, ModelSchema, NodeDef, TargetDef
 from model.meta import inspect_on_meta
-from tasks.measure.peak import measure, peak_flops
+from tasks.measure.peak_flops import measure, peak_flops
 from tasks.measure.present_flops import cut, flops_of_shapes
 from tasks.measure.utilisation import PhaseWork, mfu_metrics, utilisation_reasons
 
@@ -34,7 +34,7 @@ def test_flops_per_root_row_matches_a_hand_count():
 
 def test_mfu_is_a_fraction_of_a_measured_peak(tmp_path, monkeypatch):
     monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("tasks.measure.peak.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
+    monkeypatch.setattr("tasks.measure.peak_flops.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
     cpu = torch.device("cpu")
     peak = peak_flops("fp-test", cpu, "fp32")
     assert not peak.cached and peak.flops_per_s > 0
@@ -142,7 +142,7 @@ def test_ddp_train_mfu_is_against_the_peak_at_the_ranks_thread_count():
 
 def test_a_peak_at_another_thread_count_is_measured_there_and_threads_restored(tmp_path, monkeypatch):
     monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("tasks.measure.peak.BUSY_HOST_FRACTION", 1.0)
+    monkeypatch.setattr("tasks.measure.peak_flops.BUSY_HOST_FRACTION", 1.0)
     before = torch.get_num_threads()
     one = peak_flops("fp-threads", torch.device("cpu"), "fp32", threads=1)
     assert one.threads == 1 and torch.get_num_threads() == before
