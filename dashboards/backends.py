@@ -33,7 +33,7 @@ from tasks.measure.report import (
     slower_than_baseline,
 )
 from tasks.measure.report import summarize as summarize_groups
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 REFERENCE_VARIANT = "pytorch_fp16"  # every variant's quality reference (flows/sweeps/backends_report.py)
 EAGER_VARIANT = "pytorch_eager_fp32"  # what a compiled variant must not fall below unsaid
@@ -173,7 +173,7 @@ def to_markdown(rows: Sequence[dict[str, Cell]], headline: str) -> str:
     return "\n\n".join([table, *(f"Note: {n}." for n in slower_than_eager(rows))])
 
 
-def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Cell]]:
+def rows_from_runs(runs: Sequence[StoredRun]) -> list[dict[str, Cell]]:
     """Report rows from FINISHED predict-mode children tagged ``relflow.variant`` (medians)."""
     kids = [
         r
@@ -192,7 +192,7 @@ def rows_from_runs(runs: Sequence[RunRecord]) -> list[dict[str, Cell]]:
     slots = sorted({(r.tags["mlflow.parentRunId"], int(r.tags[ROUND_TAG])) for r in kids if ROUND_TAG in r.tags})
     number = {slot: i for i, slot in enumerate(slots)}
 
-    def round_of(r: RunRecord) -> int:
+    def round_of(r: StoredRun) -> int:
         return number[(r.tags["mlflow.parentRunId"], int(r.tags[ROUND_TAG]))] if ROUND_TAG in r.tags else -1
 
     samples = [Sample(r.tags["relflow.variant"], round_of(r), RunReport.from_record(r)) for r in kids]

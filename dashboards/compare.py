@@ -1,6 +1,6 @@
 """Baseline vs candidate: key metrics side by side, with ratios, marked only when real.
 
-Pure functions from ``RunRecord``s to a ``Comparison`` (no MLflow, no printing).
+Pure functions from ``StoredRun``s to a ``Comparison`` (no MLflow, no printing).
 
 A side is one run or a group of runs; **the unit of evidence is the independent run** (a
 separate process). Passes inside one process share its allocator, caches, thread placement
@@ -49,7 +49,7 @@ from tasks.measure.noise import cv
 from tasks.measure.significance import holm, min_rank_p, rank_mde, rank_test_p, reachable, run_sample, runs_needed
 from tasks.measure.stats import median_interval
 from tasks.runtime.errors import UserError
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 # (metric key, direction): +1 higher is better, -1 lower is better, 0 neither.
 KEY_METRICS: tuple[tuple[str, int], ...] = (
@@ -177,7 +177,7 @@ class Comparison:
 # --- estimates ----------------------------------------------------------------------
 
 
-def estimate(runs: Sequence[RunRecord], key: str) -> Estimate | None:
+def estimate(runs: Sequence[StoredRun], key: str) -> Estimate | None:
     pairs = [(r, v) for r in runs if (v := run_sample(r.metrics, key)) is not None and math.isfinite(v)]
     if not pairs:
         return None
@@ -307,13 +307,13 @@ def _exact(key: str, direction: int, base: Estimate, cand: Estimate, ratio: floa
 # --- explanations -------------------------------------------------------------------
 
 
-def _common(runs: Sequence[RunRecord], attr: str, key: str) -> str:
+def _common(runs: Sequence[StoredRun], attr: str, key: str) -> str:
     values = {getattr(r, attr).get(key, "(unset)") for r in runs}
     return values.pop() if len(values) == 1 else "(varies: " + ", ".join(sorted(values)) + ")"
 
 
 def differences(
-    base: Sequence[RunRecord], cand: Sequence[RunRecord], attr: str, keep=lambda k: True
+    base: Sequence[StoredRun], cand: Sequence[StoredRun], attr: str, keep=lambda k: True
 ) -> list[Difference]:
     """Keys whose (group-common) value differs between the sides."""
     keys = sorted({k for r in [*base, *cand] for k in getattr(r, attr) if keep(k)})
@@ -330,8 +330,8 @@ def environment_tag(key: str) -> bool:
 
 
 def compare(
-    base: Sequence[RunRecord],
-    cand: Sequence[RunRecord],
+    base: Sequence[StoredRun],
+    cand: Sequence[StoredRun],
     *,
     threshold: float = 0.05,
     alpha: float = 0.05,
@@ -410,8 +410,8 @@ def compare(
 
 
 def split_by(
-    runs: Sequence[RunRecord], selector: str, baseline: str, candidate: str | None = None
-) -> tuple[list[RunRecord], list[RunRecord], str]:
+    runs: Sequence[StoredRun], selector: str, baseline: str, candidate: str | None = None
+) -> tuple[list[StoredRun], list[StoredRun], str]:
     """Baseline / candidate groups by a tag (``KEY`` or ``tags.KEY``) or a param (``params.KEY``).
 
     Baseline: runs whose value equals ``baseline``. Candidate: runs whose value equals

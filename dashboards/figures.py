@@ -1,4 +1,4 @@
-"""Pure functions from ``RunRecord``s to Plotly figures (no MLflow, no files).
+"""Pure functions from ``StoredRun``s to Plotly figures (no MLflow, no files).
 
 Each function takes the runs of one experiment, oldest first, and returns a figure; when the
 runs hold nothing to draw (no compile variants, no packing pairs) the figure says so in a
@@ -17,12 +17,12 @@ from plotly.subplots import make_subplots
 from dashboards.compare import IDENTITY_PARAMS
 from dashboards.history import HISTORY_METRICS, HistoryStep, series
 from tasks.measure import keys as K
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=110))
 
 
-def benchmark_runs(runs: Sequence[RunRecord]) -> list[RunRecord]:
+def benchmark_runs(runs: Sequence[StoredRun]) -> list[StoredRun]:
     """FINISHED runs that carry benchmark metrics (report parents and dashboards carry none)."""
     return [r for r in runs if r.status == "FINISHED" and K.E2E_PREDICT_ROWS_PER_S in r.metrics]
 
@@ -36,7 +36,7 @@ def _note(fig: go.Figure, text: str) -> go.Figure:
     return fig
 
 
-def varying_params(runs: Sequence[RunRecord]) -> list[str]:
+def varying_params(runs: Sequence[StoredRun]) -> list[str]:
     """Spec params that differ between the runs: what explains their differences."""
     keys = sorted({k for r in runs for k in r.params} - IDENTITY_PARAMS)
     return [k for k in keys if len({r.params.get(k) for r in runs}) > 1]
@@ -47,7 +47,7 @@ SWEEP_TAG = "relflow.sweep."
 COMPILE_PARAMS = {"run.compile.encoders", "run.compile.pools"}
 
 
-def config_label(run: RunRecord, keys: Sequence[str]) -> str:
+def config_label(run: StoredRun, keys: Sequence[str]) -> str:
     """The run's configuration: its sweep tags (``relflow.sweep.<key>=<value>``), else the
     values of the params that vary between the runs shown; the run id only as a last resort."""
     sweep = sorted((k[len(SWEEP_TAG) :], v) for k, v in run.tags.items() if k.startswith(SWEEP_TAG))
@@ -57,12 +57,12 @@ def config_label(run: RunRecord, keys: Sequence[str]) -> str:
     return ", ".join(f"{k.removeprefix('run.')}={v}" for k, v in pairs)
 
 
-def _hover(run: RunRecord, keys: Sequence[str]) -> str:
+def _hover(run: StoredRun, keys: Sequence[str]) -> str:
     lines = [f"<b>{run.label}</b>"] + [f"{k} = {run.params.get(k, '(unset)')}" for k in keys]
     return "<br>".join(lines)
 
 
-def stage_breakdown(runs: Sequence[RunRecord]) -> go.Figure:
+def stage_breakdown(runs: Sequence[StoredRun]) -> go.Figure:
     """Stacked bars per run, labelled by configuration: where the predict seconds go, stage
     by stage (training epochs are another phase and are not stacked in)."""
     runs = benchmark_runs(runs)
@@ -90,7 +90,7 @@ def stage_breakdown(runs: Sequence[RunRecord]) -> go.Figure:
     return fig
 
 
-def compile_variant(run: RunRecord) -> str:
+def compile_variant(run: StoredRun) -> str:
     """eager / encoders / pools / encoders+pools, with the Inductor cache state when tagged."""
     variant = run.tags.get("relflow.variant")
     if variant is None:
@@ -105,7 +105,7 @@ def _median_range(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def first_call_vs_steady(runs: Sequence[RunRecord]) -> go.Figure:
+def first_call_vs_steady(runs: Sequence[StoredRun]) -> go.Figure:
     """Per compile variant: first-call seconds (compile included) next to steady rows/s.
 
     Like with like: runs are grouped by every other param that varies (batch size, packing,
@@ -160,23 +160,23 @@ def first_call_vs_steady(runs: Sequence[RunRecord]) -> go.Figure:
     return fig
 
 
-def compile_groups(runs: Sequence[RunRecord]) -> dict[tuple[str, ...], dict[str, list[RunRecord]]]:
+def compile_groups(runs: Sequence[StoredRun]) -> dict[tuple[str, ...], dict[str, list[StoredRun]]]:
     """Runs by configuration (the values of every varying param except the compile switches),
     then by compile variant."""
     others = [k for k in varying_params(runs) if k not in COMPILE_PARAMS]
-    groups: dict[tuple[str, ...], dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
+    groups: dict[tuple[str, ...], dict[str, list[StoredRun]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         groups[tuple(r.params.get(k, "(unset)") for k in others)][compile_variant(r)].append(r)
     return {k: dict(v) for k, v in groups.items()}
 
 
-def headline_quality(run: RunRecord) -> tuple[str, float] | None:
+def headline_quality(run: StoredRun) -> tuple[str, float] | None:
     name = K.HEADLINE_QUALITY.get(run.params.get("task.kind", "category"), "accuracy")
     value = run.metrics.get(f"quality.{name}")
     return None if value is None else (name, value)
 
 
-def quality_vs_throughput(runs: Sequence[RunRecord]) -> go.Figure:
+def quality_vs_throughput(runs: Sequence[StoredRun]) -> go.Figure:
     """Each run: end-to-end rows/s against its headline quality; colour = batch size,
     symbol = packing; hover lists the spec params that differ between runs."""
     runs = [
@@ -195,7 +195,7 @@ def quality_vs_throughput(runs: Sequence[RunRecord]) -> go.Figure:
     metric = headline_quality(runs[-1])[0]
     fig.update_layout(yaxis_title=metric)
     keys = varying_params(runs)
-    groups: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[StoredRun]] = defaultdict(list)
     for r in runs:
         groups[(r.params.get("run.batch_size", "?"), r.params.get("run.packing", "?"))].append(r)
     symbols = {"auto": "circle", "off": "square"}
@@ -212,13 +212,13 @@ def quality_vs_throughput(runs: Sequence[RunRecord]) -> go.Figure:
     return fig
 
 
-def packing_pairs(runs: Sequence[RunRecord]) -> list[tuple[float, float, str]]:
+def packing_pairs(runs: Sequence[StoredRun]) -> list[tuple[float, float, str]]:
     """(occupancy, packed speedup, label) for configurations run with packing auto AND off.
 
     Runs pair when every spec param except ``run.packing`` (and output names) matches;
     the speedup is the ratio of median steady rows/s, auto over off.
     """
-    by_config: dict[tuple, dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
+    by_config: dict[tuple, dict[str, list[StoredRun]]] = defaultdict(lambda: defaultdict(list))
     for r in benchmark_runs(runs):
         packing = r.params.get("run.packing")
         if packing not in ("auto", "off"):
@@ -239,7 +239,7 @@ def packing_pairs(runs: Sequence[RunRecord]) -> list[tuple[float, float, str]]:
     return sorted(out)
 
 
-def occupancy_vs_packing(runs: Sequence[RunRecord]) -> go.Figure:
+def occupancy_vs_packing(runs: Sequence[StoredRun]) -> go.Figure:
     """Occupancy (present / reserved coordinates) against the packed path's speedup."""
     pairs = packing_pairs(runs)
     fig = go.Figure()
@@ -263,7 +263,7 @@ def occupancy_vs_packing(runs: Sequence[RunRecord]) -> go.Figure:
     return fig
 
 
-def history_figure(runs: Sequence[RunRecord], steps: Sequence[HistoryStep]) -> go.Figure:
+def history_figure(runs: Sequence[StoredRun], steps: Sequence[HistoryStep]) -> go.Figure:
     """Throughput over time for one host and spec, with detected steps marked."""
     # Throughput always; latency rows only when the runs are request-scenario runs.
     keys = [k for k in HISTORY_METRICS if not k.startswith(K.LATENCY_PREFIX) or series(runs, k)[0]]
@@ -316,7 +316,7 @@ def history_figure(runs: Sequence[RunRecord], steps: Sequence[HistoryStep]) -> g
     return fig
 
 
-def latency_cdf(runs: Sequence[RunRecord], cdfs: dict[str, list[float]]) -> go.Figure:
+def latency_cdf(runs: Sequence[StoredRun], cdfs: dict[str, list[float]]) -> go.Figure:
     """Request latency CDF per single_stream / server run (``latency.cdf_ms``: the latency
     at percentiles 0..100; runs without it show their p50/p90/p99/max points)."""
     fig = go.Figure()

@@ -17,10 +17,10 @@ import plotly.graph_objects as go
 from dashboards.figures import LAYOUT, _note, benchmark_runs
 from tasks.measure import keys as K
 from tasks.measure.floor_trust import untrusted
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 
-def floor_ledger(runs: Sequence[RunRecord]) -> go.Figure:
+def floor_ledger(runs: Sequence[StoredRun]) -> go.Figure:
     """Bars of ``floor.<stage>.fraction`` for the latest run that has them."""
     fig = go.Figure()
     fig.update_layout(yaxis_title="stage rate / floor rate (1.0 = at the floor)", **LAYOUT)

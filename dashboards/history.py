@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S, latency_request_ms
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 # Metrics the history walks: throughput (higher is better) and, for request scenarios
 # (single_stream / server runs), request latency (lower is better).
@@ -125,17 +125,17 @@ class HistoryStep:
     metric: str
     step: Step
     kind: str  # "regression" | "improvement"
-    before_run: RunRecord  # last run of the old level
-    after_run: RunRecord  # first run of the new level
+    before_run: StoredRun  # last run of the old level
+    after_run: StoredRun  # first run of the new level
 
 
-def series(runs: Sequence[RunRecord], key: str) -> tuple[list[RunRecord], list[float]]:
+def series(runs: Sequence[StoredRun], key: str) -> tuple[list[StoredRun], list[float]]:
     """Runs that carry ``key`` (positive) and its values, in the given order."""
     kept = [(r, r.metrics[key]) for r in runs if r.metrics.get(key, 0) > 0]
     return [r for r, _ in kept], [v for _, v in kept]
 
 
-def history(runs: Sequence[RunRecord], key: str, **kw) -> list[HistoryStep]:
+def history(runs: Sequence[StoredRun], key: str, **kw) -> list[HistoryStep]:
     """Steps of one metric over runs already in start-time order (a rise is an improvement
     unless the metric is in ``LOWER_IS_BETTER``)."""
     kept, values = series(runs, key)
@@ -146,12 +146,12 @@ def history(runs: Sequence[RunRecord], key: str, **kw) -> list[HistoryStep]:
     return out
 
 
-def profiled(run: RunRecord) -> bool:
+def profiled(run: StoredRun) -> bool:
     """Profiled runs are slowed by the profiler: left out of history and compare by default."""
     return run.tags.get("relflow.profiled") == "true"
 
 
-def drop_invalid(runs: Sequence[RunRecord]) -> tuple[list[RunRecord], list[RunRecord]]:
+def drop_invalid(runs: Sequence[StoredRun]) -> tuple[list[StoredRun], list[StoredRun]]:
     """(kept, left out): runs tagged ``relflow.validity=INVALID`` measured something other than
     the configuration (a loaded host, a failed check), so history never steps on them."""
     kept = [r for r in runs if r.tags.get("relflow.validity") != "INVALID"]
@@ -159,8 +159,8 @@ def drop_invalid(runs: Sequence[RunRecord]) -> tuple[list[RunRecord], list[RunRe
 
 
 def select_history_runs(
-    runs: Sequence[RunRecord], *, host_fingerprint: str | None, spec_hash: str | None, include_profiled: bool = False
-) -> tuple[list[RunRecord], str | None, str | None]:
+    runs: Sequence[StoredRun], *, host_fingerprint: str | None, spec_hash: str | None, include_profiled: bool = False
+) -> tuple[list[StoredRun], str | None, str | None]:
     """FINISHED benchmark runs on one host fingerprint (and spec hash), oldest first.
 
     ``None`` picks the latest benchmark run's value (report runs carry no e2e metric and

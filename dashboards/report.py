@@ -26,7 +26,7 @@ from dashboards.floors import floor_ledger
 from dashboards.history import HISTORY_METRICS, HistoryStep, drop_invalid, history, select_history_runs
 from tasks.measure import keys as K
 from tasks.runtime import interrupts
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 SYSTEM_CHROMIUM = "/usr/bin/chromium"
 PNG_SIZE = dict(width=1200, height=560)
@@ -36,15 +36,15 @@ PNG_SIZE = dict(width=1200, height=560)
 class Dashboard:
     experiment: str
     figures: dict[str, go.Figure]  # file stem -> figure, in page order
-    runs: list[RunRecord]  # benchmark runs drawn
-    history_runs: list[RunRecord]
+    runs: list[StoredRun]  # benchmark runs drawn
+    history_runs: list[StoredRun]
     steps: list[HistoryStep]
     host_fingerprint: str | None
     spec_hash: str | None
     history_invalid: int = 0  # INVALID runs left out of the history chart
 
 
-def build(experiment: str, runs: Sequence[RunRecord], *, host_fingerprint: str | None = None) -> Dashboard:
+def build(experiment: str, runs: Sequence[StoredRun], *, host_fingerprint: str | None = None) -> Dashboard:
     """All dashboard figures for one experiment's runs (oldest first)."""
     bench = figures.benchmark_runs(runs)
     selected, host, spec = select_history_runs(runs, host_fingerprint=host_fingerprint, spec_hash=None)

@@ -92,9 +92,9 @@ def side_runs(run_id: str):
     noise``, a sweep), its FINISHED benchmark children: independent fresh-process runs."""
     from dashboards.history import profiled
     from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S
-    from tasks.tracking.reader import get_run_record, search_runs
+    from tasks.tracking.reader import get_stored_run, search_runs
 
-    run = get_run_record(run_id)
+    run = get_stored_run(run_id)
     if E2E_PREDICT_ROWS_PER_S in run.metrics:
         return run, [run]
     children = [

@@ -138,7 +138,7 @@ def prepare_files(launch: Launch, say: Callable[[str], None]) -> dict[str, str]:
 def collect(
     launch: Launch, repeats: int, variants: list[str], files: dict[str, str], say: Callable[[str], None]
 ) -> list[Sample]:
-    from tasks.tracking.reader import get_run_record
+    from tasks.tracking.reader import get_stored_run
 
     samples = []
     variants = runnable_here(variants, say)
@@ -154,7 +154,7 @@ def collect(
                 samples.append(Sample(v, r, None))
                 continue
             # the summary has no tags; the backend's tags are on the child's MLflow run
-            report = replace(done, tags=get_run_record(done.run_id, launch.tracking_uri).tags)
+            report = replace(done, tags=get_stored_run(done.run_id, launch.tracking_uri).tags)
             samples.append(Sample(v, r, report))
             m = report.metrics
             say(

@@ -39,7 +39,7 @@ from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 from tasks.spec import Spec, apply_overrides, branch_path, parse_spec
-from tasks.tracking.reader import RunRecord, search_runs
+from tasks.tracking.reader import StoredRun, search_runs
 from tasks.tracking.writer import Tracker, flatten
 
 
@@ -146,7 +146,7 @@ def config_row(c: Config, report: RunReport, status: str, quality_metric: str) -
     )
 
 
-def row_from_record(c: Config, rec: RunRecord, status: str, kind: str) -> Row:
+def row_from_record(c: Config, rec: StoredRun, status: str, kind: str) -> Row:
     """The row of a configuration whose run is read from MLflow (skipped, or run by a worker)."""
     return config_row(c, RunReport.from_record(rec), status, K.HEADLINE_QUALITY[kind])
 

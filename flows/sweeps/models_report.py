@@ -204,7 +204,7 @@ def collect(
     run id. A child that exits 2 adds its library to ``refused`` (no further rounds)."""
     from flows.sweeps.launch import launch_local
     from tasks.spec import load_spec
-    from tasks.tracking.reader import get_run_record
+    from tasks.tracking.reader import get_stored_run
 
     samples: list[Sample] = []
     parameters: dict[str, float] = {}
@@ -232,7 +232,7 @@ def collect(
                 say(f"  round {r + 1} {lib:<24} FAILED (exit {done.returncode}): {str(done.error)[-400:]}")
                 samples.append(Sample(lib, r, None))
                 continue
-            rec = get_run_record(done.summary.run_id, launch.tracking_uri)
+            rec = get_stored_run(done.summary.run_id, launch.tracking_uri)
             report = replace(done.summary, tags=rec.tags)
             try:
                 parameters[report.run_id] = float(rec.params[PARAMETERS_PARAM])

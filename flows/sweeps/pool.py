@@ -52,7 +52,7 @@ from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 from tasks.spec import parse_spec
-from tasks.tracking.reader import RunRecord, search_runs
+from tasks.tracking.reader import StoredRun, search_runs
 from tasks.tracking.writer import Tracker
 
 TERMINAL_FAILED = {"FAILED", "CRASHED", "CANCELLED"}
@@ -94,7 +94,7 @@ def _worker_gone(client: Any, pool: str, worker: str | None) -> bool:
     return True  # the worker was deleted
 
 
-def _child_run(experiment: str, attempt: str, index: int) -> RunRecord | None:
+def _child_run(experiment: str, attempt: str, index: int) -> StoredRun | None:
     found = search_runs(
         experiment,
         status=None,

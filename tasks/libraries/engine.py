@@ -42,6 +42,11 @@ class LibraryChunk:
     root_rows: int
     inputs: Any  # the library's encoded chunk (a TensorDict, contexts + cell vectors, ...)
     input_tensors: list[torch.Tensor] = field(default_factory=list)  # what tensorize produced
+    encoded_rows: int | None = None  # rows the library encoded, where not every row (None: all)
+
+    @property
+    def tensorized_rows(self) -> int:
+        return self.root_rows if self.encoded_rows is None else self.encoded_rows
 
     @property
     def produced_bytes(self) -> int:

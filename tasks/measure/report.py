@@ -33,7 +33,7 @@ Cell = float | str | int | bool | None | list[str]
 
 
 class Record(Protocol):
-    """What ``from_record`` reads of an MLflow run (``tasks.tracking.reader.RunRecord``);
+    """What ``from_record`` reads of an MLflow run (``tasks.tracking.reader.StoredRun``);
     a protocol so this module does not import MLflow."""
 
     @property

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from tasks.measure import keys as K
 from tasks.measure.gcpauses import GcPauses, frozen_collector
 from tasks.scenarios.latency import LatencyRecord
+from tasks.scenarios.offline import predict_repeat
 from tasks.scenarios.workload import Workload
+from tasks.stages.write import PredictionWriter
 
 BUCKETS = ("calibration_fit", "backend_setup", "request_wait", "distributed_launch")
 
@@ -75,16 +77,17 @@ class Region:
         }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RegionSteps:
     """The region's steps that the caller (the flow) supplies: how training runs (here or DDP),
-    how the serving backend starts, the request scenario (None: offline) and one predict pass."""
+    how the serving backend starts, and the request scenario as a Prefect task (None: offline,
+    whose predict passes run from here, tasks/scenarios/offline.py, into ``writer``)."""
 
     train: Callable[[], object]
     distributed: bool
     serving_backend: Callable[[], object]
     requests: Callable[[], LatencyRecord] | None
-    predict_pass: Callable[[int], None]
+    writer: PredictionWriter  # the run's prediction file (offline: the last pass writes it)
 
 
 def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int) -> tuple[Region, LatencyRecord | None]:
@@ -109,6 +112,6 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
             region.named["request_wait"] += latency.wait_s
         else:
             for repeat in range(repeats):
-                steps.predict_pass(repeat)
+                predict_repeat(work, steps.writer, repeat, repeats)
     region.seconds = span.seconds
     return region, latency

@@ -151,7 +151,7 @@ class Chain:
         if self.has_text:  # the application's encoder: the reference model's text cells, or a library's
             encoded = run("encode", lambda: self._encode(pre, train), lambda e: e.pre.root_rows)
             pre, cells = encoded.pre, encoded.cells
-        tz: Chunk = run("tensorize", lambda: self._tensorize(pre, train, encoded), lambda t: t.root_rows)
+        tz: Chunk = run("tensorize", lambda: self._tensorize(pre, train, encoded), lambda t: t.tensorized_rows)
         arrow_bytes = sum(t.nbytes for t in r.tables.values())
         return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells, arrow_bytes)
 

@@ -61,6 +61,18 @@ __all__ = [
 ]
 
 
+def _count_shapes(shapes: Counter[tuple[int, ...]], size: int, present: list[torch.Tensor]) -> None:
+    """Add a batch's ``size`` root rows to ``shapes`` by present shape: each non-root node's
+    longest present instance under the root (``present``: the nodes' masks, walk order)."""
+    if not present:
+        shapes[()] += size
+        return
+    lengths = torch.stack([p.sum(-1).reshape(size, -1).amax(1) for p in present], dim=1).cpu()
+    unique, counts = torch.unique(lengths, dim=0, return_counts=True)
+    for shape, n in zip(unique.tolist(), counts.tolist(), strict=True):
+        shapes[tuple(shape)] += n
+
+
 def resolve_device(spec: Spec) -> torch.device:
     name = spec.run.device
     if name == "auto":
@@ -134,7 +146,12 @@ class Engine(EngineBase):
         # back in key order).
         self._ran_rows: list[torch.Tensor] = []
         # Steady batches' root rows by present shape, per phase (tasks/measure/present_flops.py).
-        self.steady_shapes: dict[str, Counter[tuple[int, ...]]] = {"train": Counter(), "predict": Counter()}
+        self._steady_shapes: dict[str, Counter[tuple[int, ...]]] = {"train": Counter(), "predict": Counter()}
+        # Each steady batch's present masks, by reference, until ``steady_shapes`` is read
+        # (after the timed region): counting them (a sum, stack and unique per batch, and a
+        # host sync) inside the batch loop landed in compute seconds, e2e and every request's
+        # latency. They cost one byte per slot of the batch's own (bucket-cut) shape meanwhile.
+        self._pending_shapes: dict[str, list[tuple[int, list[torch.Tensor]]]] = {"train": [], "predict": []}
 
     def new_quality(self) -> Quality:
         """Quality in the target's own units: regression errors are scaled back."""
@@ -170,19 +187,18 @@ class Engine(EngineBase):
                 live.copy_(before)
 
     def steady_batch(self, phase: str, part: Batch) -> None:
-        self._count_shapes(self.steady_shapes[phase], part)
+        """Inside the timed loop: keep references only (counted in ``steady_shapes``)."""
+        self._pending_shapes[phase].append((part.size, [part.nodes[n.name].present for n in self.schema.root.walk()[1:]]))
 
-    def _count_shapes(self, shapes: Counter[tuple[int, ...]], part: Batch) -> None:
-        """Root rows of a steady batch by present shape (``compute.mfu`` counts their FLOPs)."""
-        B = part.size
-        nodes = self.schema.root.walk()[1:]
-        if not nodes:
-            shapes[()] += B
-            return
-        lengths = torch.stack([part.nodes[n.name].present.sum(-1).reshape(B, -1).amax(1) for n in nodes], dim=1).cpu()
-        unique, counts = torch.unique(lengths, dim=0, return_counts=True)
-        for shape, n in zip(unique.tolist(), counts.tolist(), strict=True):
-            shapes[tuple(shape)] += n
+    @property
+    def steady_shapes(self) -> dict[str, Counter[tuple[int, ...]]]:
+        """Steady root rows by present shape, per phase (``compute.mfu`` counts their FLOPs);
+        read after the timed region, which is when the kept batches are counted."""
+        for phase, pending in self._pending_shapes.items():
+            for size, present in pending:
+                _count_shapes(self._steady_shapes[phase], size, present)
+            pending.clear()
+        return self._steady_shapes
 
     def close(self) -> None:
         if self._data_module is not None:

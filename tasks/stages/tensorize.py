@@ -44,6 +44,12 @@ class Chunk(Protocol):
     root_rows: int
 
     @property
+    def tensorized_rows(self) -> int:
+        """Root rows this step turned into tensors (its stage row's rows): every row of the
+        chunk, or only its training rows where a library encodes those alone to train."""
+        ...
+
+    @property
     def produced_bytes(self) -> int: ...
 
     def tensors(self) -> list[torch.Tensor]: ...
@@ -74,6 +80,10 @@ class Tensorized:
         for node in b.nodes.values():
             out += [getattr(node, f.name) for f in fields(node) if isinstance(getattr(node, f.name), torch.Tensor)]
         return out
+
+    @property
+    def tensorized_rows(self) -> int:
+        return self.root_rows  # the reference model tensorizes every row of the chunk
 
     @property
     def produced_bytes(self) -> int:

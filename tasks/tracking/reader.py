@@ -1,4 +1,4 @@
-"""Reading runs back (compare, history, dashboards, sweeps): MLflow runs as plain ``RunRecord``s.
+"""Reading runs back (compare, history, dashboards, sweeps): MLflow runs as plain ``StoredRun``s.
 
 Nothing here writes to the store; ``writer.py`` does."""
 
@@ -16,8 +16,9 @@ from tasks.tracking.uri import tracking_uri
 
 
 @dataclass(frozen=True)
-class RunRecord:
-    """One MLflow run as plain data: what reports read, with no MLflow types inside."""
+class StoredRun:
+    """One MLflow run as read back from the tracking store, as plain data: what reports read,
+    with no MLflow types inside (a run as it is written is ``writer.Tracker``'s)."""
 
     run_id: str
     run_name: str
@@ -40,8 +41,8 @@ class RunRecord:
         return f"{self.run_name} {self.run_id[:8]}"
 
 
-def _record(run: Any, experiment: str) -> RunRecord:
-    return RunRecord(
+def _stored_run(run: Any, experiment: str) -> StoredRun:
+    return StoredRun(
         run_id=run.info.run_id,
         run_name=run.info.run_name or "",
         experiment=experiment,
@@ -83,8 +84,8 @@ def search_runs(
     filter_string: str = "",
     uri: str | None = None,
     max_results: int = 5000,
-) -> list[RunRecord]:
-    """Runs of one experiment (by name) as ``RunRecord``s, oldest start time first.
+) -> list[StoredRun]:
+    """Runs of one experiment (by name) as ``StoredRun``s, oldest start time first.
 
     ``status`` keeps only runs in that state (``None``: all). ``filter_string`` is MLflow's
     search syntax, e.g. ``tags."relflow.host_fingerprint" = 'abc'``. An unknown experiment
@@ -95,24 +96,24 @@ def search_runs(
     if exp is None:
         return []
     clauses = [c for c in (filter_string, f"attributes.status = '{status}'" if status else "") if c]
-    records: list[RunRecord] = []
+    runs: list[StoredRun] = []
     token = None
-    while len(records) < max_results:
+    while len(runs) < max_results:
         page = client.search_runs(
             [exp.experiment_id],
             filter_string=" and ".join(clauses),
-            max_results=min(1000, max_results - len(records)),
+            max_results=min(1000, max_results - len(runs)),
             order_by=["attributes.start_time ASC"],
             page_token=token,
         )
-        records += [_record(r, experiment) for r in page]
+        runs += [_stored_run(r, experiment) for r in page]
         token = page.token
         if not token:
             break
-    return records
+    return runs
 
 
-def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
+def get_stored_run(run_id: str, uri: str | None = None) -> StoredRun:
     """One run by id (any status); raises ``UserError`` naming the id when it is absent."""
     from mlflow.exceptions import MlflowException
 
@@ -124,7 +125,7 @@ def get_run_record(run_id: str, uri: str | None = None) -> RunRecord:
             f"no MLflow run with id '{run_id}' in {mask_uri(uri or tracking_uri())}: copy the id from "
             "`relflow-bench run` or the MLflow UI."
         ) from err
-    return _record(run, client.get_experiment(run.info.experiment_id).name)
+    return _stored_run(run, client.get_experiment(run.info.experiment_id).name)
 
 
 def metric_history(run_id: str, key: str, uri: str | None = None) -> list[float]:

@@ -20,7 +20,7 @@ from dashboards.compare import (
     split_by,
 )
 from tasks.runtime.errors import UserError
-from tasks.tracking.reader import RunRecord, get_run_record, search_runs
+from tasks.tracking.reader import StoredRun, get_stored_run, search_runs
 
 THROUGHPUT = ("e2e.predict.rows_per_s", "compute.steady_rows_per_s")
 
@@ -31,8 +31,8 @@ def _rows(c):
 
 @pytest.mark.slow
 def test_one_run_a_side_shows_the_ratio_of_batch_16_vs_512_but_claims_nothing(bench_runs):
-    base = get_run_record(bench_runs.a_512, bench_runs.uri)
-    cand = get_run_record(bench_runs.c_16, bench_runs.uri)
+    base = get_stored_run(bench_runs.a_512, bench_runs.uri)
+    cand = get_stored_run(bench_runs.c_16, bench_runs.uri)
     # 4 passes: pass 0 (the first call) is left out of the repeat statistics
     assert base.metrics["run.repeats_measured"] == 3
     c = compare([base], [cand])
@@ -52,8 +52,8 @@ def test_one_run_a_side_shows_the_ratio_of_batch_16_vs_512_but_claims_nothing(be
 def test_two_runs_of_one_configuration_are_not_flagged(bench_runs):
     # Failed (intermittently, under load) before: in-process pass intervals of two runs of one
     # configuration did not overlap, and compare marked the difference.
-    a = get_run_record(bench_runs.a_512, bench_runs.uri)
-    b = get_run_record(bench_runs.b_512, bench_runs.uri)
+    a = get_stored_run(bench_runs.a_512, bench_runs.uri)
+    b = get_stored_run(bench_runs.b_512, bench_runs.uri)
     c = compare([a], [b])
     rows = _rows(c)
     assert all(rows[k].method == NOT_ENOUGH for k in THROUGHPUT)
@@ -104,11 +104,11 @@ def est(value, low=None, high=None, samples=None):
     return Estimate(value, low if low is not None else value, high if high is not None else value, samples, interval)
 
 
-def _record(run_id: str, metrics: dict, tags: dict | None = None) -> RunRecord:
-    return RunRecord(run_id, "r", "e", "FINISHED", 0, 1, metrics, {}, tags or {})
+def _record(run_id: str, metrics: dict, tags: dict | None = None) -> StoredRun:
+    return StoredRun(run_id, "r", "e", "FINISHED", 0, 1, metrics, {}, tags or {})
 
 
-def _group(prefix: str, **series: list[float]) -> list[RunRecord]:
+def _group(prefix: str, **series: list[float]) -> list[StoredRun]:
     n = len(next(iter(series.values())))
     return [_record(f"{prefix}{i}", {k.replace("__", "."): v[i] for k, v in series.items()}) for i in range(n)]
 

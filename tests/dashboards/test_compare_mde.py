@@ -17,16 +17,16 @@ from scipy import integrate, optimize, stats
 from dashboards.compare import BELOW_MDE, as_dict, compare
 from flows.cli.common import out
 from flows.cli.reports import print_comparison
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 KEY = "compute.steady_rows_per_s"
 NOT_ENOUGH_RUNS = "not enough runs"
 
 
-def _runs(prefix: str, **series: list[float]) -> list[RunRecord]:
+def _runs(prefix: str, **series: list[float]) -> list[StoredRun]:
     n = len(next(iter(series.values())))
     return [
-        RunRecord(
+        StoredRun(
             f"{prefix}{i}", "r", "e", "FINISHED", 0, 1, {k.replace("__", "."): v[i] for k, v in series.items()}, {}, {}
         )
         for i in range(n)

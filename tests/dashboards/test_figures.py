@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dashboards.figures import compile_groups, first_call_vs_steady, stage_breakdown
 from tasks.measure.keys import STAGES
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 
-def rec(i: int, batch: str, packing: str, compiled: bool, steady: float, tags=None) -> RunRecord:
+def rec(i: int, batch: str, packing: str, compiled: bool, steady: float, tags=None) -> StoredRun:
     params = {
         "run.batch_size": batch,
         "run.packing": packing,
@@ -21,7 +21,7 @@ def rec(i: int, batch: str, packing: str, compiled: bool, steady: float, tags=No
         "compute.first_call_seconds": 1.0,
         **{f"stage.{s}.predict.seconds": 0.1 for s in ("retrieve", "preprocess", "tensorize", "compute", "write")},
     }
-    return RunRecord(f"id{i:030d}", f"run{i}", "e", "FINISHED", i, i + 1, metrics, params, tags or {})
+    return StoredRun(f"id{i:030d}", f"run{i}", "e", "FINISHED", i, i + 1, metrics, params, tags or {})
 
 
 def test_eager_vs_compiled_never_pools_batch_sizes():

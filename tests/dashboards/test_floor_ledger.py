@@ -5,12 +5,12 @@ from __future__ import annotations
 from dashboards.floors import floor_ledger
 from dashboards.report import build
 from tasks.measure import keys as K
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 
-def _run(i: int, metrics: dict[str, float]) -> RunRecord:
+def _run(i: int, metrics: dict[str, float]) -> StoredRun:
     base = {K.E2E_PREDICT_ROWS_PER_S: 100.0}
-    return RunRecord(f"id{i:030d}", f"run{i}", "e", "FINISHED", i, i + 1, base | metrics, {}, {})
+    return StoredRun(f"id{i:030d}", f"run{i}", "e", "FINISHED", i, i + 1, base | metrics, {}, {})
 
 
 def test_one_bar_per_stage_of_the_latest_run_with_floors():

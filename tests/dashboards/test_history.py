@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dashboards.history import detect_steps, history
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 
 def noisy(level: float, n: int, rng: np.random.Generator, noise: float = 0.03) -> list[float]:
@@ -60,8 +60,8 @@ def test_bad_arguments():
         detect_steps([1.0, -2.0, 3.0])
 
 
-def _run(i: int, value: float) -> RunRecord:
-    return RunRecord(
+def _run(i: int, value: float) -> StoredRun:
+    return StoredRun(
         f"run{i:02d}",
         f"r{i}",
         "exp",

@@ -8,10 +8,10 @@ import pytest
 from dashboards import figures
 from dashboards.compare import compare
 from dashboards.history import history
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 
-def _run(i: int, p50: float, p99: float, scenario: str = "single_stream") -> RunRecord:
+def _run(i: int, p50: float, p99: float, scenario: str = "single_stream") -> StoredRun:
     m = {
         "e2e.predict.rows_per_s": 100.0,
         "latency.requests": 50.0,
@@ -21,7 +21,7 @@ def _run(i: int, p50: float, p99: float, scenario: str = "single_stream") -> Run
         "latency.request_ms.max": p99 * 1.2,
         "latency.first_request_ms": 90.0,
     }
-    return RunRecord(
+    return StoredRun(
         f"run{i:02d}",
         "r",
         "e",
@@ -61,5 +61,5 @@ def test_latency_cdf_uses_the_logged_series_or_the_percentiles():
     empty = figures.latency_cdf([], {})
     assert "no single_stream or server runs" in empty.layout.annotations[0].text
     # offline runs keep the two throughput rows of the history chart
-    offline = [RunRecord("x", "r", "e", "FINISHED", 0, 1, {"e2e.predict.rows_per_s": 1.0}, {}, {})]
+    offline = [StoredRun("x", "r", "e", "FINISHED", 0, 1, {"e2e.predict.rows_per_s": 1.0}, {}, {})]
     assert len(figures.history_figure(offline, []).layout.annotations) == 2

@@ -92,6 +92,7 @@ class RelflowSide:
             root_rows=pre.root_rows,
             inputs=_Encoded(encoded, rows),
             input_tensors=[t for t in encoded.flatten_keys().values() if isinstance(t, torch.Tensor)],
+            encoded_rows=int(rows.numel()),  # a training chunk encodes its training rows only
         )
 
     def engine(self, clock: Clock) -> EngineBase | None:

@@ -134,12 +134,12 @@ def test_e2e_vs_eager_is_the_median_of_same_round_ratios():
 
 def test_children_without_a_round_tag_pair_with_nothing():
     from dashboards.backends import ROUND_TAG, rows_from_runs
-    from tasks.tracking.reader import RunRecord
+    from tasks.tracking.reader import StoredRun
 
-    def record(variant: str, e2e: float, tags: dict[str, str], parent: str = "p") -> RunRecord:
+    def record(variant: str, e2e: float, tags: dict[str, str], parent: str = "p") -> StoredRun:
         m = {"compute.steady_rows_per_s": e2e * 10, "e2e.predict.rows_per_s": e2e}
         tags = {"relflow.variant": variant, "mlflow.parentRunId": parent, **tags}
-        return RunRecord(
+        return StoredRun(
             run_id=f"id-{variant}-{e2e}",
             run_name=variant,
             experiment="tpch-orders",

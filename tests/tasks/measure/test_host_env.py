@@ -75,11 +75,11 @@ def test_unlike_cpu_flags_are_unlike_host_fingerprints(monkeypatch):
 
 def test_compare_says_when_the_hosts_are_unlike():
     from dashboards.compare import compare
-    from tasks.tracking.reader import RunRecord
+    from tasks.tracking.reader import StoredRun
 
-    def run(i: str, host: str, flags: str) -> RunRecord:
+    def run(i: str, host: str, flags: str) -> StoredRun:
         tags = {"relflow.host_fingerprint": host, "relflow.cpu_flags": flags}
-        return RunRecord(i, "r", "e", "FINISHED", 0, 1, {"e2e.predict.rows_per_s": 100.0}, {}, tags)
+        return StoredRun(i, "r", "e", "FINISHED", 0, 1, {"e2e.predict.rows_per_s": 100.0}, {}, tags)
 
     c = compare([run("a", "h1", "avx2,avx512f,amx_tile")], [run("b", "h2", "avx2")])
     (note,) = [n for n in c.notes if "unlike hosts" in n]

@@ -16,7 +16,7 @@ from tasks.measure.report import (
     ratio_interval,
     summarize,
 )
-from tasks.tracking.reader import RunRecord
+from tasks.tracking.reader import StoredRun
 
 # What `relflow-bench run --json` writes (flows/benchmark.py's summary), one key it does not know.
 SUMMARY = {
@@ -54,7 +54,7 @@ def test_a_file_that_is_not_a_run_summary_is_refused_by_name():
 
 
 def test_from_record_reads_the_same_figures_from_mlflow():
-    rec = RunRecord(
+    rec = StoredRun(
         run_id="r1",
         run_name="n",
         experiment="e",
