@@ -3,7 +3,13 @@
 One predict pass runs every stage over every chunk (retrieve..write through the workload's
 chain) and adds its per-pass figures for the repeat statistics: end-to-end rows/s of the
 pass (``e2e.predict.rows_per_s`` samples) and the steady compute rows/s of its batches.
-``run.repeats`` passes each really write; the flow keeps only the last file.
+``run.repeats`` passes each really write (``predict_repeat``); only the last pass writes the
+run's prediction file, the others a file of their own that is removed after the pass.
+
+One offline batch: ``run_region`` (region.py) -> ``predict_repeat`` -> ``predict_pass`` ->
+``Workload.prepare`` (workload.py) -> ``Chain.prepare`` (tasks/stages/chain.py: read ->
+preprocess -> (encode) -> tensorize, each step through the flow's runner, a Prefect task) ->
+``Chain.serve`` (compute -> calibrate -> write).
 """
 
 from __future__ import annotations
@@ -11,6 +17,18 @@ from __future__ import annotations
 from tasks.scenarios.outputs import ServedOutputs
 from tasks.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
+
+
+def predict_repeat(work: Workload, writer: PredictionWriter, repeat: int, repeats: int) -> None:
+    """Pass ``repeat`` of ``repeats``: the last writes to ``writer`` (the run's file); every
+    earlier one really writes too (the same work), to a file of its own that is then removed."""
+    last = repeat == repeats - 1
+    w = writer if last else PredictionWriter(writer.path.with_name(f"{writer.path.stem}.repeat{repeat}.parquet"))
+    try:
+        predict_pass(work, w, repeat)
+    finally:
+        if w is not writer:
+            w.abort()
 
 
 def predict_pass(work: Workload, writer: PredictionWriter, repeat: int) -> None:
