@@ -25,7 +25,7 @@ from tasks.measure import keys as K
 from tasks.measure.report import (
     Cell,
     Group,
-    RunReport,
+    RunSummary,
     Sample,
     interval_text,
     markdown_table,
@@ -195,7 +195,7 @@ def rows_from_runs(runs: Sequence[StoredRun]) -> list[dict[str, Cell]]:
     def round_of(r: StoredRun) -> int:
         return number[(r.tags["mlflow.parentRunId"], int(r.tags[ROUND_TAG]))] if ROUND_TAG in r.tags else -1
 
-    samples = [Sample(r.tags["relflow.variant"], round_of(r), RunReport.from_record(r)) for r in kids]
+    samples = [Sample(r.tags["relflow.variant"], round_of(r), RunSummary.from_record(r)) for r in kids]
     return summarize(samples, K.HEADLINE_QUALITY.get(kind, "accuracy"))
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from dashboards.backends import ROUND_TAG, SLOWER_TAG, backends_figure, slower_than_eager, summarize, to_markdown
 from tasks.measure import keys as K
-from tasks.measure.report import RunReport, Sample
+from tasks.measure.report import RunSummary, Sample
 
 ORT = "run.backend=onnxruntime"
 VARIANTS: dict[str, Callable[[dict[str, str]], list[str]]] = {
@@ -86,7 +86,7 @@ class Launch:
     tracking_uri: str
 
 
-def _run(launch: Launch, extra: list[str], name: str, tags: dict[str, str]) -> RunReport:
+def _run(launch: Launch, extra: list[str], name: str, tags: dict[str, str]) -> RunSummary:
     """One ``relflow-bench run`` in a fresh process; its report, or RuntimeError with the
     child's closing paragraph."""
     from flows.sweeps.launch import launch_local

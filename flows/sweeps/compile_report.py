@@ -32,7 +32,7 @@ from tasks.measure import keys as K
 from tasks.measure.report import (
     Cell,
     Group,
-    RunReport,
+    RunSummary,
     Sample,
     groups,
     interval_text,
@@ -56,7 +56,7 @@ VARIANTS: dict[str, tuple[bool, bool]] = {
 
 def _run_variant(
     spec: Path, overrides: list[str], variant: str, cache_dir: Path | None, parent_run_id: str, workdir: Path, tag: str
-) -> RunReport:
+) -> RunSummary:
     enc, pools = VARIANTS[variant]
     out = workdir / f"{tag}.json"
     env = dict(os.environ)
@@ -82,7 +82,7 @@ def _run_variant(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"variant {variant} ({tag}) failed with exit {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return RunReport.from_json(out.read_text())
+    return RunSummary.from_json(out.read_text())
 
 
 def collect(spec: Path, overrides: list[str], repeats: int, parent_run_id: str, on_sample=None) -> list[Sample]:

@@ -34,7 +34,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.sweeps.launch import Launched, launch_local, prefect_api_url
 from tasks.measure import keys as K
-from tasks.measure.report import RunReport
+from tasks.measure.report import RunSummary
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
@@ -128,7 +128,7 @@ def sweep_hash(base: Spec, configs: list[Config]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def config_row(c: Config, report: RunReport, status: str, quality_metric: str) -> Row:
+def config_row(c: Config, report: RunSummary, status: str, quality_metric: str) -> Row:
     """The summary row of one configuration's run (read back from its process or MLflow)."""
     return Row(
         c.index,
@@ -148,7 +148,7 @@ def config_row(c: Config, report: RunReport, status: str, quality_metric: str) -
 
 def row_from_record(c: Config, rec: StoredRun, status: str, kind: str) -> Row:
     """The row of a configuration whose run is read from MLflow (skipped, or run by a worker)."""
-    return config_row(c, RunReport.from_record(rec), status, K.HEADLINE_QUALITY[kind])
+    return config_row(c, RunSummary.from_record(rec), status, K.HEADLINE_QUALITY[kind])
 
 
 @task(

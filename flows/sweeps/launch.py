@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from tasks.measure.report import RunReport
+from tasks.measure.report import RunSummary
 
 REPO = Path(__file__).resolve().parents[2]
 # How long an interrupted child may take to end its MLflow run before the next signal.
@@ -47,7 +47,7 @@ class Launched:
     """What one configuration's process returned."""
 
     returncode: int
-    summary: RunReport | None  # the run's report (``relflow-bench run --json``), if it finished
+    summary: RunSummary | None  # the run's report (``relflow-bench run --json``), if it finished
     error: str | None  # the child's one-paragraph error, if it failed
     log: str  # the child's console output
 
@@ -133,7 +133,7 @@ def launch_local(
         shutil.rmtree(cache, ignore_errors=True)
     text = log_file.read_text(errors="replace")
     if rc == 0 and json_out.is_file():
-        return Launched(rc, RunReport.from_json(json_out.read_text()), None, text)
+        return Launched(rc, RunSummary.from_json(json_out.read_text()), None, text)
     return Launched(rc, None, child_error(text, rc), text)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from flows.sweeps.launch import launch_local
 from tasks.measure import keys as K
 from tasks.measure.noise import cv
-from tasks.measure.report import RunReport, markdown_table
+from tasks.measure.report import RunSummary, markdown_table
 from tasks.measure.significance import rank_mde, reachable, run_sample, runs_needed
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
@@ -46,10 +46,10 @@ def collect(
     runs: int,
     parent_run_id: str,
     tracking_uri: str,
-    on_run: Callable[[int, RunReport], None] | None = None,
-) -> list[RunReport]:
+    on_run: Callable[[int, RunSummary], None] | None = None,
+) -> list[RunSummary]:
     """``runs`` fresh-process runs of ``spec``; a failed one ends the command (its error)."""
-    reports: list[RunReport] = []
+    reports: list[RunSummary] = []
     with tempfile.TemporaryDirectory(prefix="relflow-noise-") as tmp:
         for i in range(runs):
             got = launch_local(
@@ -70,12 +70,12 @@ def collect(
     return reports
 
 
-def samples(reports: list[RunReport], key: str) -> list[float]:
+def samples(reports: list[RunSummary], key: str) -> list[float]:
     """Each run's sample of ``key``, as compare reads it (runs that did not log it left out)."""
     return [v for r in reports if (v := run_sample(r.metrics, key)) is not None and math.isfinite(v)]
 
 
-def family(reports: list[RunReport]) -> int:
+def family(reports: list[RunSummary]) -> int:
     """How many metrics compare would test between two groups of these runs (Holm's family)."""
     # dashboards.compare reads runs through tasks/tracking (MLflow: seconds to import); the
     # noise CLI imports this module before it validates the spec, which must stay instant.
@@ -84,7 +84,7 @@ def family(reports: list[RunReport]) -> int:
     return max(len(family_of_group([r.metrics for r in reports])), 1)
 
 
-def summarize(reports: list[RunReport]) -> dict[str, float]:
+def summarize(reports: list[RunSummary]) -> dict[str, float]:
     """``noise.runs`` and, for each headline figure every run logged, its CV and (where N runs
     a side can mark anything) the MDE of compare's rank test between two groups of N runs."""
     out = {K.NOISE_RUNS: float(len(reports))}
@@ -107,7 +107,7 @@ def not_enough(n: int, m: int) -> str:
     return f"not enough runs ({n} a side, {m} metrics tested: {runs_needed(m)} a side can mark a change)"
 
 
-def to_markdown(reports: list[RunReport], figures: dict[str, float]) -> str:
+def to_markdown(reports: list[RunSummary], figures: dict[str, float]) -> str:
     n, m = len(reports), family(reports)
     rows = []
     for key in K.NOISE_METRICS:

@@ -1,10 +1,10 @@
 """One run's report as it crosses a process boundary, and the summaries built from many.
 
 A sweep, ``compile-report`` and ``backends-report`` each start ``relflow-bench run`` in
-fresh processes and read the child's result back: ``RunReport`` is that result, typed. It
-is the ``--json`` summary the child writes (``RunReport.from_json``) or, for a child that
+fresh processes and read the child's result back: ``RunSummary`` is that result, typed. It
+is the ``--json`` summary the child writes (``RunSummary.from_json``) or, for a child that
 ran elsewhere (a work-pool worker) or earlier (a resumed sweep), its MLflow run
-(``RunReport.from_record``). ``to_json`` writes exactly the summary format, so
+(``RunSummary.from_record``). ``to_json`` writes exactly the summary format, so
 ``from_json(r.to_json()) == r``.
 
 The reports then put many runs side by side: ``summarize`` groups ``Sample`` s (one run of
@@ -49,7 +49,7 @@ class Record(Protocol):
 
 
 @dataclass(frozen=True)
-class RunReport:
+class RunSummary:
     """One ``relflow-bench run``: the summary its ``--json`` writes, typed."""
 
     run_id: str
@@ -83,7 +83,7 @@ class RunReport:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Json]) -> RunReport:
+    def from_dict(cls, data: Mapping[str, Json]) -> RunSummary:
         known = {f.name for f in fields(cls)} - {"tags", "extra"}
         missing = [k for k in ("run_id", "metrics", "validity") if k not in data]
         if missing:
@@ -97,14 +97,14 @@ class RunReport:
         return cls(**args, extra=extra)  # type: ignore[arg-type]
 
     @classmethod
-    def from_json(cls, text: str) -> RunReport:
+    def from_json(cls, text: str) -> RunSummary:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("run summary is not a JSON object")
         return cls.from_dict(data)
 
     @classmethod
-    def from_record(cls, rec: Record) -> RunReport:
+    def from_record(cls, rec: Record) -> RunSummary:
         """The same report from the child's MLflow run (no stage table or profile there)."""
         kind = rec.params.get("task.kind")
         return cls(
@@ -136,7 +136,7 @@ class Sample:
 
     variant: str
     round: int
-    report: RunReport | None
+    report: RunSummary | None
     cache: str = "none"  # compile-report: "none" (eager), "cold" or "warm" Inductor cache
 
     @property
@@ -160,7 +160,7 @@ class Group:
     samples: tuple[Sample, ...]
 
     @property
-    def reports(self) -> list[RunReport]:
+    def reports(self) -> list[RunSummary]:
         """The runs that finished (failed rounds have no figures)."""
         return [s.report for s in self.samples if s.report is not None]
 

@@ -17,7 +17,7 @@ from scipy import integrate, optimize, stats
 
 from flows.sweeps.noise import summarize, to_markdown
 from tasks.measure import keys as K
-from tasks.measure.report import RunReport
+from tasks.measure.report import RunSummary
 
 TIMEOUT_S = 1500
 
@@ -49,8 +49,8 @@ def test_a_bad_override_is_refused_before_any_work(tmp_path: Path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def _report(run_id: str, metrics: dict[str, float]) -> RunReport:
-    return RunReport(run_id=run_id, metrics=metrics, validity="VALID")
+def _report(run_id: str, metrics: dict[str, float]) -> RunSummary:
+    return RunSummary(run_id=run_id, metrics=metrics, validity="VALID")
 
 
 def _with_repeats(plain: float, median: float) -> dict[str, float]:

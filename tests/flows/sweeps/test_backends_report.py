@@ -6,7 +6,7 @@ import math
 
 from dashboards.backends import backends_figure, summarize, to_markdown
 from flows.sweeps.backends_report import VARIANTS
-from tasks.measure.report import RunReport, Sample
+from tasks.measure.report import RunSummary, Sample
 
 
 def sample(variant: str, r: int, steady: float, **extra: float) -> Sample:
@@ -24,7 +24,7 @@ def sample(variant: str, r: int, steady: float, **extra: float) -> Sample:
         "memory.host_peak_bytes": 2**30,
         **extra,
     }
-    return Sample(variant, r, RunReport(f"id-{variant}-{r}", m, "VALID"))
+    return Sample(variant, r, RunSummary(f"id-{variant}-{r}", m, "VALID"))
 
 
 def test_every_variant_overrides_the_predict_run():

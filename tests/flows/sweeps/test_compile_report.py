@@ -7,7 +7,7 @@ import pytest
 from flows.sweeps.compile_report import summarize as compile_summarize
 from flows.sweeps.compile_report import to_markdown as compile_markdown
 from tasks.measure import keys as K
-from tasks.measure.report import RunReport, Sample
+from tasks.measure.report import RunSummary, Sample
 
 
 def _compile_sample(variant: str, cache: str, r: int, steady: float) -> Sample:
@@ -21,7 +21,7 @@ def _compile_sample(variant: str, cache: str, r: int, steady: float) -> Sample:
         K.HOST_PEAK_BYTES: 2.0**30,
         K.HOST_PEAK_EXCLUDING_COMPILER_BYTES: 2.0**29,
     }
-    return Sample(variant, r, RunReport(f"{variant}-{cache}-{r}", m, "VALID"), cache=cache)
+    return Sample(variant, r, RunSummary(f"{variant}-{cache}-{r}", m, "VALID"), cache=cache)
 
 
 def test_compile_report_speedup_is_paired_by_round():
@@ -67,7 +67,7 @@ def test_missing_figures_print_as_missing_not_nan_or_a_crash():
     for r in range(2):
         for variant, cache in (("eager", "none"), ("pools", "cold"), ("pools", "warm")):
             m = {K.STEADY_ROWS_PER_S: 1000.0, K.FIRST_CALL_SECONDS: 0.5, K.HOST_PEAK_BYTES: 2.0**30}
-            samples.append(Sample(variant, r, RunReport(f"{variant}-{cache}-{r}", m, "VALID"), cache=cache))
+            samples.append(Sample(variant, r, RunSummary(f"{variant}-{cache}-{r}", m, "VALID"), cache=cache))
     md = compile_markdown(compile_summarize(samples))
     assert "nan" not in md.lower()
     assert "| eager | none | 0.50 | 1,000 [n=2<6, no CI] | 1.00x | - | - [" in md

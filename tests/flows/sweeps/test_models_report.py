@@ -19,7 +19,7 @@ from flows.sweeps.models_report import (
     summarize,
     to_markdown,
 )
-from tasks.measure.report import RunReport, Sample
+from tasks.measure.report import RunSummary, Sample
 
 
 def sample(lib: str, r: int, e2e: float, **extra: float) -> Sample:
@@ -33,7 +33,7 @@ def sample(lib: str, r: int, e2e: float, **extra: float) -> Sample:
         "memory.host_peak_bytes": 2**30,
         **extra,
     }
-    return Sample(lib, r, RunReport(f"id-{lib}-{r}", m, "VALID"))
+    return Sample(lib, r, RunSummary(f"id-{lib}-{r}", m, "VALID"))
 
 
 def test_half_the_references_rows_per_s_every_round_is_0_5_with_a_0_5_interval():

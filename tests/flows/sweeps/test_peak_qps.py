@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from flows.sweeps.launch import Launched
 from flows.sweeps.peak import log_result, probe_from
 from tasks.measure import keys as K
-from tasks.measure.report import RunReport
+from tasks.measure.report import RunSummary
 from tasks.scenarios.peak import PeakResult, Probe
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,7 +82,7 @@ def _launched(validity: str, p99: float | None, reasons: tuple[str, ...] = ()) -
     if p99 is not None:  # a real server child logs both; the rule's is one rank below the estimate
         metrics[K.LATENCY_P99_SERVER_RULE] = p99
         metrics["latency.request_ms.p99_early_stopping"] = p99
-    report = RunReport(run_id="r1", metrics=metrics, validity=validity, invalid_reasons=list(reasons))
+    report = RunSummary(run_id="r1", metrics=metrics, validity=validity, invalid_reasons=list(reasons))
     return Launched(returncode=0, summary=report, error=None, log="")
 
 

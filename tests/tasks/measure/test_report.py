@@ -9,7 +9,7 @@ import pytest
 
 from tasks.measure import keys as K
 from tasks.measure.report import (
-    RunReport,
+    RunSummary,
     Sample,
     interval_text,
     markdown_table,
@@ -40,17 +40,17 @@ SUMMARY = {
 
 
 def test_the_summary_round_trips_exactly_unknown_keys_included():
-    r = RunReport.from_json(json.dumps(SUMMARY))
+    r = RunSummary.from_json(json.dumps(SUMMARY))
     assert r.metrics[K.STEADY_ROWS_PER_S] == 1234.5 and r.quality == 0.75 and r.validity == "INVALID"
     assert r.stages[0]["stage"] == "retrieve" and r.invalid_reasons == ["too few rows"]
     assert json.loads(r.to_json()) == SUMMARY  # the same format the child wrote
-    assert RunReport.from_json(r.to_json()) == r
+    assert RunSummary.from_json(r.to_json()) == r
     assert math.isnan(r.metric("compute.never_logged"))
 
 
 def test_a_file_that_is_not_a_run_summary_is_refused_by_name():
     with pytest.raises(ValueError, match="lacks metrics, validity"):
-        RunReport.from_json(json.dumps({"run_id": "x"}))
+        RunSummary.from_json(json.dumps({"run_id": "x"}))
 
 
 def test_from_record_reads_the_same_figures_from_mlflow():
@@ -65,7 +65,7 @@ def test_from_record_reads_the_same_figures_from_mlflow():
         params={"task.kind": "binary"},
         tags={"relflow.validity": "VALID", "relflow.invalid_reasons": "", "relflow.error": "boom"},
     )
-    r = RunReport.from_record(rec)
+    r = RunSummary.from_record(rec)
     assert (r.run_id, r.validity, r.quality_metric, r.quality, r.invalid_reasons) == ("r1", "VALID", "auc", 0.9, [])
     assert r.tags["relflow.error"] == "boom"
 
@@ -92,9 +92,9 @@ def test_interval_of_a_paired_ratio_has_the_known_order_statistics():
 
 def test_summarize_groups_in_order_and_failed_rounds_have_no_figures():
     samples = [
-        Sample("b", 0, RunReport("1", {"m": 3.0}, "VALID")),
-        Sample("a", 0, RunReport("2", {"m": 10.0}, "VALID")),
-        Sample("b", 1, RunReport("3", {"m": 5.0}, "INVALID")),
+        Sample("b", 0, RunSummary("1", {"m": 3.0}, "VALID")),
+        Sample("a", 0, RunSummary("2", {"m": 10.0}, "VALID")),
+        Sample("b", 1, RunSummary("3", {"m": 5.0}, "INVALID")),
         Sample("a", 1, None),
     ]
     rows = summarize(samples, {"m": lambda g: g.median("m"), "ok": lambda g: len(g.reports)})
