@@ -59,7 +59,6 @@ from tasks.runtime.threads import apply_threads
 from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.latency import verdict as latency_verdict
-from tasks.scenarios.offline import predict_pass
 from tasks.scenarios.outputs import OutputCheck, check_offline_outputs, check_outputs
 from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
@@ -201,19 +200,6 @@ def timed_body(run: Invocation) -> None:
         region_start_unix = unix_time()
         run.work = work = Workload(chain_for(run.plan), run.result)
 
-        def predict(repeat: int) -> None:
-            # Every pass really writes; only the last file is kept.
-            w = (
-                run.writer
-                if repeat == s.run.repeats - 1
-                else PredictionWriter(run.output.with_name(f"{run.output.stem}.repeat{repeat}.parquet"))
-            )
-            try:
-                predict_pass(work, w, repeat)
-            finally:
-                if w is not run.writer:
-                    w.abort()
-
         def requests() -> LatencyRecord:
             progress.emit("phase", name=f"{s.run.scenario} requests")
             return requests_task(work, run.writer)
@@ -227,7 +213,7 @@ def timed_body(run: Invocation) -> None:
             distributed=s.run.distributed is not None,
             serving_backend=lambda: serve_backend(run),  # outside every stage (not in e2e)
             requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
-            predict_pass=predict,
+            writer=run.writer,  # offline: predict passes (tasks/scenarios/offline.py)
         )
         region, run.latency = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
         region_end_unix = unix_time()
