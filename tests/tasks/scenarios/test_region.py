@@ -15,7 +15,7 @@ import torch
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
-from tasks.scenarios.offline import predict_pass
+from tasks.scenarios import region as region_module
 from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
@@ -81,15 +81,10 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
     def backend() -> None:
         ft.t += BACKEND
 
-    def predict(repeat: int) -> None:
-        w = PredictionWriter(tmp_path / f"p{repeat}.parquet")
-        predict_pass(work, w, repeat)
-        w.abort()
-
-    steps = RegionSteps(
-        train=work.train, distributed=False, serving_backend=backend, requests=None, predict_pass=predict
-    )
+    writer = PredictionWriter(tmp_path / "p.parquet")
+    steps = RegionSteps(train=work.train, distributed=False, serving_backend=backend, requests=None, writer=writer)
     region, latency = run_region(work, steps, train=True, repeats=2)
+    writer.abort()
     m = region.metrics()
     train = sum(STAGE_SECONDS[s] for s in ("retrieve", "preprocess", "tensorize", "compute"))  # one chunk, one epoch
     passes = 2 * sum(STAGE_SECONDS.values())
@@ -120,7 +115,7 @@ def test_a_server_run_names_its_idle_waits_and_its_untimed_encoding_fit(stubbed,
         distributed=False,
         serving_backend=lambda: None,
         requests=lambda: run_requests(work, writer),
-        predict_pass=lambda repeat: None,
+        writer=writer,
     )
     region, latency = run_region(work, steps, train=False, repeats=1)
     writer.abort()
@@ -138,7 +133,9 @@ def test_a_server_run_names_its_idle_waits_and_its_untimed_encoding_fit(stubbed,
     assert np.isclose(sum(v for k, v in m.items() if k != K.HARNESS_REGION_SECONDS), m[K.HARNESS_REGION_SECONDS])
 
 
-def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_frozen(stubbed, shop_spec, monkeypatch):
+def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_frozen(
+    stubbed, shop_spec, tmp_path, monkeypatch
+):
     """One collection inside the region, made to last 0.5 s on the fake clock: the region
     reports exactly one collection of 0.5 s, its wall time holds those seconds (here in
     orchestration: the pass is no stage), and what was alive before it is frozen inside."""
@@ -151,12 +148,17 @@ def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_froz
         if phase == "stop":  # before the region's own callback reads the clock
             ft.t += 0.5
 
-    def predict(repeat: int) -> None:
+    def predict(work: object, writer: object, repeat: int, repeats: int) -> None:  # the pass: one collection
         frozen_inside.append(gc.get_freeze_count())
         gc.collect()
 
+    monkeypatch.setattr(region_module, "predict_repeat", predict)
     steps = RegionSteps(
-        train=work.train, distributed=False, serving_backend=lambda: None, requests=None, predict_pass=predict
+        train=work.train,
+        distributed=False,
+        serving_backend=lambda: None,
+        requests=None,
+        writer=PredictionWriter(tmp_path / "p.parquet"),
     )
     was_enabled = gc.isenabled()
     gc.disable()  # no automatic collection may add one of its own
