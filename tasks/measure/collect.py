@@ -84,10 +84,14 @@ def engine_figures(result: RunResult, chain: Chain, engine: EngineBase, predict_
     return compiler_cache_state(hits, misses)
 
 
-def utilisation(spec: Spec, device: torch.device, engine: EngineBase, facts: ModelFacts) -> dict[str, float]:
+def utilisation(
+    spec: Spec, device: torch.device, engine: EngineBase, facts: ModelFacts, predict_threads: int | None = None
+) -> dict[str, float]:
     """MFU per phase against this host's cached peak (measured here, outside the timed
     region, on a cache miss). A library with no FLOPs count publishes none (its
-    ``ModelFacts.flops_note`` says why)."""
+    ``ModelFacts.flops_note`` says why). ``predict_threads``: the intra-op thread count the
+    predict phase ran at when it was not the process's (a request scenario's
+    ``run.request.intra_op_threads``): its MFU is against the peak at that count."""
     if facts.flops_per_root_row is None:
         return {}
     host = fingerprint(device)["relflow.host_fingerprint"]
@@ -114,4 +118,7 @@ def utilisation(spec: Spec, device: torch.device, engine: EngineBase, facts: Mod
     if spec.run.distributed is not None and "train" in phases:  # the ranks trained, at their own thread count
         threads = spec.run.distributed.threads_per_process
         rank_peak = peak_flops(host, device, spec.run.precision, threads=threads).flops_per_s
-    return {**mfu_metrics(peak.flops_per_s, phases, rank_peak), K.HOST_PEAK_CACHED: float(peak.cached)}
+    request_peak = None
+    if predict_threads is not None:  # the requests served at their own thread count
+        request_peak = peak_flops(host, device, spec.run.precision, threads=predict_threads).flops_per_s
+    return {**mfu_metrics(peak.flops_per_s, phases, rank_peak, request_peak), K.HOST_PEAK_CACHED: float(peak.cached)}

@@ -196,6 +196,7 @@ REQUESTS_TRACES_LOGGED = "requests.traces_logged"
 
 HOST_PEAK_FLOPS_PER_S = "host.peak_flops_per_s"
 TRAIN_RANK_PEAK_FLOPS_PER_S = "compute.train.rank_peak_flops_per_s"
+PREDICT_REQUEST_PEAK_FLOPS_PER_S = "compute.predict.request_peak_flops_per_s"
 HOST_PEAK_CACHED = "host.peak_cached"
 MFU = "mfu"  # compute(phase, MFU)
 MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
@@ -387,8 +388,10 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (E2E_PREDICT_ROWS, "root rows predicted, summed over passes"),
     (
         E2E_PREDICT_ROWS_PER_S,
-        "headline: e2e.predict.rows / e2e.predict.seconds (request scenarios: rows per service second of every "
-        "served call; the scenario's own figures are latency.rows_per_service_s and latency.rows_per_wall_s)",
+        "headline of an offline run: e2e.predict.rows / e2e.predict.seconds. Request scenarios: rows per "
+        "second of service time (the steps' seconds of every served call, the cold first call included; "
+        "neither the waits between requests nor queueing), not a throughput: compare and history judge "
+        "request runs by their latency figures (latency.request_ms.p90|p99) instead",
     ),
     (E2E_PREDICT_PASSES, "predict passes measured (run.repeats)"),
     (
@@ -506,6 +509,12 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         TRAIN_RANK_PEAK_FLOPS_PER_S,
         "DDP runs: the peak at a rank's torch thread count (run.distributed.threads_per_process), "
         "the denominator of compute.train.mfu|mfu_reserved there instead of host.peak_flops_per_s",
+    ),
+    (
+        PREDICT_REQUEST_PEAK_FLOPS_PER_S,
+        "request runs (single_stream, server): the peak at the thread count the requests ran at "
+        "(run.request.intra_op_threads, read back as latency.intra_op_threads), the denominator of "
+        "compute.mfu|mfu_reserved (predict) there instead of host.peak_flops_per_s",
     ),
     (HOST_PEAK_CACHED, "1 when the peak came from the cache, 0 when measured in this run (after the timed region)"),
     (DATA_ROOT_ROWS, "distinct root rows of the workload"),

@@ -30,19 +30,28 @@ class PhaseWork:
 
 
 def mfu_metrics(
-    peak_flops_per_s: float, phases: dict[str, PhaseWork], train_rank_peak: float | None = None
+    peak_flops_per_s: float,
+    phases: dict[str, PhaseWork],
+    train_rank_peak: float | None = None,
+    predict_request_peak: float | None = None,
 ) -> dict[str, float]:
     """``compute[.train].model_flops_per_s[_reserved]`` and ``.mfu[_reserved]`` per phase.
 
     ``train_rank_peak``: a DDP run's training is measured in the ranks, each with
     ``run.distributed.threads_per_process`` threads, so its MFU is against the peak at that
-    thread count (``compute.train.rank_peak_flops_per_s``), not this process's."""
+    thread count (``compute.train.rank_peak_flops_per_s``), not this process's.
+    ``predict_request_peak``: a request run serves at ``run.request.intra_op_threads``, so its
+    predict MFU is against the peak at that count (``compute.predict.request_peak_flops_per_s``)."""
     out = {K.HOST_PEAK_FLOPS_PER_S: peak_flops_per_s}
     if train_rank_peak is not None:
         out[K.TRAIN_RANK_PEAK_FLOPS_PER_S] = train_rank_peak
+    if predict_request_peak is not None:
+        out[K.PREDICT_REQUEST_PEAK_FLOPS_PER_S] = predict_request_peak
+    own = {"train": train_rank_peak, "predict": predict_request_peak}
 
     for phase, w in phases.items():
-        peak = train_rank_peak if phase == "train" and train_rank_peak is not None else peak_flops_per_s
+        phase_peak = own.get(phase)
+        peak = phase_peak if phase_peak is not None else peak_flops_per_s
 
         def share(flops_per_s: float, peak: float = peak) -> float:
             return flops_per_s / peak if peak > 0 else 0.0
@@ -61,11 +70,8 @@ def utilisation_reasons(metrics: dict[str, float]) -> list[str]:
     """A utilisation above 1 means the FLOP count or the peak is wrong: the run is INVALID."""
     reasons = []
     for phase in K.PHASES:
-        peak_key = (
-            K.TRAIN_RANK_PEAK_FLOPS_PER_S
-            if phase == "train" and K.TRAIN_RANK_PEAK_FLOPS_PER_S in metrics
-            else K.HOST_PEAK_FLOPS_PER_S
-        )
+        own = K.TRAIN_RANK_PEAK_FLOPS_PER_S if phase == "train" else K.PREDICT_REQUEST_PEAK_FLOPS_PER_S
+        peak_key = own if own in metrics else K.HOST_PEAK_FLOPS_PER_S
         peak = metrics.get(peak_key, 0.0)
         for mfu, flops in ((K.MFU, K.MODEL_FLOPS_PER_S), (K.MFU_RESERVED, K.MODEL_FLOPS_PER_S_RESERVED)):
             value = metrics.get(K.compute(phase, mfu))
