@@ -188,7 +188,9 @@ class Engine(EngineBase):
 
     def steady_batch(self, phase: str, part: Batch) -> None:
         """Inside the timed loop: keep references only (counted in ``steady_shapes``)."""
-        self._pending_shapes[phase].append((part.size, [part.nodes[n.name].present for n in self.schema.root.walk()[1:]]))
+        self._pending_shapes[phase].append(
+            (part.size, [part.nodes[n.name].present for n in self.schema.root.walk()[1:]])
+        )
 
     @property
     def steady_shapes(self) -> dict[str, Counter[tuple[int, ...]]]:
