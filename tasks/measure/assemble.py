@@ -1,0 +1,121 @@
+"""The flow's ``collect`` step: a finished timed region turned into the run's metrics.
+
+After the region (flows/benchmark.py orders the steps), in this order:
+
+1. the engine's figures and the serving backend's set-up (``engine_figures``, collect.py);
+2. the engine closed, the prediction file committed, the memory sampler stopped;
+3. what the harness measured around the work: quality against the reference, the request
+   record, the output check, start-up, the region's buckets and the host;
+4. the checkpoint saved (train+predict; tasks/tracking/run_log.py);
+5. the model's facts and MFU (at the thread count each phase ran at);
+6. ``harness.flow_seconds`` up to here, and ``RunResult.metrics()``.
+
+The floor ledger's fractions need a Prefect call of their own (flows/floors.py), so the flow
+adds them after this.
+"""
+
+from __future__ import annotations
+
+from tasks.backends.served import fp8_metrics
+from tasks.measure import keys as K
+from tasks.measure.clock import wall_clock
+from tasks.measure.collect import engine_figures, utilisation
+from tasks.measure.reference import quality_delta
+from tasks.runtime.writes import named_write_errors
+from tasks.scenarios.invocation import Invocation
+from tasks.stages.compute import Engine
+from tasks.tracking.run_log import save_checkpoint
+
+
+def collect(run: Invocation) -> dict[str, float]:
+    """Engine and harness figures into the result, predictions committed, checkpoint saved;
+    returns the metrics (without ``floor.*``)."""
+    _engine_part(run)
+    _commit_outputs(run)
+    _harness_part(run)
+    if run.spec.run.mode == "train+predict":
+        save_checkpoint(run)
+    _model_part(run)
+    # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
+    # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
+    flow_seconds = wall_clock() - run.flow_start
+    run.result.extra[K.HARNESS_FLOW_SECONDS] = flow_seconds
+    run.result.extra[K.HARNESS_FLOW_OVERHEAD_SECONDS] = flow_seconds - run.result.timed_stage_seconds
+    return run.result.metrics()
+
+
+def _engine_part(run: Invocation) -> None:
+    """The engine's figures, the text encoder's, the serving backend's and the loaded checkpoint's."""
+    result, engine = run.result, run.engine
+    assert run.work is not None
+    work, chain = run.work, run.work.chain
+    # per predict pass that ran; a request scenario's batches are per served request
+    units = run.latency.served_requests if run.latency is not None else result.predict_passes
+    run.tracker.set_tags({"relflow.compiler_cache": engine_figures(result, chain, engine, units)})
+    if chain.has_text:
+        enc_s = sum(st["encode"].seconds for st in result.stages.values())
+        result.extra[K.DATA_TEXT_CELLS] = float(work.text_cells_per_pass)
+        result.extra[K.ENCODE_CELLS_PER_S] = work.text_cells / enc_s if enc_s > 0 else 0.0
+    for phase in K.PHASES:
+        run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
+    result.extra.update(run.backend_setup.metrics())
+    load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
+    if load is not None:
+        result.extra.update(load.metrics())
+    if isinstance(engine, Engine):
+        result.extra.update(fp8_metrics(engine.model))
+    run.backend_tags = engine.backend_tags()  # after the passes: weights_native reads their fp8 fallbacks
+
+
+def _commit_outputs(run: Invocation) -> None:
+    """The engine closed, the kept prediction file committed, the memory peaks read."""
+    result, engine = run.result, run.engine
+    engine.close()
+    engine.profiler.close()
+    result.rows_written = run.writer.rows
+    with named_write_errors(run.writer.path, "predictions", "run.output_dir"):
+        result.output_bytes = run.writer.commit()
+    result.output_path = str(run.output)
+    result.stages["predict"]["write"].bytes = result.output_bytes * result.predict_passes
+    run.memory.stop()
+    result.host_peak_bytes = run.memory.host_peak_bytes
+    result.host_peak_excluding_compiler_bytes = run.memory.host_peak_excluding_compiler_bytes
+    result.device_peak_bytes = run.memory.device_peak_bytes
+
+
+def _harness_part(run: Invocation) -> None:
+    """What the harness measured around the work."""
+    result = run.result
+    assert run.region is not None  # after the timed body
+    if run.reference_quality is not None:
+        result.extra.update(quality_delta(run.engine.quality.headline, result.quality, run.reference_quality))
+    if run.latency is not None:
+        result.extra.update(run.latency.metrics())
+    if run.output_check is not None:
+        result.extra.update(run.output_check.metrics())
+    result.extra.update(
+        {
+            K.HARNESS_DATA_SECONDS: run.plan.data_seconds,
+            K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
+            K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
+            **run.buckets,  # harness.region_seconds and its buckets (tasks/scenarios/region.py)
+            **run.gc_pauses,  # tasks/measure/gcpauses.py
+            **run.region.metrics(),
+        }
+    )
+
+
+def _model_part(run: Invocation) -> None:
+    """The model's facts (params and tags) and its utilisation."""
+    s, p, engine = run.spec, run.plan, run.engine
+    facts = engine.facts()
+    run.tracker.log_params(
+        {
+            "model.parameters": facts.parameters,
+            "model.flops_per_root_row": facts.flops_per_root_row if facts.flops_per_root_row is not None else "none",
+            "run.resolved_device": str(p.device),
+        }
+    )
+    run.tracker.set_tags(facts.tags | ({"relflow.flops_note": facts.flops_note} if facts.flops_note else {}))
+    run.result.extra.update(facts.metrics)
+    run.result.extra.update(utilisation(s, p.device, engine, facts, run.predict_threads))
