@@ -26,20 +26,21 @@ import copy
 import json
 import tempfile
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from dashboards.peak import peak_figure
+from dashboards.peak import peak_qps_figure
 from flows.sweeps.launch import Launched, launch_local, prefect_api_url
 from tasks.measure import keys as K
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 from tasks.scenarios.peak import PeakResult, Probe, check_args, search
-from tasks.spec import apply_overrides, parse_spec
+from tasks.spec import Spec, apply_overrides, parse_spec
 from tasks.tracking.writer import Tracker
 
 P99_KEY = K.LATENCY_P99_SERVER_RULE
@@ -101,6 +102,90 @@ def run_child(
     )
 
 
+@dataclass(frozen=True)
+class Children:
+    """Launches the search's child runs (the training run, the probes) under the parent run, each
+    a fresh-process ``relflow-bench run`` whose log is kept on the parent."""
+
+    tracker: Tracker
+    parent_run_id: str
+    attempt: str
+    spec_dir: str
+    workdir: str
+    api_url: str | None
+    tags: dict[str, str]
+
+    def launch(self, name: str, spec: dict[str, Any], role_tags: dict[str, str]) -> Launched:
+        child_tags = {"relflow.sweep.role": "child", "relflow.peak.attempt": self.attempt, **role_tags, **self.tags}
+        launched = run_child(
+            name, spec, self.spec_dir, self.parent_run_id, child_tags, self.workdir, self.tracker.uri, self.api_url
+        )
+        self.tracker.log_text(launched.log, f"children/{self.attempt}/{name}.log")
+        return launched
+
+
+def probe_checkpoint(base: Spec, children: Children) -> str:
+    """The checkpoint every probe serves: the spec's ``run.checkpoint``, or, for a
+    ``train+predict`` spec, the one an offline training child writes (trained once)."""
+    checkpoint = base.run.checkpoint
+    if base.run.mode == "train+predict":
+        progress.emit("peak", kind="train")
+        offline = apply_overrides(copy.deepcopy(base.to_dict()), ["run.scenario=offline"])
+        trained = children.launch("train", offline, {"relflow.peak.role": "train"})
+        if trained.summary is None or not trained.summary.checkpoint_path:
+            raise RuntimeError(f"peak-qps: the training run failed: {trained.error}")
+        checkpoint = str(Path(trained.summary.checkpoint_path).resolve())  # probes share the cwd; be sure
+        progress.emit("peak", kind="trained", run_id=trained.summary.run_id, checkpoint=checkpoint)
+    if checkpoint is None:
+        raise UserError("peak-qps with run.mode=predict needs run.checkpoint; set it or use train+predict.")
+    return checkpoint
+
+
+@dataclass
+class Prober:
+    """``probe(rate)`` for the search: one server child run at ``rate`` from the checkpoint,
+    judged by ``probe_from``; ``done`` keeps the probes in the order they ran."""
+
+    base: Spec
+    checkpoint: str
+    bound_ms: float
+    requests: int
+    seconds: float
+    children: Children
+    done: list[Probe] = field(default_factory=list)
+
+    def __call__(self, rate: float) -> Probe:
+        index = len(self.done)
+        progress.emit("peak", kind="start", rate=rate, index=index)
+        overrides = probe_overrides(rate, self.bound_ms, self.checkpoint, self.requests, self.seconds)
+        spec = parse_spec(
+            apply_overrides(copy.deepcopy(self.base.to_dict()), overrides), f"(peak-qps probe at {rate:g} QPS)"
+        ).to_dict()
+        launched = self.children.launch(
+            f"probe-{index}", spec, {"relflow.peak.role": "probe", "relflow.peak.qps": f"{rate:g}"}
+        )
+        p = probe_from(rate, self.bound_ms, launched)
+        self.done.append(p)
+        progress.emit("peak", kind="done", probe=p, index=index)
+        return p
+
+
+def start_parent(tracker: Tracker, base: Spec, attempt: str, tags: dict[str, str], params: dict[str, float]) -> str:
+    """The search's parent MLflow run, with the search's settings as params; returns its id."""
+    parent = tracker.start(
+        f"{base.name}-peak-qps",
+        {
+            "relflow.sweep.role": "parent",
+            "relflow.peak.attempt": attempt,
+            "relflow.spec_hash": base.spec_hash,
+            "relflow.spec_name": base.name,
+            **tags,
+        },
+    )
+    tracker.log_params(params)
+    return parent
+
+
 @flow(name="peak-qps", persist_result=False, validate_parameters=True)
 def peak_qps(
     base_spec: dict[str, Any],
@@ -115,71 +200,25 @@ def peak_qps(
 ) -> dict[str, Any]:
     base = parse_spec(base_spec, "(peak-qps parameter 'base_spec')")
     check_args(bound_ms, probe_requests, probe_seconds, tolerance)
-    raw = base.to_dict()
     start = start_qps or base.run.request.target_qps
     attempt = uuid.uuid4().hex[:12]
     tracker = Tracker(base.name)
-    parent = tracker.start(
-        f"{base.name}-peak-qps",
-        {
-            "relflow.sweep.role": "parent",
-            "relflow.peak.attempt": attempt,
-            "relflow.spec_hash": base.spec_hash,
-            "relflow.spec_name": base.name,
-            **(tags or {}),
-        },
-    )
-    tracker.log_params(
-        {
-            "peak.bound_ms": bound_ms,
-            "peak.tolerance": tolerance,
-            "peak.start_qps": start,
-            "peak.probe_requests": probe_requests,
-            "peak.probe_seconds": probe_seconds,
-        }
-    )
+    settings = {
+        "peak.bound_ms": bound_ms,
+        "peak.tolerance": tolerance,
+        "peak.start_qps": start,
+        "peak.probe_requests": probe_requests,
+        "peak.probe_seconds": probe_seconds,
+    }
+    parent = start_parent(tracker, base, attempt, tags or {}, settings)
     workdir = tempfile.TemporaryDirectory(prefix="relflow-peak-")
     try:
         api_url = prefect_api_url()
         progress.emit("peak", kind="parent", run_id=parent)
-
-        def child(name: str, spec: dict[str, Any], extra: dict[str, str]) -> Launched:
-            child_tags = {"relflow.sweep.role": "child", "relflow.peak.attempt": attempt, **extra, **(tags or {})}
-            launched = run_child(name, spec, spec_dir, parent, child_tags, workdir.name, tracker.uri, api_url)
-            tracker.log_text(launched.log, f"children/{attempt}/{name}.log")
-            return launched
-
-        checkpoint = base.run.checkpoint
-        if base.run.mode == "train+predict":
-            progress.emit("peak", kind="train")
-            trained = child(
-                "train", apply_overrides(copy.deepcopy(raw), ["run.scenario=offline"]), {"relflow.peak.role": "train"}
-            )
-            if trained.summary is None or not trained.summary.checkpoint_path:
-                raise RuntimeError(f"peak-qps: the training run failed: {trained.error}")
-            checkpoint = str(Path(trained.summary.checkpoint_path).resolve())  # probes share the cwd; be sure
-            progress.emit("peak", kind="trained", run_id=trained.summary.run_id, checkpoint=checkpoint)
-        if checkpoint is None:
-            raise UserError("peak-qps with run.mode=predict needs run.checkpoint; set it or use train+predict.")
-
-        def probe(rate: float) -> Probe:
-            progress.emit("peak", kind="start", rate=rate, index=len(res_probes))
-            spec = parse_spec(
-                apply_overrides(
-                    copy.deepcopy(raw), probe_overrides(rate, bound_ms, checkpoint, probe_requests, probe_seconds)
-                ),
-                f"(peak-qps probe at {rate:g} QPS)",
-            ).to_dict()
-            launched = child(
-                f"probe-{len(res_probes)}", spec, {"relflow.peak.role": "probe", "relflow.peak.qps": f"{rate:g}"}
-            )
-            p = probe_from(rate, bound_ms, launched)
-            res_probes.append(p)
-            progress.emit("peak", kind="done", probe=p, index=len(res_probes) - 1)
-            return p
-
-        res_probes: list[Probe] = []
-        res = search(probe, bound_ms=bound_ms, start_qps=start, tolerance=tolerance, max_probes=max_probes)
+        children = Children(tracker, parent, attempt, spec_dir, workdir.name, api_url, tags or {})
+        checkpoint = probe_checkpoint(base, children)
+        prober = Prober(base, checkpoint, bound_ms, probe_requests, probe_seconds, children)
+        res = search(prober, bound_ms=bound_ms, start_qps=start, tolerance=tolerance, max_probes=max_probes)
         log_result(tracker, res)
         tracker.finish()
     except BaseException as err:
@@ -229,4 +268,4 @@ def log_result(tracker: Tracker, res: PeakResult) -> None:
         }
     )
     tracker.log_dict([probe_dict(p) for p in res.probes], "peak_probes.json")
-    tracker.log_text(peak_figure(res).to_html(include_plotlyjs=True, full_html=True), "peak_qps.html")
+    tracker.log_text(peak_qps_figure(res).to_html(include_plotlyjs=True, full_html=True), "peak_qps.html")

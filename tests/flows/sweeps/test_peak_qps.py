@@ -204,4 +204,4 @@ def test_peak_qps_probes_are_child_server_runs_of_one_parent(tmp_path):
     assert parent.data.metrics["server.peak_qps_bracket_low"] == 200.0
     assert parent.data.tags["relflow.peak.bracketed"] == "False"
     html = Path(client.download_artifacts(parent.info.run_id, "peak_qps.html")).read_text()
-    assert "Early-stopping p99 against Poisson rate" in html
+    assert "Peak-QPS search: p99 under LoadGen's server rule against Poisson rate: no peak found" in html
