@@ -275,14 +275,28 @@ class Chain:
         sink: StageSink,
         where: Where | None = None,
         runner: StageRunner | None = None,
+        later: list[Callable[[], None]] | None = None,
     ) -> PredictOutputs:
-        """compute (predict) -> calibrate -> write for one prepared chunk or request."""
+        """compute (predict) -> calibrate -> write for one prepared chunk or request.
+
+        ``later``: the calibration-quality bookkeeping (``report_mask`` hashes every key) is
+        appended there instead of run, for a caller that runs it outside its own timing (a
+        request's latency span)."""
         engine, spec, rows = self._engine(), self.spec, tz.root_rows
         outs, seconds = self._timed("compute", lambda: engine.predict(tz, self.outputs), where, runner)
         sink("compute", seconds, rows)
         if outs.label_mask is not None and outs.labels is not None:  # quality bookkeeping: untimed
-            # only the rows the temperature was not fitted on (out-of-sample calibration quality)
-            self.calibration.add(outs.tensors["prediction"], outs.labels, report_mask(tz.keys, outs.label_mask))
+            # only the rows the temperature was not fitted on (out-of-sample calibration quality);
+            # the uncalibrated logits, by reference (calibrate replaces the dict's entry)
+            logits, labels, mask, keys = outs.tensors["prediction"], outs.labels, outs.label_mask, tz.keys
+
+            def score() -> None:
+                self.calibration.add(logits, labels, report_mask(keys, mask))
+
+            if later is None:
+                score()
+            else:
+                later.append(score)
         t = self.temperature
         outs, seconds = self._timed("calibrate", lambda: calibrate_outputs(outs, t, spec.task.kind), None, runner)
         sink("calibrate", seconds, rows)
