@@ -24,7 +24,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from flows.cli import temporary_server
-from flows.cli.backends import backends_report_cmd, export_cmd, models_report_cmd, quantize_cmd
+from flows.cli.backends import backends_report_cmd, export_cmd, models_report_cmd
 from flows.cli.common import (
     DEFAULT_SPEC,
     INTERRUPTED_EXIT,
@@ -40,6 +40,7 @@ from flows.cli.common import (
 from flows.cli.floors import floors_cmd
 from flows.cli.noise import noise_cmd
 from flows.cli.peak import peak_qps_cmd
+from flows.cli.quantize import quantize_cmd
 from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
 from flows.cli.serve import serve_cmd
 from flows.cli.sweep import sweep_cmd
