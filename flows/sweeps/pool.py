@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from tasks.measure.clock import wall_clock
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
-from tasks.spec import parse_spec
+from tasks.spec import Spec, parse_spec
 from tasks.tracking.reader import StoredRun, search_runs
 from tasks.tracking.writer import Tracker
 
@@ -103,6 +103,111 @@ def _child_run(experiment: str, attempt: str, index: int) -> StoredRun | None:
     return found[-1] if found else None
 
 
+@dataclass
+class Fanout:
+    """One pool sweep while it runs: the flow runs it submitted, the rows of those that settled,
+    and the worker that ran each configuration."""
+
+    base: Spec
+    configs: list[Config]
+    shash: str
+    attempt: str
+    tracker: Tracker
+    parent: str
+    deployment: str
+    pool: str
+    queue: str | None
+    spec_dir: str
+    tags: dict[str, str] | None
+    rows: dict[int, Row] = field(default_factory=dict)
+    workers: dict[int, str] = field(default_factory=dict)  # config index -> worker that ran it
+
+    def submit(self, done: dict[str | None, Any]) -> dict[int, UUID]:
+        """A SKIPPED row for each configuration with a FINISHED child, a flow run of the deployment
+        for each other; returns the flow runs by configuration index."""
+        pending: dict[int, UUID] = {}
+        for c in self.configs:
+            if c.spec_hash in done:
+                self.rows[c.index] = row_from_record(c, done[c.spec_hash], "SKIPPED", self.base.task.kind)
+                self.workers[c.index] = done[c.spec_hash].tags.get("relflow.worker", "-")
+                progress.emit("sweep", kind="skipped", row=self.rows[c.index], total=len(self.configs))
+                continue
+            child_tags = child_run_tags(self.shash, self.attempt, c, self.tags, {"relflow.pool": self.pool})
+            fr = run_deployment(
+                self.deployment,
+                timeout=0,
+                work_queue_name=self.queue,
+                tags=["relflow", "relflow-sweep"],
+                parameters={
+                    "spec": c.spec,
+                    "spec_dir": self.spec_dir,
+                    "parent_run_id": self.parent,
+                    "tags": child_tags,
+                },
+            )
+            pending[c.index] = fr.id
+            progress.emit(
+                "sweep", kind="start", index=c.index, config=f"{c.label} -> flow run {fr.name}", total=len(self.configs)
+            )
+        return pending
+
+    def wait(self, pending: dict[int, UUID]) -> None:
+        """Poll the flow runs until every one has settled, recording each row as it does."""
+        by_index = {c.index: c for c in self.configs}
+        with get_client(sync_client=True) as client:
+            while pending:
+                t0 = wall_clock()
+                for index, fr_id in list(pending.items()):
+                    settled = self.settle(client, by_index[index], fr_id)
+                    if settled is None:
+                        continue
+                    row, worker = settled
+                    row.stages = []
+                    self.rows[index] = row
+                    self.workers[index] = worker or "-"
+                    del pending[index]
+                    progress.emit("sweep", kind="done", row=row, total=len(self.configs))
+                if pending:
+                    # Wait between polls (Prefect's own runner polls the same way).
+                    time.sleep(max(0.0, POLL_SECONDS - (wall_clock() - t0)))
+
+    def settle(self, client: Any, c: Config, fr_id: UUID) -> tuple[Row, str | None] | None:
+        """The row of a flow run that ended and the worker that ran it; None while it runs. A flow
+        run whose worker stopped heart-beating is set CRASHED first (its process died with it)."""
+        fr = client.read_flow_run(fr_id)
+        state = fr.state.type.value if fr.state else "PENDING"
+        worker = (fr.labels or {}).get("prefect.worker.name")
+        if state in ("RUNNING", "PENDING") and worker and _worker_gone(client, self.pool, worker):
+            client.set_flow_run_state(
+                fr_id,
+                Crashed(message=f"worker '{worker}' stopped sending heartbeats (killed or host lost)"),
+                force=True,
+            )
+            state = "CRASHED"
+        if state == "COMPLETED":
+            return self.completed_row(c), worker
+        if state in TERMINAL_FAILED:
+            message = fr.state.message if fr.state else ""
+            kind = self.base.task.kind
+            return _failed(self.tracker, c, self.attempt, self.parent, kind, state, fr.name, worker, message), worker
+        return None
+
+    def completed_row(self, c: Config) -> Row:
+        """A COMPLETED flow run's row, from its MLflow child; FAILED when it left none."""
+        rec = _child_run(self.base.name, self.attempt, c.index)
+        if rec:
+            return row_from_record(c, rec, "FINISHED", self.base.task.kind)
+        return Row(
+            c.index,
+            c.label,
+            c.values,
+            "FAILED",
+            None,
+            quality_metric=K.HEADLINE_QUALITY[self.base.task.kind],
+            error="flow run COMPLETED but no MLflow child run was found",
+        )
+
+
 @flow(name="sweep-pool", persist_result=False, validate_parameters=True)
 def sweep_pool(
     base_spec: dict[str, Any],
@@ -126,85 +231,12 @@ def sweep_pool(
             **({"relflow.sweep.queue": queue} if queue else {}),
         }
     )
-    rows: dict[int, Row] = {}
-    workers: dict[int, str] = {}  # config index -> worker that ran it
+    fanout = Fanout(base, configs, shash, attempt, tracker, parent, deployment, pool, queue, spec_dir, tags)
     try:
         progress.emit("sweep", kind="parent", run_id=parent, reused=reused, sweep_hash=shash, total=len(configs))
-        done = finished_children(base.name, parent)
-        pending: dict[int, UUID] = {}  # config index -> flow run id
-        for c in configs:
-            if c.spec_hash in done:
-                rows[c.index] = row_from_record(c, done[c.spec_hash], "SKIPPED", base.task.kind)
-                workers[c.index] = done[c.spec_hash].tags.get("relflow.worker", "-")
-                progress.emit("sweep", kind="skipped", row=rows[c.index], total=len(configs))
-                continue
-            child_tags = child_run_tags(shash, attempt, c, tags, {"relflow.pool": pool})
-            fr = run_deployment(
-                deployment,
-                timeout=0,
-                work_queue_name=queue,
-                tags=["relflow", "relflow-sweep"],
-                parameters={"spec": c.spec, "spec_dir": spec_dir, "parent_run_id": parent, "tags": child_tags},
-            )
-            pending[c.index] = fr.id
-            progress.emit(
-                "sweep", kind="start", index=c.index, config=f"{c.label} -> flow run {fr.name}", total=len(configs)
-            )
-        by_index = {c.index: c for c in configs}
-        with get_client(sync_client=True) as client:
-            while pending:
-                t0 = wall_clock()
-                for index, fr_id in list(pending.items()):
-                    c = by_index[index]
-                    fr = client.read_flow_run(fr_id)
-                    state = fr.state.type.value if fr.state else "PENDING"
-                    worker = (fr.labels or {}).get("prefect.worker.name")
-                    if state in ("RUNNING", "PENDING") and worker and _worker_gone(client, pool, worker):
-                        client.set_flow_run_state(
-                            fr_id,
-                            Crashed(message=f"worker '{worker}' stopped sending heartbeats (killed or host lost)"),
-                            force=True,
-                        )
-                        state = "CRASHED"
-                    if state == "COMPLETED":
-                        rec = _child_run(base.name, attempt, index)
-                        row = (
-                            row_from_record(c, rec, "FINISHED", base.task.kind)
-                            if rec
-                            else Row(
-                                c.index,
-                                c.label,
-                                c.values,
-                                "FAILED",
-                                None,
-                                quality_metric=K.HEADLINE_QUALITY[base.task.kind],
-                                error="flow run COMPLETED but no MLflow child run was found",
-                            )
-                        )
-                    elif state in TERMINAL_FAILED:
-                        row = _failed(
-                            tracker,
-                            c,
-                            attempt,
-                            parent,
-                            base.task.kind,
-                            state,
-                            fr.name,
-                            worker,
-                            fr.state.message if fr.state else "",
-                        )
-                    else:
-                        continue
-                    row.stages = []
-                    rows[index] = row
-                    workers[index] = worker or "-"
-                    del pending[index]
-                    progress.emit("sweep", kind="done", row=row, total=len(configs))
-                if pending:
-                    # Wait between polls (Prefect's own runner polls the same way).
-                    time.sleep(max(0.0, POLL_SECONDS - (wall_clock() - t0)))
-        ordered = [rows[c.index] for c in configs]
-        close_parent(tracker, ordered, attempt, workers)
+        fanout.wait(fanout.submit(finished_children(base.name, parent)))
+        ordered = [fanout.rows[c.index] for c in configs]
+        close_parent(tracker, ordered, attempt, fanout.workers)
     except BaseException as err:
         tracker.fail(err)
         raise
@@ -216,7 +248,7 @@ def sweep_pool(
         "tracking_uri": mask_uri(tracker.uri),
         "pool": pool,
         "deployment": deployment,
-        "rows": [asdict(r) | {"worker": workers.get(r.index, "-")} for r in ordered],
+        "rows": [asdict(r) | {"worker": fanout.workers.get(r.index, "-")} for r in ordered],
     }
 
 
