@@ -3,7 +3,7 @@
 They read the MLflow store that ``relflow-bench run`` writes (``MLFLOW_TRACKING_URI`` or
 ``sqlite:///<cwd>/mlflow.db``) through ``tasks.tracking.reader``; the logic lives in
 ``dashboards/`` as pure functions over run records. Registered on the app in
-``flows/cli/__init__.py``. Exit codes as every command's (``flows/cli/common.py``), plus 4 when
+``flows/cli/app.py``. Exit codes as every command's (``flows/cli/common.py``), plus 4 when
 ``history --fail-on-regression`` finds a regression.
 """
 
@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -24,6 +24,9 @@ from rich.table import Table
 from flows.cli.common import console, fail, install_interrupts, out
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
+
+if TYPE_CHECKING:
+    from dashboards.compare import Comparison
 
 REGRESSION_EXIT = 4
 
@@ -110,6 +113,64 @@ def side_runs(run_id: str):
     return run, children
 
 
+def compare_by_key(
+    experiment: str, baseline: str, candidate: str | None, include_profiled: bool, threshold: float, alpha: float
+) -> Comparison:
+    """``compare --experiment E --baseline KEY=VALUE [--candidate V]``: the experiment's benchmark
+    runs split into two groups by one tag or param."""
+    from dashboards.compare import compare, split_by
+    from dashboards.history import profiled
+    from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S
+    from tasks.tracking.reader import search_runs
+
+    if "=" not in baseline:
+        raise UserError(f"--baseline '{baseline}' must look like KEY=VALUE, e.g. relflow.git_sha=abc123.")
+    key, value = baseline.split("=", 1)
+    pool = [
+        r
+        for r in search_runs(experiment)
+        if E2E_PREDICT_ROWS_PER_S in r.metrics and (include_profiled or not profiled(r))
+    ]
+    if not pool:
+        raise UserError(f"experiment '{experiment}' has no FINISHED benchmark runs.")
+    base, cand, cand_value = split_by(pool, key, value, candidate)
+    if not base or not cand:
+        raise UserError(
+            f"{key}: {len(base)} baseline run(s) with '{value}' and {len(cand)} candidate "
+            f"run(s) with '{cand_value}' in '{experiment}': need at least one each."
+        )
+    return compare(
+        base,
+        cand,
+        threshold=threshold,
+        alpha=alpha,
+        baseline_label=f"{key}={value} ({len(base)} runs)",
+        candidate_label=f"{key}={cand_value} ({len(cand)} runs)",
+    )
+
+
+def compare_run_ids(run_a: str, run_b: str, threshold: float, alpha: float) -> Comparison:
+    """``compare RUN_A RUN_B``: two runs, or the child runs of two parent runs, side by side."""
+    from dashboards.compare import compare
+    from dashboards.history import profiled
+
+    (a, side_a), (b, side_b) = side_runs(run_a), side_runs(run_b)
+    for r in (*side_a, *side_b):
+        if profiled(r):
+            console.print(
+                f"[yellow]warning:[/] run {r.run_id} was profiled (relflow.profiled=true); "
+                "its times include the profiler's overhead."
+            )
+    return compare(
+        side_a,
+        side_b,
+        threshold=threshold,
+        alpha=alpha,
+        baseline_label=f"A {a.label}" + (f" ({len(side_a)} runs)" if side_a != [a] else ""),
+        candidate_label=f"B {b.label}" + (f" ({len(side_b)} runs)" if side_b != [b] else ""),
+    )
+
+
 def compare_cmd(
     runs: Annotated[
         list[str] | None,
@@ -146,10 +207,7 @@ def compare_cmd(
     Groups: two parent runs of relflow-bench noise, or --experiment E --baseline KEY=VALUE.
     The params and environment tags that differ are listed.
     """
-    from dashboards.compare import as_dict, compare, split_by
-    from dashboards.history import profiled
-    from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S
-    from tasks.tracking.reader import search_runs
+    from dashboards.compare import as_dict
 
     try:
         if threshold < 0 or not 0 < alpha < 1:
@@ -157,48 +215,11 @@ def compare_cmd(
         if baseline is not None:
             if runs or experiment is None:
                 raise UserError("--baseline KEY=VALUE needs --experiment E and no run ids.")
-            if "=" not in baseline:
-                raise UserError(f"--baseline '{baseline}' must look like KEY=VALUE, e.g. relflow.git_sha=abc123.")
-            key, value = baseline.split("=", 1)
-            pool = [
-                r
-                for r in search_runs(experiment)
-                if E2E_PREDICT_ROWS_PER_S in r.metrics and (include_profiled or not profiled(r))
-            ]
-            if not pool:
-                raise UserError(f"experiment '{experiment}' has no FINISHED benchmark runs.")
-            base, cand, cand_value = split_by(pool, key, value, candidate)
-            if not base or not cand:
-                raise UserError(
-                    f"{key}: {len(base)} baseline run(s) with '{value}' and {len(cand)} candidate "
-                    f"run(s) with '{cand_value}' in '{experiment}': need at least one each."
-                )
-            c = compare(
-                base,
-                cand,
-                threshold=threshold,
-                alpha=alpha,
-                baseline_label=f"{key}={value} ({len(base)} runs)",
-                candidate_label=f"{key}={cand_value} ({len(cand)} runs)",
-            )
+            c = compare_by_key(experiment, baseline, candidate, include_profiled, threshold, alpha)
         else:
             if not runs or len(runs) != 2:
                 raise UserError("give two run ids (RUN_A RUN_B) or --experiment E --baseline KEY=VALUE.")
-            (a, side_a), (b, side_b) = (side_runs(r) for r in runs)
-            for r in (*side_a, *side_b):
-                if profiled(r):
-                    console.print(
-                        f"[yellow]warning:[/] run {r.run_id} was profiled (relflow.profiled=true); "
-                        "its times include the profiler's overhead."
-                    )
-            c = compare(
-                side_a,
-                side_b,
-                threshold=threshold,
-                alpha=alpha,
-                baseline_label=f"A {a.label}" + (f" ({len(side_a)} runs)" if side_a != [a] else ""),
-                candidate_label=f"B {b.label}" + (f" ({len(side_b)} runs)" if side_b != [b] else ""),
-            )
+            c = compare_run_ids(runs[0], runs[1], threshold, alpha)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001
         fail(err, debug)
     print_comparison(c)
