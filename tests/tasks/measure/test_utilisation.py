@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
 import torch
 
 from model import ColumnDef, ModelConfig, ModelSchema, NodeDef, TargetDef
 from model.meta import inspect_on_meta
-from tasks.measure.peak_flops import measure, peak_flops
+from tasks.measure.clock import Clock
+from tasks.measure.peak_flops import Peak, measure, peak_flops
 from tasks.measure.present_flops import cut, flops_of_shapes
 from tasks.measure.utilisation import PhaseWork, mfu_metrics, utilisation_reasons
 
@@ -32,23 +32,40 @@ def test_flops_per_root_row_matches_a_hand_count():
     assert got["flops_per_root_row"] == L * per_layer + 2 * D * classes
 
 
-def test_mfu_is_a_fraction_of_a_measured_peak(tmp_path, monkeypatch):
+def test_the_peak_is_the_best_of_its_timed_matmuls_at_2_n_cubed_flops(monkeypatch):
+    # Three timed 64 x 64 x 64 matmuls on a scripted clock: 0.5, 0.25 and 0.4 s. The peak is
+    # the best one's rate, 2 * 64**3 FLOPs in 0.25 s (not the mean, not n**3 FLOPs).
+    ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.4])
+    monkeypatch.setattr("tasks.measure.peak_flops.Clock", lambda device: Clock(None, now=lambda: next(ticks)))
+    peak = measure(torch.device("cpu"), "fp32", size=64, reps=3)
+    assert peak.flops_per_s == 2 * 64**3 / 0.25
+    assert (peak.size, peak.threads, peak.device, peak.dtype) == (64, torch.get_num_threads(), "cpu", "fp32")
+    # MFU against it: three such matmuls (3 x 0.25 s of work at the peak rate) done in 1.5 s
+    m = mfu_metrics(peak.flops_per_s, {"predict": PhaseWork(0.0, 0.0, 3 * 2 * 64**3, 1.5)})
+    assert m["compute.mfu"] == 0.5
+    assert m["compute.model_flops_per_s"] == 3 * 2 * 64**3 / 1.5
+
+
+def test_a_measured_peak_is_cached_per_host_device_and_dtype(tmp_path, monkeypatch):
     monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr("tasks.measure.peak_flops.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
+    measured: list[float] = []
+
+    def scripted_measure(device: torch.device, dtype: str, size: int | None = None, reps: int = 8) -> Peak:
+        measured.append(100.0 * (len(measured) + 1))  # each measurement a new figure: 100, 200, ...
+        return Peak(measured[-1], str(device), dtype, torch.get_num_threads(), 8, 0.0)
+
+    monkeypatch.setattr("tasks.measure.peak_flops.measure", scripted_measure)
     cpu = torch.device("cpu")
     peak = peak_flops("fp-test", cpu, "fp32")
-    assert not peak.cached and peak.flops_per_s > 0
-    again = peak_flops("fp-test", cpu, "fp32")
-    assert again.cached and again.flops_per_s == peak.flops_per_s
-    assert not peak_flops("fp-test", cpu, "fp32", remeasure=True).cached
-    # The same kernel at a smaller size, run for real, against the peak: the ratio of the two
-    # rates. (Not asserted <= 1: two timings on a shared host, once flaky in the fast suite.)
-    small = measure(cpu, "fp32", size=256, reps=3)
-    m = mfu_metrics(
-        peak.flops_per_s, {"predict": PhaseWork(0.0, 0.0, 2.0 * 256**3 * 3, 3 * 2 * 256**3 / small.flops_per_s)}
-    )
-    assert m["compute.mfu"] == pytest.approx(small.flops_per_s / peak.flops_per_s) and m["compute.mfu"] > 0
-    assert m["compute.model_flops_per_s"] == pytest.approx(small.flops_per_s)
+    assert (peak.cached, peak.flops_per_s) == (False, 100.0)
+    again = peak_flops("fp-test", cpu, "fp32")  # from the cache file, not measured
+    assert (again.cached, again.flops_per_s, len(measured)) == (True, 100.0, 1)
+    assert peak_flops("fp-test", cpu, "bf16").flops_per_s == 200.0  # another dtype: measured
+    assert peak_flops("fp-other-host", cpu, "fp32").flops_per_s == 300.0  # another host
+    fresh = peak_flops("fp-test", cpu, "fp32", remeasure=True)
+    assert (fresh.cached, fresh.flops_per_s) == (False, 400.0)
+    assert peak_flops("fp-test", cpu, "fp32").flops_per_s == 400.0  # the remeasured figure is cached
 
 
 def test_mfu_counts_the_present_work_and_the_reserved_figure_apart():
