@@ -239,12 +239,31 @@ def _vs_floor(m: dict[str, float], phase: str, stage: str, trusted: bool) -> str
 
 
 def report(summary: dict[str, Any]) -> None:
+    """What ``run`` prints after a run: the stage table, the repeats, one line per figure
+    (``summary_lines``), and the profiled ops when the run was profiled."""
     from tasks.measure import keys as K
     from tasks.measure.floor_trust import untrusted
     from tasks.measure.records import describe_repeats
 
     m = summary["metrics"]
     floor_doubts = untrusted(m)
+    out.print(stage_table(summary, trusted=not floor_doubts))
+    if floor_doubts:
+        out.print("[yellow]* vs floor untrusted: " + "; ".join(floor_doubts))
+    for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
+        text = describe_repeats(m, key)
+        if text:
+            out.print(f"{label + ' repeats':<21} {text}")
+    out.print("\n".join(summary_lines(summary)))
+    for phase, ops in (summary.get("profile") or {}).items():
+        out.print(top_ops_table(phase, ops))
+
+
+def stage_table(summary: dict[str, Any], *, trusted: bool) -> Table:
+    """Each phase's stages, then its end-to-end row (the two phases are never summed)."""
+    from tasks.measure import keys as K
+
+    m = summary["metrics"]
     table = Table(title="Stages (training epochs and predict passes are separate phases)", title_justify="left")
     for col in ("phase", "stage", "seconds", "root rows", "rows/s", "share of phase", "vs floor"):
         table.add_column(col, justify="left" if col in ("phase", "stage") else "right")
@@ -260,7 +279,7 @@ def report(summary: dict[str, Any]) -> None:
                 f"{row['rows']:,}",
                 f"{row['rows_per_s']:,.0f}",
                 f"{row['share']:.1%}",
-                _vs_floor(m, str(row["phase"]), str(row["stage"]), not floor_doubts),
+                _vs_floor(m, str(row["phase"]), str(row["stage"]), trusted),
             )
         label = "end-to-end predict (headline)" if phase == "predict" else "end-to-end train (trained rows)"
         table.add_row(
@@ -273,13 +292,15 @@ def report(summary: dict[str, Any]) -> None:
             "",
             end_section=True,
         )
-    out.print(table)
-    if floor_doubts:
-        out.print("[yellow]* vs floor untrusted: " + "; ".join(floor_doubts))
-    for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
-        text = describe_repeats(m, key)
-        if text:
-            out.print(f"{label + ' repeats':<21} {text}")
+    return table
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per figure after the stage table: compute, data, quality, memory, host, outputs,
+    latency and calibration where the run has them, validity and where the run is recorded."""
+    from tasks.measure import keys as K
+
+    m = summary["metrics"]
     q = summary["quality_metric"]
     lines = [
         _first_call_line(m),
@@ -339,16 +360,19 @@ def report(summary: dict[str, Any]) -> None:
         f"MLflow               experiment '{summary['experiment']}', run {summary['run_id']}",
         f"                     {summary['tracking_uri']}",
     ]
-    out.print("\n".join(lines))
-    for phase, ops in (summary.get("profile") or {}).items():
-        top = Table(title=f"Top ops, {phase} (profiled steady batches)", title_justify="left")
-        for col in ("op", "calls", "self CPU ms", "self CUDA ms", "share"):
-            top.add_column(col, justify="left" if col == "op" else "right")
-        for r in ops:
-            top.add_row(
-                r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}", f"{r['share']:.1%}"
-            )
-        out.print(top)
+    return lines
+
+
+def top_ops_table(phase: str, ops: list[dict[str, Any]]) -> Table:
+    """The profiled steady batches' top ops of one phase (``run --profile``)."""
+    top = Table(title=f"Top ops, {phase} (profiled steady batches)", title_justify="left")
+    for col in ("op", "calls", "self CPU ms", "self CUDA ms", "share"):
+        top.add_column(col, justify="left" if col == "op" else "right")
+    for r in ops:
+        top.add_row(
+            r["op"], f"{r['calls']:,}", f"{r['self_cpu_ms']:.2f}", f"{r['self_cuda_ms']:.2f}", f"{r['share']:.1%}"
+        )
+    return top
 
 
 @app.command("compile-report")
