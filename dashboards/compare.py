@@ -44,6 +44,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from dashboards.history import NOT_FOR_REQUEST_RUNS, request_run
 from tasks.measure import keys as K
 from tasks.measure.noise import cv
 from tasks.measure.significance import holm, min_rank_p, rank_mde, rank_test_p, reachable, run_sample, runs_needed
@@ -202,9 +203,15 @@ def _ratio(a: float, b: float) -> float:
 
 def key_metrics(metrics: Sequence[Mapping[str, float]]) -> list[tuple[str, int]]:
     """(key, direction) of every metric compare shows for runs that logged ``metrics``:
-    ``KEY_METRICS`` and each run's top-level ``quality.<name>``."""
+    ``KEY_METRICS`` and each run's top-level ``quality.<name>``. Request runs (every run a
+    single_stream or server one) are judged by their latency first, and not by
+    ``e2e.predict.rows_per_s`` (service-time rows/s there, cold call included: not a throughput)."""
     quality = sorted({k for m in metrics for k in m if k.startswith("quality.") and k.count(".") == 1})
-    return [*KEY_METRICS, *((k, QUALITY_DIRECTION.get(k.split(".", 1)[1], 0)) for k in quality)]
+    rows = list(KEY_METRICS)
+    if metrics and all(request_run(m) for m in metrics):
+        latency = [(k, d) for k, d in rows if k.startswith(K.LATENCY_PREFIX)]
+        rows = latency + [(k, d) for k, d in rows if (k, d) not in latency and k not in NOT_FOR_REQUEST_RUNS]
+    return [*rows, *((k, QUALITY_DIRECTION.get(k.split(".", 1)[1], 0)) for k in quality)]
 
 
 def family_of_group(metrics: Sequence[Mapping[str, float]]) -> list[str]:

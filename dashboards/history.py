@@ -20,12 +20,12 @@ a regression or an improvement for that metric's direction.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S, latency_request_ms
+from tasks.measure.keys import E2E_PREDICT_ROWS_PER_S, LATENCY_REQUESTS, STEADY_ROWS_PER_S, latency_request_ms
 from tasks.tracking.reader import StoredRun
 
 # Metrics the history walks: throughput (higher is better) and, for request scenarios
@@ -37,6 +37,9 @@ HISTORY_METRICS: tuple[str, ...] = (
     latency_request_ms(99),
 )
 LOWER_IS_BETTER = frozenset({latency_request_ms(50), latency_request_ms(99)})
+# A request run's e2e.predict.rows_per_s is rows per second of service time, the cold call
+# included (tasks/measure/keys.py), not a throughput: request runs are judged by their latency.
+NOT_FOR_REQUEST_RUNS = frozenset({E2E_PREDICT_ROWS_PER_S})
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median, in sigma / sqrt(n)
 
@@ -129,9 +132,20 @@ class HistoryStep:
     after_run: StoredRun  # first run of the new level
 
 
+def request_run(metrics: Mapping[str, float]) -> bool:
+    """A single_stream or server run (it logged ``latency.requests``)."""
+    return LATENCY_REQUESTS in metrics
+
+
+def judged_by(metrics: Mapping[str, float], key: str) -> bool:
+    """Whether a run with these metrics is judged by ``key`` (request runs never by
+    ``NOT_FOR_REQUEST_RUNS``)."""
+    return metrics.get(key, 0) > 0 and not (key in NOT_FOR_REQUEST_RUNS and request_run(metrics))
+
+
 def series(runs: Sequence[StoredRun], key: str) -> tuple[list[StoredRun], list[float]]:
-    """Runs that carry ``key`` (positive) and its values, in the given order."""
-    kept = [(r, r.metrics[key]) for r in runs if r.metrics.get(key, 0) > 0]
+    """Runs judged by ``key`` (carrying it, positive) and its values, in the given order."""
+    kept = [(r, r.metrics[key]) for r in runs if judged_by(r.metrics, key)]
     return [r for r, _ in kept], [v for _, v in kept]
 
 
