@@ -1,8 +1,9 @@
-"""The highest Poisson rate whose early-stopping p99 holds a latency bound (LoadGen's
+"""The highest Poisson rate whose server run holds a latency bound (LoadGen's
 FindPeakPerformance, for the server scenario).
 
 The search only sees probes: ``probe(rate)`` runs a server scenario at ``rate`` and returns
-its early-stopping p99 (None when the run had too few requests for one: a failed probe).
+whether it passed, with the p99 LoadGen's server rule judges (``latency.request_ms.p99_server_rule``;
+None when the run had too few requests for one: a failed probe).
 From the start rate it doubles while probes pass (or halves while they fail) until one
 passing and one failing rate are known, then bisects between them (geometrically: rates
 span orders of magnitude) until ``high / low <= 1 + tolerance``. The bracket is ``high``,
@@ -12,7 +13,7 @@ the result never claims a rate above one that failed.
 
 Halving stops when load is not what sets the latency: two failing probes in a row that kept
 up with their arrivals (achieved QPS at least ``KEPT_UP`` of the target) and whose
-early-stopping p99 differ by less than ``FLOOR_RATIO`` (halving the rate left the p99 where
+p99 differ by less than ``FLOOR_RATIO`` (halving the rate left the p99 where
 it was, so the unloaded latency is above the bound). Lower rates would only take longer (a
 probe needs 662 requests: 530 s at 1.25 QPS) and fail the same; the result says so
 (``unloaded_above_bound``). Measured here on the default workload: 294, 287 and 288 ms at
@@ -35,7 +36,7 @@ KEPT_UP = 0.8  # achieved / target QPS of a probe that kept up (a Poisson run of
 @dataclass(frozen=True)
 class Probe:
     rate: float  # target QPS the probe ran at
-    p99_ms: float | None  # its early-stopping p99 (None: too few requests)
+    p99_ms: float | None  # its p99 under LoadGen's server rule (None: too few requests)
     passed: bool
     run_id: str | None = None
     achieved_qps: float | None = None
