@@ -72,14 +72,10 @@ EAGER_REGION_CALLS = "compute.eager_region_calls"
 
 
 # relflow's own ThroughputLogger (model.library relflow), beside the harness's exact figures:
-# relflow_logger(phase, RELFLOW_LOGGER_STEADY_MEAN_ROWS_PER_S) etc.
-def relflow_logger(phase: str, what: str) -> str:
-    return f"relflow.logger.{phase}.{what}"
-
-
-RELFLOW_LOGGER_STEADY_MEAN_ROWS_PER_S = "steady_mean_rows_per_s"
-RELFLOW_LOGGER_LAST_ROWS_PER_S = "last_rows_per_s"
-RELFLOW_LOGGER_TRAIN_LAST_LOSS = "relflow.logger.train.last_loss"
+# compute(phase, LIBRARY_LOGGER_STEADY_MEAN_ROWS_PER_S) etc.
+LIBRARY_LOGGER_STEADY_MEAN_ROWS_PER_S = "library_logger.steady_mean_rows_per_s"
+LIBRARY_LOGGER_LAST_ROWS_PER_S = "library_logger.last_rows_per_s"
+LIBRARY_LOGGER_TRAIN_LAST_LOSS = "compute.train.library_logger.last_loss"
 COMPILE_CACHE_HITS = "compute.compile_cache_hits"
 COMPILE_CACHE_MISSES = "compute.compile_cache_misses"
 # compute(phase, ESTIMATED_ROWS_PER_S): logged by the model's throughput callback itself
@@ -477,18 +473,24 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "relflow's compiled graph",
     ),
     (
-        "relflow.logger.<phase>.steady_mean_rows_per_s",
-        "model.library relflow: the mean, over the phase's steady batches (those behind "
+        compute("predict", LIBRARY_LOGGER_STEADY_MEAN_ROWS_PER_S),
+        "model.library relflow: the mean, over the steady predict batches (those behind "
         "compute.steady_rows_per_s), of relflow's own ThroughputLogger figure: each batch's own rows / "
-        "its batch-hook seconds (relflow's throughput/<phase>), a mean of per-batch rates, not rows / seconds",
+        "its batch-hook seconds (relflow's throughput/predict), a mean of per-batch rates, not rows / seconds",
     ),
     (
-        "relflow.logger.<phase>.last_rows_per_s",
-        "model.library relflow: relflow's ThroughputLogger figure (rows/s) for the last timed batch of the "
-        "phase, the one Lightning's callback_metrics keeps (a chunk's partial last batch where there is one)",
+        compute("train", LIBRARY_LOGGER_STEADY_MEAN_ROWS_PER_S),
+        "the same over the steady training batches (relflow's throughput/train; beside "
+        "compute.train.steady_rows_per_s)",
     ),
     (
-        RELFLOW_LOGGER_TRAIN_LAST_LOSS,
+        compute("predict", LIBRARY_LOGGER_LAST_ROWS_PER_S),
+        "model.library relflow: relflow's ThroughputLogger figure (rows/s) for the last timed predict batch, "
+        "the one Lightning's callback_metrics keeps (a chunk's partial last batch where there is one)",
+    ),
+    (compute("train", LIBRARY_LOGGER_LAST_ROWS_PER_S), "the same for the last timed training batch"),
+    (
+        LIBRARY_LOGGER_TRAIN_LAST_LOSS,
         "model.library relflow: the training loss relflow's training_step returned for the last timed "
         "training batch (relflow's loss/train; its objective's units)",
     ),
