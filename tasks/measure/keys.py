@@ -398,7 +398,7 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "headline of an offline run: e2e.predict.rows / e2e.predict.seconds. Request scenarios: rows per "
         "second of service time (the steps' seconds of every served call, the cold first call included; "
         "neither the waits between requests nor queueing), not a throughput: compare and history judge "
-        "request runs by their latency figures (latency.request_ms.p90|p99) instead",
+        "request runs by their latency figures (latency.request_ms.p50|p99) instead",
     ),
     (E2E_PREDICT_PASSES, "predict passes measured (run.repeats)"),
     (
