@@ -64,158 +64,237 @@ def _checkpoint_blocks(path: str) -> int | None:
 def refusals(spec: Spec, *, links: LinkMode = "parent") -> list[Refusal]:
     """Every setting of ``spec`` this library cannot honour, each with why and the fix.
     Reads only the spec and the local files it names (a checkpoint's config.json)."""
+    checkpoints, blocks = _checkpoint_refusals(spec)
+    return [
+        *_task_refusals(spec),
+        *_triton_refusals(spec),
+        *_compile_refusals(spec),
+        *_onnx_refusals(spec),
+        *_run_refusals(spec),
+        *_text_refusals(spec),
+        *checkpoints,
+        *_depth_refusals(spec, links, blocks),
+    ]
+
+
+def _task_refusals(spec: Spec) -> list[Refusal]:
+    """What the task asks that one target cell per root-row context cannot answer."""
     out: list[Refusal] = []
-    task, run, model = spec.task, spec.run, spec.model
-
-    def refuse(key: str, value: object, why: str, fix: str) -> None:
-        out.append(Refusal(key, value, why, fix))
-
+    task = spec.task
     if task.branch is not None:
-        refuse(
-            "task.branch",
-            task.branch,
-            "a context holds exactly one target cell and one context is built per root row; a per-branch-row "
-            "target would put several target cells in one context, and the library sums their scores into one",
-            "predict a root column (leave task.branch unset)",
+        out.append(
+            Refusal(
+                "task.branch",
+                task.branch,
+                "a context holds exactly one target cell and one context is built per root row; a per-branch-row "
+                "target would put several target cells in one context, and the library sums their scores into one",
+                "predict a root column (leave task.branch unset)",
+            )
         )
     extra = [o for o in task.outputs if o.partition(":")[0] not in ("prediction", "topk")]
     if extra:
-        refuse(
-            "task.outputs",
-            extra,
-            "RT-J serves one score (or class logits) per context; it has no pooled root, branch or leaf outputs",
-            "keep prediction (and topk:<k> for a category target)",
+        out.append(
+            Refusal(
+                "task.outputs",
+                extra,
+                "RT-J serves one score (or class logits) per context; it has no pooled root, branch or leaf outputs",
+                "keep prediction (and topk:<k> for a category target)",
+            )
         )
     if task.target in spec.schema_.root.columns:
-        refuse(
-            f"schema.root.columns.{task.target}",
-            spec.schema_.root.columns[task.target],
-            "the target column would also be an input cell, so its value would leak into its own context",
-            f"remove '{task.target}' from schema.root.columns",
+        out.append(
+            Refusal(
+                f"schema.root.columns.{task.target}",
+                spec.schema_.root.columns[task.target],
+                "the target column would also be an input cell, so its value would leak into its own context",
+                f"remove '{task.target}' from schema.root.columns",
+            )
         )
-    device = device_type(spec)
+    return out
+
+
+def _triton_refusals(spec: Spec) -> list[Refusal]:
+    """run.backend triton, on any device."""
+    out: list[Refusal] = []
+    run = spec.run
     if run.backend == "triton":
-        if device != "cuda":
-            refuse(
-                "run.backend",
-                "triton",
-                f"the library's Triton backend (RTJTriton) needs CUDA: it moves every weight to the GPU with "
-                f".cuda() and runs CUDA kernels, and this run's device is {device}",
-                "use run.backend pytorch or onnxruntime on this host",
-            )
-        else:
-            refuse(
-                "run.backend",
-                "triton",
-                "the library's Triton backend hard-codes RT-J's size (12 blocks, d 512) and fp16 weights and serves "
-                "binary scores only; this harness has not wired it (it was built without a GPU)",
-                "use run.backend pytorch or onnxruntime",
-            )
-    c = run.compile
-    if c.encoders or c.pools:
-        refuse(
-            "run.compile.encoders/pools",
-            {"encoders": c.encoders, "pools": c.pools},
-            "RT-J has no separate encoder or pooling regions; the library compiles the whole model or nothing",
-            "use run.compile.model: true (the library's compile=True) or leave compile off",
+        device = device_type(spec)
+        why = (
+            f"the library's Triton backend (RTJTriton) needs CUDA: it moves every weight to the GPU with "
+            f".cuda() and runs CUDA kernels, and this run's device is {device}"
+            if device != "cuda"
+            else "the library's Triton backend hard-codes RT-J's size (12 blocks, d 512) and fp16 weights and "
+            "serves binary scores only; this harness has not wired it (it was built without a GPU)"
         )
-    if c.model and (c.backend != "inductor" or c.mode is not None or c.options or c.dynamic is False):
-        refuse(
-            "run.compile",
-            {"backend": c.backend, "mode": c.mode, "options": c.options, "dynamic": c.dynamic},
-            "the library's compile=True is torch.compile(model, dynamic=True) with nothing else to set",
-            "leave run.compile.backend/mode/options/dynamic at their defaults",
-        )
-    if run.precision != "fp32":
-        refuse(
-            "run.precision",
-            run.precision,
-            "the library's PyTorch backend always runs fp32: it builds the model in fp32 and loads any "
-            "checkpoint into it (fp16, fp8, int8 and int4 files included)",
-            "use run.precision fp32",
-        )
-    if run.backend == "onnxruntime":
-        if run.onnxruntime.quantization is not None:
-            refuse(
+        fix = "use run.backend pytorch or onnxruntime" + (" on this host" if device != "cuda" else "")
+        out.append(Refusal("run.backend", "triton", why, fix))
+    return out
+
+
+def _onnx_refusals(spec: Spec) -> list[Refusal]:
+    """The ONNX Runtime settings the library's ONNX backend lacks."""
+    out: list[Refusal] = []
+    run = spec.run
+    if run.backend != "onnxruntime":
+        return out
+    if run.onnxruntime.quantization is not None:
+        out.append(
+            Refusal(
                 "run.onnxruntime.quantization",
                 run.onnxruntime.quantization,
                 "the library's ONNX backend serves the exported file as it is",
                 "drop run.onnxruntime.quantization",
             )
-        if run.onnxruntime.model is not None:
-            p = Path(run.onnxruntime.model).expanduser()
-            if not (p.is_file() or (p / "model.onnx").is_file()):
-                refuse(
+        )
+    if run.onnxruntime.model is not None:
+        p = Path(run.onnxruntime.model).expanduser()
+        if not (p.is_file() or (p / "model.onnx").is_file()):
+            out.append(
+                Refusal(
                     "run.onnxruntime.model",
                     run.onnxruntime.model,
                     "no such ONNX file or folder holding model.onnx; the library would look the name up on "
                     "the Hugging Face hub, which this harness never does",
                     "give a local .onnx file or folder, or drop the key to export the run's model",
                 )
+            )
+    return out
+
+
+def _compile_refusals(spec: Spec) -> list[Refusal]:
+    """run.compile beyond the library's one switch (compile=True) and run.precision."""
+    out: list[Refusal] = []
+    c = spec.run.compile
+    if c.encoders or c.pools:
+        out.append(
+            Refusal(
+                "run.compile.encoders/pools",
+                {"encoders": c.encoders, "pools": c.pools},
+                "RT-J has no separate encoder or pooling regions; the library compiles the whole model or nothing",
+                "use run.compile.model: true (the library's compile=True) or leave compile off",
+            )
+        )
+    if c.model and (c.backend != "inductor" or c.mode is not None or c.options or c.dynamic is False):
+        out.append(
+            Refusal(
+                "run.compile",
+                {"backend": c.backend, "mode": c.mode, "options": c.options, "dynamic": c.dynamic},
+                "the library's compile=True is torch.compile(model, dynamic=True) with nothing else to set",
+                "leave run.compile.backend/mode/options/dynamic at their defaults",
+            )
+        )
+    if spec.run.precision != "fp32":
+        out.append(
+            Refusal(
+                "run.precision",
+                spec.run.precision,
+                "the library's PyTorch backend always runs fp32: it builds the model in fp32 and loads any "
+                "checkpoint into it (fp16, fp8, int8 and int4 files included)",
+                "use run.precision fp32",
+            )
+        )
+    return out
+
+
+def _run_refusals(spec: Spec) -> list[Refusal]:
+    """One process, contexts built here, no dropout."""
+    out: list[Refusal] = []
+    run = spec.run
     if run.distributed is not None:
-        refuse(
-            "run.distributed",
-            "set",
-            "the library trains in one process (its trainer has no data-parallel path)",
-            "drop run.distributed",
+        out.append(
+            Refusal(
+                "run.distributed",
+                "set",
+                "the library trains in one process (its trainer has no data-parallel path)",
+                "drop run.distributed",
+            )
         )
     if run.loader.num_workers > 0:
-        refuse(
-            "run.loader.num_workers",
-            run.loader.num_workers,
-            "loader workers encode batches with the reference model's encoding; RT-J's contexts are "
-            "built, encoded and collated by tasks/libraries/relational_transformers",
-            "set run.loader.num_workers 0",
+        out.append(
+            Refusal(
+                "run.loader.num_workers",
+                run.loader.num_workers,
+                "loader workers encode batches with the reference model's encoding; RT-J's contexts are "
+                "built, encoded and collated by tasks/libraries/relational_transformers",
+                "set run.loader.num_workers 0",
+            )
         )
-    if model.dropout > 0:
-        refuse("model.dropout", model.dropout, "RT-J has no dropout", "set model.dropout 0")
+    if spec.model.dropout > 0:
+        out.append(Refusal("model.dropout", spec.model.dropout, "RT-J has no dropout", "set model.dropout 0"))
+    return out
+
+
+def _text_refusals(spec: Spec) -> list[Refusal]:
+    """Cell vectors are this folder's 384-wide encode step."""
+    out: list[Refusal] = []
+    text = spec.run.text
     # the default width is the harness encoder's; any other value asks for a width RT-J cannot read
     # (fields_set would not do: a spec dumped and parsed again marks every default as set)
-    if run.text.dim not in (type(run.text).model_fields["dim"].default, D_TEXT):
-        refuse(
-            "run.text.dim",
-            run.text.dim,
-            f"RT-J reads {D_TEXT}-wide cell vectors (its d_text)",
-            f"drop run.text.dim or set it to {D_TEXT}",
+    if text.dim not in (type(text).model_fields["dim"].default, D_TEXT):
+        out.append(
+            Refusal(
+                "run.text.dim",
+                text.dim,
+                f"RT-J reads {D_TEXT}-wide cell vectors (its d_text)",
+                f"drop run.text.dim or set it to {D_TEXT}",
+            )
         )
-    if run.text.encoder != "hashed":
-        refuse(
-            "run.text.encoder",
-            run.text.encoder,
-            f"this library's cells are encoded by its own encode step ({D_TEXT}-wide hashing encoder); "
-            "a plug-in encoder is not wired for it",
-            "use run.text.encoder hashed",
+    if text.encoder != "hashed":
+        out.append(
+            Refusal(
+                "run.text.encoder",
+                text.encoder,
+                f"this library's cells are encoded by its own encode step ({D_TEXT}-wide hashing encoder); "
+                "a plug-in encoder is not wired for it",
+                "use run.text.encoder hashed",
+            )
         )
-    blocks = model.layers
+    return out
+
+
+def _checkpoint_refusals(spec: Spec) -> tuple[list[Refusal], int]:
+    """Checkpoints that are not local folders, and the model's block count (the checkpoint's
+    own when run.checkpoint names one, else model.layers)."""
+    out: list[Refusal] = []
+    blocks = spec.model.layers
     for key in ("checkpoint", "reference_checkpoint"):
-        value = getattr(run, key)
+        value = getattr(spec.run, key)
         if value is None:
             continue
         found = _checkpoint_blocks(value)
         if found is None:
-            refuse(
-                f"run.{key}",
-                value,
-                "no local checkpoint folder there (config.json, or classification/ or regression/ holding one); "
-                "the library would look the name up on the Hugging Face hub, which this harness never does",
-                "give the local folder that holds config.json and model.safetensors",
+            out.append(
+                Refusal(
+                    f"run.{key}",
+                    value,
+                    "no local checkpoint folder there (config.json, or classification/ or regression/ holding "
+                    "one); the library would look the name up on the Hugging Face hub, which this harness never "
+                    "does",
+                    "give the local folder that holds config.json and model.safetensors",
+                )
             )
         elif key == "checkpoint":
             blocks = found
-    depths = _branch_depths(spec)
-    if links == "ancestors":
-        for name, depth in depths.items():
-            if depth > MAX_PARENTS:
-                refuse(
+    return out, blocks
+
+
+def _depth_refusals(spec: Spec, links: LinkMode, blocks: int) -> list[Refusal]:
+    """Branches too deep: more parents than RT-J reads (ancestor links), or more foreign-key
+    hops than blocks (parent links: their cells could never reach the prediction)."""
+    out: list[Refusal] = []
+    for name, depth in _branch_depths(spec).items():
+        if links == "ancestors" and depth > MAX_PARENTS:
+            out.append(
+                Refusal(
                     f"branch '{name}' depth",
                     depth,
                     f"with ancestor links its rows carry {depth} parent node ids; RT-J reads at most {MAX_PARENTS}",
                     f"nest '{name}' at most {MAX_PARENTS} levels deep, or use parent links",
                 )
-    else:
-        for name, depth in depths.items():
-            if depth > blocks:
-                refuse(
+            )
+        elif links == "parent" and depth > blocks:
+            out.append(
+                Refusal(
                     f"branch '{name}' depth",
                     depth,
                     f"its rows are {depth} foreign-key hops from the target cell; RT-J moves information "
@@ -224,6 +303,7 @@ def refusals(spec: Spec, *, links: LinkMode = "parent") -> list[Refusal]:
                     "reach the prediction",
                     f"set model.layers to at least {depth}, or remove branch '{name}'",
                 )
+            )
     return out
 
 

@@ -403,7 +403,19 @@ def build_contexts(table: pa.Table, spec: Spec, stats: Stats, config: ContextCon
             raise UserError(_too_many_parents(name, depth))
     rows = _flatten(table, nodes)
     n_roots = table.num_rows
+    ids, links = _node_ids_and_links(nodes, rows, n_roots, config)
+    parts, string_parts = _cell_parts(nodes, rows, ids, links, stats)
+    # exactly one target cell per root row, whatever its label: a query, not an input
+    parts.append(
+        _Part(np.arange(n_roots, dtype=np.int64), ids[0], links[0], len(parts), 0, _target_sem(spec.task.kind), True)
+    )
+    return _assemble(parts, string_parts, n_roots, table, spec, stats, nodes, rows)
 
+
+def _node_ids_and_links(
+    nodes: list[_Node], rows: list[_Rows], n_roots: int, config: ContextConfig
+) -> tuple[list[Int64s], list[Int64s]]:
+    """Per node: its rows' node ids and their parent links ``[rows, MAX_PARENTS]`` (-1 = none)."""
     # node ids: a running offset per node over the chunk's rows, never a natural key
     offsets = np.cumsum([0, *(r.count for r in rows)])
     ids = [np.arange(r.count, dtype=np.int64) + offsets[k] for k, r in enumerate(rows)]
@@ -418,11 +430,17 @@ def build_contexts(table: pa.Table, spec: Spec, stats: Stats, config: ContextCon
                 raise UserError(_too_many_parents(node.name, node.depth))
             own[:, 1:] = inherited[:, : MAX_PARENTS - 1]
         links.append(own)
+    return ids, links
 
+
+def _cell_parts(
+    nodes: list[_Node], rows: list[_Rows], ids: list[Int64s], links: list[Int64s], stats: Stats
+) -> tuple[list[_Part], list[pa.Array]]:
+    """One part per (node, column): its present values' cells (column id = the part's index),
+    and the kept strings of the text parts, in part order (their ``text`` positions index them)."""
     parts: list[_Part] = []
     string_parts: list[pa.Array] = []
     string_count = 0
-    column_id = 0
     for k, (node, r) in enumerate(zip(nodes, rows, strict=True)):
         for column, kind in node.columns:
             where = f"column '{column}' of '{node.name}' (table '{node.table}')"
@@ -432,7 +450,7 @@ def build_contexts(table: pa.Table, spec: Spec, stats: Stats, config: ContextCon
                 mean, std = stats.scales.get(f"{node.name}.{column}", (0.0, 1.0))
                 keep = np.flatnonzero(valid)
                 scaled = ((values[keep] - mean) / std).astype(np.float32)
-                part = _Part(r.context[keep], ids[k][keep], links[k][keep], column_id, k, SEM_NUMBER, False)
+                part = _Part(r.context[keep], ids[k][keep], links[k][keep], len(parts), k, SEM_NUMBER, False)
                 if kind == "numeric":
                     part.number = scaled
                 else:
@@ -442,17 +460,25 @@ def build_contexts(table: pa.Table, spec: Spec, stats: Stats, config: ContextCon
                 keep = np.flatnonzero(np.asarray(text.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
                 kept = text.take(pa.array(keep))
                 string_parts.append(kept)
-                positions = np.arange(string_count, string_count + len(kept), dtype=np.int64)
+                part = _Part(r.context[keep], ids[k][keep], links[k][keep], len(parts), k, SEM_TEXT, False)
+                part.text = np.arange(string_count, string_count + len(kept), dtype=np.int64)
                 string_count += len(kept)
-                part = _Part(r.context[keep], ids[k][keep], links[k][keep], column_id, k, SEM_TEXT, False)
-                part.text = positions
             parts.append(part)
-            column_id += 1
-    # exactly one target cell per root row, whatever its label: a query, not an input
-    parts.append(
-        _Part(np.arange(n_roots, dtype=np.int64), ids[0], links[0], column_id, 0, _target_sem(spec.task.kind), True)
-    )
+    return parts, string_parts
 
+
+def _assemble(
+    parts: list[_Part],
+    string_parts: list[pa.Array],
+    n_roots: int,
+    table: pa.Table,
+    spec: Spec,
+    stats: Stats,
+    nodes: list[_Node],
+    rows: list[_Rows],
+) -> Contexts:
+    """The parts' cells, context-major (within a context, schema order), as one ``Contexts``;
+    the chunk's strings deduplicated (each distinct string is encoded once)."""
     if string_parts:
         encoded = pc.dictionary_encode(pa.concat_arrays(string_parts))
         strings = encoded.dictionary
