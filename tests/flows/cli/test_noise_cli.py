@@ -18,6 +18,7 @@ from scipy import integrate, optimize, stats
 from flows.sweeps.noise import summarize, to_markdown
 from tasks.measure import keys as K
 from tasks.measure.report import RunSummary
+from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, as_cli
 
 TIMEOUT_S = 1500
 
@@ -145,12 +146,11 @@ def test_noise_runs_fresh_processes_and_logs_the_cv_of_compares_sample(tmp_path:
     spec_file = shop4_files / "shop.yaml"
     spec_file.write_text(yaml.safe_dump(shop_spec))
     sets = [
-        "run.min_steady_batches=1",
-        "run.min_steady_seconds=0.000001",
-        "run.system_metrics_interval_s=0",
+        *ANY_STEADY,
+        *NO_SYSTEM_METRICS,
         "run.repeats=3",  # each run logs its median over passes 1..2: the sample compare tests
     ]
-    args = [str(spec_file), "--runs", "2", *(a for s in sets for a in ("--set", s))]
+    args = [str(spec_file), "--runs", "2", *as_cli(sets)]
     got = _noise(args, tmp_path)
     assert got.returncode == 0, got.stderr[-3000:]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
