@@ -4,16 +4,22 @@
 
 The workload's own chain (tasks/stages/chain.py), run directly: a Prefect task per request
 would add orchestration to every request's latency. Step times also add into the run's stage
-table; held-out labels feed the calibration quality outside the timing.
+table; held-out labels feed the calibration quality outside the timing. What a call counts
+(figures, stage table, quality; ``report_mask`` hashes its keys) runs in ``settle``, which
+the scenarios call outside every request's latency span.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import numpy as np
 
 from tasks.scenarios.outputs import ServedOutputs
 from tasks.scenarios.workload import Workload
-from tasks.stages.chain import run_directly
+from tasks.stages.chain import Prepared, run_directly
+from tasks.stages.engine import PredictOutputs
 from tasks.stages.write import PredictionWriter
 
 
@@ -25,18 +31,35 @@ class RequestPath:
         self.scored_keys: list[np.ndarray] = []  # each call's root keys (LatencyRecord.scored_keys)
         # run.request.check_outputs: each call's written predictions, by reference
         self.outputs = ServedOutputs() if work.spec.run.request.check_outputs else None
+        # Bookkeeping of served calls (figures, stage table, quality), run by ``settle``: the
+        # scenarios call it outside every request's latency span, where it once ran.
+        self._later: list[Callable[[], None]] = []
 
     def __call__(self, keys: np.ndarray) -> dict[str, float]:
-        """Serve one request (or one batch of requests) for ``keys``; step -> seconds."""
+        """Serve one request (or one batch of requests) for ``keys``; step -> seconds. Only the
+        steps run here; what the call counts waits for ``settle``."""
         steps: dict[str, float] = {}
         rows: dict[str, int] = {}
 
         def record(stage: str, seconds: float, n: int) -> None:
             steps[stage], rows[stage] = seconds, n
 
-        chain, work = self.chain, self.work
+        chain = self.chain
         p = chain.prepare(keys, record, runner=run_directly)
-        outs = chain.serve(p.tz, self.writer, record, runner=run_directly)
+        outs = chain.serve(p.tz, self.writer, record, runner=run_directly, later=self._later)
+        self._later.append(functools.partial(self._book, keys, p, outs, steps, rows))
+        return steps
+
+    def settle(self) -> None:
+        """The served calls' bookkeeping, in the order they were served."""
+        for book in self._later:
+            book()
+        self._later.clear()
+
+    def _book(
+        self, keys: np.ndarray, p: Prepared, outs: PredictOutputs, steps: dict[str, float], rows: dict[str, int]
+    ) -> None:
+        work = self.work
         if self.outputs is not None:
             self.outputs.keep(p.tz.keys, outs)
         work.account(p, None)
@@ -46,4 +69,3 @@ class RequestPath:
         for name, sec in steps.items():
             stage_table[name].add(sec, rows[name])
         work.result.rows_predicted += p.tz.root_rows
-        return steps

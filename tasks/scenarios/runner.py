@@ -53,6 +53,7 @@ def _run_scenario(work: Workload, writer: PredictionWriter, max_requests: int | 
             min_duration_s=req.min_duration_s,
             roots=req.roots,
             max_requests=max_requests,
+            settle=serve.settle,
         )
         rec.scored_keys, rec.served_outputs = serve.scored_keys, serve.outputs
         return rec
@@ -67,6 +68,7 @@ def _run_scenario(work: Workload, writer: PredictionWriter, max_requests: int | 
         max_wait_s=req.max_wait_ms / 1e3,
         cold_keys=keys_of[0],
         target_qps=req.target_qps,
+        settle=serve.settle,
     )
     rec.scored_keys, rec.served_outputs = serve.scored_keys, serve.outputs
     return rec

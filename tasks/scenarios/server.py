@@ -37,14 +37,18 @@ def run(
     max_wait_s: float,
     cold_keys: np.ndarray | None = None,
     target_qps: float | None = None,
+    settle: Callable[[], None] = lambda: None,
 ) -> LatencyRecord:
-    """``arrivals[i]`` (s from start) asks for ``keys[i]`` (a row of root keys)."""
+    """``arrivals[i]`` (s from start) asks for ``keys[i]`` (a row of root keys). ``settle``
+    (the serving path's bookkeeping) runs while the server is idle, before it waits for an
+    arrival, and at the end: never between a batch's requests and their responses."""
     n = len(arrivals)
     rec = LatencyRecord("server", target_qps=target_qps, roots=keys.shape[1])
     if cold_keys is not None:
         with clock.measure() as cold:
             rec.first_steps_s = serve(cold_keys)
         rec.first_latency_s = cold.seconds
+        settle()
     latency = np.zeros(n)
     queued = np.zeros(n)
     lateness = np.zeros(n)
@@ -62,7 +66,11 @@ def run(
             queue.append(nxt)
             nxt += 1
         if not queue:
+            settle()  # idle: the next arrival is in the future (a late one shows as lateness)
+            now = max(clock.read() - t0, slept_to)
             slept_to = float(arrivals[nxt])
+            if slept_to <= now:
+                continue
             with clock.measure() as idle:
                 clock.sleep(slept_to - now)
             rec.wait_s += idle.seconds
@@ -86,6 +94,7 @@ def run(
             queued[i] = start - arrivals[i]
             steps_of[i] = steps
         rec.batch_requests.append(len(batch))
+    settle()
     for i in range(n):
         rec.add(float(latency[i]), float(queued[i]), steps_of[i], start=float(arrivals[i]))
     rec.duration_s = end

