@@ -8,6 +8,7 @@ Slow: relflow's import (Lightning) and a Prefect flow; the model is tiny.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -56,6 +57,12 @@ def test_a_relflow_run_records_every_stage_and_predicts_every_root_in_key_order(
     steady_s = m["compute.steady_seconds"]
     assert m["compute.steady_rows_per_s"] == pytest.approx(3 / steady_s, rel=1e-6)
     assert m["compute.estimated_rows_per_s"] == pytest.approx(4 / steady_s, rel=1e-6)
+    # relflow's own ThroughputLogger figures land beside them (their definitions are tested with
+    # a scripted clock in tests/tasks/libraries/test_relflow_side.py)
+    logged = [f"compute.{p}library_logger.{w}_rows_per_s" for p in ("", "train.") for w in ("steady_mean", "last")]
+    assert all(math.isfinite(m[k]) for k in [*logged, "compute.train.library_logger.last_loss"])
+    # the training tensorize encodes the 3 training rows of each of the 2 epochs, not all 5
+    assert m["stage.tensorize.train.rows"] == 2 * 3 and m["stage.preprocess.train.rows"] == 2 * 5
     tags = run.data.tags
     assert tags["relflow.library"] == "relflow"
     assert tags["relflow.library_version"] == "0.4.0"

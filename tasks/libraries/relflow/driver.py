@@ -30,6 +30,7 @@ from relflow.architecture.compiler import Region
 from relflow.architecture.encoder import BranchEncoder
 from relflow.architecture.packed import customized, stochastic
 from relflow.architecture.pool import LearnedQueryCrossAttention
+from relflow.logging.throughput import ThroughputLogger
 from relflow.structs.enums import Strata, TensorKey
 from relflow.tensorfields.shared.counter import CounterUpdateCallback
 from relflow.tensorfields.shared.vocabulary import AdmittedRowsCallback
@@ -50,6 +51,8 @@ __all__ = [
     "throughput_rows",
 ]
 
+# What relflow's callbacks log, as Lightning hands it to a logger (relflow's Metric names).
+THROUGHPUT_TRAIN, THROUGHPUT_PREDICT, LOSS_TRAIN = "throughput/train", "throughput/predict", "loss/train"
 # Model.training_step logs through LightningModule.log, which warns once per call when no
 # Trainer is attached (the harness's own loop): the loss is returned either way.
 _NO_TRAINER_LOG = r"You are trying to `self.log\(\)` but the `self.trainer` reference"
@@ -149,6 +152,7 @@ class MemoryLogger(Logger):
     def __init__(self) -> None:
         super().__init__()
         self.records: list[tuple[int | None, str, float]] = []
+        self.latest: dict[str, float] = {}  # each key's last value (what callback_metrics keeps)
 
     @property
     def name(self) -> str:
@@ -159,7 +163,9 @@ class MemoryLogger(Logger):
         return "0"
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        self.records.extend((step, key, float(value)) for key, value in metrics.items())
+        for key, value in metrics.items():
+            self.records.append((step, key, float(value)))
+            self.latest[key] = float(value)
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         return None
@@ -187,6 +193,15 @@ class _LoopState:
     """What relflow's training callbacks read from a Trainer, for the harness's own loop."""
 
     current_epoch: int
+
+
+@dataclass(frozen=True)
+class _LoggerHost:
+    """What relflow's ``ThroughputLogger`` reads from a Trainer to publish a predict figure
+    (it sends those straight to ``trainer.loggers``), for the harness's own loop."""
+
+    loggers: tuple[Logger, ...]
+    is_global_zero: bool = True
 
 
 class _Epochs:
@@ -223,6 +238,13 @@ class RelflowDriver:
         self._batch = 0
         self._admitted = AdmittedRowsCallback()
         self._counters = CounterUpdateCallback()
+        # relflow's own throughput callback, run by the own loop at a Trainer's batch hooks;
+        # what it logs (and each training loss) lands in ``logger``, read after the timed region.
+        self.logger = MemoryLogger()
+        self._throughput = ThroughputLogger()
+        self._host = _LoggerHost((self.logger,))
+        self._predict_batch = 0
+        self._steps_done = 0  # training steps over every epoch (a Trainer's global step)
 
     @classmethod
     def build(cls, spec: Spec, table: pa.Table, device: torch.device | str = "cpu") -> RelflowDriver:
@@ -284,24 +306,37 @@ class RelflowDriver:
         if self.spec.run.precision == "fp16" and self._scaler is None:
             self._scaler = torch.amp.GradScaler(self.device.type)
         self.model.train()
+        host = cast(Any, self._host)
         self._admitted.on_train_batch_start(cast(Any, _LoopState(self.epoch)), self.model, td, self._batch)
+        self._throughput.on_train_batch_start(host, self.model, td, self._batch)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_NO_TRAINER_LOG)
             with self._autocast():
                 out = self.model.training_step(td, self._batch)
+            if out is None:  # no target in this batch: relflow skips it
+                loss_value = float("nan")
+            else:
+                loss = out["loss"]
+                optimizer.zero_grad(set_to_none=True)
+                if self._scaler is not None:
+                    self._scaler.scale(loss).backward()
+                    self._scaler.step(optimizer)
+                    self._scaler.update()
+                else:
+                    loss.backward()
+                    optimizer.step()
+                loss_value = float(loss.detach())
+            # A Trainer's on_train_batch_end comes after the optimizer step; relflow's callback
+            # logs its figure through LightningModule.log, which needs a Trainer: copied here
+            # (at every step, as log_every_n_steps=1 would).
+            self._throughput.on_train_batch_end(host, self.model, out, td, self._batch)
+        step = self._steps_done
+        self.logger.log_metrics({THROUGHPUT_TRAIN: self._throughput.throughput[Strata.train]}, step=step)
+        if out is not None:
+            self.logger.log_metrics({LOSS_TRAIN: loss_value}, step=step)
         self._batch += 1
-        if out is None:  # no target in this batch: relflow skips it
-            return float("nan")
-        loss = out["loss"]
-        optimizer.zero_grad(set_to_none=True)
-        if self._scaler is not None:
-            self._scaler.scale(loss).backward()
-            self._scaler.step(optimizer)
-            self._scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        return float(loss.detach())
+        self._steps_done += 1
+        return loss_value
 
     def end_epoch(self) -> None:
         """Close one epoch of the own loop as a Trainer would: relflow's
@@ -372,8 +407,21 @@ class RelflowDriver:
             return cast(list[Any], self.model(td, strata=Strata.predict))
 
     def predict(self, td: TensorDict) -> dict[str, torch.Tensor]:
-        """``forward`` reduced to tensors (see ``outputs``)."""
-        return self.outputs(self.forward(td), td)
+        """``forward`` reduced to tensors (see ``outputs``), between relflow's throughput
+        callback's predict hooks, as ``Trainer.predict`` runs its ``predict_step``: the callback
+        logs this batch's rows per second to ``logger`` (``throughput/predict``, step = the
+        batch's index)."""
+        host = cast(Any, self._host)
+        self._throughput.on_predict_batch_start(host, self.model, td, self._predict_batch)
+        out = self.outputs(self.forward(td), td)
+        self._throughput.on_predict_batch_end(host, self.model, out, td, self._predict_batch)
+        self._predict_batch += 1
+        return out
+
+    def logged(self, training: bool) -> float:
+        """relflow's own throughput figure for the latest batch of a phase (rows per second,
+        from its ``ThroughputLogger``: that batch's own rows over its batch-hook seconds)."""
+        return self.logger.latest[THROUGHPUT_TRAIN if training else THROUGHPUT_PREDICT]
 
     def classes(self) -> list[str]:
         """A category target's class labels, in the order of ``outputs``' class axis (relflow's

@@ -17,8 +17,10 @@ The harness reads and preprocesses (the nested table, columnar); then, per chunk
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,6 +34,7 @@ from tasks.libraries.relflow.driver import CompiledCalls, RelflowDriver
 from tasks.libraries.relflow.mapping import LIBRARY
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
+from tasks.measure.records import PhaseTimings
 from tasks.spec import Spec
 from tasks.stages.encode import Encoded
 from tasks.stages.engine import EngineBase, ModelFacts
@@ -45,6 +48,8 @@ class _Part:
     td: TensorDict
     rows: torch.Tensor  # chunk rows, in the batch's order
     input_rows: int  # rows of the encoded TensorDict it was sliced from (allocated extent)
+    logged: float | None = None  # relflow's ThroughputLogger figure for this batch, after its step
+    loss: float | None = None  # the training loss relflow returned for this batch
 
 
 class RelflowSide:
@@ -98,7 +103,61 @@ class RelflowSide:
     def engine(self, clock: Clock) -> EngineBase | None:
         if self.driver is None:
             return None
-        return LibraryEngine(self.spec, self.device, clock, _Steps(self.spec, self.driver, self))
+        return _RelflowEngine(self.spec, self.device, clock, _Steps(self.spec, self.driver, self))
+
+
+class _RelflowEngine(LibraryEngine):
+    """``LibraryEngine`` that hands each timed batch's place (steady or not) to relflow's
+    logged figures, so they are summarised over the same batches as the harness's own."""
+
+    def __init__(self, spec: Spec, device: torch.device, clock: Clock, steps: _Steps) -> None:
+        super().__init__(spec, device, clock, steps)
+        self.steps = steps
+        self._tracked = True
+
+    def record(self, phase: str, t: PhaseTimings, seconds: float, rows: int, part: object) -> None:
+        if self._tracked:
+            self.steps.logged.add(phase, cast(_Part, part), steady=t.in_steady_state)
+        super().record(phase, t, seconds, rows, part)
+
+    @contextmanager
+    def untracked(self) -> Iterator[None]:
+        self._tracked = False  # the output check's pass: no figure of the run, relflow's neither
+        try:
+            with super().untracked():
+                yield
+        finally:
+            self._tracked = True
+
+
+@dataclass
+class LoggedFigures:
+    """relflow's own per-batch figures of the timed batches, by phase, and their summaries
+    (the keys' catalogue rows in tasks/measure/keys.py say what each one is)."""
+
+    steady: dict[str, list[float]] = field(default_factory=lambda: {"train": [], "predict": []})
+    last: dict[str, float] = field(default_factory=dict)
+    last_loss: float | None = None
+
+    def add(self, phase: str, part: _Part, *, steady: bool) -> None:
+        if part.logged is None:
+            return
+        if steady:
+            self.steady[phase].append(part.logged)
+        self.last[phase] = part.logged
+        if phase == "train" and part.loss is not None:
+            self.last_loss = part.loss
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for phase, rates in self.steady.items():
+            if rates:
+                out[K.compute(phase, K.LIBRARY_LOGGER_STEADY_MEAN_ROWS_PER_S)] = float(np.mean(rates))
+        for phase, rate in self.last.items():
+            out[K.compute(phase, K.LIBRARY_LOGGER_LAST_ROWS_PER_S)] = rate
+        if self.last_loss is not None and math.isfinite(self.last_loss):
+            out[K.LIBRARY_LOGGER_TRAIN_LAST_LOSS] = self.last_loss
+        return out
 
 
 @dataclass
@@ -123,6 +182,7 @@ class _Steps:
 
     def __init__(self, spec: Spec, driver: RelflowDriver, side: RelflowSide) -> None:
         self.spec, self.driver, self.side = spec, driver, side
+        self.logged = LoggedFigures()
 
     def batches(self, chunk: LibraryChunk, rows: torch.Tensor) -> Iterator[tuple[Any, int]]:
         encoded = cast(_Encoded, chunk.inputs)
@@ -137,13 +197,17 @@ class _Steps:
         return cast(_Part, part).rows
 
     def train_step(self, part: Any) -> None:
-        self.driver.train_step(cast(_Part, part).td)
+        p = cast(_Part, part)
+        p.loss = self.driver.train_step(p.td)
+        p.logged = self.driver.logged(training=True)
 
     def end_epoch(self) -> None:
         self.driver.end_epoch()
 
     def predict_step(self, part: Any) -> torch.Tensor:
-        out = self.driver.predict(cast(_Part, part).td)
+        p = cast(_Part, part)
+        out = self.driver.predict(p.td)
+        p.logged = self.driver.logged(training=False)
         # The harness's convention: logits for category and binary (temperature scaling and
         # quality read logits), the value in the target's units for regression.
         return out["logits"] if self.spec.task.kind in ("category", "binary") else out["prediction"]
@@ -179,7 +243,7 @@ class _Steps:
         return pa.table(cols)
 
     def facts(self) -> ModelFacts:
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = self.logged.metrics()  # relflow's own figures, copied after the run
         calls = self.side.calls
         tags = {"relflow.library_packing": _packing_tag(self.driver)}
         if calls is not None:

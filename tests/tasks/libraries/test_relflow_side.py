@@ -55,3 +55,57 @@ def test_train_tensorize_reports_the_rows_it_encoded_not_the_chunk(shop_spec, sh
     # tensorize encodes the training rows alone (strata=train), a predict one every row
     assert book["train"] == {"retrieve": 5, "preprocess": 5, "tensorize": training_rows}
     assert book["predict"] == {"retrieve": 5, "preprocess": 5, "tensorize": 5}
+
+
+class ScriptedBatchClock:
+    """relflow's ``perf_counter`` in its ThroughputLogger, scripted: each batch's start hook
+    reads it once and its end hook once, so batch i lasts exactly ``seconds[i]``."""
+
+    def __init__(self, seconds: list[float]) -> None:
+        self.seconds, self.t, self.reads = iter(seconds), 0.0, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        self.t += next(self.seconds) if self.reads % 2 == 0 else 100.0  # an end hook: the batch's seconds
+        return self.t
+
+
+def test_relflows_logged_rate_beside_the_exact_rows_and_the_estimate_on_a_partial_last_batch(
+    shop_spec, shop_files, monkeypatch
+) -> None:
+    import relflow.logging.throughput as relflow_throughput
+
+    from tasks.measure import keys as K
+    from tasks.stages.retrieve import list_root_keys
+
+    # batches of 2: training rows (3) run as 2 + 1, the 5 predict rows as 2 + 2 + 1; no
+    # warm-up, so each phase's first batch is its first call and the rest are steady
+    chain = _chain(relflow_spec(shop_spec, batch_size=2, warmup_batches=0), shop_files)
+    keys, _ = list_root_keys(chain.spec, chain.sources)
+    clock = ScriptedBatchClock([0.5, 0.25, 0.5, 0.4, 0.125])  # train 2, then predict 3 batches
+    monkeypatch.setattr(relflow_throughput, "perf_counter", clock)
+    train = chain.prepare(keys, lambda *_: None, {"phase": "train"}).tz  # strata=train
+    engine = chain.ensure_engine()
+    assert engine is not None
+    engine.train(train)
+    engine.predict(chain.prepare_untimed(keys), ("prediction",))
+    assert clock.reads == 2 * 5  # relflow's hooks ran once around each timed batch, no more
+    m = engine.facts().metrics
+    # relflow divides each batch's own rows by its hook seconds: train steady 1 row / 0.25 s;
+    # predict steady 2 rows / 0.4 s and the partial last batch 1 row / 0.125 s
+    assert m[K.compute("train", K.LIBRARY_LOGGER_STEADY_MEAN_ROWS_PER_S)] == pytest.approx(4.0)
+    assert m[K.compute("train", K.LIBRARY_LOGGER_LAST_ROWS_PER_S)] == pytest.approx(4.0)
+    assert m[K.compute("predict", K.LIBRARY_LOGGER_STEADY_MEAN_ROWS_PER_S)] == pytest.approx((5.0 + 8.0) / 2)
+    assert m[K.compute("predict", K.LIBRARY_LOGGER_LAST_ROWS_PER_S)] == pytest.approx(8.0)
+    assert K.LIBRARY_LOGGER_TRAIN_LAST_LOSS in m
+    # the harness's exact figure and the note's estimate over the same steady batches (3 rows,
+    # counted as 2 x 2 = 4 by the estimate), timed by the harness's own clock
+    steady_s = sum(engine.predict_timings.steady_seconds)
+    assert engine.predict_timings.steady_rows == [2, 1]
+    assert engine.predict_timings.steady_rows_per_s == pytest.approx(3 / steady_s)
+    sent = engine.flush_throughput(type("Sink", (), {"log": lambda self, metrics, step: None})())
+    assert sent[K.compute("predict", K.ESTIMATED_ROWS_PER_S)] == pytest.approx(4 / steady_s)
+    # an untracked pass (the output check's, after the timed region) changes none of them
+    monkeypatch.setattr(relflow_throughput, "perf_counter", ScriptedBatchClock([9.0] * 6))
+    chain.predict_untimed(keys)
+    assert engine.facts().metrics == m
