@@ -81,7 +81,7 @@ def _single_stream(work, pool, tmp_path):
     writer = PredictionWriter(tmp_path / "requests.parquet")
     path = RequestPath(work, writer)
     stream = [pool[:1]] * 5 + [pool[1:2], pool[2:3]]  # cold + four repeats of one key + two others
-    rec = single_stream.run(path, iter(stream), work.chain.clock, min_requests=6, min_duration_s=0)
+    rec = single_stream.run(path, iter(stream), work.chain.clock, min_requests=6, min_duration_s=0, settle=path.settle)
     writer.abort()
     return rec, path
 
@@ -112,7 +112,9 @@ def test_server_batches_equal_the_offline_pass(trained):
     writer = PredictionWriter(tmp_path / "server.parquet")
     path = RequestPath(work, writer)
     keys = np.stack([pool[:1], pool[1:2], pool[2:3], pool[:1], pool[3:4]])
-    server.run(path, np.zeros(5), keys, work.chain.clock, max_batch=3, max_wait_s=0.0, cold_keys=pool[3:4])
+    server.run(
+        path, np.zeros(5), keys, work.chain.clock, max_batch=3, max_wait_s=0.0, cold_keys=pool[3:4], settle=path.settle
+    )
     writer.abort()
     check = check_outputs(work.chain, path.outputs, spec.run)
     assert check.roots_checked == 4 and check.servings == 1 + 3 + 2  # cold, a batch of 3, the rest (2)
@@ -282,7 +284,12 @@ def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files,
         real = engine.backend
         engine.serve_with(backend_of(real))
         rec = single_stream.run(
-            path, iter([pool[i : i + 1] for i in range(5)]), work.chain.clock, min_requests=4, min_duration_s=0
+            path,
+            iter([pool[i : i + 1] for i in range(5)]),
+            work.chain.clock,
+            min_requests=4,
+            min_duration_s=0,
+            settle=path.settle,
         )
         engine.serve_with(real)
         writer.abort()

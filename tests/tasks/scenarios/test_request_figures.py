@@ -95,7 +95,7 @@ def served(shop_spec, many_shop_files, tmp_path):
     stream = [pool[:1]] * 5 + [pool[1:2], pool[2:3]]  # cold + four repeats of one key + two others
     writer = PredictionWriter(tmp_path / "requests.parquet")
     path = RequestPath(work, writer)
-    rec = single_stream.run(path, iter(stream), work.chain.clock, min_requests=6, min_duration_s=0)
+    rec = single_stream.run(path, iter(stream), work.chain.clock, min_requests=6, min_duration_s=0, settle=path.settle)
     rec.scored_keys = path.scored_keys
     writer.abort()
     return spec, work, rec
