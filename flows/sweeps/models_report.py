@@ -15,7 +15,11 @@ reference model's in the same round (``tasks/measure/report.py`` ``ratio_interva
 backends-report's "e2e vs eager"), with its 95% interval from 6 paired rounds. Medians over
 rounds; FAILED rounds give NaN figures. A library that refuses the spec (its ``check``,
 exit 2) is a row saying why: the parent asks each library's check first (it imports no
-library, about a second), and a child that still exits 2 is recorded the same way.
+library, about a second), and a child that still exits 2 with a refusal ("model.library <lib>
+cannot honour ...", the message shape of every library's check and of the harness's) is
+recorded the same way. A child that exits 2 for anything else (bad data, a missing file: input
+the user can fix, not a setting the library cannot honour) is a ``DATA ERROR`` row with its
+message, never "refused".
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ ROUND_TAG = "relflow.round"  # the same tag backends-report puts on its children
 VARIANT_TAG = "relflow.variant"
 PARAMETERS_PARAM = "model.parameters"
 REFUSED = "REFUSED"  # the validity of a library whose check refused the spec (exit 2)
+DATA_ERROR = "DATA ERROR"  # a child's exit 2 that is not a refusal: bad input the user can fix
 # The headline quality's baseline: what a model that learned nothing scores.
 BASELINE = {"category": "majority_rate", "binary": "majority_rate", "regression": "mae_of_mean"}
 
@@ -63,17 +68,26 @@ def round_order(libraries: Sequence[str], r: int) -> list[str]:
     return [*libraries[k:], *libraries[:k]]
 
 
+def is_refusal(library: str, error: str) -> bool:
+    """Whether a child's exit-2 message is ``library`` refusing a setting (the shape of
+    ``Refusal.message`` and ``Unsupported.message``), rather than bad input."""
+    return f"model.library {library} cannot honour " in error
+
+
 def summarize(
     samples: Sequence[Sample],
     kind: str,
     refused: Mapping[str, str] | None = None,
     parameters: Mapping[str, float] | None = None,
+    data_errors: Mapping[str, str] | None = None,
 ) -> list[dict[str, Cell]]:
-    """One row per library: medians over its rounds; a refused library's row holds its reason.
+    """One row per library: medians over its rounds; a refused library's row holds its reason,
+    as does a library whose child exited 2 on bad input (``data_errors``).
 
     ``parameters``: ``model.parameters`` by child run id (a param, not in the run's summary)."""
     headline, baseline = K.HEADLINE_QUALITY[kind], BASELINE[kind]
     refused = dict(refused or {})
+    data_errors = dict(data_errors or {})
     parameters = dict(parameters or {})
 
     def e2e_by_round(of: Sequence[Sample]) -> dict[int, float]:
@@ -96,7 +110,7 @@ def summarize(
         return vals[len(vals) // 2] if vals else math.nan
 
     rows = summarize_groups(
-        [s for s in samples if s.variant not in refused],
+        [s for s in samples if s.variant not in refused and s.variant not in data_errors],
         {
             "rounds": lambda g: len(g.reports),
             "quality": lambda g: g.median(K.quality(headline)),
@@ -117,6 +131,7 @@ def summarize(
         },
     )
     rows += [{"variant": lib, "rounds": 0, "validity": REFUSED, "reason": why} for lib, why in refused.items()]
+    rows += [{"variant": lib, "rounds": 0, "validity": DATA_ERROR, "reason": why} for lib, why in data_errors.items()]
     return rows
 
 
@@ -150,8 +165,9 @@ def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str) -> str:
     ]
     lines = []
     for r in rows:
-        if r.get("validity") == REFUSED:
-            lines.append([str(r["variant"]), f"refused: {r['reason']}", *["-"] * 7, "0", REFUSED])
+        if r.get("validity") in (REFUSED, DATA_ERROR):
+            label = "refused" if r["validity"] == REFUSED else "data error"
+            lines.append([str(r["variant"]), f"{label}: {r['reason']}", *["-"] * 7, "0", str(r["validity"])])
             continue
         lines.append(
             [
@@ -198,10 +214,17 @@ def refusals(spec_path: Path, overrides: list[str], libraries: Sequence[str]) ->
 
 
 def collect(
-    launch: Launch, rounds: int, libraries: list[str], refused: dict[str, str], say: Callable[[str], None]
+    launch: Launch,
+    rounds: int,
+    libraries: list[str],
+    refused: dict[str, str],
+    say: Callable[[str], None],
+    data_errors: dict[str, str] | None = None,
 ) -> tuple[list[Sample], dict[str, float]]:
     """Every library in every round (order rotated); the samples and ``model.parameters`` by
-    run id. A child that exits 2 adds its library to ``refused`` (no further rounds)."""
+    run id. A child that exits 2 adds its library to ``refused`` when it refused a setting,
+    else to ``data_errors`` (either way, no further rounds: the same input fails the same way)."""
+    data_errors = data_errors if data_errors is not None else {}
     from flows.sweeps.launch import launch_local
     from tasks.spec import load_spec
     from tasks.tracking.reader import get_stored_run
@@ -210,7 +233,7 @@ def collect(
     parameters: dict[str, float] = {}
     for r in range(rounds):
         for lib in round_order(libraries, r):
-            if lib in refused:
+            if lib in refused or lib in data_errors:
                 continue
             name = f"{lib}-{r}"
             spec = load_spec(launch.spec_path, [*launch.overrides, f"model.library={lib}"])
@@ -225,9 +248,11 @@ def collect(
                 api_url=None,  # each child starts Prefect's temporary server, as a standalone run does
             )
             if done.summary is None:
-                if done.returncode == 2:  # the library (or the harness for it) refused the spec
-                    refused[lib] = done.error or "exit 2"
-                    say(f"  round {r + 1} {lib:<24} REFUSED: {refused[lib][-400:]}")
+                if done.returncode == 2:  # a refusal, or input the user can fix
+                    why = done.error or "exit 2"
+                    into, label = (refused, REFUSED) if is_refusal(lib, why) else (data_errors, DATA_ERROR)
+                    into[lib] = why
+                    say(f"  round {r + 1} {lib:<24} {label}: {why[-400:]}")
                     continue
                 say(f"  round {r + 1} {lib:<24} FAILED (exit {done.returncode}): {str(done.error)[-400:]}")
                 samples.append(Sample(lib, r, None))
@@ -268,8 +293,9 @@ def run_report(
         workdir = Path(s.run.output_dir).resolve() / f"models-{parent[:12]}"
         workdir.mkdir(parents=True, exist_ok=True)
         launch = Launch(spec_path, overrides, parent, workdir, tracker.uri)
-        samples, parameters = collect(launch, rounds, libraries, refused, say)
-        rows = summarize(samples, s.task.kind, refused, parameters)
+        data_errors: dict[str, str] = {}
+        samples, parameters = collect(launch, rounds, libraries, refused, say, data_errors)
+        rows = summarize(samples, s.task.kind, refused, parameters, data_errors)
         md = to_markdown(rows, s.task.kind)
         tracker.log_dict({"rows": rows, "libraries": libraries, "rounds": rounds}, "models_report.json")
         tracker.log_text(md, "models_report.md")

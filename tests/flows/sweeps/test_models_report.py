@@ -1,5 +1,6 @@
 """The models report: its table and paired ratios from hand-made child records, the
-rotation of order per round, and bad flags (exit 2 before any run)."""
+rotation of order per round, bad flags (exit 2 before any run), and a child's exit 2 on bad
+data told apart from a library's refusal (real messages; slow: a real child)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 import yaml
 
 from flows.sweeps.models_report import (
+    DATA_ERROR,
     LIBRARIES,
     REFUSED,
+    is_refusal,
     parse_libraries,
     round_order,
     summarize,
@@ -81,6 +84,71 @@ def test_a_refused_library_is_a_row_saying_why():
     assert f"| relational_transformers | refused: {why} |" in md and md.rstrip().endswith("| 0 | REFUSED |")
     # a library without the reference beside it has no ratio: "-", not a crash
     assert "| - |" in to_markdown(summarize([sample("relflow", 0, 5.0)], "binary"), "binary")
+
+
+def _rt_spec(shop_spec: dict, **task: object) -> dict:
+    raw = {**shop_spec, "task": {**shop_spec["task"], **task}}
+    raw["model"] = {"library": "relational_transformers", "d_model": 8, "layers": 2, "heads": 2}
+    return raw
+
+
+def test_a_refusal_is_told_apart_from_a_data_error_by_the_real_messages(shop_spec, shop_tables):
+    """The messages the real code raises: a library's check and the harness's refusals are
+    refusals; a target whose values do not read as booleans (the data) is not."""
+    from tasks.libraries.base import harness_problems
+    from tasks.libraries.relational_transformers import build_contexts, check, fit_stats
+    from tasks.runtime.errors import UserError
+    from tasks.spec import parse_spec
+    from tasks.stages.preprocess import preprocess
+    from tasks.stages.retrieve import ROOT, Retrieved
+
+    triton = _rt_spec(shop_spec)
+    triton["run"] = {**triton["run"], "backend": "triton"}
+    with pytest.raises(UserError) as refused:
+        check(parse_spec(triton, "(test)"))
+    harness = parse_spec({**shop_spec, "run": {**shop_spec["run"], "check_outputs": True}}, "(test)")
+    unsupported = harness_problems(harness)[0].message("relflow")
+    spec = parse_spec(_rt_spec(shop_spec, kind="binary"), "(test)")  # churn is "yes"/"no": not booleans
+    t = shop_tables
+    table = preprocess(spec, Retrieved({ROOT: t["customers"], "orders": t["orders"], "lines": t["lines"]}, 0, 5)).table
+    with pytest.raises(UserError) as data:
+        build_contexts(table, spec, fit_stats(table, spec))
+    # as the parent sees a child's exit 2 (flows/sweeps/launch.py child_error)
+    assert is_refusal("relational_transformers", f"UserError: {refused.value}")
+    assert is_refusal("relflow", f"UserError: {unsupported}")
+    assert not is_refusal("relational_transformers", f"UserError: {data.value}")
+    assert not is_refusal("relflow", f"UserError: {refused.value}")  # another library's refusal
+
+
+def test_a_data_error_is_its_own_row_never_refused():
+    why = "UserError: task.target 'churn' is binary but its values (string) do not read as booleans"
+    rows = summarize([sample("reference", 0, 100.0)], "category", data_errors={"relational_transformers": why})
+    assert rows[1]["validity"] == DATA_ERROR and rows[1]["reason"] == why
+    md = to_markdown(rows, "category")
+    assert f"| relational_transformers | data error: {why} |" in md and md.rstrip().endswith("| 0 | DATA ERROR |")
+    assert REFUSED not in md
+
+
+@pytest.mark.slow
+def test_a_child_exiting_2_on_its_data_is_reported_as_a_data_error(tmp_path, shop_spec, shop_files):
+    """A real models-report over a spec the library's check accepts and its data breaks."""
+    spec = shop_files / "spec.yaml"
+    raw = _rt_spec(shop_spec, kind="binary")
+    raw["run"] = {**raw["run"], "system_metrics_interval_s": 0}
+    spec.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}", "HF_HUB_OFFLINE": "1"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "models-report", str(spec), "--libraries", "relational_transformers"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| relational_transformers | data error: UserError: task.target 'churn' is binary" in proc.stdout
+    assert proc.stdout.rstrip().endswith("| 0 | DATA ERROR |") and REFUSED not in proc.stdout
 
 
 def test_the_order_rotates_each_round():
