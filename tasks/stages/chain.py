@@ -14,6 +14,11 @@ timed with the run's clock, and its seconds and rows go to a ``StageSink`` that 
 chooses (the run's stage table, one request's step times, a DDP rank's totals). Without a
 sink (``prepare_untimed``) a step is called directly and nothing is recorded: fitting and
 reference passes are never stage time.
+
+Who drives it: the workload (tasks/scenarios/workload.py: root keys in chunks, training epochs,
+the calibration fit; DDP ranks run its epoch loop too) inside the timed region
+(tasks/scenarios/region.py: list keys -> train -> fit -> serving backend -> offline passes,
+tasks/scenarios/offline.py, or requests, tasks/scenarios/request.py).
 """
 
 from __future__ import annotations
