@@ -182,6 +182,17 @@ def _run_problems(spec: Spec) -> list[Unsupported]:
                 "drop run.compile.mode and pass Inductor settings in run.compile.options",
             )
         )
+    if run.loader.num_workers > 0:
+        out.append(
+            Unsupported(
+                "run.loader.num_workers",
+                run.loader.num_workers,
+                "relflow's ArrowDataModule workers are not wired: a training encode (strata=train) learns "
+                "vocabularies in the workers through state relflow shares only inside a Lightning fit loop "
+                "(its callbacks and bind component), and the harness's own loop encodes in its tensorize stage",
+                "set run.loader.num_workers: 0",
+            )
+        )
     if run.distributed is not None:
         out.append(
             Unsupported(

@@ -145,6 +145,7 @@ def hand_nested(values: list[list[float]]) -> pa.Table:
         (lambda r: r["run"].update(compile={"mode": "max-autotune-no-cudagraphs"}), "run.compile.mode"),
         (lambda r: r["task"].update(outputs=["prediction", "leaf:orders"]), "task.outputs"),
         (lambda r: r["task"].update(outputs=["prediction", "topk:1"]), "task.outputs"),
+        (lambda r: r["run"].update(loader={"num_workers": 2}), "relflow's ArrowDataModule workers"),
     ],
 )
 def test_unsupported_settings_are_refused_before_any_model(shop_spec, change, key) -> None:
