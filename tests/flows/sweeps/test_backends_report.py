@@ -167,3 +167,53 @@ def test_children_without_a_round_tag_pair_with_nothing():
         ]
     )
     assert {r["variant"]: r["e2e_vs_eager"] for r in two}["pytorch_bf16"] == 2.0  # median of 3.0 and 1.0
+
+
+def test_collect_rotates_the_order_each_round_and_runs_every_variant_against_the_fp16_reference(tmp_path, monkeypatch):
+    """``collect`` over 3 variants x 4 rounds, with each process launch recorded instead of
+    started (a real one is a full benchmark run; tests/flows/test_backends_flow.py runs real
+    variants): round r starts at variant r mod 3, every variant is one launch of its own in
+    predict mode against the fp16 checkpoint, and its child carries its round."""
+    import flows.sweeps.backends_report as br
+    import flows.sweeps.launch as launch_mod
+    from dashboards.backends import ROUND_TAG
+    from flows.sweeps.launch import Launched
+    from tasks.tracking.reader import StoredRun
+    from tests.repo import DEFAULT_SPEC
+
+    files = {"fp32": "w.ckpt", "fp16": "w.fp16.ckpt", "int8": "w.int8.ckpt", "int4": "i", "fp8": "k", "bundle": "b"}
+    launches: list[dict] = []
+
+    def recorded_launch(spec: dict, **kw) -> Launched:
+        launches.append({"spec": spec, **kw})
+        m = {"compute.steady_rows_per_s": 10.0, "e2e.predict.rows_per_s": 1.0, "compute.first_call_seconds": 0.1}
+        return Launched(0, RunSummary(f"id-{kw['name']}", m, "VALID"), None, "")
+
+    def stored(run_id: str, uri: str | None = None) -> StoredRun:
+        return StoredRun(run_id, "n", "e", "FINISHED", 0, 1, {}, {}, {"relflow.backend": "pytorch"})
+
+    monkeypatch.setattr(launch_mod, "launch_local", recorded_launch)
+    monkeypatch.setattr("tasks.tracking.reader.get_stored_run", stored)
+    variants = ["pytorch_eager_fp32", "pytorch_fp16", "pytorch_int8"]
+    launch = br.Launch(DEFAULT_SPEC, ["run.batch_size=512"], "parent-id", tmp_path, "sqlite:///x.db")
+    samples = br.collect(launch, 4, variants, files, lambda line: None)
+
+    expected_order = [
+        "pytorch_eager_fp32", "pytorch_fp16", "pytorch_int8",  # round 0
+        "pytorch_fp16", "pytorch_int8", "pytorch_eager_fp32",  # round 1
+        "pytorch_int8", "pytorch_eager_fp32", "pytorch_fp16",  # round 2
+        "pytorch_eager_fp32", "pytorch_fp16", "pytorch_int8",  # round 3 (3 mod 3 = 0)
+    ]  # fmt: skip
+    assert [s.variant for s in samples] == expected_order
+    assert [s.round for s in samples] == [r for r in range(4) for _ in variants]
+    assert len(launches) == 12  # one process per variant per round
+    checkpoint = {"pytorch_eager_fp32": "w.ckpt", "pytorch_fp16": "w.fp16.ckpt", "pytorch_int8": "w.int8.ckpt"}
+    for i, (v, call) in enumerate(zip(expected_order, launches, strict=True)):
+        r = i // 3
+        assert call["name"] == f"{v}-{r}"
+        assert call["tags"] == {"relflow.variant": v, ROUND_TAG: str(r)}
+        assert call["parent_run_id"] == "parent-id" and call["api_url"] is None  # its own Prefect server
+        run = call["spec"]["run"]
+        assert run["mode"] == "predict" and run["batch_size"] == 512  # the report's overrides kept
+        assert run["reference_checkpoint"] == "w.fp16.ckpt"  # every variant, fp16 itself included
+        assert run["checkpoint"] == checkpoint[v]
