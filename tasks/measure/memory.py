@@ -20,7 +20,13 @@ the figures, so the harness does not have to catch a peak in the act:
   a sample saw** (a sampled child is counted already, shared pages once; a forked worker's
   peak, shared pages and all, rises into ``ru_maxrss`` when it is reaped), and then an unseen
   child was one of ours: a 300 MB compiler process that lives 50 ms between two samples is
-  counted, in full (nothing says any more which of its pages were shared).
+  counted, in full (nothing says any more which of its pages were shared). Only **above this
+  process's own peak**, though: a fork/exec child's ``ru_maxrss`` includes the parent pages it
+  mapped before its exec (the kernel keeps the old address space's high-water mark at exec;
+  after ``vfork``/``posix_spawn`` that is the parent's own), so any short subprocess, a
+  ``true``, reaps as about the parent's resident set and once added it to the figure again. A
+  residue is never above the parent's peak; an unseen child that peaked below it cannot be
+  told from one and is not counted (the live-child samples, every 0.1 s, count those that live).
 
 So the figure is the parent's peak plus each child's peak of the pages only it maps: pages
 the tree shares with its parent count once, pages two children share with each other but not
@@ -232,8 +238,10 @@ class PeakMemory:
                 compiler += peak
         total = workload + compiler
         reaped = reaped_children_peak_bytes()
-        # a child reaped in this window whose peak no sample saw: an unseen child, and ours
-        if reaped > max(self._reaped_at_start, self._largest_child_seen):
+        # a child reaped in this window whose peak no sample saw: an unseen child, and ours. Not
+        # above this process's own peak it may be nothing but the parent pages a fork/exec child
+        # reports before its exec (a 300 MB parent's `true` reaps as ~300 MB): not counted.
+        if reaped > max(self._reaped_at_start, self._largest_child_seen, own):
             total = max(total, own + reaped)
         self.host_peak_bytes = max(self.host_peak_bytes, total)
         self.host_peak_excluding_compiler_bytes = max(self.host_peak_excluding_compiler_bytes, workload)

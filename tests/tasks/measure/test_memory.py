@@ -221,3 +221,27 @@ def test_forked_workers_count_the_pages_they_share_with_the_parent_once():
     # 3x (each worker's resident set counted whole, shared array included)
     assert own <= peak < own + 60 * MIB
     assert own <= without < own + 60 * MIB
+
+
+# A 300 MiB parent runs a short subprocess (``true``) while the sampler sleeps. The child's
+# ru_maxrss includes the parent pages it mapped before its exec (after vfork, the parent's own
+# high-water mark): about the parent's resident set, which the old figure added once more.
+PARENT_SPAWNS_TRUE = """
+import subprocess
+import psutil
+from tasks.measure.memory import PeakMemory, reaped_children_peak_bytes
+b = bytearray(300 * 2**20)
+own = psutil.Process().memory_info().rss
+mem = PeakMemory(interval=600).start()
+for _ in range(3):
+    subprocess.run(["true"], check=True)
+mem.stop()
+print(own, reaped_children_peak_bytes(), mem.host_peak_bytes - own)
+"""
+
+
+def test_a_short_subprocess_does_not_add_the_parents_pages_again():
+    out = subprocess.run([sys.executable, "-c", PARENT_SPAWNS_TRUE], capture_output=True, text=True, check=True)
+    own, reaped, added = (int(v) for v in out.stdout.split()[-3:])
+    assert own >= 300 * MIB and reaped >= 280 * MIB  # the case itself: `true` reaped as ~the parent
+    assert added < 50 * MIB  # the old figure added the parent once more (~own)
