@@ -32,6 +32,16 @@ def stage_bytes(stage: str, phase: str) -> str:
     return f"stage.{stage}.{phase}.bytes"
 
 
+def stage_warm_seconds(stage: str) -> str:
+    """``stage.<stage>.predict.warm_seconds``: the predict passes after the first (offline)."""
+    return f"stage.{stage}.predict.warm_seconds"
+
+
+def stage_warm_bytes(stage: str) -> str:
+    """``stage.<stage>.predict.warm_bytes``: the predict passes after the first (offline)."""
+    return f"stage.{stage}.predict.warm_bytes"
+
+
 def e2e(phase: str, what: str) -> str:
     """``e2e.<phase>.<what>``: seconds | rows | rows_per_s."""
     return f"e2e.{phase}.{what}"
@@ -835,14 +845,34 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "tensors it produced, write the prediction file's bytes x passes",
     ),
     (
+        "stage.<stage>.predict.warm_seconds",
+        "offline runs with run.repeats >= 2: the stage's seconds in the predict passes after the first "
+        "(pass 0 holds the first calls, compilation and cold caches), what floor.<stage>.fraction sets "
+        "against its warm floor",
+    ),
+    (
+        "stage.<stage>.predict.warm_bytes",
+        "offline runs with run.repeats >= 2: the bytes the stage counted in the predict passes after the "
+        "first (retrieve, preprocess, tensorize; the root-key listing's read is before pass 0)",
+    ),
+    (
         "floor.<stage>.fraction",
-        "the predict stage's own rate over its floor's rate (1.0 = at the floor; tasks/measure/floors.py): "
-        "retrieve, tensorize, write in bytes/s; compute in present-coordinate FLOP/s; orchestration "
-        "as seconds of one no-op Prefect task call over the run's orchestration seconds per task call",
+        "the predict stage's own warm rate over its floor's, a warm best of 5 (1.0 = at the floor; "
+        "tasks/measure/floors.py): retrieve and tensorize bytes/s from stage.<stage>.predict.warm_bytes|"
+        "warm_seconds, write output.bytes x (passes - 1) over its warm_seconds (offline runs with "
+        "run.repeats >= 2 only: one pass has no warm figure, so no fraction); compute is compute.model_flops_per_s (present-coordinate FLOP/s of "
+        "the steady batches, any scenario) over a floor whose GEMMs are at present lengths too; "
+        "orchestration as seconds of one no-op Prefect task call over the run's orchestration seconds per "
+        "task call",
     ),
     ("floor.retrieve.bytes_per_s", "floor: the plainest reader of the source, same columns and row groups"),
     ("floor.tensorize.bytes_per_s", "floor: a memcpy (torch.empty_like(t).copy_) of one chunk's tensors"),
-    ("floor.compute.flops_per_s", "floor: matmul FLOP/s at the model's own GEMM shapes (linears, attention)"),
+    (
+        "floor.compute.flops_per_s",
+        "floor: matmul FLOP/s at the model's own GEMM shapes: linears over a batch's present coordinates, "
+        "attention at each branch's mean present length (the sample's roots' longest present instance, as "
+        "compute.model_flops_per_s counts them); request runs at run.request.intra_op_threads",
+    ),
     ("floor.write.bytes_per_s", "floor: pyarrow.parquet.write_table of one chunk's prediction table, same folder"),
     ("floor.orchestration.calls_per_s", "floor: no-op Prefect task calls per second"),
     (FLOOR_PREPROCESS_INPUT_BYTES_PER_S, "preprocess has no single floor: its rate in input (Arrow) bytes/s"),
