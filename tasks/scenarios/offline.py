@@ -2,7 +2,9 @@
 
 One predict pass runs every stage over every chunk (retrieve..write through the workload's
 chain) and adds its per-pass figures for the repeat statistics: end-to-end rows/s of the
-pass (``e2e.predict.rows_per_s`` samples) and the steady compute rows/s of its batches.
+pass (``e2e.predict.rows_per_s`` samples) and the steady compute rows/s of its batches; the
+passes after the first add their stage seconds and bytes to
+``stage.<stage>.predict.warm_seconds`` and ``stage.<stage>.predict.warm_bytes``.
 ``run.repeats`` passes each really write (``predict_repeat``); only the last pass writes the
 run's prediction file, the others a file of their own that is removed after the pass.
 
@@ -14,6 +16,7 @@ preprocess -> (encode) -> tensorize, each step through the flow's runner, a Pref
 
 from __future__ import annotations
 
+from tasks.measure import keys as K
 from tasks.scenarios.outputs import ServedOutputs
 from tasks.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
@@ -36,6 +39,8 @@ def predict_pass(work: Workload, writer: PredictionWriter, repeat: int) -> None:
     result, chain = work.result, work.chain
     sink = work.sink("predict")
     pass_start = result.e2e_seconds("predict")
+    stages = result.stages["predict"]
+    before = {name: (st.seconds, st.bytes) for name, st in stages.items()}
     engine = chain.engine
     steady_before = len(engine.predict_timings.steady_seconds) if engine else 0
     if engine is not None:  # quality is scored on one pass (the latest); a new engine starts empty
@@ -58,5 +63,12 @@ def predict_pass(work: Workload, writer: PredictionWriter, repeat: int) -> None:
         secs = sum(pt.steady_seconds[steady_before:])
         if secs > 0:
             result.repeat_steady_rows_per_s.append(sum(pt.steady_rows[steady_before:]) / secs)
+    if repeat > 0:  # warm: pass 0 holds the first calls, compilation and cold caches (the floors are warm)
+        for name, st in stages.items():
+            seconds, nbytes = before[name]
+            warm_s, warm_b = K.stage_warm_seconds(name), K.stage_warm_bytes(name)
+            result.extra[warm_s] = result.extra.get(warm_s, 0.0) + st.seconds - seconds
+            if st.bytes > nbytes:
+                result.extra[warm_b] = result.extra.get(warm_b, 0.0) + float(st.bytes - nbytes)
     pass_seconds = result.e2e_seconds("predict") - pass_start
     result.repeat_predict_rows_per_s.append(rows / max(pass_seconds, 1e-12))
