@@ -180,3 +180,111 @@ def test_onnxruntime_serves_the_librarys_export_with_torchs_thread_count(shop_sp
     assert engine.facts().tags["relflow.library_onnx"].endswith(f"{torch.get_num_threads()} intra-op threads")
     steps.close()
     assert steps._onnx_dir is None
+
+
+# --- request scenarios: the note's steps inside each request ----------------------------------
+
+
+def _many_shop(shop_tables: dict, copies: int = 8) -> dict:
+    """The shop tables ``copies`` times over, keys shifted per copy: both classes among the
+    training rows and held-out keys to draw requests from."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = {"customers": ("c_id",), "orders": ("o_id", "o_cust"), "lines": ("l_order",)}
+    out = {}
+    for name, table in shop_tables.items():
+        parts = []
+        for k in range(copies):
+            t = table
+            for col in keys[name]:
+                t = t.set_column(t.schema.get_field_index(col), col, pc.add(t[col], 1000 * k))
+            parts.append(t)
+        out[name] = pa.concat_tables(parts)
+    return out
+
+
+# scripted seconds of the note's steps: context construction and cell encoding (the encode
+# step), collation (tensorize), the model (compute)
+CONTEXTS_S, CELLS_S, COLLATE_S, MODEL_S = 1.0, 2.0, 3.0, 4.0
+
+
+@pytest.mark.slow  # a trained RT model and a real request path
+@pytest.mark.parametrize("scenario", ["single_stream", "server"])
+def test_each_request_carries_the_notes_steps_with_their_own_seconds(
+    scenario, shop_spec, shop_tables, write_tables, tmp_path, monkeypatch
+):
+    """A scripted clock moves only inside the library's steps (the real functions, each made
+    to cost known seconds), so every request's latency and step figures are known exactly:
+    encode 1 + 2 s, tensorize 3 s (one batch per request), compute 4 s, the rest 0."""
+    import torch
+
+    from tasks.libraries.relational_transformers import driver as driver_module
+    from tasks.libraries.relational_transformers import side as side_module
+    from tasks.measure import keys as K
+    from tasks.measure.clock import Clock
+    from tasks.measure.records import RunResult
+    from tasks.scenarios.runner import run_requests
+    from tasks.scenarios.workload import Workload
+    from tasks.sources.files import resolve_sources
+    from tasks.spec import parse_spec
+    from tasks.stages.chain import Chain
+    from tasks.stages.write import PredictionWriter
+
+    folder = write_tables(_many_shop(shop_tables))
+    raw = rt_spec(shop_spec, scenario=scenario)
+    # server: one request per batch, arrivals far apart (no queueing), so latency = service
+    raw["run"]["request"] = {"min_requests": 5, "min_duration_s": 0, "target_qps": 0.001, "max_batch": 1}
+    spec = parse_spec(raw)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += max(seconds, 0.0)
+
+    work = Workload(
+        Chain(
+            spec, resolve_sources(spec, folder), torch.device("cpu"), clock=Clock(None, now=lambda: now[0], sleep=sleep)
+        ),
+        RunResult(),
+    )
+    work.list_keys()
+    work.train()
+
+    def costs(seconds: float, fn):
+        def step(*args, **kwargs):
+            now[0] += seconds
+            return fn(*args, **kwargs)
+
+        return step
+
+    monkeypatch.setattr(side_module, "build_contexts", costs(CONTEXTS_S, side_module.build_contexts))
+    monkeypatch.setattr(side_module, "encode", costs(CELLS_S, side_module.encode))
+    monkeypatch.setattr(side_module, "collate", costs(COLLATE_S, side_module.collate))
+    monkeypatch.setattr(driver_module.RTDriver, "scores", costs(MODEL_S, driver_module.RTDriver.scores))
+    writer = PredictionWriter(tmp_path / "requests.parquet")
+    rec = run_requests(work, writer)
+    writer.abort()
+
+    n = rec.requests
+    assert n >= 5
+    expected = {
+        "retrieve": 0.0,
+        "preprocess": 0.0,
+        "encode": CONTEXTS_S + CELLS_S,
+        "tensorize": COLLATE_S,
+        "compute": MODEL_S,
+        "calibrate": 0.0,
+        "write": 0.0,
+    }
+    total = sum(expected.values())
+    assert rec.first_steps_s == expected  # the cold request too
+    assert {s: v for s, v in rec.steps_s.items()} == {s: [v] * n for s, v in expected.items()}
+    assert rec.latency_s == [total] * n and rec.queue_s == [0.0] * n
+    m = rec.metrics()
+    assert m[K.latency_request_ms(90)] == total * 1e3
+    assert m[K.latency_step_share("encode")] == pytest.approx((CONTEXTS_S + CELLS_S) / total)
+    assert m[K.latency_step_share("tensorize")] == pytest.approx(COLLATE_S / total)
+    assert m[K.latency_step_share("compute")] == pytest.approx(MODEL_S / total)
+    assert m[K.LATENCY_STEP_SHARE_OTHER] == 0.0
+    # every request predicted its root through the library (one row written per request)
+    assert work.result.stages["predict"]["compute"].calls == n + 1
