@@ -131,7 +131,9 @@ def test_a_data_error_is_its_own_row_never_refused():
 
 @pytest.mark.slow
 def test_a_child_exiting_2_on_its_data_is_reported_as_a_data_error(tmp_path, shop_spec, shop_files):
-    """A real models-report over a spec the library's check accepts and its data breaks."""
+    """A real models-report over a spec the library's check accepts and its data breaks (the
+    five shop customers leave too few labelled rows for a validation split: the harness's data
+    check before work exits 2, as the binary target's "yes"/"no" would in the encode step)."""
     spec = shop_files / "spec.yaml"
     raw = _rt_spec(shop_spec, kind="binary")
     raw["run"] = {**raw["run"], "system_metrics_interval_s": 0}
@@ -147,7 +149,7 @@ def test_a_child_exiting_2_on_its_data_is_reported_as_a_data_error(tmp_path, sho
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| relational_transformers | data error: UserError: task.target 'churn' is binary" in proc.stdout
+    assert "| relational_transformers | data error: UserError: " in proc.stdout, proc.stdout
     assert proc.stdout.rstrip().endswith("| 0 | DATA ERROR |") and REFUSED not in proc.stdout
 
 
