@@ -12,7 +12,8 @@ one gets its own floor, measured on this host for the spec's data:
 - **tensorize**: ``torch.empty_like(t).copy_(t)`` of every tensor one chunk produces.
 - **compute**: matmul FLOP/s at the model's own GEMM shapes (present coordinates of a batch
   x d_model by d_model x d_model; per-branch attention scores and values at the branch's
-  length), not a square 1024 matmul.
+  mean present length: each sample root's longest present instance, the length
+  ``compute.model_flops_per_s`` counts it at), not a square 1024 matmul.
 - **write**: ``pyarrow.parquet.write_table`` (zstd, as the writer) of one chunk's prediction
   table into the run's output folder.
 - **orchestration**: one no-op Prefect task call; measured in ``flows/`` (``tasks/`` never
@@ -28,6 +29,14 @@ shapes, threads) in ``$RELFLOW_CACHE_DIR``, and a ledger measured while other
 processes held more than ``BUSY_HOST_FRACTION`` of the cores is used once and never cached.
 ``fractions`` turns a run's metrics into ``floor.<stage>.fraction`` (its rate over the floor's,
 1.0 = at the floor); ``floor_trust.untrusted`` says when those stand on a floor that is not one.
+
+Like with like: a floor is warm (best of 5 after a warm-up call), so a stage is set against it
+by its warm figures, the offline predict passes after the first
+(``stage.<stage>.predict.warm_seconds``, ``stage.<stage>.predict.warm_bytes``; pass 0 holds the
+first calls, compilation and cold caches), and compute by ``compute.model_flops_per_s``
+(present FLOPs of the steady batches). A run with one pass has no warm byte-stage figures and
+gets no byte-stage fractions. A request run serves at ``run.request.intra_op_threads``: its
+ledger is measured at that count (``serving_threads``), not at the process's.
 """
 
 from __future__ import annotations
@@ -47,15 +56,19 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import torch
 
+from model import bucketing
+from model.schema import ModelSchema
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import BUSY_HOST_FRACTION, OtherCpu
 from tasks.measure.peak_flops import DTYPES, save_cache
+from tasks.runtime.threads import intra_op_threads
 from tasks.sources.databases import DatabaseTable, quote
 from tasks.sources.tables import Sources, Table
 from tasks.spec import CompileSettings, Spec
 from tasks.stages.chain import Chain
 from tasks.stages.retrieve import ROOT, category_columns, dictionary_columns, list_root_keys, node_columns
+from tasks.stages.tensorize import Chunk
 from tasks.stages.write import PredictionWriter
 
 REPS = 5  # timed repetitions after one warm-up; the floor is the best one
@@ -169,11 +182,14 @@ def memcpy_floor(tensors: list[torch.Tensor], clock: Clock) -> Floor:
     return Floor("tensorize", float(amount), best_seconds(copy, clock), f"memcpy of {len(tensors)} tensors")
 
 
-def gemm_shapes(spec: Spec, coords_per_root: float) -> list[tuple[int, int, int, int]]:
+def gemm_shapes(
+    spec: Spec, coords_per_root: float, lengths: dict[str, int] | None = None
+) -> list[tuple[int, int, int, int]]:
     """The model's own GEMMs per batch as (batch count, m, k, n): the projections and the
     feed-forward over a batch's present coordinates (one token per cell), and each node's
-    attention scores (S x dh by dh x S) and values at its sequence length S (reserved rows
-    x tokens per row: one per column and one per child branch)."""
+    attention scores (S x dh by dh x S) and values at its sequence length S (rows x tokens
+    per row: one per column and one per child branch). Rows per branch are ``lengths``'s (the
+    present ones, ``present_lengths``), the reserved ``max_length`` where it has none."""
     d, heads, bs = spec.model.d_model, spec.model.heads, spec.run.batch_size
     ffn = 4 * d  # model.config.ModelConfig.ffn_mult
     rows = max(int(round(bs * coords_per_root)), 1)
@@ -188,17 +204,31 @@ def gemm_shapes(spec: Spec, coords_per_root: float) -> list[tuple[int, int, int,
     instances = {ROOT: bs}
     for b, parent in spec.schema_.walk():
         n = instances[parent or ROOT]
-        attention(b.max_length, len(b.columns) + len(b.branches), n)
-        instances[b.name] = n * b.max_length
+        length = max((lengths or {}).get(b.name, b.max_length), 1)
+        attention(length, len(b.columns) + len(b.branches), n)
+        instances[b.name] = n * length
     return shapes
 
 
-def compute_floor(spec: Spec, coords_per_root: float, device: torch.device, clock: Clock) -> Floor:
+def present_lengths(tz: Chunk, schema: ModelSchema | None) -> dict[str, int]:
+    """Each branch's mean over the chunk's roots of its longest present instance under the
+    root (what ``tasks/measure/present_flops.py`` cuts a root's branch to), rounded; empty
+    where the chunk holds no encoded batch to read it from (a library's chunk: reserved)."""
+    batch = getattr(tz, "batch", None)
+    if schema is None or batch is None:
+        return {}
+    shapes = bucketing.root_shapes(batch, schema)
+    return {name: int(round(float(v.mean()))) if len(v) else 0 for name, v in shapes.lengths.items()}
+
+
+def compute_floor(
+    spec: Spec, coords_per_root: float, device: torch.device, clock: Clock, lengths: dict[str, int] | None = None
+) -> Floor:
     """Matmul FLOP/s over the model's GEMM shapes: all their FLOPs over their best times summed."""
     dtype = DTYPES[spec.run.precision]
     gen = torch.Generator(device="cpu").manual_seed(0)
     amount, seconds = 0.0, 0.0
-    shapes = gemm_shapes(spec, coords_per_root)
+    shapes = gemm_shapes(spec, coords_per_root, lengths)
     for g, m, k, n in shapes:
         a = torch.randn(g, m, k, generator=gen).to(device=device, dtype=dtype)
         b = torch.randn(g, k, n, generator=gen).to(device=device, dtype=dtype)
@@ -250,8 +280,15 @@ def first_rows(path: Path, rows: int) -> pa.Table | None:
 
 
 # Bumped when a floor's definition changes, so a cached ledger of the old one is not reused
-# (2: category columns read dictionary-encoded, as retrieve reads them).
-DEFINITION = 2
+# (2: category columns read dictionary-encoded, as retrieve reads them; 3: attention at the
+# present lengths, request runs at the serving threads).
+DEFINITION = 3
+
+
+def serving_threads(spec: Spec) -> int | None:
+    """The intra-op threads the run's predict work ran at: a request run's
+    ``run.request.intra_op_threads`` (None: the process's, as offline)."""
+    return None if spec.run.scenario == "offline" else spec.run.request.intra_op_threads
 
 
 def cache_file() -> Path:
@@ -306,7 +343,8 @@ def measure(
     sample = np.asarray(keys[: spec.run.chunk_rows])
     tz = chain.prepare_untimed(sample)
     floors["tensorize"] = memcpy_floor(tz.tensors(), clock)
-    floors["compute"] = compute_floor(spec, tz.coords_present / max(tz.root_rows, 1), device, clock)
+    lengths = present_lengths(tz, chain.schema)
+    floors["compute"] = compute_floor(spec, tz.coords_present / max(tz.root_rows, 1), device, clock, lengths)
     table = first_rows(predictions, len(sample)) if predictions is not None else None
     if table is None:  # no run's predictions to hand: the sample's, with fresh weights
         kept = _KeepTables()
@@ -328,9 +366,24 @@ def ledger(
     orchestration: Callable[[Clock], Floor] | None = None,
     remeasure: bool = False,
     predictions: Path | None = None,
+    threads: int | None = None,
 ) -> Ledger:
     """The cached ledger for this host and data, measured on a miss (never inside a timed
-    region: callers run it after theirs)."""
+    region: callers run it after theirs), at ``threads`` intra-op threads (default: the ones
+    the run's predict work ran at, ``serving_threads``), which the cache key records."""
+    with intra_op_threads(threads if threads is not None else serving_threads(spec)):
+        return _ledger(spec, sources, device, fingerprint, orchestration, remeasure, predictions)
+
+
+def _ledger(
+    spec: Spec,
+    sources: Sources,
+    device: torch.device,
+    fingerprint: str,
+    orchestration: Callable[[Clock], Floor] | None,
+    remeasure: bool,
+    predictions: Path | None,
+) -> Ledger:
     key = f"{fingerprint}|{data_key(spec, sources, device)}"
     path = cache_file()
     try:
@@ -359,33 +412,35 @@ def fraction(amount: float, seconds: float, floor_rate: float) -> float:
 
 
 def fractions(led: Ledger, m: dict[str, float], task_calls: int) -> dict[str, float]:
-    """``floor.<stage>.fraction`` of a run's predict phase from its metrics, plus the floors'
-    rates and preprocess's input rate and share. Stages the run did not count are left out."""
+    """``floor.<stage>.fraction`` of a run's predict phase from its metrics, warm against the
+    warm floors (module note), plus the floors' rates and preprocess's input rate and share.
+    Stages without a warm figure (one pass, a request run's byte stages) are left out."""
     out = led.metrics()
     f = led.floors
 
-    def stage(name: str, what: str) -> float:
-        return m.get(f"stage.{name}.predict.{what}", 0.0)
+    def warm(name: str) -> tuple[float, float]:
+        """(bytes, seconds) of the stage in the passes after the first."""
+        seconds = m.get(K.stage_warm_seconds(name), 0.0)
+        if name == "write":  # every pass writes the same file (stage.write.predict.bytes's rule)
+            return m.get(K.OUTPUT_BYTES, 0.0) * max(m.get(K.E2E_PREDICT_PASSES, 0.0) - 1, 0.0), seconds
+        return m.get(K.stage_warm_bytes(name), 0.0), seconds
 
     for name in ("retrieve", "tensorize", "write"):
-        if stage(name, "bytes") > 0 and name in f:
-            out[K.floor_fraction(name)] = fraction(stage(name, "bytes"), stage(name, "seconds"), f[name].rate)
-    # Present FLOPs of the predict passes by compute.mfu's one count (tasks/measure/
-    # present_flops.py: each root row at its own shape), per steady row, times the rows
-    # predicted: reserved FLOPs x coordinate occupancy, a second count, undercounts attention
-    # (quadratic in length) and disagreed with compute.mfu.
+        nbytes, seconds = warm(name)
+        if nbytes > 0 and seconds > 0 and name in f:
+            out[K.floor_fraction(name)] = fraction(nbytes, seconds, f[name].rate)
+    # compute.mfu's present FLOPs of the steady batches over their seconds (tasks/measure/
+    # present_flops.py: each root row at its own shape): warm, as the floor is, in any scenario.
     flops_rate = m.get(K.compute("predict", K.MODEL_FLOPS_PER_S), 0.0)
-    steady_rate = m.get(K.compute("predict", "steady_rows_per_s"), 0.0)
-    per_row = flops_rate / steady_rate if steady_rate > 0 else 0.0
-    present_flops = per_row * m.get(K.E2E_PREDICT_ROWS, 0.0)
-    if present_flops > 0 and "compute" in f:
-        out[K.floor_fraction("compute")] = fraction(present_flops, stage("compute", "seconds"), f["compute"].rate)
+    if flops_rate > 0 and "compute" in f:
+        out[K.floor_fraction("compute")] = fraction(flops_rate, 1.0, f["compute"].rate)
     orch = m.get(K.HARNESS_ORCHESTRATION_SECONDS, 0.0)
     if task_calls > 0 and orch > 0 and "orchestration" in f:
         out[K.floor_fraction("orchestration")] = fraction(task_calls, orch, f["orchestration"].rate)
-    pre_s = stage("preprocess", "seconds")
-    if stage("preprocess", "bytes") > 0 and pre_s > 0:
-        out[K.FLOOR_PREPROCESS_INPUT_BYTES_PER_S] = stage("preprocess", "bytes") / pre_s
+    pre_s = m.get(K.stage_seconds("preprocess", "predict"), 0.0)
+    pre_b = m.get(K.stage_bytes("preprocess", "predict"), 0.0)
+    if pre_b > 0 and pre_s > 0:
+        out[K.FLOOR_PREPROCESS_INPUT_BYTES_PER_S] = pre_b / pre_s
         e2e = m.get(K.E2E_PREDICT_SECONDS, 0.0)
         out[K.FLOOR_PREPROCESS_SHARE] = pre_s / e2e if e2e > 0 else 0.0
     return out
