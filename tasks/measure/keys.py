@@ -86,6 +86,9 @@ EAGER_REGION_CALLS = "compute.eager_region_calls"
 LIBRARY_LOGGER_STEADY_MEAN_ROWS_PER_S = "library_logger.steady_mean_rows_per_s"
 LIBRARY_LOGGER_LAST_ROWS_PER_S = "library_logger.last_rows_per_s"
 LIBRARY_LOGGER_TRAIN_LAST_LOSS = "compute.train.library_logger.last_loss"
+# model.library relational_transformers collates each batch as it is served, inside compute's
+# wait for input: compute(phase, LIBRARY_COLLATE_SECONDS)
+LIBRARY_COLLATE_SECONDS = "library_collate_seconds"
 COMPILE_CACHE_HITS = "compute.compile_cache_hits"
 COMPILE_CACHE_MISSES = "compute.compile_cache_misses"
 # compute(phase, ESTIMATED_ROWS_PER_S): logged by the model's throughput callback itself
@@ -499,6 +502,13 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "the one Lightning's callback_metrics keeps (a chunk's partial last batch where there is one)",
     ),
     (compute("train", LIBRARY_LOGGER_LAST_ROWS_PER_S), "the same for the last timed training batch"),
+    (
+        compute("predict", LIBRARY_COLLATE_SECONDS),
+        "model.library relational_transformers: seconds collating the library's RelationalBatch of each "
+        "predict batch of the run's chunks as it was served (inside the compute stage, in its wait for input: "
+        "device.input_wait_fraction); the tensorize stage plans the batches only",
+    ),
+    (compute("train", LIBRARY_COLLATE_SECONDS), "the same for the training batches"),
     (
         LIBRARY_LOGGER_TRAIN_LAST_LOSS,
         "model.library relflow: the training loss relflow's training_step returned for the last timed "

@@ -698,6 +698,18 @@ def cells_padded(batch: RelationalBatch) -> int:
     return int(batch.is_padding.numel())
 
 
+def planned_cells(lengths: Int64s, plan: Sequence[Int64s]) -> tuple[int, int]:
+    """``(cells_present, cells_padded)`` summed over the batches ``collate`` would build for
+    ``plan``, from the context lengths alone (no batch is built): present = the lengths,
+    padded = batch x its longest context (at least 1, as ``collate`` pads)."""
+    if not plan:
+        return 0, 0
+    sizes = np.array([len(idx) for idx in plan], dtype=np.int64)
+    cat = lengths[np.concatenate(plan)]
+    longest = np.maximum.reduceat(cat, np.cumsum(sizes) - sizes) if cat.size else np.zeros(0, np.int64)
+    return int(cat.sum()), int((sizes * np.maximum(longest, 1)).sum())
+
+
 # --- batch plans ------------------------------------------------------------------------------
 
 

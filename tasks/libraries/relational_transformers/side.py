@@ -9,13 +9,17 @@ The harness reads and preprocesses (one nested Arrow row per root key); then, pe
   read from the checkpoint) + ``contexts.encode`` (each distinct string and column name ->
   a 384-wide vector). A training chunk builds contexts for its training rows only, so
   held-out rows never reach a training step.
-- **tensorize** = collation into the library's ``RelationalBatch``, ``run.batch_size``
-  contexts per batch, planned by ``plan_batches`` (``run.bucketing: by_length`` groups
-  similar context lengths; training shuffles with the run's seed and the epoch). The first
-  chunk also builds the model (``RTDriver.from_spec``), inside that step's time as the
-  reference model's first fit is; ``run.checkpoint`` loads it when the side is made instead.
-- **compute** = ``RTDriver.train_step`` / ``scores`` per pre-collated batch in the harness's
-  clocked loop (``LibraryEngine``); ``run.backend: onnxruntime`` exports the trained model
+- **tensorize** = the batch plan, ``run.batch_size`` contexts per batch, by ``plan_batches``
+  (``run.bucketing: by_length`` groups similar context lengths; training shuffles with the
+  run's seed and the epoch), and its present and padded cells. The first chunk also builds the
+  model (``RTDriver.from_spec``), inside that step's time as the reference model's first fit
+  is; ``run.checkpoint`` loads it when the side is made instead.
+- **compute** = each planned batch collated into the library's ``RelationalBatch`` as it is
+  served (compute's wait for input, as the reference model's batch slicing is; its seconds
+  are ``compute[.train].library_collate_seconds``), then ``RTDriver.train_step`` / ``scores``
+  in the harness's clocked loop (``LibraryEngine``). Collating every batch of a chunk up front
+  held them all at once (the default workload's predict peaked at 3.8 GB); served, one batch
+  lives at a time. ``run.backend: onnxruntime`` exports the trained model
   through the library's exporter on the first predict-mode batch (the calibration fit's in
   train+predict, untimed; else the first call of predict) and serves the library's ONNX
   backend with the spec's providers and threads (0 = torch's thread count).
@@ -26,7 +30,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -48,9 +52,11 @@ from tasks.libraries.relational_transformers.contexts import (
     encode,
     fit_stats,
     plan_batches,
+    planned_cells,
 )
 from tasks.libraries.relational_transformers.contexts import Encoded as CellVectors
 from tasks.libraries.relational_transformers.driver import OnnxDriver, RTDriver
+from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.spec import Spec
 from tasks.stages.encode import Encoded
@@ -82,11 +88,12 @@ class _Part:
 
 @dataclass
 class _Collated:
-    """A chunk's library inputs: the encoding and the batches tensorize collated from it."""
+    """A chunk's library inputs: the encoding and tensorize's batch plan over it (each batch
+    is collated when compute serves it)."""
 
     encoding: _Encoding
-    parts: list[_Part]
-    sorted_rows: torch.Tensor  # the chunk rows the parts cover, sorted (to recognise a request)
+    plan: list[np.ndarray]  # context positions per batch, in the plan's order
+    sorted_rows: torch.Tensor  # the chunk rows the plan covers, sorted (to recognise a request)
 
 
 def _train_mask(table: pa.Table) -> np.ndarray:
@@ -134,7 +141,7 @@ class RTSide:
         # the plan shuffles training batches anew each epoch, reproducibly from the run's seed
         seed = run.seed * 1_000_003 + self.epoch if train else None
         plan = plan_batches(enc.contexts.lengths, run.batch_size, run.bucketing, run.bucket_count, seed)
-        parts = [_collate(enc, idx) for idx in plan]
+        cells, padded = planned_cells(enc.contexts.lengths, plan)
         labels, present = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
         all_labels, all_present = enc.contexts.label_tensors(np.arange(enc.contexts.count))
         labels[enc.rows], present[enc.rows] = all_labels, all_present
@@ -143,17 +150,17 @@ class RTSide:
             is_train=torch.from_numpy(_train_mask(pre.table)),
             labels=labels,
             label_present=present,
-            coords_present=sum(cells_present(p.batch) for p in parts),
-            coords_reserved=sum(cells_padded(p.batch) for p in parts),
+            coords_present=cells,
+            coords_reserved=padded,
             root_rows=n,
-            inputs=_Collated(enc, parts, torch.sort(enc.rows).values),
-            input_tensors=[getattr(p.batch, f.name) for p in parts for f in fields(p.batch)],
+            inputs=_Collated(enc, plan, torch.sort(enc.rows).values),
+            input_tensors=[torch.from_numpy(idx) for idx in plan],  # what tensorize produced: the plan
         )
 
     def engine(self, clock: Clock) -> EngineBase | None:
         if self.driver is None:
             return None
-        return LibraryEngine(self.spec, self.device, clock, _Steps(self.spec, self.driver, self))
+        return LibraryEngine(self.spec, self.device, clock, _Steps(self.spec, self.driver, self, clock))
 
 
 def _collate(enc: _Encoding, idx: np.ndarray) -> _Part:
@@ -166,8 +173,11 @@ class _Steps:
 
     name = LIBRARY
 
-    def __init__(self, spec: Spec, driver: RTDriver, side: RTSide) -> None:
-        self.spec, self.driver, self.side = spec, driver, side
+    def __init__(self, spec: Spec, driver: RTDriver, side: RTSide, clock: Clock) -> None:
+        self.spec, self.driver, self.side, self.clock = spec, driver, side, clock
+        # collation seconds of the measured batches, by the phase whose step consumed them
+        self.collate_seconds = {"train": 0.0, "predict": 0.0}
+        self._pending = 0.0  # the batch collated last, not yet consumed by a step
         self.onnx: OnnxDriver | None = None
         self._onnx_dir: Path | None = None
         self._flops: tuple[int | None, str] | None = None  # per root row, or why none
@@ -176,9 +186,13 @@ class _Steps:
     def batches(self, chunk: LibraryChunk, rows: torch.Tensor) -> Iterator[tuple[Any, int]]:
         collated = cast(_Collated, chunk.inputs)
         if torch.equal(torch.sort(rows).values, collated.sorted_rows):
-            # The rows tensorize collated for: its batches, in its plan's order (the length
-            # buckets, and the training shuffle by seed and epoch), are the measured inputs.
-            for part in collated.parts:
+            # The rows tensorize planned for: its batches, in its plan's order (the length
+            # buckets, and the training shuffle by seed and epoch), are the measured inputs,
+            # each collated now (one batch held at a time) and its seconds counted.
+            for idx in collated.plan:
+                with self.clock.measure() as took:
+                    part = _collate(collated.encoding, idx)
+                self._pending = took.seconds
                 yield part, int(part.rows.numel())
             return
         # Another set of rows (the calibration fit's half of the validation rows): collated
@@ -198,7 +212,12 @@ class _Steps:
     def rows_of(self, part: Any) -> torch.Tensor:
         return cast(_Part, part).rows
 
+    def _consumed(self, phase: str) -> None:
+        self.collate_seconds[phase] += self._pending
+        self._pending = 0.0
+
     def train_step(self, part: Any) -> None:
+        self._consumed("train")
         p = cast(_Part, part)
         self.driver.train_step(p.batch, p.labels, p.present)
         self._drop_onnx()  # an export holds the weights of its time: a later predict re-exports
@@ -207,6 +226,7 @@ class _Steps:
         self.side.epoch += 1
 
     def predict_step(self, part: Any) -> torch.Tensor:
+        self._consumed("predict")
         batch = cast(_Part, part).batch
         if self._flops is None:
             self._count_flops(batch)
@@ -294,8 +314,11 @@ class _Steps:
         }
         if self._served:
             tags["relflow.library_onnx"] = self._served
+        collate = {K.compute(phase, K.LIBRARY_COLLATE_SECONDS): s for phase, s in self.collate_seconds.items()}
         # per root row of the first predict batch, at its padded shape
-        return ModelFacts(LIBRARY, self.driver.parameters(), per_row, "" if per_row is not None else reason, tags)
+        return ModelFacts(
+            LIBRARY, self.driver.parameters(), per_row, "" if per_row is not None else reason, tags, collate
+        )
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.tmp")

@@ -86,6 +86,20 @@ def _prepared(spec_dict: dict[str, Any], folder: Path) -> Any:
     return engine, tz
 
 
+def test_planned_cells_are_what_the_collated_batches_hold(shop_spec, shop_files):
+    """tensorize's present and padded cells come from the plan alone; the batches compute
+    collates from that plan hold exactly those cells."""
+    import torch
+
+    from tasks.libraries.relational_transformers import cells_padded, cells_present
+
+    for bucketing in ("off", "by_length"):
+        engine, tz = _prepared(rt_spec(shop_spec, batch_size=2, bucketing=bucketing), shop_files)
+        parts = [p for p, _ in engine.driver.batches(tz, torch.arange(tz.root_rows))]
+        assert tz.coords_present == sum(cells_present(p.batch) for p in parts)
+        assert tz.coords_reserved == sum(cells_padded(p.batch) for p in parts)
+
+
 def test_length_buckets_give_the_same_predictions_as_natural_order(shop_spec, shop_files):
     import torch
 
@@ -110,14 +124,17 @@ def test_rows_the_batches_were_not_built_for_are_collated_on_the_fly(shop_spec, 
     # the calibration fit's case: a subset of the rows, in an order of its own
     subset = torch.tensor([4, 1, 3])
     parts = [part for part, _ in steps.batches(tz, subset)]
-    assert not any(p is q for p in parts for q in tz.inputs.parts)
     ran = torch.cat([steps.rows_of(part) for part in parts])
     assert sorted(ran.tolist()) == [1, 3, 4]
     got = torch.cat([steps.predict_step(part) for part in parts])
     assert torch.allclose(got, full[ran], atol=1e-5)
-    # the full set of rows, in any order: the batches tensorize collated (the measured inputs)
+    # the full set of rows, in any order: the batches tensorize planned, in its plan's order
+    # (the measured inputs), and their collation seconds counted
+    before = dict(steps.collate_seconds)
     again = [part for part, _ in steps.batches(tz, torch.tensor([3, 0, 4, 2, 1]))]
-    assert all(a is b for a, b in zip(again, tz.inputs.parts, strict=True))
+    plan_rows = [tz.inputs.encoding.rows[torch.from_numpy(idx)] for idx in tz.inputs.plan]
+    assert all(torch.equal(a.rows, r) for a, r in zip(again, plan_rows, strict=True))
+    assert steps.collate_seconds == before  # no step consumed them
 
 
 def test_triton_exits_2_before_torch_is_imported(tmp_path):
@@ -205,7 +222,7 @@ def _many_shop(shop_tables: dict, copies: int = 8) -> dict:
 
 
 # scripted seconds of the note's steps: context construction and cell encoding (the encode
-# step), collation (tensorize), the model (compute)
+# step), collation (as each batch is served: inside compute), the model (compute)
 CONTEXTS_S, CELLS_S, COLLATE_S, MODEL_S = 1.0, 2.0, 3.0, 4.0
 
 
@@ -216,7 +233,8 @@ def test_each_request_carries_the_notes_steps_with_their_own_seconds(
 ):
     """A scripted clock moves only inside the library's steps (the real functions, each made
     to cost known seconds), so every request's latency and step figures are known exactly:
-    encode 1 + 2 s, tensorize 3 s (one batch per request), compute 4 s, the rest 0."""
+    encode 1 + 2 s, compute 3 s collation (one batch per request, collated as served) + 4 s
+    model, the rest 0; the collation seconds are also their own figure."""
     import torch
 
     from tasks.libraries.relational_transformers import driver as driver_module
@@ -271,8 +289,8 @@ def test_each_request_carries_the_notes_steps_with_their_own_seconds(
         "retrieve": 0.0,
         "preprocess": 0.0,
         "encode": CONTEXTS_S + CELLS_S,
-        "tensorize": COLLATE_S,
-        "compute": MODEL_S,
+        "tensorize": 0.0,  # the plan of one batch
+        "compute": COLLATE_S + MODEL_S,
         "calibrate": 0.0,
         "write": 0.0,
     }
@@ -283,8 +301,10 @@ def test_each_request_carries_the_notes_steps_with_their_own_seconds(
     m = rec.metrics()
     assert m[K.latency_request_ms(90)] == total * 1e3
     assert m[K.latency_step_share("encode")] == pytest.approx((CONTEXTS_S + CELLS_S) / total)
-    assert m[K.latency_step_share("tensorize")] == pytest.approx(COLLATE_S / total)
-    assert m[K.latency_step_share("compute")] == pytest.approx(MODEL_S / total)
+    assert m[K.latency_step_share("tensorize")] == 0.0
+    assert m[K.latency_step_share("compute")] == pytest.approx((COLLATE_S + MODEL_S) / total)
+    facts = work.chain.ensure_engine().facts()
+    assert facts.metrics[K.compute("predict", K.LIBRARY_COLLATE_SECONDS)] == COLLATE_S * (n + 1)
     assert m[K.LATENCY_STEP_SHARE_OTHER] == 0.0
     # every request predicted its root through the library (one row written per request)
     assert work.result.stages["predict"]["compute"].calls == n + 1
