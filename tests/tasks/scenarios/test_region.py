@@ -8,7 +8,6 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,6 +15,7 @@ from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
 from tasks.scenarios import region as region_module
+from tasks.scenarios import request as request_mod
 from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
@@ -32,7 +32,15 @@ ENGINE, FIT, BACKEND = 7.0, 5.0, 3.0
 
 
 class FakeTime(ScriptedTime):
-    """Time moves only when a stub says so (or the server scenario sleeps)."""
+    """Time moves only when a stub says so (or the server scenario sleeps: ``slept``)."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+        super().__init__()
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        super().sleep(seconds)
 
     def runner(self) -> Callable[..., Any]:
         def run(stage: str, step: Callable[[], Any], clock: Clock) -> tuple[Any, float]:
@@ -103,10 +111,34 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
     assert m[K.HARNESS_STAGE_SECONDS] == work.result.timed_stage_seconds
 
 
-def test_a_server_run_names_its_idle_waits_and_its_untimed_encoding_fit(stubbed, shop_spec, tmp_path, monkeypatch):
+# What one served request (or batch) costs per step on the fake clock: dyadic, so sums are exact.
+SERVE_SECONDS = {stage: seconds / 256 for stage, seconds in STAGE_SECONDS.items()}
+
+
+def test_a_server_run_names_its_serving_its_idle_waits_and_its_untimed_encoding_fit(
+    stubbed, shop_spec, tmp_path, monkeypatch
+):
+    """Requests run their steps directly (no task call): each step here costs known fake
+    seconds, and the server's sleeps are counted by the clock itself. Every bucket is then
+    known without the code under test: stage = served calls x the steps' seconds, request_wait
+    = what the clock slept, engine_setup = ENGINE, region = how far the clock moved, and
+    orchestration = 0 (nothing else moves the clock)."""
     ft, workload = stubbed
+    slept = ft.slept
+    served_steps: list[str] = []
+
+    def direct(stage: str, step: Callable[[], Any], clock: Clock) -> tuple[Any, float]:
+        with clock.measure() as span:
+            out = step()
+            ft.t += SERVE_SECONDS[stage]
+        served_steps.append(stage)
+        return out, span.seconds
+
+    monkeypatch.setattr(request_mod, "run_directly", direct)
     shop_spec["run"].update(
-        mode="predict", scenario="server", request={"target_qps": 5.0, "min_requests": 6, "min_duration_s": 0.0}
+        mode="predict",
+        scenario="server",
+        request={"target_qps": 5.0, "min_requests": 6, "min_duration_s": 0.0, "max_batch": 2},
     )
     work = workload(shop_spec)
     writer = PredictionWriter(tmp_path / "r.parquet")
@@ -117,20 +149,23 @@ def test_a_server_run_names_its_idle_waits_and_its_untimed_encoding_fit(stubbed,
         requests=lambda: run_requests(work, writer),
         writer=writer,
     )
+    t0 = ft.t
     region, latency = run_region(work, steps, train=False, repeats=1)
     writer.abort()
+    moved = ft.t - t0
     assert latency is not None and latency.requests == 6
+    calls = served_steps.count("write")  # the cold request and every batch, each through every step
+    assert calls >= 2 and served_steps == list(STAGE_SECONDS) * calls
+    served = calls * sum(SERVE_SECONDS.values())
+    assert sum(slept) > 0  # at 5 QPS the server does wait for arrivals
     m = region.metrics()
-    # Requests run their steps directly (no task call, so no stub seconds): the fake clock
-    # moves only while the engine is built (after the untimed encoding fit) and while the
-    # server sleeps for arrivals, which at 5 QPS is all of the rest.
-    served = 0.0
     assert m[K.HARNESS_ENGINE_SETUP_SECONDS] == ENGINE
-    assert m[K.HARNESS_REQUEST_WAIT_SECONDS] == pytest.approx(latency.wait_s) and latency.wait_s > 0
-    assert m[K.HARNESS_STAGE_SECONDS] == served
-    assert m[K.HARNESS_REGION_SECONDS] == pytest.approx(served + ENGINE + latency.wait_s)
+    assert m[K.HARNESS_STAGE_SECONDS] == pytest.approx(served, abs=1e-9)
+    assert m[K.HARNESS_REQUEST_WAIT_SECONDS] == pytest.approx(sum(slept), abs=1e-9)
+    assert m[K.HARNESS_REGION_SECONDS] == pytest.approx(moved, abs=1e-9)
+    assert moved == pytest.approx(ENGINE + served + sum(slept), abs=1e-9)
     assert m[K.HARNESS_ORCHESTRATION_SECONDS] == pytest.approx(0.0, abs=1e-9)
-    assert np.isclose(sum(v for k, v in m.items() if k != K.HARNESS_REGION_SECONDS), m[K.HARNESS_REGION_SECONDS])
+    assert m[K.HARNESS_CALIBRATION_FIT_SECONDS] == m[K.HARNESS_BACKEND_SETUP_SECONDS] == 0.0
 
 
 def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_frozen(
