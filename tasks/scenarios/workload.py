@@ -24,6 +24,12 @@ from tasks.stages.retrieve import list_root_keys
 from tasks.stages.tensorize import Chunk
 
 
+def chunked(keys: np.ndarray, rows: int) -> list[np.ndarray]:
+    """Root keys cut into chunks of ``rows`` (the last one may be shorter), in key order: the
+    one definition of a chunk, for predict passes, training epochs and DDP ranks."""
+    return [keys[i : i + rows] for i in range(0, len(keys), rows)]
+
+
 class Workload:
     def __init__(self, chain: Chain, result: RunResult) -> None:
         self.chain, self.result, self.spec = chain, result, chain.spec
@@ -57,9 +63,12 @@ class Workload:
         self.result.stages["predict"]["retrieve"].add(span.seconds, 0)
         self.result.stages["predict"]["retrieve"].bytes += nbytes
         self.result.bytes_read += nbytes
+        self.use_keys(keys)
+
+    def use_keys(self, keys: np.ndarray) -> None:
+        """Work on ``keys`` (all the root keys, or a DDP rank's shard), in ``run.chunk_rows`` chunks."""
         self.result.root_rows = len(keys)
-        n = self.spec.run.chunk_rows
-        self.chunks = [keys[i : i + n] for i in range(0, len(keys), n)]
+        self.chunks = chunked(keys, self.spec.run.chunk_rows)
         self.result.chunks = len(self.chunks)
 
     def account(self, p: Prepared, chunk: int | None, phase: str = "predict") -> None:
@@ -107,6 +116,9 @@ class Workload:
         return self._kept[i] if reusable else self.chain.prepare_untimed(self.chunks[i])
 
     def train(self) -> None:
+        """``run.epochs`` epochs over every chunk (a one-chunk workload keeps its tensors), each
+        chunk's compute through the chain; ``updates_per_epoch`` from the first. The one epoch
+        loop: a DDP rank (tasks/distributed/rank.py) runs it over its shard."""
         sink = self.sink("train")
         for epoch in range(self.spec.run.epochs):
             engine = self.chain.engine
