@@ -30,7 +30,7 @@ from tasks.measure.report import (
     interval_text,
     markdown_table,
     ratio_interval,
-    slower_than_baseline,
+    slower_by_paired_ratio,
 )
 from tasks.measure.report import summarize as summarize_groups
 from tasks.tracking.reader import StoredRun
@@ -49,21 +49,22 @@ def summarize(samples: Sequence[Sample], headline: str) -> list[dict[str, Cell]]
         # ONNX Runtime serves its own file; PyTorch variants load the checkpoint
         return g.median(ort_key if g.key[0].startswith("onnxruntime") else ckpt_key)
 
-    def e2e_by_round(samples_of: Sequence[Sample]) -> dict[int, float]:
+    def by_round(samples_of: Sequence[Sample], key: str) -> dict[int, float]:
         # round -1: a child from before rounds were tagged, which pairs with nothing
-        return {
-            s.round: s.metrics[K.E2E_PREDICT_ROWS_PER_S]
-            for s in samples_of
-            if s.round >= 0 and K.E2E_PREDICT_ROWS_PER_S in s.metrics
-        }
+        return {s.round: s.metrics[key] for s in samples_of if s.round >= 0 and key in s.metrics}
 
-    eager_e2e = e2e_by_round([s for s in samples if s.variant == EAGER_VARIANT])
+    eager = [s for s in samples if s.variant == EAGER_VARIANT]
+    eager_by = {key: by_round(eager, key) for key in (K.E2E_PREDICT_ROWS_PER_S, K.STEADY_ROWS_PER_S)}
 
-    def vs_eager(g: Group, field: str) -> float | None:
-        ri = ratio_interval(e2e_by_round(g.samples), eager_e2e)
+    def paired(g: Group, field: str, key: str = K.E2E_PREDICT_ROWS_PER_S) -> float | None:
+        ri = ratio_interval(by_round(g.samples, key), eager_by[key])
         if ri is None:
             return math.nan if field == "median" else None
-        return getattr(ri, field)
+        value: float | None = getattr(ri, field)
+        return value
+
+    def vs_eager(g: Group, field: str) -> float | None:
+        return paired(g, field)
 
     def ci(g: Group, side: str) -> float | None:
         mi = g.interval(K.STEADY_ROWS_PER_S)
@@ -82,6 +83,9 @@ def summarize(samples: Sequence[Sample], headline: str) -> list[dict[str, Cell]]
             "e2e_vs_eager_ci_low": lambda g: vs_eager(g, "low"),
             "e2e_vs_eager_ci_high": lambda g: vs_eager(g, "high"),
             "e2e_vs_eager_rounds": lambda g: vs_eager(g, "n"),
+            # the steady note's figure: steady rows/s over eager's in the same round
+            "steady_vs_eager_ci_low": lambda g: paired(g, "low", K.STEADY_ROWS_PER_S),
+            "steady_vs_eager_ci_high": lambda g: paired(g, "high", K.STEADY_ROWS_PER_S),
             "batch_p99_ms": lambda g: g.median(K.compute("predict", "batch_ms.p99")),
             "quality": lambda g: g.median(K.quality(headline)),
             "delta_vs_reference": lambda g: g.median(K.QUALITY_DELTA_VS_REFERENCE),
@@ -104,18 +108,18 @@ def summarize(samples: Sequence[Sample], headline: str) -> list[dict[str, Cell]]
 
 
 def slower_than_eager(rows: Sequence[dict[str, Cell]]) -> list[str]:
-    """A note for each compiled variant whose steady interval lies wholly below eager fp32's."""
-    eager = next((r for r in rows if r["variant"] == EAGER_VARIANT), None)
-    if eager is None:
-        return []
-    return slower_than_baseline(
+    """A note for each compiled variant whose paired per-round steady ratio to eager fp32
+    (each round's steady rows/s over eager's in that round) has a 95% interval wholly below 1:
+    slower in the same rounds, whatever the host's drift between rounds (which unpaired
+    intervals of the two medians carry, so they can overlap while every round is slower)."""
+    return slower_by_paired_ratio(
         rows,
         label=lambda r: str(r["variant"]),
         is_candidate=lambda r: "compiled" in str(r["variant"]),
-        baseline=eager,
+        baseline=EAGER_VARIANT,
         figure="steady rows/s",
-        low="steady_ci_low",
-        high="steady_ci_high",
+        low="steady_vs_eager_ci_low",
+        high="steady_vs_eager_ci_high",
     )
 
 

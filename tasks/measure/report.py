@@ -234,38 +234,6 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def slower_than_baseline(
-    rows: Sequence[Mapping[str, Cell]],
-    *,
-    label: Callable[[Mapping[str, Cell]], str],
-    is_candidate: Callable[[Mapping[str, Cell]], bool],
-    baseline: Mapping[str, Cell],
-    figure: str,
-    low: str,
-    high: str,
-) -> list[str]:
-    """A note for each candidate row whose 95% interval of ``figure`` lies wholly below the
-    baseline row's: e.g. a compiled variant's steady rows/s interval below eager's, which a
-    report must say rather than leave to a reader of the table. Rows without intervals (too
-    few rounds) are not judged. Unpaired: the host's drift between rounds widens both
-    intervals; where rounds pair runs, ``slower_by_paired_ratio`` judges the per-round ratio
-    (compile-report does)."""
-    b_low = baseline.get(low)
-    if not isinstance(b_low, int | float) or math.isnan(b_low):
-        return []
-    notes = []
-    for r in rows:
-        r_low, r_high = r.get(low), r.get(high)
-        if not is_candidate(r) or not isinstance(r_high, int | float) or math.isnan(r_high):
-            continue
-        if r_high < b_low:
-            notes.append(
-                f"{label(r)} is slower than {label(baseline)}: its {figure} 95% interval "
-                f"[{r_low:,.0f}, {r_high:,.0f}] lies below {label(baseline)}'s, which starts at {b_low:,.0f}"
-            )
-    return notes
-
-
 def slower_by_paired_ratio(
     rows: Sequence[Mapping[str, Cell]],
     *,
