@@ -57,7 +57,8 @@ def child(config: dict[str, Any]) -> None:
     spec = load_spec(spec_path, ["run.system_metrics_interval_s=0", *config["sets"]])
     s = benchmark(spec=spec.to_dict(), spec_dir=str(spec_path.parent))
     m = s["metrics"]
-    keep = ("latency.", "requests.", K.DATA_BYTES_READ, K.HOST_LOAD_PER_CORE_START)
+    outputs = (K.REQUESTS_OUTPUTS_MISMATCHED_ROOTS, K.REQUESTS_OUTPUTS_ROOTS_CHECKED)  # the row's check column
+    keep = (K.LATENCY_PREFIX, *outputs, K.DATA_BYTES_READ, K.HOST_LOAD_PER_CORE_START)
     out = {
         "tasks_file": tasks.__file__,
         "run_id": s["run_id"],
@@ -94,11 +95,11 @@ def row(label: str, s: dict[str, Any]) -> str:
     from tasks.measure import keys as K
 
     m = s["metrics"]
-    shares = [m.get(f"latency.step_share.{st}", 0.0) for st in STEPS]
+    shares = [m.get(K.latency_step_share(st), 0.0) for st in STEPS]
     return (
-        f"{label:<38} {int(m['latency.requests']):>5} {m['latency.request_ms.p50']:>8.2f} "
-        f"{m['latency.request_ms.p99']:>8.2f} {m['latency.first_request_ms']:>8.1f} "
-        f"{m['latency.achieved_qps']:>7.1f} {m.get(K.HOST_LOAD_PER_CORE_START, float('nan')):>5.2f}  "
+        f"{label:<38} {int(m[K.LATENCY_REQUESTS]):>5} {m[K.latency_request_ms(50)]:>8.2f} "
+        f"{m[K.latency_request_ms(99)]:>8.2f} {m[K.LATENCY_FIRST_REQUEST_MS]:>8.1f} "
+        f"{m[K.LATENCY_ACHIEVED_QPS]:>7.1f} {m.get(K.HOST_LOAD_PER_CORE_START, float('nan')):>5.2f}  "
         + " ".join(f"{v:>5.0%}" for v in shares)
         + f" {int(m.get(K.REQUESTS_OUTPUTS_MISMATCHED_ROOTS, -1)):>4}/{int(m.get(K.REQUESTS_OUTPUTS_ROOTS_CHECKED, 0))}"
         + f"  {s['validity']} {'; '.join(s['invalid_reasons'])}"
@@ -181,6 +182,8 @@ def main() -> None:
                 results.append({"run": label, "tree": side, "round": r, **s})
 
     if args.before:
+        from tasks.measure.keys import latency_request_ms
+
         print("\nmedian over rounds (fresh processes, interleaved); ratio = after / before")
         print(
             f"{'run':<26} {'p50 before':>10} {'p50 after':>10} {'ratio':>6} "
@@ -191,8 +194,9 @@ def main() -> None:
             def med(side: str, key: str, label: str = label) -> float:
                 return statistics.median(x["metrics"][key] for x in results if x["run"] == label and x["tree"] == side)
 
-            p50b, p50a = med("before", "latency.request_ms.p50"), med("after", "latency.request_ms.p50")
-            p99b, p99a = med("before", "latency.request_ms.p99"), med("after", "latency.request_ms.p99")
+            p50, p99 = latency_request_ms(50), latency_request_ms(99)
+            p50b, p50a = med("before", p50), med("after", p50)
+            p99b, p99a = med("before", p99), med("after", p99)
             print(
                 f"{label:<26} {p50b:>10.2f} {p50a:>10.2f} {p50a / p50b:>6.2f} "
                 f"{p99b:>10.2f} {p99a:>10.2f} {p99a / p99b:>6.2f}"
