@@ -76,7 +76,11 @@ def peak_qps_cmd(
         float | None, typer.Option(help="First probe's rate (default: the spec's run.request.target_qps).")
     ] = None,
     probe_requests: Annotated[
-        int, typer.Option(help="Each probe's run.request.min_requests (662: the fewest for a p99 estimate).")
+        int,
+        typer.Option(
+            help="Each probe's run.request.min_requests (662: LoadGen's server rule tolerates one request over "
+            "the bound; 459 at least)."
+        ),
     ] = 662,
     probe_seconds: Annotated[
         float, typer.Option(help="Each probe's run.request.min_duration_s (LoadGen's own: 600).")

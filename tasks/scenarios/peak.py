@@ -15,7 +15,7 @@ Halving stops when load is not what sets the latency: two failing probes in a ro
 up with their arrivals (achieved QPS at least ``KEPT_UP`` of the target) and whose
 p99 differ by less than ``FLOOR_RATIO`` (halving the rate left the p99 where
 it was, so the unloaded latency is above the bound). Lower rates would only take longer (a
-probe needs 662 requests: 530 s at 1.25 QPS) and fail the same; the result says so
+probe of the default 662 requests: 530 s at 1.25 QPS) and fail the same; the result says so
 (``unloaded_above_bound``). Measured here on the default workload: 294, 287 and 288 ms at
 10, 5 and 2.5 QPS against a 100 ms bound.
 """
@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasks.runtime.errors import UserError
-from tasks.scenarios.early_stopping import min_requests
+from tasks.scenarios.early_stopping import requests_needed
 
 FLOOR_RATIO = 0.9  # p99 at half the rate above this share of the p99 at the rate: no load effect
-KEPT_UP = 0.8  # achieved / target QPS of a probe that kept up (a Poisson run of 662 varies ~4%)
+KEPT_UP = 0.8  # achieved / target QPS of a probe that kept up (a Poisson run of 662 requests varies ~4%)
 
 
 @dataclass(frozen=True)
@@ -120,11 +120,12 @@ def check_args(bound_ms: float, probe_requests: int, probe_seconds: float, toler
     """Bad flags fail before any run starts."""
     if bound_ms <= 0:
         raise UserError(f"--bound-ms is {bound_ms:g}; give the latency bound in ms, above 0.")
-    need = min_requests(0.99)
+    need = requests_needed(0, 0.99)  # LoadGen's server rule: n >= min_passing(t) + t, t = 0
     if probe_requests < need:
         raise UserError(
-            f"--probe-requests is {probe_requests}; a p99 early-stopping estimate needs at least {need} "
-            f"requests (LoadGen, confidence 0.99); use {need} or more."
+            f"--probe-requests is {probe_requests}; LoadGen's server rule (p99, confidence 0.99) passes no "
+            f"run of fewer than {need} requests, even with none over the bound; use {need} or more "
+            f"({requests_needed(1, 0.99)} tolerates one request over it)."
         )
     if probe_seconds < 0 or tolerance <= 0:
         raise UserError("--probe-seconds must be 0 or more and --tolerance above 0.")

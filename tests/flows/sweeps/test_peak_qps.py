@@ -66,7 +66,7 @@ def _cli(folder: Path, *args: str, timeout: float = 900) -> subprocess.Completed
     ("args", "names"),
     [
         ([], "--bound-ms"),
-        (["--bound-ms", "50", "--probe-requests", "100"], "662"),
+        (["--bound-ms", "50", "--probe-requests", "100"], "459"),
         (["--bound-ms", "50", "--set", "run.request.target_qps=-1"], "run.request.target_qps"),
     ],
 )

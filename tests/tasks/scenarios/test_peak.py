@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tasks.runtime.errors import UserError
 from tasks.scenarios import server
 from tasks.scenarios.latency import LatencyRecord
-from tasks.scenarios.peak import Probe, search
+from tasks.scenarios.peak import Probe, check_args, search
 from tasks.scenarios.schedule import poisson_arrivals
 from tests.tasks.scenarios.test_timing import FakeTime, keys_for
 
@@ -115,3 +116,12 @@ def test_search_brackets_the_capacity_of_a_queueing_server():
     assert p99_at(res.low) <= 200.0 < p99_at(res.high)
     assert p99_at(10.0) < p99_at(res.low)  # latency rises with rate: a knee, not noise
     assert np.isfinite(res.low)
+
+
+def test_probe_requests_are_checked_against_loadgens_server_rule():
+    """A probe passes by LoadGen's server rule: 459 requests with none over the bound pass
+    (min_passing(0) = 459 at p99, confidence 0.99; worked in test_early_stopping.py), so 459 is
+    the fewest a probe may ask for. The old check asked for a p99 estimate's 662."""
+    check_args(50.0, 459, 0.0, 0.05)  # accepted
+    with pytest.raises(UserError, match=r"--probe-requests is 458; .* fewer than 459 requests,.*\(662 tolerates one"):
+        check_args(50.0, 458, 0.0, 0.05)
