@@ -722,7 +722,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "(DataLoader workers, Inductor's compiler processes), from the kernel's high-water marks "
         "(the process's VmHWM; each live child's VmHWM minus the pages it shares, so pages a forked "
         "worker shares with its parent count once, in the parent: USS-style, not PSS; ru_maxrss of a "
-        "reaped child no sample saw, whole)",
+        "reaped child no sample saw, whole, when above the process's own peak: below it, it may be only the "
+        "parent pages a fork/exec child mapped before its exec)",
     ),
     (
         HOST_PEAK_EXCLUDING_COMPILER_BYTES,
@@ -870,8 +871,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "the predict stage's own warm rate over its floor's, a warm best of 5 (1.0 = at the floor; "
         "tasks/measure/floors.py): retrieve and tensorize bytes/s from stage.<stage>.predict.warm_bytes|"
         "warm_seconds, write output.bytes x (passes - 1) over its warm_seconds (offline runs with "
-        "run.repeats >= 2 only: one pass has no warm figure, so no fraction); compute is compute.model_flops_per_s (present-coordinate FLOP/s of "
-        "the steady batches, any scenario) over a floor whose GEMMs are at present lengths too; "
+        "run.repeats >= 2 only: one pass has no warm figure, so no fraction); compute is "
+        "compute.model_flops_per_s (present-coordinate FLOP/s of the steady batches, any scenario) over a "
+        "floor whose GEMMs are at present lengths too; "
         "orchestration as seconds of one no-op Prefect task call over the run's orchestration seconds per "
         "task call",
     ),
