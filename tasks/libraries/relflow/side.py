@@ -75,6 +75,9 @@ class RelflowSide:
     def tensorize(self, pre: Preprocessed, train: bool, encoded: Encoded | None) -> LibraryChunk:
         spec = self.spec
         if self.driver is None:  # the first chunk: build the model (relflow sizes it from data)
+            # Initial weights from run.seed, as the reference model's engine draws them: else
+            # they follow whatever drew from torch's global generator before this chunk.
+            torch.manual_seed(spec.run.seed)
             self.driver = RelflowDriver.build(spec, pre.table, self.device)
             self._compile()
         driver = self.driver

@@ -109,3 +109,18 @@ def test_relflows_logged_rate_beside_the_exact_rows_and_the_estimate_on_a_partia
     monkeypatch.setattr(relflow_throughput, "perf_counter", ScriptedBatchClock([9.0] * 6))
     chain.predict_untimed(keys)
     assert engine.facts().metrics == m
+
+
+def test_initial_weights_follow_run_seed_not_the_global_generator(shop_spec, shop_files) -> None:
+    from tasks.stages.retrieve import list_root_keys
+
+    def initial(seed: int, draws: int) -> list[torch.Tensor]:
+        chain = _chain(relflow_spec(shop_spec, seed=seed), shop_files)
+        keys, _ = list_root_keys(chain.spec, chain.sources)
+        torch.rand(draws)  # whatever ran before in the process
+        chain.prepare_untimed(keys)
+        return [p.detach().clone() for p in chain.side.driver.model.parameters()]
+
+    a, b, c = initial(0, 1), initial(0, 7), initial(1, 1)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
