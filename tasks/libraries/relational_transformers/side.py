@@ -144,6 +144,10 @@ class RTSide:
         cells, padded = planned_cells(enc.contexts.lengths, plan)
         labels, present = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
         all_labels, all_present = enc.contexts.label_tensors(np.arange(enc.contexts.count))
+        if spec.task.kind == "regression":  # contexts hold training-normalised values; quality
+            # compares predictions in the target's units (predict_step), so the chunk does too
+            assert self.stats is not None
+            all_labels = torch.where(all_present, all_labels * self.stats.target_std + self.stats.target_mean, 0.0)
         labels[enc.rows], present[enc.rows] = all_labels, all_present
         return LibraryChunk(
             keys=pre.table[spec.schema_.root.key].combine_chunks(),

@@ -308,3 +308,24 @@ def test_each_request_carries_the_notes_steps_with_their_own_seconds(
     assert m[K.LATENCY_STEP_SHARE_OTHER] == 0.0
     # every request predicted its root through the library (one row written per request)
     assert work.result.stages["predict"]["compute"].calls == n + 1
+
+
+def test_a_regression_chunk_carries_labels_in_the_targets_units(shop_spec, shop_files, shop_tables):
+    """Quality compares predictions in the target's units with the chunk's labels: both must be
+    in those units (the labels were the training-normalised values, so MAE/R² were wrong)."""
+    import torch
+
+    spec = rt_spec(shop_spec)
+    del spec["schema"]["root"]["columns"]["c_balance"]  # the target is not an input
+    spec["task"] = {"target": "c_balance", "kind": "regression"}
+    engine, tz = _prepared(spec, shop_files)
+    raw = dict(
+        zip(
+            shop_tables["customers"]["c_id"].to_pylist(), shop_tables["customers"]["c_balance"].to_pylist(), strict=True
+        )
+    )
+    keys = tz.keys.to_pylist()
+    want = torch.tensor([float(raw[k]) if raw[k] is not None else 0.0 for k in keys], dtype=torch.float32)
+    present = torch.tensor([raw[k] is not None for k in keys])
+    assert torch.equal(tz.label_present, present)
+    assert torch.allclose(tz.labels[present], want[present], atol=1e-4)
