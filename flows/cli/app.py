@@ -181,8 +181,11 @@ def _progress_line(name: str) -> Iterator[None]:
 def _latency_line(m: dict[str, float]) -> str:
     from tasks.measure import keys as K
 
-    steps = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write", "queue")
-    shares = ", ".join(f"{s} {m.get(K.latency_step_share(s), 0.0):.0%}" for s in steps)
+    # encode is a step only where a library owns cell encoding (relational_transformers)
+    steps = ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write", "queue")
+    shares = ", ".join(
+        f"{s} {m.get(K.latency_step_share(s), 0.0):.0%}" for s in steps if s != "encode" or K.latency_step_share(s) in m
+    )
     qps = (
         f", {m[K.LATENCY_ACHIEVED_QPS]:.1f} QPS achieved of {m[K.LATENCY_TARGET_QPS]:g}"
         if K.LATENCY_TARGET_QPS in m
