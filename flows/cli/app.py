@@ -134,7 +134,8 @@ def _run_benchmark(
     s = load_spec(path, overrides)
     check_settings(s)
     temporary_server.configure()  # before the flow's first Prefect call starts that server
-    from flows.benchmark import benchmark, plan
+    from flows.benchmark import benchmark
+    from tasks.checks.plan import plan
 
     mask_log_secrets()  # with --debug too: Prefect's and MLflow's log lines show URIs masked
     if not debug:

@@ -34,7 +34,7 @@ def floors_cmd(
         from tasks.spec import load_spec
 
         s = load_spec(spec, overrides)  # before torch, Prefect and MLflow (10+ s): a bad spec exits in a second
-        from flows.benchmark import plan
+        from tasks.checks.plan import plan
         from flows.floors import orchestration_floor
         from tasks.measure.environment import fingerprint
         from tasks.measure.floors import ledger

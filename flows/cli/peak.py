@@ -139,7 +139,7 @@ def _run(
 
     check_args(bound_ms, probe_requests, probe_seconds, tolerance)  # before the heavy imports
     base = load_spec(path, overrides)
-    from flows.benchmark import plan
+    from tasks.checks.plan import plan
     from flows.sweeps.peak import peak_qps
 
     checked = plan(base, path.resolve().parent)
