@@ -34,8 +34,8 @@ def floors_cmd(
         from tasks.spec import load_spec
 
         s = load_spec(spec, overrides)  # before torch, Prefect and MLflow (10+ s): a bad spec exits in a second
-        from tasks.checks.plan import plan
         from flows.floors import orchestration_floor
+        from tasks.checks.plan import plan
         from tasks.measure.environment import fingerprint
         from tasks.measure.floors import ledger
         from tasks.measure.hostload import BUSY_HOST_FRACTION

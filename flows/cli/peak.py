@@ -139,8 +139,8 @@ def _run(
 
     check_args(bound_ms, probe_requests, probe_seconds, tolerance)  # before the heavy imports
     base = load_spec(path, overrides)
-    from tasks.checks.plan import plan
     from flows.sweeps.peak import peak_qps
+    from tasks.checks.plan import plan
 
     checked = plan(base, path.resolve().parent)
     if checked.generated:

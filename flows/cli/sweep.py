@@ -148,8 +148,8 @@ def _run_sweep(
     check_settings(base)  # tracking store, output folder, lock file: before the heavy imports
     full_grid = dict(sections.sweep.grid) if sections.sweep else {}
     full_grid.update(parse_grid(grid))
-    from tasks.checks.plan import plan
     from flows.sweeps.grid import expand, sweep
+    from tasks.checks.plan import plan
 
     configs = expand(base, full_grid)  # every configuration validated before Prefect starts
     from flows.sweeps.pool import check_pool_args
