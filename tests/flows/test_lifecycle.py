@@ -140,15 +140,42 @@ def test_sigkilled_run_is_ended_killed_by_the_next_invocation(tpch_small, tmp_pa
     assert str(proc.pid) in run.data.tags["relflow.error"]
 
 
+def _lock_waiters(lock: Path) -> int:
+    """Processes blocked on ``lock`` right now: /proc/locks lists a waiter with '->' (once
+    per lock it waits behind, so counted by pid): ``N: -> FLOCK ADVISORY WRITE pid dev:inode ...``."""
+    inode = f":{lock.stat().st_ino}"
+    pids = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and len(fields) > 6 and fields[6].endswith(inode):
+            pids.add(fields[5])
+    return len(pids)
+
+
 @pytest.mark.slow
-def test_concurrent_runs_never_overlap_timed_regions(tpch_small, tmp_path):
+def test_concurrent_runs_never_overlap_timed_regions(tpch_small, tmp_path, monkeypatch):
+    """The test holds the host lock until both runs are blocked on it, then 2 s more: each run
+    must report at least the wait the test imposed, the second also the first run's region."""
+    from tasks.runtime.hostlock import host_lock
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    lock = tmp_path / "host.lock"
+    monkeypatch.setenv("RELFLOW_LOCK_FILE", str(lock))  # this test's lock: other tests' runs do not touch it
     # Create the store first so the two processes do not race on its migrations.
     MlflowClient(tracking_uri=uri).search_experiments()
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
         d.mkdir()
-    procs = [_cli([*SMALL, "--set", "run.epochs=2"], d, uri) for d in dirs]
+    hold_s = 2.0
+    with host_lock():
+        # predict mode (untrained weights): the lock and the regions are the subject, not training
+        procs = [_cli([*SMALL, "--set", "run.mode=predict"], d, uri) for d in dirs]
+        deadline = time.monotonic() + 400
+        while _lock_waiters(lock) < 2:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "runs never waited"
+            time.sleep(0.2)
+        both_waiting = time.time()
+        time.sleep(hold_s)
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
@@ -164,10 +191,9 @@ def test_concurrent_runs_never_overlap_timed_regions(tpch_small, tmp_path):
     )
     (start_a, end_a, wait_a), (start_b, _, wait_b) = spans
     assert end_a <= start_b, f"timed regions overlap: {spans}"
-    # harness.lock_wait_seconds is the time spent asking for the host lock. The first holder
-    # had nothing to wait for. The second asked no earlier than the first got it (or it
-    # would have got it first), and each region starts one pre-region sample (0.5 s) after its
-    # lock: so it waited at most the gap between the two starts. Whether it waited at all
-    # depends on start-up jitter. 1 s of slack covers the sampling windows.
-    assert 0 <= wait_a < 1.0, spans
-    assert 0 <= wait_b <= start_b - start_a + 1.0, spans
+    # harness.lock_wait_seconds is the time spent asking for the host lock. Both runs were
+    # blocked on it at both_waiting and got it only after the test let go, hold_s later; the
+    # second got it only after the first run's region ended and its lock was released.
+    assert wait_a >= hold_s, spans
+    assert wait_b >= end_a - both_waiting, spans
+    assert wait_b > wait_a, spans
