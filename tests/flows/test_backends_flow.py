@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from model.checkpoint import file_sha256, quantize_checkpoint
-from tasks.measure.keys import STAGES, documented
+from tasks.measure.keys import documented
 from tasks.spec import parse_spec
 from tasks.stages.split import split_is_train
 
@@ -68,11 +68,12 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp
     assert len(tags["relflow.bundle_hash"]) == 64
     # training ran PyTorch (packed: no dropout), the predict pass ONNX Runtime's padded graph
     assert tags["relflow.encoder_path"] == "packed,padded"
-    # export happened outside the predict stages: logged on its own, e2e is still their sum
+    # Export and load happen outside the predict stages, in the region's backend_setup bucket,
+    # which is measured less any stage seconds inside it: had the export landed in a stage
+    # (or in orchestration), the bucket would hold less than the export and load themselves.
     assert m["export.seconds"] > 0 and m["backend.load_seconds"] > 0
     assert m["export.bytes"] == (Path(tags["relflow.bundle_path"]) / "model.onnx").stat().st_size
-    stages = sum(m[f"stage.{st}.predict.seconds"] for st in STAGES)
-    assert m["e2e.predict.seconds"] == pytest.approx(stages, rel=1e-6)
+    assert m["harness.backend_setup_seconds"] >= (m["export.seconds"] + m["backend.load_seconds"]) * (1 - 1e-9)
     assert m["harness.orchestration_seconds"] < m["export.seconds"]  # the export is not orchestration
     assert m["data.rows_predicted"] == 20 and m["compute.first_call_seconds"] > 0
     out = pl.from_arrow(pq.read_table(summary["output_path"]))
