@@ -124,3 +124,25 @@ def test_initial_weights_follow_run_seed_not_the_global_generator(shop_spec, sho
     a, b, c = initial(0, 1), initial(0, 7), initial(1, 1)
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_logits_for_a_scattered_subset_of_rows_match_the_full_pass(shop_spec, shop_files) -> None:
+    """The calibration fit asks for the held-out rows only, scattered and in an order of their
+    own (tasks/stages/calibrate.py): each logit must be its row's, as in the full predict pass."""
+    from tasks.stages.retrieve import list_root_keys
+
+    chain = _chain(relflow_spec(shop_spec), shop_files)
+    keys, _ = list_root_keys(chain.spec, chain.sources)
+    train = chain.prepare(keys, lambda *a: None, {"phase": "train"}).tz
+    chain.train(train, lambda *a: None)
+    engine = chain.ensure_engine()
+    assert engine is not None
+    tz = chain.prepare(keys, lambda *a: None, {"phase": "predict"}).tz
+    full = engine.predict(tz, ("prediction",)).tensors["prediction"]
+    steps = engine.driver
+    subset = torch.tensor([4, 1, 3])
+    parts = [part for part, _ in steps.batches(tz, subset)]
+    ran = torch.cat([steps.rows_of(part) for part in parts])
+    got = torch.cat([steps.predict_step(part) for part in parts])
+    assert ran.tolist() == [4, 1, 3]
+    assert torch.allclose(got, full[ran], atol=1e-5)
