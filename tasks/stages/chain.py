@@ -154,7 +154,7 @@ class Chain:
         pre: Preprocessed = run("preprocess", lambda: preprocess(spec, r), lambda p: p.root_rows)
         cells, encoded = 0, None
         if self.has_text:  # the application's encoder: the reference model's text cells, or a library's
-            encoded = run("encode", lambda: self._encode(pre, train), lambda e: e.pre.root_rows)
+            encoded = run("encode", lambda: self._encode(pre, train), lambda e: e.encoded_rows)
             pre, cells = encoded.pre, encoded.cells
         tz: Chunk = run("tensorize", lambda: self._tensorize(pre, train, encoded), lambda t: t.tensorized_rows)
         arrow_bytes = sum(t.nbytes for t in r.tables.values())

@@ -240,6 +240,13 @@ class Encoded:
     pre: Preprocessed  # the same rows, each text column replaced by its vectors
     cells: int  # text cells encoded (nulls included: they are present cells)
     payload: object = None  # a library's own encoding (tasks/libraries), handed to its tensorize
+    rows: int | None = None  # root rows encoded, where a library encodes fewer than pre holds
+
+    @property
+    def encoded_rows(self) -> int:
+        """The encode stage row's rows: the rows this step encoded (a training chunk of a
+        library that builds contexts for training rows only counts those)."""
+        return self.pre.root_rows if self.rows is None else self.rows
 
 
 Children = dict[str, tuple[Mapping[str, str], "Children"]]  # branch name -> (its columns, its children)

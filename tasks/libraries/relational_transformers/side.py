@@ -128,7 +128,7 @@ class RTSide:
         table, rows = _rows_of_contexts(pre.table, train)
         contexts = build_contexts(table, self.spec, self.stats)
         vectors = encode(contexts)
-        return Encoded(pre, vectors.strings_encoded, _Encoding(contexts, vectors, rows))
+        return Encoded(pre, vectors.strings_encoded, _Encoding(contexts, vectors, rows), rows=int(rows.numel()))
 
     def tensorize(self, pre: Preprocessed, train: bool, encoded: Encoded | None) -> LibraryChunk:
         spec, run = self.spec, self.spec.run
@@ -157,6 +157,7 @@ class RTSide:
             coords_present=cells,
             coords_reserved=padded,
             root_rows=n,
+            encoded_rows=int(enc.rows.numel()),  # a training chunk's contexts: its training rows
             inputs=_Collated(enc, plan, torch.sort(enc.rows).values),
             input_tensors=[torch.from_numpy(idx) for idx in plan],  # what tensorize produced: the plan
         )

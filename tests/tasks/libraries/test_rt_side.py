@@ -329,3 +329,27 @@ def test_a_regression_chunk_carries_labels_in_the_targets_units(shop_spec, shop_
     present = torch.tensor([raw[k] is not None for k in keys])
     assert torch.equal(tz.label_present, present)
     assert torch.allclose(tz.labels[present], want[present], atol=1e-4)
+
+
+def test_train_encode_and_tensorize_report_the_rows_they_built_contexts_for(shop_spec, shop_files):
+    """A training chunk builds contexts for its training rows only: its encode and tensorize
+    rows count those, retrieve and preprocess every row; a predict chunk counts every row."""
+    import torch
+
+    from tasks.sources.files import resolve_sources
+    from tasks.spec import parse_spec
+    from tasks.stages.chain import Chain
+    from tasks.stages.retrieve import list_root_keys
+
+    raw = rt_spec(shop_spec)
+    raw["task"]["validation_fraction"] = 0.3  # customer 1 held out; both classes in training
+    spec = parse_spec(raw)
+    chain = Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu"))
+    keys, _ = list_root_keys(spec, chain.sources)
+    book: dict[str, dict[str, int]] = {"train": {}, "predict": {}}
+    for phase in ("train", "predict"):
+        p = chain.prepare(keys, lambda stage, s, rows, ph=phase: book[ph].__setitem__(stage, rows), {"phase": phase})
+        training_rows = int(p.tz.is_train.sum())
+    assert training_rows == 4 and len(keys) == 5
+    assert book["train"] == {"retrieve": 5, "preprocess": 5, "encode": 4, "tensorize": 4}
+    assert book["predict"] == {"retrieve": 5, "preprocess": 5, "encode": 5, "tensorize": 5}
