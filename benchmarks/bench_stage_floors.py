@@ -57,6 +57,7 @@ def child(spec_path: Path, scale: float, rounds: int, overrides: list[str]) -> d
     import torch
 
     from tasks.measure.floors import _plain_read
+    from tasks.scenarios.workload import chunked
     from tasks.sources.open import open_sources
     from tasks.spec import load_spec
     from tasks.stages.chain import Chain
@@ -67,7 +68,7 @@ def child(spec_path: Path, scale: float, rounds: int, overrides: list[str]) -> d
     spec = load_spec(spec_path, [f"source.generate.tpch.scale={scale}", *overrides])
     chain = Chain(spec, open_sources(spec, ROOT_DIR), torch.device("cpu"))
     keys, _ = list_root_keys(spec, chain.sources)
-    chunks = [np.asarray(keys[i : i + spec.run.chunk_rows]) for i in range(0, len(keys), spec.run.chunk_rows)]
+    chunks = chunked(np.asarray(keys), spec.run.chunk_rows)  # the workload's one definition of a chunk
     chain.prepare_untimed(chunks[0])  # fits the encoding, as a run's first chunk does
     enc, schema = chain.encoding, chain.schema
     assert enc is not None and schema is not None
