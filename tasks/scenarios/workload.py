@@ -153,4 +153,4 @@ class Workload:
                 x_N, y_N = torch.cat(xs), torch.cat(ys)
                 temperature, rows = fit_temperature(x_N, y_N, kind), int(x_N.shape[0])
         chain.set_temperature(temperature)
-        self.result.extra.update({"calibration.fit_seconds": span.seconds, K.CALIBRATION_FIT_ROWS: float(rows)})
+        self.result.extra.update({K.CALIBRATION_FIT_SECONDS: span.seconds, K.CALIBRATION_FIT_ROWS: float(rows)})
