@@ -78,7 +78,7 @@ def engine_figures(result: RunResult, chain: Chain, engine: EngineBase, predict_
     result.worker_startup_seconds = engine.worker_startup_seconds
     result.quality = engine.quality.metrics()
     result.quality.update(chain.calibration.metrics())
-    result.extra["calibration.temperature"] = chain.temperature
+    result.extra[K.CALIBRATION_TEMPERATURE] = chain.temperature
     if chain.spec.task.kind in CALIBRATED_KINDS:  # held-out rows the temperature was not fitted on
         result.extra[K.CALIBRATION_REPORT_ROWS] = float(chain.calibration.rows)
     return compiler_cache_state(hits, misses)

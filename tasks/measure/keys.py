@@ -185,6 +185,7 @@ QUALITY_ROWS = "quality.rows"
 # Temperature scaling fits on one half of the held-out rows and reports quality.nll|ece|brier
 # on the other (tasks/stages/split.py): both counts are published.
 CALIBRATION_FIT_ROWS = "calibration.fit_rows"
+CALIBRATION_TEMPERATURE = "calibration.temperature"  # T the served logits are divided by
 CALIBRATION_FIT_SECONDS = "calibration.fit_seconds"  # the fit itself (within harness.calibration_fit_seconds)
 CALIBRATION_REPORT_ROWS = "calibration.report_rows"
 # The headline quality of each task kind (``quality.<name>``): the one figure run notes,
