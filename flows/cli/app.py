@@ -347,7 +347,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(_latency_line(m))
     if K.quality("nll") in m:
         lines.append(
-            f"calibration          T {m.get('calibration.temperature', 1.0):.3f}: nll "
+            f"calibration          T {m.get(K.CALIBRATION_TEMPERATURE, 1.0):.3f}: nll "
             f"{m[K.quality('uncalibrated.nll')]:.4f} -> {m[K.quality('nll')]:.4f}, ece "
             f"{m[K.quality('uncalibrated.ece')]:.4f} -> {m[K.quality('ece')]:.4f}, brier "
             f"{m[K.quality('uncalibrated.brier')]:.4f} -> {m[K.quality('brier')]:.4f}"
