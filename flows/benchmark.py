@@ -261,7 +261,7 @@ def benchmark(
     progress.emit("phase", name="starting MLflow run")
     run = start_run(s, p, flow_start, launched_at, parent_run_id, tags, thread_tags)
     forget_outputs = interrupts.on_interrupt(lambda: _remove_outputs(run.output))
-    run.result.extra.update(p.data_metrics)
+    run.result.data_checks = dict(p.data_metrics)
     try:
         run.memory.start()  # inside: a sampler that cannot start must not leave the run RUNNING
         timed_body(run)

@@ -170,8 +170,8 @@ def merge_into(result: RunResult, reports: list[RankReport]) -> TrainStages:
         timing.add(agg.seconds.get(stage, 0.0), agg.rows.get(stage, 0))
         timing.bytes += agg.bytes.get(stage, 0)
     result.updates_per_epoch = reports[0].updates_per_epoch
-    result.extra[K.DATA_ROWS_READ] = result.extra.get(K.DATA_ROWS_READ, 0.0) + sum(r.rows_read for r in reports)
-    result.extra[K.E2E_TRAIN_RANKS_MEAN_SECONDS] = agg.mean_seconds
+    result.rows_read = (result.rows_read or 0) + sum(r.rows_read for r in reports)
+    result.train_ranks_mean_seconds = agg.mean_seconds
     return agg
 
 

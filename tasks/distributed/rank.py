@@ -27,7 +27,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from model.arrow import Encoding, model_schema
 from tasks.distributed.launch import RankReport, metrics, shapes_to_report, shard
-from tasks.measure import keys as K
 from tasks.measure.clock import Clock, wall_clock
 from tasks.measure.records import RunResult
 from tasks.scenarios.workload import Workload
@@ -100,7 +99,7 @@ def _report(work: Workload, engine: Engine, rank: int, timer: _AllReduceTimer) -
         timer.seconds,
         timer.calls,
         sorted(engine.paths_seen),
-        int(res.extra.get(K.DATA_ROWS_READ, 0.0)),
+        res.rows_read or 0,
         shapes_to_report(engine.steady_shapes["train"]),
         {name: st.bytes for name, st in stages.items() if st.bytes},
     )

@@ -20,6 +20,7 @@ from tasks.backends.served import fp8_metrics
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
 from tasks.measure.collect import engine_figures, utilisation
+from tasks.measure.records import FlowSeconds, HarnessFigures, TextCells
 from tasks.measure.reference import quality_delta
 from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.invocation import Invocation
@@ -39,8 +40,7 @@ def collect(run: Invocation) -> dict[str, float]:
     # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
     # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
     flow_seconds = wall_clock() - run.flow_start
-    run.result.extra[K.HARNESS_FLOW_SECONDS] = flow_seconds
-    run.result.extra[K.HARNESS_FLOW_OVERHEAD_SECONDS] = flow_seconds - run.result.timed_stage_seconds
+    run.result.flow_seconds = FlowSeconds(flow_seconds, flow_seconds - run.result.timed_stage_seconds)
     return run.result.metrics()
 
 
@@ -54,16 +54,13 @@ def _engine_part(run: Invocation) -> None:
     run.tracker.set_tags({"relflow.compiler_cache": engine_figures(result, chain, engine, units)})
     if chain.has_text:
         enc_s = sum(st["encode"].seconds for st in result.stages.values())
-        result.extra[K.DATA_TEXT_CELLS] = float(work.text_cells_per_pass)
-        result.extra[K.ENCODE_CELLS_PER_S] = work.text_cells / enc_s if enc_s > 0 else 0.0
+        result.text_cells = TextCells(work.text_cells_per_pass, work.text_cells / enc_s if enc_s > 0 else 0.0)
     for phase in K.PHASES:
         run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
-    result.extra.update(run.backend_setup.metrics())
-    load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
-    if load is not None:
-        result.extra.update(load.metrics())
+    result.backend_setup = run.backend_setup
+    result.checkpoint_load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
     if isinstance(engine, Engine):
-        result.extra.update(fp8_metrics(engine.model))
+        result.fp8_fallback = fp8_metrics(engine.model)
     run.backend_tags = engine.backend_tags()  # after the passes: weights_native reads their fp8 fallbacks
 
 
@@ -88,20 +85,15 @@ def _harness_part(run: Invocation) -> None:
     result = run.result
     assert run.region is not None  # after the timed body
     if run.reference_quality is not None:
-        result.extra.update(quality_delta(run.engine.quality.headline, result.quality, run.reference_quality))
-    if run.latency is not None:
-        result.extra.update(run.latency.metrics())
-    if run.output_check is not None:
-        result.extra.update(run.output_check.metrics())
-    result.extra.update(
-        {
-            K.HARNESS_DATA_SECONDS: run.plan.data_seconds,
-            K.HARNESS_STARTUP_SECONDS: run.launch_seconds + run.mlflow_seconds,
-            K.HARNESS_MLFLOW_STARTUP_SECONDS: run.mlflow_seconds,
-            **run.buckets,  # harness.region_seconds and its buckets (tasks/scenarios/region.py)
-            **run.gc_pauses,  # tasks/measure/gcpauses.py
-            **run.region.metrics(),
-        }
+        result.reference_quality = quality_delta(run.engine.quality.headline, result.quality, run.reference_quality)
+    result.latency, result.output_check = run.latency, run.output_check
+    result.harness = HarnessFigures(
+        run.plan.data_seconds,
+        run.launch_seconds + run.mlflow_seconds,
+        run.mlflow_seconds,
+        run.buckets,  # harness.region_seconds and its buckets (tasks/scenarios/region.py)
+        run.gc_pauses,  # tasks/measure/gcpauses.py
+        run.region,
     )
 
 
@@ -117,5 +109,5 @@ def _model_part(run: Invocation) -> None:
         }
     )
     run.tracker.set_tags(facts.tags | ({"relflow.flops_note": facts.flops_note} if facts.flops_note else {}))
-    run.result.extra.update(facts.metrics)
-    run.result.extra.update(utilisation(s, p.device, engine, facts, run.predict_threads))
+    run.result.model_facts = facts
+    run.result.utilisation = utilisation(s, p.device, engine, facts, run.predict_threads)

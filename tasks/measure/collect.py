@@ -18,7 +18,7 @@ from tasks.measure import keys as K
 from tasks.measure.environment import fingerprint
 from tasks.measure.peak_flops import peak_flops
 from tasks.measure.present_flops import flops_of_shapes
-from tasks.measure.records import PHASES, PhaseTimings, RunResult, batch_coordinate_metrics
+from tasks.measure.records import PHASES, CompileCounters, PhaseTimings, RunResult, batch_coordinate_metrics
 from tasks.measure.utilisation import PhaseWork, mfu_metrics
 from tasks.spec import Spec
 from tasks.stages.calibrate import CALIBRATED_KINDS
@@ -65,10 +65,10 @@ def engine_figures(result: RunResult, chain: Chain, engine: EngineBase, predict_
     """The engine's figures into ``result`` (compile, coordinates, timings, quality,
     calibration); ``predict_units`` are the predict passes (offline) or served requests the
     batch figures are per. Returns the compiler-cache state for the run's tag."""
-    result.extra[K.COMPILED_FRAMES] = float(compiled_frames() - engine.frames_at_start)
+    frames = compiled_frames() - engine.frames_at_start
     hits, misses = (now - then for now, then in zip(compile_cache_counts(), engine.compile_cache_at_start, strict=True))
-    result.extra[K.COMPILE_CACHE_HITS], result.extra[K.COMPILE_CACHE_MISSES] = float(hits), float(misses)
-    result.extra.update(batch_coordinate_metrics(engine.batch_coords, predict_units, len(engine.batch_shapes)))
+    result.compile_counters = CompileCounters(frames, hits, misses)
+    result.batch_coordinates = batch_coordinate_metrics(engine.batch_coords, predict_units, len(engine.batch_shapes))
     for phase in PHASES:
         result.recompiles[phase] = engine.recompiles(phase)
         result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
@@ -78,9 +78,9 @@ def engine_figures(result: RunResult, chain: Chain, engine: EngineBase, predict_
     result.worker_startup_seconds = engine.worker_startup_seconds
     result.quality = engine.quality.metrics()
     result.quality.update(chain.calibration.metrics())
-    result.extra[K.CALIBRATION_TEMPERATURE] = chain.temperature
+    result.calibration.temperature = chain.temperature
     if chain.spec.task.kind in CALIBRATED_KINDS:  # held-out rows the temperature was not fitted on
-        result.extra[K.CALIBRATION_REPORT_ROWS] = float(chain.calibration.rows)
+        result.calibration.report_rows = chain.calibration.rows
     return compiler_cache_state(hits, misses)
 
 

@@ -12,7 +12,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,7 +21,26 @@ from tasks.measure.keys import PHASE_STAGES, PHASES, STAGES
 from tasks.measure.noise import cv
 from tasks.measure.stats import MIN_CI_SAMPLES, median_interval, nearest_rank
 
-__all__ = ["PHASES", "STAGES", "PhaseTimings", "RunResult", "StageTiming", "describe_repeats"]
+if TYPE_CHECKING:  # these modules import this one
+    from tasks.measure.collect import Region
+    from tasks.scenarios.latency import LatencyRecord
+    from tasks.scenarios.outputs import OutputCheck
+    from tasks.stages.engine import ModelFacts
+
+__all__ = [
+    "PHASES",
+    "STAGES",
+    "CalibrationFacts",
+    "CompileCounters",
+    "FlowSeconds",
+    "HarnessFigures",
+    "PhaseTimings",
+    "RunResult",
+    "StageTiming",
+    "TextCells",
+    "WarmStage",
+    "describe_repeats",
+]
 
 
 @dataclass
@@ -109,6 +128,104 @@ class PhaseTimings:
         return out
 
 
+@dataclass
+class WarmStage:
+    """One predict stage over the passes after the first (pass 0 holds the first calls,
+    compilation and cold caches; the floor ledger's stages are warm)."""
+
+    seconds: float = 0.0
+    bytes: int | None = None  # None: no warm pass moved bytes through the stage (no figure)
+
+    def add(self, stage: StageTiming, seconds_before: float, bytes_before: int) -> None:
+        """What ``stage`` added in one warm pass, since it stood at the ``*_before`` figures."""
+        self.seconds = self.seconds + stage.seconds - seconds_before  # (sum + now) - before: no reassociation
+        if stage.bytes > bytes_before:
+            self.bytes = (self.bytes or 0) + stage.bytes - bytes_before
+
+
+@dataclass
+class CalibrationFacts:
+    """The temperature fit (tasks/scenarios/workload.py) and the temperature the run served
+    with (tasks/measure/collect.py); a figure not recorded is not logged."""
+
+    fit_seconds: float | None = None
+    fit_rows: int | None = None
+    temperature: float | None = None
+    report_rows: int | None = None  # held-out rows the temperature was not fitted on
+
+    def metrics(self) -> dict[str, float]:
+        m: dict[str, float] = {}
+        if self.fit_seconds is not None:
+            m[K.CALIBRATION_FIT_SECONDS] = self.fit_seconds
+        if self.fit_rows is not None:
+            m[K.CALIBRATION_FIT_ROWS] = float(self.fit_rows)
+        if self.temperature is not None:
+            m[K.CALIBRATION_TEMPERATURE] = self.temperature
+        if self.report_rows is not None:
+            m[K.CALIBRATION_REPORT_ROWS] = float(self.report_rows)
+        return m
+
+
+@dataclass(frozen=True)
+class CompileCounters:
+    """Dynamo frames compiled and compile-cache hits/misses during the run (this process)."""
+
+    frames: int
+    cache_hits: int
+    cache_misses: int
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.COMPILED_FRAMES: float(self.frames),
+            K.COMPILE_CACHE_HITS: float(self.cache_hits),
+            K.COMPILE_CACHE_MISSES: float(self.cache_misses),
+        }
+
+
+@dataclass(frozen=True)
+class TextCells:
+    """The application's text encoder: cells per predict pass and encode throughput."""
+
+    cells_per_pass: int
+    cells_per_s: float
+
+    def metrics(self) -> dict[str, float]:
+        return {K.DATA_TEXT_CELLS: float(self.cells_per_pass), K.ENCODE_CELLS_PER_S: self.cells_per_s}
+
+
+@dataclass(frozen=True)
+class HarnessFigures:
+    """What the harness measured around the work (tasks/measure/assemble.py)."""
+
+    data_seconds: float
+    startup_seconds: float  # launch + MLflow start
+    mlflow_startup_seconds: float
+    region_buckets: dict[str, float]  # the timed region by bucket (tasks/scenarios/region.py)
+    gc_pauses: dict[str, float]  # collector pauses inside the region (tasks/measure/gcpauses.py)
+    region: Region  # lock wait, region bounds, host load
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.HARNESS_DATA_SECONDS: self.data_seconds,
+            K.HARNESS_STARTUP_SECONDS: self.startup_seconds,
+            K.HARNESS_MLFLOW_STARTUP_SECONDS: self.mlflow_startup_seconds,
+            **self.region_buckets,
+            **self.gc_pauses,
+            **self.region.metrics(),
+        }
+
+
+@dataclass(frozen=True)
+class FlowSeconds:
+    """The flow's wall time up to its final logging, and the part outside the five stages."""
+
+    seconds: float
+    overhead_seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        return {K.HARNESS_FLOW_SECONDS: self.seconds, K.HARNESS_FLOW_OVERHEAD_SECONDS: self.overhead_seconds}
+
+
 def _phase_stages() -> dict[str, dict[str, StageTiming]]:
     return {ph: {s: StageTiming(s, ph) for s in PHASE_STAGES[ph]} for ph in PHASES}
 
@@ -142,7 +259,25 @@ class RunResult:
     repeat_steady_rows_per_s: list[float] = field(default_factory=list)
     repeat_predict_rows_per_s: list[float] = field(default_factory=list)  # one per predict pass
     updates_per_epoch: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
+    # The flow's other figures, in the order its steps record them; ``metrics()`` keys them.
+    data_checks: dict[str, float] = field(default_factory=dict)  # tasks/checks/data.py counts (plan)
+    rows_read: int | None = None  # source rows, every table, summed over chunks/requests/ranks
+    calibration: CalibrationFacts = field(default_factory=CalibrationFacts)
+    warm_stages: dict[str, WarmStage] = field(default_factory=dict)  # predict stage -> warm passes
+    train_ranks_mean_seconds: float | None = None  # distributed: the ranks' mean train stage seconds
+    compile_counters: CompileCounters | None = None
+    batch_coordinates: dict[str, float] = field(default_factory=dict)  # batch_coordinate_metrics
+    text_cells: TextCells | None = None  # runs with text columns
+    backend_setup: BackendSetup | None = None
+    checkpoint_load: CheckpointLoad | None = None  # run.checkpoint
+    fp8_fallback: dict[str, float] = field(default_factory=dict)  # tasks/backends/served.py fp8_metrics
+    reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/measure/reference.py quality_delta
+    latency: LatencyRecord | None = None  # single_stream / server runs
+    output_check: OutputCheck | None = None  # run.check_outputs (offline)
+    harness: HarnessFigures | None = None
+    model_facts: ModelFacts | None = None  # the library's own figures (its ``metrics``)
+    utilisation: dict[str, float] = field(default_factory=dict)  # tasks/measure/collect.py utilisation
+    flow_seconds: FlowSeconds | None = None
 
     def e2e_seconds(self, phase: str) -> float:
         return sum(s.seconds for s in self.stages[phase].values())
@@ -234,8 +369,47 @@ class RunResult:
         m[K.OUTPUT_BYTES_PER_ROW] = self.output_bytes / self.rows_written if self.rows_written else 0.0
         for k, v in self.quality.items():
             m[K.quality(k)] = v
-        m.update(self.extra)
+        self._work_metrics(m)
+        self._harness_metrics(m)
         return m
+
+    def _work_metrics(self, m: dict[str, float]) -> None:
+        """Data checks, rows read, calibration, warm stages and the engine's figures."""
+        m.update(self.data_checks)
+        if self.rows_read is not None:
+            m[K.DATA_ROWS_READ] = float(self.rows_read)
+        m.update(self.calibration.metrics())
+        for name, warm in self.warm_stages.items():
+            m[K.stage_warm_seconds(name)] = warm.seconds
+            if warm.bytes is not None:
+                m[K.stage_warm_bytes(name)] = float(warm.bytes)
+        if self.train_ranks_mean_seconds is not None:
+            m[K.E2E_TRAIN_RANKS_MEAN_SECONDS] = self.train_ranks_mean_seconds
+        if self.compile_counters is not None:
+            m.update(self.compile_counters.metrics())
+        m.update(self.batch_coordinates)
+        if self.text_cells is not None:
+            m.update(self.text_cells.metrics())
+
+    def _harness_metrics(self, m: dict[str, float]) -> None:
+        """The backend's set-up, what the harness measured around the work, the model's facts."""
+        if self.backend_setup is not None:
+            m.update(self.backend_setup.metrics())
+        if self.checkpoint_load is not None:
+            m.update(self.checkpoint_load.metrics())
+        m.update(self.fp8_fallback)
+        m.update(self.reference_quality)
+        if self.latency is not None:
+            m.update(self.latency.metrics())
+        if self.output_check is not None:
+            m.update(self.output_check.metrics())
+        if self.harness is not None:
+            m.update(self.harness.metrics())
+        if self.model_facts is not None:
+            m.update(self.model_facts.metrics)
+        m.update(self.utilisation)
+        if self.flow_seconds is not None:
+            m.update(self.flow_seconds.metrics())
 
     def stage_table(self) -> list[dict[str, float | str]]:
         """One row per (phase, stage) that ran; ``share`` is of that phase's end-to-end."""

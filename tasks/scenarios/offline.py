@@ -16,7 +16,7 @@ preprocess -> (encode) -> tensorize, each step through the flow's runner, a Pref
 
 from __future__ import annotations
 
-from tasks.measure import keys as K
+from tasks.measure.records import WarmStage
 from tasks.scenarios.outputs import ServedOutputs
 from tasks.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
@@ -65,10 +65,6 @@ def predict_pass(work: Workload, writer: PredictionWriter, repeat: int) -> None:
             result.repeat_steady_rows_per_s.append(sum(pt.steady_rows[steady_before:]) / secs)
     if repeat > 0:  # warm: pass 0 holds the first calls, compilation and cold caches (the floors are warm)
         for name, st in stages.items():
-            seconds, nbytes = before[name]
-            warm_s, warm_b = K.stage_warm_seconds(name), K.stage_warm_bytes(name)
-            result.extra[warm_s] = result.extra.get(warm_s, 0.0) + st.seconds - seconds
-            if st.bytes > nbytes:
-                result.extra[warm_b] = result.extra.get(warm_b, 0.0) + float(st.bytes - nbytes)
+            result.warm_stages.setdefault(name, WarmStage()).add(st, *before[name])
     pass_seconds = result.e2e_seconds("predict") - pass_start
     result.repeat_predict_rows_per_s.append(rows / max(pass_seconds, 1e-12))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tasks.measure import keys as K
 from tasks.measure.records import RunResult, StageTiming
 from tasks.scenarios.outputs import ServedOutputs
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_temperature, validation_logits
@@ -76,7 +75,7 @@ class Workload:
         a request, counted every time)."""
         res = self.result
         res.bytes_read += p.bytes_read
-        res.extra[K.DATA_ROWS_READ] = res.extra.get(K.DATA_ROWS_READ, 0.0) + p.rows_read
+        res.rows_read = (res.rows_read or 0) + p.rows_read
         self.text_cells += p.text_cells
         if chunk is not None and chunk in self._counted:
             return
@@ -153,4 +152,4 @@ class Workload:
                 x_N, y_N = torch.cat(xs), torch.cat(ys)
                 temperature, rows = fit_temperature(x_N, y_N, kind), int(x_N.shape[0])
         chain.set_temperature(temperature)
-        self.result.extra.update({K.CALIBRATION_FIT_SECONDS: span.seconds, K.CALIBRATION_FIT_ROWS: float(rows)})
+        self.result.calibration.fit_seconds, self.result.calibration.fit_rows = span.seconds, rows

@@ -9,7 +9,20 @@ import pytest
 
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.measure.records import PhaseTimings, RunResult, describe_repeats
+from tasks.measure.collect import Region
+from tasks.measure.records import (
+    BackendSetup,
+    CalibrationFacts,
+    CompileCounters,
+    FlowSeconds,
+    HarnessFigures,
+    PhaseTimings,
+    RunResult,
+    StageTiming,
+    TextCells,
+    WarmStage,
+    describe_repeats,
+)
 from tasks.measure.validity import verdict
 from tasks.spec import parse_spec
 
@@ -119,6 +132,72 @@ def test_repeat_intervals_only_from_enough_passes():
     assert (m[K.median_ci_low(key)], m[K.median_ci_high(key)]) == (5.0, 9.0)
     assert m[K.median_ci_level(key)] == pytest.approx(1 - 2 / 64)
     assert "95% CI [5, 9]" in describe_repeats(m, key)
+
+
+def test_recorded_figures_land_under_their_own_keys():
+    """Each typed record of RunResult to its keys, exactly; what nobody recorded adds no key."""
+    bare = RunResult().metrics()
+    r = RunResult()
+    # two warm passes through retrieve: 1.5 s then 0.25 s (summed), 64 bytes in the second only
+    st = StageTiming("retrieve")
+    warm = r.warm_stages.setdefault("retrieve", WarmStage())
+    st.add(1.5, 10)
+    warm.add(st, 0.0, 0)
+    st.add(0.25, 10)
+    st.bytes = 64
+    warm.add(st, 1.5, 0)
+    r.warm_stages["write"] = WarmStage(seconds=0.5)  # moved no bytes: no warm_bytes figure
+    r.data_checks = {K.DATA_LABELLED_ROWS: 3.0}
+    r.rows_read = 12
+    r.calibration = CalibrationFacts(fit_seconds=2.0, fit_rows=30, temperature=1.25, report_rows=11)
+    r.train_ranks_mean_seconds = 4.5
+    r.compile_counters = CompileCounters(frames=3, cache_hits=1, cache_misses=2)
+    r.text_cells = TextCells(cells_per_pass=40, cells_per_s=80.0)
+    r.backend_setup = BackendSetup(load_seconds=0.5, model_bytes=100)
+    region = Region(0.1, 100.0, 110.0, 0.2, 0.3, 0.4, 0.0)
+    r.harness = HarnessFigures(
+        1.0, 2.0, 0.5, {K.HARNESS_REGION_SECONDS: 10.0}, {K.HARNESS_REGION_GC_SECONDS: 0.01}, region
+    )
+    r.utilisation = {K.HOST_PEAK_CACHED: 1.0}
+    r.flow_seconds = FlowSeconds(20.0, 8.0)
+    m = r.metrics()
+    added = {k: v for k, v in m.items() if k not in bare}
+    assert added == {
+        "stage.retrieve.predict.warm_seconds": 1.75,
+        "stage.retrieve.predict.warm_bytes": 64.0,
+        "stage.write.predict.warm_seconds": 0.5,
+        K.DATA_LABELLED_ROWS: 3.0,
+        K.DATA_ROWS_READ: 12.0,
+        K.CALIBRATION_FIT_SECONDS: 2.0,
+        K.CALIBRATION_FIT_ROWS: 30.0,
+        K.CALIBRATION_TEMPERATURE: 1.25,
+        K.CALIBRATION_REPORT_ROWS: 11.0,
+        K.E2E_TRAIN_RANKS_MEAN_SECONDS: 4.5,
+        K.COMPILED_FRAMES: 3.0,
+        K.COMPILE_CACHE_HITS: 1.0,
+        K.COMPILE_CACHE_MISSES: 2.0,
+        K.DATA_TEXT_CELLS: 40.0,
+        K.ENCODE_CELLS_PER_S: 80.0,
+        K.BACKEND_LOAD_SECONDS: 0.5,
+        K.BACKEND_MODEL_BYTES: 100.0,
+        K.HARNESS_DATA_SECONDS: 1.0,
+        K.HARNESS_STARTUP_SECONDS: 2.0,
+        K.HARNESS_MLFLOW_STARTUP_SECONDS: 0.5,
+        K.HARNESS_REGION_SECONDS: 10.0,
+        K.HARNESS_REGION_GC_SECONDS: 0.01,
+        **region.metrics(),
+        K.HOST_PEAK_CACHED: 1.0,
+        K.HARNESS_FLOW_SECONDS: 20.0,
+        K.HARNESS_FLOW_OVERHEAD_SECONDS: 8.0,
+    }
+    assert {k: m[k] for k in bare} == bare  # the stage ledger's figures are untouched
+    # a record filled in part logs only its part (the fit ran, the run was not calibrated)
+    r = RunResult(calibration=CalibrationFacts(fit_seconds=0.5, fit_rows=0, temperature=1.0))
+    assert {k: v for k, v in r.metrics().items() if k not in bare} == {
+        K.CALIBRATION_FIT_SECONDS: 0.5,
+        K.CALIBRATION_FIT_ROWS: 0.0,
+        K.CALIBRATION_TEMPERATURE: 1.0,
+    }
 
 
 def test_fake_clock_measures_exactly():

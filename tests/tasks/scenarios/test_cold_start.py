@@ -35,7 +35,7 @@ def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(shop_sp
     before_fit = compute_stage.compiled_frames()
     work.fit_calibration()
     assert compute_stage.compiled_frames() == before_fit, "the calibration fit compiled graphs"
-    assert work.result.extra["calibration.fit_rows"] > 0  # it did fit, on eager regions
+    assert work.result.calibration.fit_rows > 0  # it did fit, on eager regions
     writer = PredictionWriter(tmp_path / "p.parquet")
     before_predict = compute_stage.compiled_frames()
     predict_pass(work, writer, 0)
@@ -43,5 +43,5 @@ def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(shop_sp
     # predict's own first call compiled its eval graphs: the figure includes that compile
     assert compute_stage.compiled_frames() > before_predict
     # calibration quality is scored on the held-out cells the fit did not use, all of them
-    fit_rows, report_rows = work.result.extra["calibration.fit_rows"], work.chain.calibration.rows
+    fit_rows, report_rows = work.result.calibration.fit_rows, work.chain.calibration.rows
     assert report_rows > 0 and fit_rows + report_rows == work.chain.engine.quality.metrics()["rows"]
