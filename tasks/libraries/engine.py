@@ -83,6 +83,11 @@ class Driver(Protocol):
         (distinct shapes are ``data.batch_shapes``), from one look at the batch."""
         ...
 
+    def cells(self, part: Any) -> torch.Tensor | None:
+        """The batch's ``[contexts, cells]`` padding mask where the library's FLOPs follow
+        tasks/measure/cell_flops.py's form (``ModelFacts.flop_model``); None otherwise."""
+        ...
+
     def predictions_table(self, keys: pa.Array, prediction: torch.Tensor) -> pa.Table: ...
 
     def facts(self) -> ModelFacts: ...
@@ -147,6 +152,9 @@ class LibraryEngine(EngineBase):
                     pred = self.driver.predict_step(part).float().to("cpu")
                 window.batch_done(steady)
                 present, padded, shape = self.driver.layout(part)
+                mask = self.driver.cells(part) if steady else None
+                if mask is not None:
+                    self.steady_cells.add(mask)
                 self.batch_coords.append((present, padded))
                 self.batch_shapes.add(shape)
                 preds.append(pred)

@@ -26,6 +26,7 @@ from torch._dynamo.utils import counters
 
 from model.throughput import Logger, ThroughputCallback
 from tasks.measure import keys as K
+from tasks.measure.cell_flops import CellMoments, FlopModel
 from tasks.measure.clock import Clock, Window
 from tasks.measure.profiling import SteadyProfiler
 from tasks.measure.quality import Quality
@@ -85,6 +86,9 @@ class ModelFacts:
     flops_note: str = ""  # why no FLOPs (and so no MFU) are published, when there are none
     tags: dict[str, str] = field(default_factory=dict)  # relflow.<library>.* facts
     metrics: dict[str, float] = field(default_factory=dict)  # library figures (compile, packing, ...)
+    # A model over padded contexts of cells: FLOPs by padded length (tasks/measure/cell_flops.py),
+    # which with ``EngineBase.steady_cells`` gives the steady batches' present and padded FLOPs.
+    flop_model: FlopModel | None = None
 
 
 class EngineBase:
@@ -118,6 +122,7 @@ class EngineBase:
         self.profiler = SteadyProfiler(spec.run.profile, spec.run.profile_batches, device)
         self.batch_coords: list[tuple[int, int]] = []  # (present, padded) per predict batch
         self.batch_shapes: set[tuple[int, ...]] = set()  # padded shapes seen (predict)
+        self.steady_cells = CellMoments()  # steady predict batches of a cell-context library
 
     # -- what a library's engine supplies -------------------------------------------------
 

@@ -70,6 +70,11 @@ def test_profiled_run_logs_mfu_profile_and_thread_tags(prefect_harness, tpch_sma
         table = summary["profile"][phase]
         shares = [r["share"] for r in table]
         assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9, phase
+        # One denominator for every row (all profiled self CPU time, on CPU): each share over
+        # its own self CPU ms is the same constant. A share of another measure (total time,
+        # calls, a per-row denominator) breaks the equality.
+        per_ms = [r["share"] / r["self_cpu_ms"] for r in table if r["self_cpu_ms"] > 0]
+        assert len(per_ms) >= 2 and max(per_ms) == pytest.approx(min(per_ms), rel=1e-6), phase
         assert all(r["calls"] >= 1 and r["self_cpu_ms"] >= 0 for r in table), phase
         # the model's GEMMs ran inside the profiled steady batches
         assert {"aten::addmm", "aten::mm", "aten::bmm", "aten::linear"} & {r["op"] for r in table}, phase

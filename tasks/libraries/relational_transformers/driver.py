@@ -49,6 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tasks.libraries.relational_transformers.checks import LIBRARY, Refusal, check, refusals
 from tasks.libraries.relational_transformers.contexts import D_TEXT, Stats
+from tasks.measure.cell_flops import FlopModel
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 
@@ -66,6 +67,7 @@ __all__ = [
     "Refusal",
     "check",
     "checkpoint_dir",
+    "first_cell",
     "dims_of",
     "inspect_meta",
     "refusals",
@@ -148,6 +150,12 @@ def _bare(model: torch.nn.Module) -> RTJModel:
     """The ``RTJModel`` under a ``torch.compile`` wrapper (state dicts, FLOPs, export)."""
     inner = getattr(model, "_orig_mod", model)
     return cast(RTJModel, inner)
+
+
+def first_cell(batch: RelationalBatch) -> dict[str, torch.Tensor]:
+    """The first context's first cell of ``batch``, every field ``[1, 1, ...]`` (for
+    ``RTDriver.flop_model``; a copy, so the batch can be freed)."""
+    return {name: t[:1, :1].clone() for name, t in batch.as_dict().items()}
 
 
 @dataclass(frozen=True)
@@ -382,6 +390,22 @@ class RTDriver:
             else:
                 self.model(batch, output="target_scores")
         return FlopCount(int(counter.get_total_flops()))
+
+    def flop_model(self, cell: dict[str, torch.Tensor]) -> FlopModel | None:
+        """FLOPs of one forward as a function of the padded length (tasks/measure/cell_flops.py),
+        from ``flops`` of one context of ``first_cell``'s cell repeated to 1, 2, 3 and 4 cells
+        (FlopCounterMode counts shapes, not values); ``None`` when the counts do not follow
+        that form."""
+        counts: dict[int, int] = {}
+        for n in (1, 2, 3, 4):
+            fields = {name: t.expand(1, n, *t.shape[2:]).clone() for name, t in cell.items()}
+            fields["is_padding"] = torch.zeros(1, n, dtype=torch.bool)
+            fields["is_targets"] = torch.arange(n).eq(0).unsqueeze(0)  # one target cell
+            count = self.flops(RelationalBatch(**fields)).flops
+            if count is None:
+                return None
+            counts[n] = count
+        return FlopModel.fit(counts)
 
     # --- ONNX -------------------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ from tasks.libraries.relational_transformers.contexts import (
     planned_cells,
 )
 from tasks.libraries.relational_transformers.contexts import Encoded as CellVectors
-from tasks.libraries.relational_transformers.driver import OnnxDriver, RTDriver
+from tasks.libraries.relational_transformers.driver import OnnxDriver, RTDriver, first_cell
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.spec import Spec
@@ -185,7 +185,9 @@ class _Steps:
         self._pending = 0.0  # the batch collated last, not yet consumed by a step
         self.onnx: OnnxDriver | None = None
         self._onnx_dir: Path | None = None
-        self._flops: tuple[int | None, str] | None = None  # per root row, or why none
+        # one cell of the first predict batch (FLOPs count shapes, not values) and its padded
+        # length: the FLOP model is fitted from it after the run, outside every timing
+        self._example: tuple[dict[str, torch.Tensor], int] | None = None
         self._served = ""  # what ONNX Runtime served, kept for facts() (asked after close())
 
     def batches(self, chunk: LibraryChunk, rows: torch.Tensor) -> Iterator[tuple[Any, int]]:
@@ -233,8 +235,8 @@ class _Steps:
     def predict_step(self, part: Any) -> torch.Tensor:
         self._consumed("predict")
         batch = cast(_Part, part).batch
-        if self._flops is None:
-            self._count_flops(batch)
+        if self._example is None:
+            self._example = (first_cell(batch), int(batch.is_padding.shape[1]))
         if self.spec.run.backend == "onnxruntime":
             scores = self._onnx(batch).scores(batch)
         else:
@@ -243,12 +245,6 @@ class _Steps:
             stats = self.driver.stats
             return scores * stats.target_std + stats.target_mean
         return scores  # logits: binary [B], category [B, C] over the training classes
-
-    def _count_flops(self, batch: RelationalBatch) -> None:
-        rows = int(batch.is_padding.shape[0])
-        count = self.driver.flops(batch)  # the torch model: the ONNX graph is the same model
-        per_row = count.flops // max(rows, 1) if count.flops is not None else None
-        self._flops = (per_row, count.reason or "")
 
     def _onnx(self, example: RelationalBatch) -> OnnxDriver:
         if self.onnx is None:
@@ -282,6 +278,9 @@ class _Steps:
         batch = cast(_Part, part).batch
         return cells_present(batch), cells_padded(batch), tuple(batch.is_padding.shape)
 
+    def cells(self, part: Any) -> torch.Tensor | None:
+        return cast(_Part, part).batch.is_padding
+
     def predictions_table(self, keys: pa.Array, prediction: torch.Tensor) -> pa.Table:
         cols: dict[str, pa.Array] = {self.spec.schema_.root.key: keys}
         kind = self.spec.task.kind
@@ -304,7 +303,13 @@ class _Steps:
 
     def facts(self) -> ModelFacts:
         run = self.spec.run
-        per_row, reason = self._flops if self._flops is not None else (None, "no predict batch ran")
+        flop_model, per_row, reason = None, None, "no predict batch ran"
+        if self._example is not None:
+            # the torch model's count: the ONNX graph is the same model
+            cell, width = self._example
+            flop_model = self.driver.flop_model(cell)
+            per_row = flop_model.context(width) if flop_model is not None else None
+            reason = "" if flop_model is not None else "FlopCounterMode's counts are not linear+quadratic in cells"
         tags = {
             "relflow.library_backend": run.backend,
             "relflow.library_bucketing": f"{run.bucketing} ({run.bucket_count} buckets)"
@@ -321,9 +326,7 @@ class _Steps:
             tags["relflow.library_onnx"] = self._served
         collate = {K.compute(phase, K.LIBRARY_COLLATE_SECONDS): s for phase, s in self.collate_seconds.items()}
         # per root row of the first predict batch, at its padded shape
-        return ModelFacts(
-            LIBRARY, self.driver.parameters(), per_row, "" if per_row is not None else reason, tags, collate
-        )
+        return ModelFacts(LIBRARY, self.driver.parameters(), per_row, reason, tags, collate, flop_model)
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.tmp")

@@ -220,6 +220,9 @@ class _Steps:
         shape = tuple(f.allocated // max(occ.rows, 1) for f in occ.sequences.values())
         return occ.present, occ.allocated, shape
 
+    def cells(self, part: Any) -> torch.Tensor | None:
+        return None  # no FLOPs count: relflow packs each batch's live slots (facts' flops_note)
+
     def predictions_table(self, keys: pa.Array, prediction: torch.Tensor) -> pa.Table:
         cols: dict[str, pa.Array] = {self.spec.schema_.root.key: keys}
         kind = self.spec.task.kind

@@ -47,7 +47,8 @@ from tasks.libraries.relational_transformers import (  # noqa: E402
     inspect_meta,
     plan_batches,
 )
-from tasks.libraries.relational_transformers.driver import ModelDims  # noqa: E402
+from tasks.libraries.relational_transformers.driver import ModelDims, first_cell  # noqa: E402
+from tasks.measure.cell_flops import CellMoments  # noqa: E402
 from tasks.runtime.errors import UserError  # noqa: E402
 from tasks.spec import Spec, parse_spec  # noqa: E402
 from tasks.stages.preprocess import TRAIN, preprocess  # noqa: E402
@@ -648,6 +649,30 @@ def test_flops_are_counted_for_torch_and_refused_with_a_reason_for_onnx(shop_spe
     assert half.flops is not None and half.flops < count.flops
     onnx = driver.onnx(driver.export_onnx(tmp_path / "m.onnx", batch), intra_op_threads=1)
     assert onnx.flops(batch).flops is None and "ONNX Runtime" in str(onnx.flops(batch).reason)
+
+
+@pytest.mark.parametrize("task", ["binary", "category"])
+def test_the_flop_model_gives_torchs_count_of_a_padded_batch_and_of_each_context_alone(shop_spec, shop_tables, task):
+    """compute.mfu (present) and compute.mfu_reserved (padded) of a relational-transformers run
+    come from one FLOP model fitted on a single repeated cell: a whole padded batch must cost
+    exactly FlopCounterMode's count of it, and its present FLOPs exactly the sum of each context
+    run alone (at its own length). The old count (the first batch's per-row figure times every
+    row) made the two equal whatever the padding."""
+    spec, table = binary_shop(shop_spec, shop_tables) if task == "binary" else shop(shop_spec, shop_tables)
+    stats, contexts, encoded = everything(spec, table)
+    driver = RTDriver.from_spec(spec, stats)
+    rows = all_rows(contexts)
+    batch = collate(contexts, encoded, rows)
+    fm = driver.flop_model(first_cell(batch))
+    assert fm is not None and fm.quadratic > 0 and fm.linear > 0
+    b, width = batch.is_padding.shape
+    lengths = (~batch.is_padding).sum(1)
+    assert len(set(lengths.tolist())) > 1  # contexts of several lengths: padding exists
+    assert driver.flops(batch).flops == b * fm.context(width)
+    moments = CellMoments()
+    moments.add(batch.is_padding)
+    alone = [driver.flops(collate(contexts, encoded, [int(i)])).flops for i in rows]
+    assert moments.present_flops(fm) == sum(alone) < moments.padded_flops(fm) == driver.flops(batch).flops
 
 
 @pytest.mark.parametrize("task", ["binary", "category"])

@@ -353,3 +353,28 @@ def test_train_encode_and_tensorize_report_the_rows_they_built_contexts_for(shop
     assert training_rows == 4 and len(keys) == 5
     assert book["train"] == {"retrieve": 5, "preprocess": 5, "encode": 4, "tensorize": 4}
     assert book["predict"] == {"retrieve": 5, "preprocess": 5, "encode": 5, "tensorize": 5}
+
+
+def test_mfu_counts_the_steady_batches_present_and_padded_flops(shop_spec, shop_files):
+    """compute.model_flops_per_s (present) and ..._reserved (padded) of a relational-transformers
+    run are the steady predict batches' FLOPs at each context's own length and at the batch's
+    longest, over the steady seconds (natural order, batches of two: padding). Before, both were
+    the first batch's per-row count times the steady rows: equal, whatever the padding."""
+    import torch
+
+    from tasks.measure import keys as K
+    from tasks.measure.collect import utilisation
+
+    engine, tz = _prepared(rt_spec(shop_spec, batch_size=2, warmup_batches=0), shop_files)
+    engine.predict(tz, ("prediction",))
+    facts = engine.facts()
+    fm, cells, t = facts.flop_model, engine.steady_cells, engine.predict_timings
+    assert fm is not None and cells.contexts == sum(t.steady_rows) == 3  # 5 rows less the first call's 2
+    m = utilisation(engine.spec, torch.device("cpu"), engine, facts)
+    seconds = sum(t.steady_seconds)
+    present, padded = cells.present_flops(fm), cells.padded_flops(fm)
+    assert present < padded
+    assert m[K.compute("predict", K.MODEL_FLOPS_PER_S)] == pytest.approx(present / seconds, rel=1e-9)
+    assert m[K.compute("predict", K.MODEL_FLOPS_PER_S_RESERVED)] == pytest.approx(padded / seconds, rel=1e-9)
+    peak = m[K.HOST_PEAK_FLOPS_PER_S]
+    assert m[K.compute("predict", K.MFU)] == pytest.approx(present / seconds / peak, rel=1e-9)
