@@ -185,6 +185,7 @@ QUALITY_ROWS = "quality.rows"
 # Temperature scaling fits on one half of the held-out rows and reports quality.nll|ece|brier
 # on the other (tasks/stages/split.py): both counts are published.
 CALIBRATION_FIT_ROWS = "calibration.fit_rows"
+CALIBRATION_FIT_ERRORS = "calibration.fit_errors"  # fit rows with a wrong top class
 CALIBRATION_TEMPERATURE = "calibration.temperature"  # T the served logits are divided by
 CALIBRATION_FIT_SECONDS = "calibration.fit_seconds"  # the fit itself (within harness.calibration_fit_seconds)
 CALIBRATION_REPORT_ROWS = "calibration.report_rows"
@@ -699,6 +700,11 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         CALIBRATION_FIT_ROWS,
         "held-out labelled cells the temperature was fitted on (the fit half of the held-out "
         "rows, by a stable hash of the root key; train+predict)",
+    ),
+    (
+        CALIBRATION_FIT_ERRORS,
+        "fit rows whose top class (binary: side of 0.5) is wrong; 0: the NLL has no finite minimiser "
+        "(T -> 0 would multiply every held-out mistake's margin), so the run keeps T = 1",
     ),
     (
         CALIBRATION_REPORT_ROWS,

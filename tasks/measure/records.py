@@ -150,6 +150,7 @@ class CalibrationFacts:
 
     fit_seconds: float | None = None
     fit_rows: int | None = None
+    fit_errors: int | None = None  # fit rows with a wrong top class; 0: no finite T, T = 1 kept
     temperature: float | None = None
     report_rows: int | None = None  # held-out rows the temperature was not fitted on
 
@@ -159,6 +160,8 @@ class CalibrationFacts:
             m[K.CALIBRATION_FIT_SECONDS] = self.fit_seconds
         if self.fit_rows is not None:
             m[K.CALIBRATION_FIT_ROWS] = float(self.fit_rows)
+        if self.fit_errors is not None:
+            m[K.CALIBRATION_FIT_ERRORS] = float(self.fit_errors)
         if self.temperature is not None:
             m[K.CALIBRATION_TEMPERATURE] = self.temperature
         if self.report_rows is not None:

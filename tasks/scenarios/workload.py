@@ -17,7 +17,7 @@ import torch
 
 from tasks.measure.records import RunResult, StageTiming
 from tasks.scenarios.outputs import ServedOutputs
-from tasks.stages.calibrate import CALIBRATED_KINDS, fit_temperature, validation_logits
+from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature, validation_logits
 from tasks.stages.chain import Chain, Prepared, StageSink
 from tasks.stages.retrieve import list_root_keys
 from tasks.stages.tensorize import Chunk
@@ -142,7 +142,7 @@ class Workload:
         chain, kind = self.chain, self.spec.task.kind
         engine = chain.engine
         with chain.clock.measure() as span, torch.compiler.set_stance("force_eager"):
-            temperature, rows = 1.0, 0
+            temperature, rows, errors = 1.0, 0, None
             if kind in CALIBRATED_KINDS and engine is not None:
                 xs, ys = [], []
                 for i in range(len(self.chunks)):
@@ -151,5 +151,7 @@ class Workload:
                     ys.append(y)
                 x_N, y_N = torch.cat(xs), torch.cat(ys)
                 temperature, rows = fit_temperature(x_N, y_N, kind), int(x_N.shape[0])
+                errors = fit_errors(x_N, y_N, kind) if rows else None
         chain.set_temperature(temperature)
+        self.result.calibration.fit_errors = errors
         self.result.calibration.fit_seconds, self.result.calibration.fit_rows = span.seconds, rows

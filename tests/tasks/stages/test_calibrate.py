@@ -152,3 +152,32 @@ def test_quality_counts_only_masked_cells():
     expected = 1 - torch.softmax(torch.tensor([5.0, 0.0], dtype=torch.float64), 0)[0].item()
     # torchmetrics bins in float32: the ECE to 1e-5, far below its sampling noise
     assert q.metrics()["ece"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["category", "binary"])
+def test_a_fit_with_no_wrong_top_class_keeps_t_1_and_never_inflates_held_out_mistakes(kind):
+    """The default workload at batch 128: every fit row right, the fit went to T = 0.0159 (no
+    finite minimiser: sharpening lowers a separable set's NLL all the way to 0), and the report
+    half's one mistake took its NLL from 0.0097 to 0.234. Such a fit keeps T = 1; one wrong
+    fit row makes the minimiser finite again, and it is fitted."""
+    g = torch.Generator().manual_seed(0)
+    n = 400
+    if kind == "category":
+        y = torch.randint(0, 3, (n,), generator=g)
+        x = torch.rand(n, 3, generator=g)  # in [0, 1)
+        x[torch.arange(n), y] += 2.0  # every top class right, by 1-3
+        wrong_x = torch.tensor([[4.0, 0.0, 0.0]])  # a held-out mistake: label 1
+        wrong_y = torch.tensor([1])
+    else:
+        y = (torch.rand(n, generator=g) > 0.5).float()
+        x = (y * 2 - 1) * (2.0 + torch.rand(n, generator=g))  # every side right
+        wrong_x, wrong_y = torch.tensor([3.0]), torch.tensor([0.0])
+    assert calibrate.fit_errors(x, y, kind) == 0
+    assert calibrate.fit_temperature(x, y, kind) == 1.0
+    held_x, held_y = torch.cat([x, wrong_x]), torch.cat([y, wrong_y])
+    # what the unguarded fit's T (0.0159 on the real run) does to the held-out rows
+    assert calibrate.nll(held_x, held_y, kind, 0.0159) > 2 * calibrate.nll(held_x, held_y, kind, 1.0)
+    # one wrong fit row: a finite T, fitted (not the kept 1.0)
+    x1, y1 = torch.cat([x, wrong_x]), torch.cat([y, wrong_y])
+    assert calibrate.fit_errors(x1, y1, kind) == 1
+    assert calibrate.fit_temperature(x1, y1, kind) != 1.0
