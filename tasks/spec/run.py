@@ -108,7 +108,12 @@ class Request(Strict):
     max_wait_ms: float = Field(
         0.0, ge=0, description="server: how long the oldest queued request may wait for a batch to fill"
     )
-    latency_bound_ms: float = Field(100.0, gt=0, description="server: an early-stopping p99 above it is INVALID")
+    latency_bound_ms: float = Field(
+        100.0,
+        gt=0,
+        description="server: the p99 bound of LoadGen's server rule (latency.request_ms.p99_server_rule above it "
+        "is INVALID; tasks/scenarios/README.md)",
+    )
     intra_op_threads: int | None = Field(
         1,
         ge=1,
