@@ -222,8 +222,8 @@ def chain_for(run: Invocation) -> Chain:
         p.spec,
         p.sources,
         p.device,
-        encoding=ck["encoding"] if ck else None,
-        schema=ck["schema"] if ck else None,
+        encoding=ck.encoding if ck else None,
+        schema=ck.schema if ck else None,
         weights=Weights.of(ck),
         run_stage=run_stage,
     )
@@ -232,7 +232,7 @@ def chain_for(run: Invocation) -> Chain:
 def serve_backend(run: Invocation) -> float:
     """The serving backend (tasks/backends/setup.py), its set-up recorded on the run."""
     assert run.work is not None
-    load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
+    load = run.plan.checkpoint.load if run.plan.checkpoint else None
     served = serving_backend(run.spec, run.work.chain, run.plan.backend, load, run.output.with_suffix(".ckpt"))
     if served.checkpoint is not None:
         run.ckpt_path = served.checkpoint

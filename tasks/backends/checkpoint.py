@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -134,7 +134,20 @@ def check_matches_spec(schema: ModelSchema, config: ModelConfig, spec: Spec, wha
         )
 
 
-def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
+@dataclass
+class LoadedCheckpoint:
+    """A run checkpoint as the plan holds it (or an ONNX bundle standing in for one:
+    tasks/backends/setup.py), for the chain's starting weights and the run record."""
+
+    model: dict[str, torch.Tensor] | None  # state dict; None: ONNX Runtime serves a bundle
+    schema: ModelSchema
+    encoding: Encoding
+    optimizer: dict[str, Any] | None  # train+predict: the state a resumed run continues from
+    temperature: float  # output calibration (tasks/stages/calibrate.py)
+    load: CheckpointLoad | None  # what loading the file cost; None for a bundle
+
+
+def load_run_checkpoint(path: Path, spec: Spec) -> LoadedCheckpoint:
     """The checkpoint's weights (expanded to fp32 whatever the file's format), schema,
     encoding, calibration temperature and (train+predict: resume) optimizer state, plus what
     loading cost: file bytes, seconds, host RSS after the load."""
@@ -155,14 +168,14 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
     check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"run.checkpoint '{path}'")
     check_split(ckpt.extra.get("split"), spec.task.validation_fraction, f"run.checkpoint '{path}'")
     state = ckpt.model.state_dict()
-    out = {
-        "model": state,
-        "schema": ckpt.model.schema,
-        "encoding": Encoding.from_dict(ckpt.extra["encoding"]),
-        "optimizer": None,
+    out = LoadedCheckpoint(
+        model=state,
+        schema=ckpt.model.schema,
+        encoding=Encoding.from_dict(ckpt.extra["encoding"]),
+        optimizer=None,
         # Output calibration (tasks/stages/calibrate.py); checkpoints from before it had none.
-        "temperature": float(ckpt.extra.get("temperature", 1.0)),
-        "load": CheckpointLoad(
+        temperature=float(ckpt.extra.get("temperature", 1.0)),
+        load=CheckpointLoad(
             path=str(path),
             weights_format=ckpt.weights_format,
             bytes=path.stat().st_size,
@@ -175,9 +188,9 @@ def load_run_checkpoint(path: Path, spec: Spec) -> dict[str, Any]:
             source_sha256=ckpt.source_sha256,
             quantized=ckpt.quantized_weights,
         ),
-    }
+    )
     if spec.run.mode == "train+predict":
-        out["optimizer"] = _resumable_optimizer(path, ckpt, spec)
+        out.optimizer = _resumable_optimizer(path, ckpt, spec)
     return out
 
 

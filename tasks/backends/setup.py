@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from model.arrow import Encoding
 from model.checkpoint import file_sha256
@@ -19,6 +18,7 @@ from model.config import ModelConfig
 from model.quantize import fp8_native_supported
 from tasks.backends import Backend
 from tasks.backends.bundle import Bundle, export_bundle, read_bundle
+from tasks.backends.checkpoint import LoadedCheckpoint
 from tasks.backends.pytorch import PyTorchBackend
 from tasks.backends.served import model_bytes
 from tasks.measure.clock import Clock, wall_clock
@@ -58,15 +58,15 @@ def check_backend_settings(spec: Spec) -> None:
             raise UserError(need)
 
 
-def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[BackendPlan, dict[str, Any] | None]:
+def check_backend(spec: Spec, checkpoint: LoadedCheckpoint | None) -> tuple[BackendPlan, LoadedCheckpoint | None]:
     """Checks before any work; returns the plan and the checkpoint-like inputs (a bundle
     given as ``run.onnxruntime.model`` supplies the schema and the fitted encoding)."""
     r = spec.run
-    if r.backend == "triton" and r.mode == "predict" and checkpoint is not None and checkpoint.get("load") is not None:
+    if r.backend == "triton" and r.mode == "predict" and checkpoint is not None and checkpoint.load is not None:
         from tasks.backends.triton import check_format
 
         try:
-            check_format(checkpoint["load"].weights_format)
+            check_format(checkpoint.load.weights_format)
         except ValueError as err:
             raise UserError(f"run.checkpoint: {err}") from None
     if r.backend != "onnxruntime":
@@ -98,14 +98,14 @@ def check_backend(spec: Spec, checkpoint: dict[str, Any] | None) -> tuple[Backen
             f"'{r.checkpoint}'; drop one of the two or export that checkpoint."
         )
     if checkpoint is None:
-        checkpoint = {
-            "model": None,  # ONNX Runtime serves the bundle; the engine's own model stays unused
-            "schema": bundle.schema,
-            "encoding": Encoding.from_dict(bundle.config["encoding"]),
-            "optimizer": None,
-            "temperature": float(bundle.config.get("temperature", 1.0)),
-            "load": None,
-        }
+        checkpoint = LoadedCheckpoint(
+            model=None,  # ONNX Runtime serves the bundle; the engine's own model stays unused
+            schema=bundle.schema,
+            encoding=Encoding.from_dict(bundle.config["encoding"]),
+            optimizer=None,
+            temperature=float(bundle.config.get("temperature", 1.0)),
+            load=None,
+        )
     return BackendPlan(bundle), checkpoint
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 
-from tasks.backends.checkpoint import load_run_checkpoint
+from tasks.backends.checkpoint import LoadedCheckpoint, load_run_checkpoint
 from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings
 from tasks.checks.data import check_data_before_work, check_files, check_table_folders
 from tasks.checks.preflight import check_before_work
@@ -36,14 +36,14 @@ class Plan:
     spec: Spec
     sources: Sources
     device: torch.device
-    checkpoint: dict[str, Any] | None
+    checkpoint: LoadedCheckpoint | None
     data_seconds: float
     generated: bool
     spec_dir: Path = Path(".")  # where relative source paths resolve (DDP ranks re-plan from it)
     data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/checks/data.py counts
     warnings: list[str] = field(default_factory=list)
     backend: BackendPlan = field(default_factory=BackendPlan)  # run.backend (tasks/backends)
-    reference: dict[str, Any] | None = None  # run.reference_checkpoint, loaded and checked
+    reference: LoadedCheckpoint | None = None  # run.reference_checkpoint, loaded and checked
 
 
 def plan(spec: Spec, spec_dir: Path) -> Plan:
@@ -76,7 +76,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
         # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
     backend, ckpt = check_backend(spec, ckpt)  # providers, bundle (it may stand in for ckpt)
-    reference = check_reference(spec, ckpt["encoding"] if ckpt else None)
+    reference = check_reference(spec, ckpt.encoding if ckpt else None)
     return Plan(
         spec=spec,
         sources=sources,

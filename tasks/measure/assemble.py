@@ -58,7 +58,7 @@ def _engine_part(run: Invocation) -> None:
     for phase in K.PHASES:
         run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
     result.backend_setup = run.backend_setup
-    result.checkpoint_load = run.plan.checkpoint.get("load") if run.plan.checkpoint else None
+    result.checkpoint_load = run.plan.checkpoint.load if run.plan.checkpoint else None
     if isinstance(engine, Engine):
         result.fp8_fallback = fp8_metrics(engine.model)
     run.backend_tags = engine.backend_tags()  # after the passes: weights_native reads their fp8 fallbacks

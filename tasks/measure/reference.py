@@ -16,12 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from tasks.backends.checkpoint import load_run_checkpoint
+from model.arrow import Encoding
+from tasks.backends.checkpoint import LoadedCheckpoint, load_run_checkpoint
 from tasks.backends.lengths import saved_lengths
 from tasks.measure import keys as K
 from tasks.runtime.errors import UserError
@@ -31,7 +31,7 @@ from tasks.stages.compute import Engine
 from tasks.stages.tensorize import Tensorized
 
 
-def check_reference(spec: Spec, encoding: Any) -> dict[str, Any] | None:
+def check_reference(spec: Spec, encoding: Encoding | None) -> LoadedCheckpoint | None:
     """Load and check ``run.reference_checkpoint`` up front (same schema, same encoding)."""
     path = spec.run.reference_checkpoint
     if not path:
@@ -40,14 +40,14 @@ def check_reference(spec: Spec, encoding: Any) -> dict[str, Any] | None:
     # The reference scores rows the run's chain tensorized at the run's reserved lengths, so
     # it must reserve the same (the loaders' rule accepts a saved length below max_length).
     want = {b.name: b.max_length for b, _ in spec.schema_.walk()}
-    have = saved_lengths(ref["schema"])
+    have = saved_lengths(ref.schema)
     if have != want:
         raise UserError(
             f"run.reference_checkpoint '{path}' reserves {have} rows per parent, the run reserves "
             f"{want}; use a reference made from the served checkpoint (relflow-bench quantize CKPT "
             "--format fp16)."
         )
-    if encoding is not None and ref["encoding"].to_dict() != encoding.to_dict():
+    if encoding is not None and ref.encoding.to_dict() != encoding.to_dict():
         raise UserError(
             f"run.reference_checkpoint '{path}' was fitted on other vocabularies than the served "
             "weights, so its quality is not comparable; use the fp16 version of the same checkpoint "
@@ -63,7 +63,7 @@ def reference_spec(spec: Spec) -> Spec:
 
 def reference_quality(
     spec: Spec,
-    ref: dict[str, Any],
+    ref: LoadedCheckpoint,
     chunks: int,
     prepare: Callable[[int], Tensorized],
     device: torch.device,
@@ -75,7 +75,7 @@ def reference_quality(
     request scenario, the root keys of every served call (``scored_keys``, repeats and the
     cold request included), each row counted as often as the run's request quality counted it."""
     rspec = reference_spec(spec)
-    engine = Engine(rspec, ref["schema"], device, ref["model"], encoding=ref["encoding"])
+    engine = Engine(rspec, ref.schema, device, ref.model, encoding=ref.encoding)
     try:
         if scored_keys is None:
             for i in range(chunks):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -48,6 +48,9 @@ from tasks.stages.preprocess import Preprocessed, preprocess
 from tasks.stages.retrieve import retrieve
 from tasks.stages.tensorize import Chunk, fit, tensorize
 from tasks.stages.write import PredictionWriter
+
+if TYPE_CHECKING:  # the checkpoint module builds on the stages
+    from tasks.backends.checkpoint import LoadedCheckpoint
 
 _T = TypeVar("_T")
 
@@ -98,10 +101,10 @@ class Weights:
     temperature: float = 1.0  # output calibration (1.0 = none)
 
     @staticmethod
-    def of(checkpoint: dict[str, Any] | None) -> Weights:
+    def of(checkpoint: LoadedCheckpoint | None) -> Weights:
         if checkpoint is None:
             return Weights()
-        return Weights(checkpoint.get("model"), checkpoint.get("optimizer"), checkpoint.get("temperature", 1.0))
+        return Weights(checkpoint.model, checkpoint.optimizer, checkpoint.temperature)
 
 
 class Chain:

@@ -109,17 +109,17 @@ def test_run_checkpoint_in_any_format_expands_and_reports_its_cost(trained_ckpt,
     from tasks.backends.checkpoint import load_run_checkpoint
 
     spec, path = trained_ckpt
-    full = load_run_checkpoint(path, spec)["load"]
+    full = load_run_checkpoint(path, spec).load
     q = tmp_path / f"shop.{fmt}.ckpt"
     quantize_checkpoint(path, q, fmt)
     got = load_run_checkpoint(q, spec)
-    load = got["load"]
+    load = got.load
     assert load.weights_format == fmt and full.weights_format == "fp32"
     assert load.bytes == q.stat().st_size and load.load_seconds > 0
     # expanded at load: the model in memory is the fp32 size whatever the file held
     assert load.model_bytes_after_load == load.model_bytes_fp32 == full.model_bytes_after_load
-    assert all(v.dtype == torch.float32 for v in got["model"].values() if v.is_floating_point())
-    assert got["optimizer"] is None  # a deployment file: no optimizer state
+    assert all(v.dtype == torch.float32 for v in got.model.values() if v.is_floating_point())
+    assert got.optimizer is None  # a deployment file: no optimizer state
     m = load.metrics()
     assert set(m) == {
         "checkpoint.bytes",
@@ -139,14 +139,14 @@ def test_pytorch_backend_tags_fp8_as_expanded_off_supported_cuda(trained_ckpt, t
     spec, path = trained_ckpt
     quantize_checkpoint(path, tmp_path / "s.fp8.ckpt", "fp8")
     got = load_run_checkpoint(tmp_path / "s.fp8.ckpt", spec)
-    engine = Engine(spec, got["schema"], torch.device("cpu"), got["model"], encoding=got["encoding"])
-    _, tags = start_backend(spec, engine, BackendPlan(), None, got["load"], Clock())
+    engine = Engine(spec, got.schema, torch.device("cpu"), got.model, encoding=got.encoding)
+    _, tags = start_backend(spec, engine, BackendPlan(), None, got.load, Clock())
     assert tags["relflow.weights_format"] == "fp8"
     assert tags["relflow.weights_native"] == "false"  # CPU: expanded like int8
     quantize_checkpoint(path, tmp_path / "s.int8.ckpt", "int8")
     got = load_run_checkpoint(tmp_path / "s.int8.ckpt", spec)
-    engine = Engine(spec, got["schema"], torch.device("cpu"), got["model"], encoding=got["encoding"])
-    _, tags = start_backend(spec, engine, BackendPlan(), None, got["load"], Clock())
+    engine = Engine(spec, got.schema, torch.device("cpu"), got.model, encoding=got.encoding)
+    _, tags = start_backend(spec, engine, BackendPlan(), None, got.load, Clock())
     assert (tags["relflow.weights_format"], tags["relflow.weights_native"]) == ("int8", "false")  # expanded
     _, tags = start_backend(spec, engine, BackendPlan(), None, None, Clock())
     assert (tags["relflow.weights_format"], tags["relflow.weights_native"]) == ("fp32", "true")
@@ -170,10 +170,10 @@ def test_native_fp8_is_measured_as_served_and_tagged_native_only_without_fallbac
     _, _, _, tz = prepare_chunk(shop_spec, shop_files)
     quantize_checkpoint(path, tmp_path / "s.fp8.ckpt", "fp8")
     got = load_run_checkpoint(tmp_path / "s.fp8.ckpt", spec)
-    load = got["load"]
+    load = got.load
     assert load.model_bytes_after_load == load.model_bytes_fp32  # expanded, before the backend
     monkeypatch.setattr(setup, "fp8_native_supported", lambda device: True)
-    engine = Engine(spec, got["schema"], torch.device("cpu"), got["model"], encoding=got["encoding"])
+    engine = Engine(spec, got.schema, torch.device("cpu"), got.model, encoding=got.encoding)
     _, tags = setup.start_backend(spec, engine, setup.BackendPlan(), None, load, Clock())
     fp8 = [m for m in engine.model.modules() if isinstance(m, Fp8Linear)]
     assert fp8 and tags["relflow.weights_native"] == "true"  # nothing has run yet
@@ -271,7 +271,7 @@ def test_predict_refuses_a_checkpoint_trained_with_another_validation_fraction(t
     assert not (tmp_path / "bundles").exists()  # refused before exporting anything
     q = tmp_path / "shop.fp16.ckpt"
     quantize_checkpoint(path, q, "fp16")
-    assert load_run_checkpoint(q, spec)["load"].weights_format == "fp16"  # the record survives
+    assert load_run_checkpoint(q, spec).load.weights_format == "fp16"  # the record survives
     with pytest.raises(UserError, match="task.validation_fraction 0.2"):
         load_run_checkpoint(q, other)
     # a checkpoint from before the split was recorded cannot be shown to be safe

@@ -89,15 +89,15 @@ def _predict(shop_spec: dict, sources, ckpt: Path, tmp_path: Path, **run: object
         spec,
         sources,
         torch.device("cpu"),
-        encoding=loaded["encoding"],
-        schema=loaded["schema"],
+        encoding=loaded.encoding,
+        schema=loaded.schema,
         weights=Weights.of(loaded),
     )
     engine = chain.ensure_engine()
     assert engine is not None
     from tasks.measure.clock import Clock
 
-    start_backend(configured, engine, plan, ckpt, loaded["load"], Clock())
+    start_backend(configured, engine, plan, ckpt, loaded.load, Clock())
     keys, _ = list_root_keys(spec, sources)
     return engine.predict(chain.prepare_untimed(keys), ("prediction",)).tensors
 

@@ -269,13 +269,13 @@ def test_start_backend_serves_an_fp8_checkpoint_through_the_engine(shop_spec, sh
     got = load_run_checkpoint(tmp_path / "shop.fp8.ckpt", served)
     check_backend(served, got)
     outs = ("prediction",)
-    reference = Engine(served, got["schema"], CPU, got["model"], encoding=got["encoding"])
+    reference = Engine(served, got.schema, CPU, got.model, encoding=got.encoding)
     want = reference.predict(tz, outs).tensors["prediction"]
-    engine = Engine(served, got["schema"], CPU, got["model"], encoding=got["encoding"])
-    setup, tags = start_backend(served, engine, BackendPlan(), None, got["load"], Clock())
+    engine = Engine(served, got.schema, CPU, got.model, encoding=got.encoding)
+    setup, tags = start_backend(served, engine, BackendPlan(), None, got.load, Clock())
     assert tags["relflow.backend"] == "triton" and tags["relflow.weights_format"] == "fp8"
     assert tags["relflow.weights_native"] == "true" and tags["relflow.triton_interpret"] == "true"
-    assert 0 < setup.model_bytes < got["load"].model_bytes_after_load  # packed, not expanded
+    assert 0 < setup.model_bytes < got.load.model_bytes_after_load  # packed, not expanded
     assert setup.metrics()["backend.model_bytes"] == setup.model_bytes
     result = engine.predict(tz, outs)
     assert engine.backend.encoder_path() == "packed"

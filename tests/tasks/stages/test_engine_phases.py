@@ -186,10 +186,8 @@ def test_train_predict_with_a_checkpoint_resumes_the_optimizer(tmp_path):
 
     resumed_spec = parse_spec({**spec_raw(checkpoint=str(path))})
     ck = load_run_checkpoint(path, resumed_spec)
-    assert ck["optimizer"] is not None
-    second = engine_for(
-        resumed_spec, tz, ck["encoding"], ck["schema"], state=ck["model"], optimizer_state=ck["optimizer"]
-    )
+    assert ck.optimizer is not None
+    second = engine_for(resumed_spec, tz, ck.encoding, ck.schema, state=ck.model, optimizer_state=ck.optimizer)
     second.train(tz)
     state = next(iter(second.optimizer.state.values()))
     assert int(state["step"]) == steps + second.train_timings.updates
