@@ -115,11 +115,19 @@ def test_padded_coords_are_per_served_request(served):
 
 
 def test_delta_vs_reference_compares_the_rows_the_requests_scored(served):
+    from tasks.backends.checkpoint import LoadedCheckpoint
     from tasks.measure.reference import quality_delta, reference_quality
 
     spec, work, rec = served
     engine, chain = work.chain.engine, work.chain
-    ref = {"schema": engine.schema, "model": engine.model.state_dict(), "encoding": chain.encoding}
+    ref = LoadedCheckpoint(
+        model=engine.model.state_dict(),
+        schema=engine.schema,
+        encoding=chain.encoding,
+        optimizer=None,
+        temperature=1.0,
+        load=None,
+    )
     run_quality = engine.quality.metrics()
     same = reference_quality(
         spec, ref, len(work.chunks), work.prepare_untimed, torch.device("cpu"), rec.scored_keys, chain.prepare_untimed
