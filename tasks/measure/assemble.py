@@ -109,5 +109,5 @@ def _model_part(run: Invocation) -> None:
         }
     )
     run.tracker.set_tags(facts.tags | ({"relflow.flops_note": facts.flops_note} if facts.flops_note else {}))
-    run.result.model_facts = facts
+    run.result.model_figures = facts.metrics
     run.result.utilisation = utilisation(s, p.device, engine, facts, run.predict_threads)

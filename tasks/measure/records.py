@@ -12,7 +12,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,12 +20,6 @@ from tasks.measure import keys as K
 from tasks.measure.keys import PHASE_STAGES, PHASES, STAGES
 from tasks.measure.noise import cv
 from tasks.measure.stats import MIN_CI_SAMPLES, median_interval, nearest_rank
-
-if TYPE_CHECKING:  # these modules import this one
-    from tasks.measure.collect import Region
-    from tasks.scenarios.latency import LatencyRecord
-    from tasks.scenarios.outputs import OutputCheck
-    from tasks.stages.engine import ModelFacts
 
 __all__ = [
     "PHASES",
@@ -128,6 +122,14 @@ class PhaseTimings:
         return out
 
 
+class Figures(Protocol):
+    """A record that keys its own figures (tasks/measure/collect.py ``Region``,
+    tasks/scenarios/latency.py ``LatencyRecord``, tasks/scenarios/outputs.py ``OutputCheck``):
+    those modules build on this one, so it names what it calls, not their types."""
+
+    def metrics(self) -> dict[str, float]: ...
+
+
 @dataclass
 class WarmStage:
     """One predict stage over the passes after the first (pass 0 holds the first calls,
@@ -205,7 +207,7 @@ class HarnessFigures:
     mlflow_startup_seconds: float
     region_buckets: dict[str, float]  # the timed region by bucket (tasks/scenarios/region.py)
     gc_pauses: dict[str, float]  # collector pauses inside the region (tasks/measure/gcpauses.py)
-    region: Region  # lock wait, region bounds, host load
+    region: Figures  # collect.Region: lock wait, region bounds, host load
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -275,10 +277,10 @@ class RunResult:
     checkpoint_load: CheckpointLoad | None = None  # run.checkpoint
     fp8_fallback: dict[str, float] = field(default_factory=dict)  # tasks/backends/served.py fp8_metrics
     reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/measure/reference.py quality_delta
-    latency: LatencyRecord | None = None  # single_stream / server runs
-    output_check: OutputCheck | None = None  # run.check_outputs (offline)
+    latency: Figures | None = None  # LatencyRecord: single_stream / server runs
+    output_check: Figures | None = None  # OutputCheck: run.check_outputs (offline)
     harness: HarnessFigures | None = None
-    model_facts: ModelFacts | None = None  # the library's own figures (its ``metrics``)
+    model_figures: dict[str, float] = field(default_factory=dict)  # ModelFacts.metrics: the library's own
     utilisation: dict[str, float] = field(default_factory=dict)  # tasks/measure/collect.py utilisation
     flow_seconds: FlowSeconds | None = None
 
@@ -408,8 +410,7 @@ class RunResult:
             m.update(self.output_check.metrics())
         if self.harness is not None:
             m.update(self.harness.metrics())
-        if self.model_facts is not None:
-            m.update(self.model_facts.metrics)
+        m.update(self.model_figures)
         m.update(self.utilisation)
         if self.flow_seconds is not None:
             m.update(self.flow_seconds.metrics())

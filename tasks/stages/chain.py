@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -48,9 +48,6 @@ from tasks.stages.preprocess import Preprocessed, preprocess
 from tasks.stages.retrieve import retrieve
 from tasks.stages.tensorize import Chunk, fit, tensorize
 from tasks.stages.write import PredictionWriter
-
-if TYPE_CHECKING:  # the checkpoint module builds on the stages
-    from tasks.backends.checkpoint import LoadedCheckpoint
 
 _T = TypeVar("_T")
 
@@ -92,6 +89,15 @@ class Prepared:
         return {"retrieve": self.bytes_read, "preprocess": self.arrow_bytes, "tensorize": self.tz.produced_bytes}
 
 
+class SavedWeights(Protocol):
+    """What a loaded checkpoint gives the chain (tasks/backends/checkpoint.py
+    ``LoadedCheckpoint``, which builds on the stages, so it is named by its fields here)."""
+
+    model: dict[str, Any] | None
+    optimizer: dict[str, Any] | None
+    temperature: float
+
+
 @dataclass
 class Weights:
     """Where the engine's starting state comes from: a checkpoint or bundle, else fresh."""
@@ -101,7 +107,7 @@ class Weights:
     temperature: float = 1.0  # output calibration (1.0 = none)
 
     @staticmethod
-    def of(checkpoint: LoadedCheckpoint | None) -> Weights:
+    def of(checkpoint: SavedWeights | None) -> Weights:
         if checkpoint is None:
             return Weights()
         return Weights(checkpoint.model, checkpoint.optimizer, checkpoint.temperature)

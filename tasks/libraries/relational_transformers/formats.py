@@ -21,7 +21,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from tasks.libraries.relational_transformers.driver import (
     WeightFormat,
     checkpoint_dir,
 )
+from tasks.measure.clock import Clock
 from tasks.measure.memory import high_water_bytes, reset_high_water
 from tasks.measure.quality import Quality
 from tasks.runtime.errors import UserError
@@ -155,9 +155,9 @@ def _child(request: dict[str, Any]) -> None:
     me = psutil.Process()
     rss_before = int(me.memory_info().rss)
     reset_high_water()
-    t0 = time.perf_counter()
-    driver = RTDriver.from_spec(spec, checkpoint=request["folder"], device="cpu")
-    load = time.perf_counter() - t0
+    with Clock().measure() as took:
+        driver = RTDriver.from_spec(spec, checkpoint=request["folder"], device="cpu")
+    load = took.seconds
     figures: dict[str, Any] = {
         "weights": request["weights"],
         "load_seconds": load,
