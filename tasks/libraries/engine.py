@@ -154,7 +154,7 @@ class LibraryEngine(EngineBase):
                 present, padded, shape = self.driver.layout(part)
                 mask = self.driver.cells(part) if steady else None
                 if mask is not None:
-                    self.steady_cells.add(mask)
+                    self.steady_cell_masks.append(mask)
                 self.batch_coords.append((present, padded))
                 self.batch_shapes.add(shape)
                 preds.append(pred)

@@ -92,7 +92,8 @@ def utilisation(
     ``ModelFacts.flops_note`` says why). ``predict_threads``: the intra-op thread count the
     predict phase ran at when it was not the process's (a request scenario's
     ``run.request.intra_op_threads``): its MFU is against the peak at that count."""
-    cell_library = facts.flop_model is not None and engine.steady_cells.contexts > 0
+    cells = engine.steady_cells if facts.flop_model is not None else None
+    cell_library = cells is not None and cells.contexts > 0
     if facts.flops_per_root_row is None or not (isinstance(engine, Engine) or cell_library):
         return {}  # no count, or a library's per-row count that cannot tell present from reserved
     host = fingerprint(device)["relflow.host_fingerprint"]
@@ -112,10 +113,10 @@ def utilisation(
                 engine.train_timings, float(train_shape["flops_per_root_row"]), ("prediction",), "train"
             )
     else:
-        assert facts.flop_model is not None
+        assert facts.flop_model is not None and cells is not None
         # a cell-context library (tasks/measure/cell_flops.py): the steady batches' FLOPs at
         # their padded lengths (reserved: what ran) and at each context's own (present)
-        t, cells, fm = engine.predict_timings, engine.steady_cells, facts.flop_model
+        t, fm = engine.predict_timings, facts.flop_model
         padded_per_row = cells.padded_flops(fm) / cells.contexts
         phases["predict"] = PhaseWork(
             padded_per_row, t.steady_rows_per_s, float(cells.present_flops(fm)), sum(t.steady_seconds)

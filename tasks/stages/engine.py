@@ -122,7 +122,17 @@ class EngineBase:
         self.profiler = SteadyProfiler(spec.run.profile, spec.run.profile_batches, device)
         self.batch_coords: list[tuple[int, int]] = []  # (present, padded) per predict batch
         self.batch_shapes: set[tuple[int, ...]] = set()  # padded shapes seen (predict)
-        self.steady_cells = CellMoments()  # steady predict batches of a cell-context library
+        # steady predict batches' padding masks of a cell-context library, by reference: summed
+        # when read (``steady_cells``), after the timed region, not per batch inside it
+        self.steady_cell_masks: list[torch.Tensor] = []
+
+    @property
+    def steady_cells(self) -> CellMoments:
+        """The steady predict batches' cell sums (tasks/measure/cell_flops.py)."""
+        cells = CellMoments()
+        for mask in self.steady_cell_masks:
+            cells.add(mask)
+        return cells
 
     # -- what a library's engine supplies -------------------------------------------------
 
