@@ -8,7 +8,10 @@ round by round with the order rotated (as ``backends-report``), children tagged
 holds the table (``models_report.json`` / ``.md``).
 
 Columns: the headline quality next to its baseline (``quality.majority_rate`` for category
-and binary, ``quality.mae_of_mean`` for regression), e2e predict rows/s, steady rows/s, first
+and binary, ``quality.mae_of_mean`` for regression), for category and binary the held-out NLL
+of the model's own probabilities and after temperature scaling (``quality.uncalibrated.nll`` ->
+``quality.nll``: accuracy alone hides a model that ranks right but is barely confident, as
+relflow after one epoch), e2e predict rows/s, steady rows/s, first
 call s, batch p99 ms, peak RSS, parameters (param ``model.parameters``) and **e2e vs
 reference**: the median over rounds of the library's ``e2e.predict.rows_per_s`` over the
 reference model's in the same round (``tasks/measure/report.py`` ``ratio_interval``, as
@@ -115,6 +118,8 @@ def summarize(
             "rounds": lambda g: len(g.reports),
             "quality": lambda g: g.median(K.quality(headline)),
             "baseline": lambda g: g.median(K.quality(baseline)),
+            "nll_uncalibrated": lambda g: g.median(K.quality("uncalibrated.nll")),
+            "nll": lambda g: g.median(K.quality("nll")),
             "e2e_predict_rows_per_s": lambda g: g.median(K.E2E_PREDICT_ROWS_PER_S),
             "e2e_vs_reference": lambda g: vs_ref(g, "median"),
             "e2e_vs_reference_ci_low": lambda g: vs_ref(g, "low"),
@@ -148,11 +153,17 @@ def _vs_ref_text(r: Mapping[str, Cell]) -> str:
     return f"{ratio:.2f}x [{interval_text(*bounds, int(n) if isinstance(n, int | float) else 0, '.2f')}]"
 
 
+def _nll_text(r: Mapping[str, Cell]) -> str:
+    raw, calibrated = _num(r.get("nll_uncalibrated"), ".4f"), _num(r.get("nll"), ".4f")
+    return "-" if raw == calibrated == "-" else f"{raw} -> {calibrated}"
+
+
 def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str) -> str:
     headline, baseline = K.HEADLINE_QUALITY[kind], BASELINE[kind]
     header = [
         "library",
         f"{headline} ({baseline})",
+        "nll raw -> calibrated",
         "e2e predict rows/s",
         "e2e vs reference [95% CI]",
         "steady rows/s",
@@ -167,12 +178,13 @@ def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str) -> str:
     for r in rows:
         if r.get("validity") in (REFUSED, DATA_ERROR):
             label = "refused" if r["validity"] == REFUSED else "data error"
-            lines.append([str(r["variant"]), f"{label}: {r['reason']}", *["-"] * 7, "0", str(r["validity"])])
+            lines.append([str(r["variant"]), f"{label}: {r['reason']}", *["-"] * 8, "0", str(r["validity"])])
             continue
         lines.append(
             [
                 str(r["variant"]),
                 f"{_num(r['quality'], '.4f')} ({_num(r['baseline'], '.4f')})",
+                _nll_text(r),
                 _num(r["e2e_predict_rows_per_s"], ",.0f"),
                 _vs_ref_text(r),
                 _num(r["steady_rows_per_s"], ",.0f"),

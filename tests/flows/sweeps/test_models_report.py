@@ -33,6 +33,8 @@ def sample(lib: str, r: int, e2e: float, **extra: float) -> Sample:
         "compute.batch_ms.p99": 9.0,
         "quality.accuracy": 0.8,
         "quality.majority_rate": 0.6,
+        "quality.uncalibrated.nll": 0.75,
+        "quality.nll": 0.5,
         "memory.host_peak_bytes": 2**30,
         **extra,
     }
@@ -57,8 +59,8 @@ def test_half_the_references_rows_per_s_every_round_is_0_5_with_a_0_5_interval()
     md = to_markdown(list(rows.values()), "category")
     assert "accuracy (majority_rate)" in md.splitlines()[0]
     assert (
-        "| relflow | 0.8000 (0.6000) | 175 | 0.50x [0.50, 0.50] | 700 | 0.50 | 9.0 | 1,024 | 250,000 | 6 | VALID |"
-        in md
+        "| relflow | 0.8000 (0.6000) | 0.7500 -> 0.5000 | 175 | 0.50x [0.50, 0.50] | 700 | 0.50 | 9.0 | 1,024 "
+        "| 250,000 | 6 | VALID |" in md
     )
 
 
@@ -72,6 +74,21 @@ def test_fewer_than_6_rounds_give_no_interval_and_a_failed_round_pairs_with_noth
     assert rt["validity"] == "FAILED,VALID" and math.isnan(rt["parameters"])
     md = to_markdown(list(rows.values()), "regression")
     assert "mae (mae_of_mean)" in md and "0.20x [n=1<6, no CI]" in md
+
+
+def test_nll_column_shows_the_rounds_median_raw_and_calibrated_and_a_dash_without_them():
+    """The NLL pair is each library's median over its rounds; a run that logs no NLL (regression)
+    shows '-', never 'nan -> nan'."""
+    samples = [
+        sample("relflow", r, 10.0, **{"quality.uncalibrated.nll": raw, "quality.nll": cal})
+        for r, (raw, cal) in enumerate([(0.70, 0.69), (0.75, 0.74), (0.90, 0.10)])
+    ]
+    (row,) = summarize(samples, "category")
+    assert (row["nll_uncalibrated"], row["nll"]) == (0.75, 0.69)
+    assert "| relflow | 0.8000 (0.6000) | 0.7500 -> 0.6900 |" in to_markdown([row], "category")
+    regression = {"e2e.predict.rows_per_s": 10.0, "quality.mae": 1.5, "quality.mae_of_mean": 3.0}
+    (row,) = summarize([Sample("reference", 0, RunSummary("id", regression, "VALID"))], "regression")
+    assert "| reference | 1.5000 (3.0000) | - | 10 |" in to_markdown([row], "regression")
 
 
 def test_a_refused_library_is_a_row_saying_why():
