@@ -7,11 +7,17 @@ measured two ways, in fresh processes interleaved over --rounds (order rotated e
   ``Model.encode`` of every root row), then a plain loop: slice a batch of ``run.batch_size``
   root rows, run the library's predict forward, read the clock (first call and
   ``run.warmup_batches`` dropped; exact rows / summed step seconds);
+- ``bare_frozen``: the same loop inside the harness's own collector policy
+  (``tasks/measure/gcpauses.frozen_collector``: collect, ``gc.freeze()``, as the harness's timed
+  region does), so the harness's bookkeeping and its GC policy are told apart;
 - ``harness``: ``relflow-bench run --set run.mode=predict``, its ``compute.steady_rows_per_s``.
 
 The footprint is the median over rounds of ``bare / harness`` (a round's pair shares the
 host's state; > 1 means the harness is slower) with its order-statistic 95% interval
-(tasks/measure/report.py ``ratio_interval``; from 6 rounds). Goal: within 3%.
+(tasks/measure/report.py ``ratio_interval``; from 6 rounds). Goal: within 3%. Beside it,
+``bare_frozen / harness`` (the harness's cost at the same GC policy) and ``bare / bare_frozen``
+(what freezing the collector alone buys a plain loop: > 1 would mean the harness's figure gains
+from a policy a user's loop lacks).
 Why: the harness must not tax, or measure something other than, what a user's own loop gets.
 
     python benchmarks/bench_library_footprint.py --spec benchmarks/tpch_orders_relflow.yaml --rounds 6 --threads 1
@@ -41,16 +47,21 @@ from tasks.measure.report import interval_text, ratio_interval  # noqa: E402
 from tasks.measure.stats import median_interval  # noqa: E402
 
 GOAL = 0.03
+VARIANTS = ("bare", "bare_frozen", "harness")
 
 
-def bare(spec_path: Path, threads: int | None) -> float:
-    """The bare loop over the harness-prepared chunk (see the module note)."""
+def bare(spec_path: Path, threads: int | None, frozen: bool) -> float:
+    """The bare loop over the harness-prepared chunk (see the module note); ``frozen``: inside
+    the harness's collector policy."""
+    from contextlib import nullcontext
+
     import torch
 
     if threads:
         torch.set_num_threads(threads)
     from tasks.libraries.engine import LibraryEngine
     from tasks.measure.clock import Clock
+    from tasks.measure.gcpauses import frozen_collector
     from tasks.sources.files import resolve_sources
     from tasks.sources.open import data_home
     from tasks.spec import load_spec
@@ -66,7 +77,7 @@ def bare(spec_path: Path, threads: int | None) -> float:
     assert isinstance(engine, LibraryEngine), "--spec must name a library (model.library)"
     steps, clock = engine.driver, Clock(torch.device("cpu"))
     skip, seconds, rows = 1 + spec.run.warmup_batches, 0.0, 0
-    with torch.no_grad():
+    with torch.no_grad(), frozen_collector(clock) if frozen else nullcontext():
         for i, (part, n) in enumerate(steps.batches(chunk, torch.arange(chunk.root_rows))):  # type: ignore[arg-type]
             with clock.measure() as span:
                 steps.predict_step(part)
@@ -79,10 +90,10 @@ def measure(variant: str, spec: Path, threads: int) -> float:
     if variant == "harness":
         with tempfile.TemporaryDirectory(prefix="relflow-libfoot-") as d:
             return harness(spec, threads or None, Path(d))
-    cmd = [sys.executable, __file__, "--spec", str(spec), "--threads", str(threads), "--child"]
+    cmd = [sys.executable, __file__, "--spec", str(spec), "--threads", str(threads), "--child", variant]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=checkout_env())
     if proc.returncode != 0:
-        print(f"  bare failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}", file=sys.stderr)
+        print(f"  {variant} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}", file=sys.stderr)
         return math.nan
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["rows_per_s"])
 
@@ -92,26 +103,35 @@ def main() -> None:
     ap.add_argument("--spec", type=Path, default=ROOT / "tpch_orders_relflow.yaml")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1, help="torch threads in both (0 = leave unset)")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=VARIANTS[:2], help=argparse.SUPPRESS)
     args = ap.parse_args()
     spec = args.spec.resolve()
     if args.child:
-        print(json.dumps({"rows_per_s": bare(spec, args.threads or None)}))
+        print(json.dumps({"rows_per_s": bare(spec, args.threads or None, args.child == "bare_frozen")}))
         return
     load_before = os.getloadavg()
-    got = rounds(["bare", "harness"], args.rounds, lambda v: measure(v, spec, args.threads))
+    got = rounds(list(VARIANTS), args.rounds, lambda v: measure(v, spec, args.threads))
     load_after = os.getloadavg()
     ri = ratio_interval(got["bare"], got["harness"])
+    if ri is None:
+        sys.exit("no round where both bare and harness finished: see the failures above")
     print(
         f"{spec.name}: predict steady rows/s, {args.rounds} interleaved rounds, fresh processes, threads "
         f"{args.threads or 'unset'}, load (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}"
     )
-    for v in ("bare", "harness"):
+    for v in VARIANTS:
         med = median_interval(list(got[v].values())).median
-        print(f"{v:<8} median {med:>9,.1f} rows/s  rounds {', '.join(f'{x:,.1f}' for x in got[v].values())}")
+        print(f"{v:<11} median {med:>9,.1f} rows/s  rounds {', '.join(f'{x:,.1f}' for x in got[v].values())}")
     ci = interval_text(ri.low, ri.high, ri.n, ".3f")
     met = abs(ri.median - 1) <= GOAL
     print(f"footprint bare/harness {ri.median:.3f} {ci} (goal within {GOAL:.0%}: {'met' if met else 'missed'})")
+    others = {}
+    for a, b in (("bare_frozen", "harness"), ("bare", "bare_frozen")):
+        r2 = ratio_interval(got[a], got[b])
+        if r2 is None:  # no round where both finished
+            continue
+        others[f"{a}/{b}"] = {"median": r2.median, "ci_low": r2.low, "ci_high": r2.high}
+        print(f"          {a}/{b} {r2.median:.3f} {interval_text(r2.low, r2.high, r2.n, '.3f')}")
     print(
         json.dumps(
             {
@@ -120,7 +140,9 @@ def main() -> None:
                 "rounds": args.rounds,
                 "threads": args.threads,
                 "bare": list(got["bare"].values()),
+                "bare_frozen": list(got["bare_frozen"].values()),
                 "harness": list(got["harness"].values()),
+                "ratios": others,
                 "footprint": ri.median,
                 "ci_low": ri.low,
                 "ci_high": ri.high,
