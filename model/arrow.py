@@ -123,7 +123,9 @@ def _as_float(arr: pa.Array, kind: str) -> np.ndarray:
             arr = arr.cast(pa.int64()).cast(pa.float64(), safe=False)
         out = arr.cast(pa.float64()).to_numpy(zero_copy_only=False) / scale
     else:
-        out = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        # integers beyond 2**53 (ids, hashes declared numeric) round to the nearest float: a
+        # checked cast would refuse the whole column
+        out = arr.cast(pa.float64(), safe=not pa.types.is_integer(arr.type)).to_numpy(zero_copy_only=False)
     return np.asarray(out, dtype=np.float64)
 
 

@@ -267,6 +267,19 @@ def shop_tables() -> dict[str, pa.Table]:
     return make_shop_tables()
 
 
+# Integers float64 cannot hold exactly (ids or hashes a user declares numeric): every library
+# must take them, rounded, as the reference model always has.
+BIG_BALANCES = [2**62, None, 3, 2**53 + 1, -(2**60)]
+
+
+@pytest.fixture
+def shop_tables_big_ints(shop_tables) -> dict[str, pa.Table]:
+    """The shop with ``c_balance`` (numeric) as int64 beyond 2**53 (``BIG_BALANCES``)."""
+    c = shop_tables["customers"]
+    col = c.schema.get_field_index("c_balance")
+    return dict(shop_tables, customers=c.set_column(col, "c_balance", pa.array(BIG_BALANCES, pa.int64())))
+
+
 @pytest.fixture
 def shop_spec() -> dict[str, Any]:
     """A fresh (mutable) spec dict for the shop workload, reading Parquet."""

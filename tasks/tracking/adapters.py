@@ -1,10 +1,14 @@
 """MLflow's types for what a run read: Arrow types and schemas as MLflow schemas, a table's
-location as an MLflow dataset source (``UrlSource`` for a database URL).
+location as an MLflow dataset source (``UrlSource`` for a database URL), and the names a user's
+data puts into param, metric and tag keys as names MLflow accepts (``mlflow_name``).
 
 The plain descriptions come from ``datasets.py``; ``writer.py`` logs them."""
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +17,27 @@ from mlflow.data.dataset_source import DatasetSource
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+
+# What MLflow accepts in a param, metric or tag key (mlflow/utils/validation.py, non-Windows):
+# word characters (Unicode letters and digits, '_'), '/', '.', '-', ' ' and ':'.
+_NOT_IN_MLFLOW_NAMES = re.compile(r"[^/\w.\- :]")
+
+
+def mlflow_name(key: str) -> str:
+    """``key`` as MLflow accepts it: unchanged when it already is; else every character MLflow
+    refuses becomes ``_`` (and ``/`` too when the key would not survive path normalisation, e.g.
+    ``a//b``), and ``:`` plus 8 hex digits of the original's SHA-1 keep two keys apart that
+    differ only there. Keys carry column and branch names from the user's data (params
+    ``schema.root.columns.<column>``, metrics ``data.orphan_rows.<branch>``): a column named
+    ``Amount ($)`` must not fail the run. The spec.yaml artifact keeps the exact names."""
+    clean = _NOT_IN_MLFLOW_NAMES.sub("_", key)
+    norm = posixpath.normpath(clean)
+    if norm != clean or norm in (".", "..") or norm.startswith(("/", "../")):
+        clean = clean.replace("/", "_")
+    if clean == key:
+        return key
+    return f"{clean}:{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 def dataset_source(location: str) -> Any:

@@ -36,7 +36,7 @@ from mlflow.tracking import MlflowClient
 from tasks.measure.clock import unix_time
 from tasks.runtime import interrupts, liveness
 from tasks.runtime.masking import mask_secrets, mask_uri
-from tasks.tracking.adapters import dataset_source, mlflow_schema
+from tasks.tracking.adapters import dataset_source, mlflow_name, mlflow_schema
 from tasks.tracking.uri import default_artifact_root, tracking_uri
 
 if TYPE_CHECKING:
@@ -186,13 +186,13 @@ class Tracker:
 
     def log_params(self, params: dict[str, Any]) -> None:
         # Masked (tasks/runtime/masking.py): a free-form spec value may hold a URI with a secret.
-        items = [Param(k, mask_secrets(str(v))[:6000]) for k, v in params.items()]
+        items = [Param(mlflow_name(k), mask_secrets(str(v))[:6000]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self._id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         now = int(unix_time() * 1000)
-        items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        items = [Metric(mlflow_name(k), float(v), now, step) for k, v in metrics.items()]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
 
@@ -203,12 +203,14 @@ class Tracker:
     def log_metric_steps(self, key: str, values: list[float]) -> None:
         """One metric as a series over steps 0..n-1 (e.g. a latency CDF), in one batch."""
         now = int(unix_time() * 1000)
-        items = [Metric(key, float(v), now, step) for step, v in enumerate(values)]
+        items = [Metric(mlflow_name(key), float(v), now, step) for step, v in enumerate(values)]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self._id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self._id, tags=[RunTag(k, mask_secrets(str(v))[:5000]) for k, v in tags.items()])
+        self.client.log_batch(
+            self._id, tags=[RunTag(mlflow_name(k), mask_secrets(str(v))[:5000]) for k, v in tags.items()]
+        )
 
     def log_traces(self, traces: Sequence[RequestTrace]) -> None:
         """Each as an MLflow trace in the run's experiment, linked to the run (trace metadata

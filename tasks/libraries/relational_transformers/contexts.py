@@ -209,7 +209,8 @@ def _numbers(arr: pa.Array, where: str) -> tuple[Floats, Bools]:
         raise UserError(
             f"{where} is declared numeric but holds {t}; declare it category or text, or cast it to a number"
         )
-    values = arr.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    # integers past 2**53 round to the nearest float (a checked cast refuses the column)
+    values = arr.cast(pa.float64(), safe=not pa.types.is_integer(t)).fill_null(np.nan).to_numpy(zero_copy_only=False)
     values = np.asarray(values, dtype=np.float64)
     # NaN and infinities are missing values: the library refuses non-finite scalar channels
     valid = np.isfinite(values)

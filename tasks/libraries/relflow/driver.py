@@ -485,7 +485,7 @@ class RelflowDriver:
             present = torch.from_numpy(index.is_valid().to_numpy(zero_copy_only=False).copy())
             filled = pc.fill_null(index, 0).to_numpy(zero_copy_only=False).astype(np.int64)
             return torch.from_numpy(filled), present
-        number = pc.cast(values, pa.float64())
+        number = pc.cast(values, pa.float64(), safe=not pa.types.is_integer(values.type))  # ints past 2**53 round
         present = torch.from_numpy(number.is_valid().to_numpy(zero_copy_only=False).copy())
         return torch.from_numpy(pc.fill_null(number, 0.0).to_numpy(zero_copy_only=False).copy()), present
 

@@ -354,6 +354,15 @@ def test_normalisation_uses_the_training_rows_only(shop_spec, shop_tables):
     assert stats.classes == ("no", "yes")
 
 
+def test_integers_beyond_2_53_are_normalised_rounded_not_refused(shop_spec, shop_tables_big_ints):
+    """A checked float64 cast refused the column ('Integer value ... not in range')."""
+    spec, table = shop(shop_spec, shop_tables_big_ints)
+    stats, contexts, _ = everything(spec, table)
+    assert stats.scales["root.c_balance"][0] == pytest.approx(np.mean([2.0**62, 3.0, 2.0**53, -(2.0**60)]))
+    balance = contexts.number[contexts.column == 0]
+    assert balance.size == 4 and np.isfinite(balance).all()  # customer 2's null is no cell
+
+
 def test_nulls_are_no_cell_and_present_values_are_one_cell_each(shop_spec, shop_tables):
     spec, table = shop(shop_spec, shop_tables)
     _, contexts, _ = everything(spec, table)

@@ -200,6 +200,18 @@ def test_input_table_casts_what_relflow_refuses_and_keeps_the_trend(shop_spec, s
     assert input_table(spec, table.slice(1, 3)).to_pylist() == it.slice(1, 3).to_pylist()
 
 
+def test_integers_beyond_2_53_are_rounded_for_relflow_which_refuses_them(shop_spec, shop_tables_big_ints) -> None:
+    spec, table = shop(shop_spec, shop_tables_big_ints)
+    it = input_table(spec, table)
+    assert it["c_balance"].type == pa.float64()
+    assert it["c_balance"].to_pylist() == [2.0**62, None, 3.0, 2.0**53, -(2.0**60)]
+    assert int(build(spec, table).encode(it, strata="predict").batch_size[0]) == table.num_rows
+    # relflow's own refusal, had the harness passed the int64 column on
+    raw = it.set_column(it.schema.get_field_index("c_balance"), "c_balance", table["c_balance"])
+    with pytest.raises(ValueError, match="2\\^53"):
+        build(spec, table).encode(raw, strata="predict")
+
+
 # --- overflow: head keeps the first children, tail the last ---------------------------------
 
 

@@ -148,6 +148,16 @@ def test_sub_second_and_nanosecond_timestamps(shop_spec, shop_tables):
     assert tz.batch.nodes["orders"].continuous_null[..., 0].nonzero().tolist() == [[1, 0]]
 
 
+def test_integers_beyond_2_53_are_standardised_rounded_not_refused(shop_spec, shop_tables_big_ints):
+    """A checked cast to float64 refused the whole column (ArrowInvalid: 'not in range')."""
+    spec = spec_of(shop_spec)
+    pre = preprocess(spec, retrieved_of(shop_tables_big_ints))
+    enc, schema = fit(spec, pre)
+    assert enc.mean["root.c_balance"] == pytest.approx(np.mean([2.0**62, 3.0, 2.0**53, -(2.0**60)]))
+    tz = tensorize(spec, pre, enc, schema)
+    assert tz.batch.nodes["root"].continuous_null[:, 0].tolist() == [False, True, False, False, False]
+
+
 def test_regression_and_binary_targets(shop_spec, shop_tables):
     tables = dict(shop_tables)
     cust = tables["customers"]

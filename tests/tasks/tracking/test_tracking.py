@@ -8,6 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.runtime.errors import UserError
+from tasks.tracking.adapters import mlflow_name
 from tasks.tracking.uri import tracking_uri
 from tasks.tracking.writer import Tracker, flatten
 
@@ -24,6 +25,30 @@ def test_flatten_names_branches_by_name(shop_spec):
     assert params["schema.branches.orders.branches.lines.order_by.column"] == "l_no"
     assert params["schema.root.columns.c_since"] == "timestamp"
     assert params["run.batch_size"] == "4"
+
+
+def test_names_from_the_users_data_become_keys_mlflow_accepts_and_stay_apart(mlflow_uri):
+    """A column or branch name MLflow refuses in a key ('Amount ($)', 'a//b') fails no run: its
+    key is the name with '_' for each refused character plus a hash of the original, so two
+    names differing only there stay two keys; a key MLflow accepts is left exactly as it is."""
+    assert mlflow_name("schema.root.columns.é ok: x/y-z_1") == "schema.root.columns.é ok: x/y-z_1"
+    dollar, percent = mlflow_name("c.Amount ($)"), mlflow_name("c.Amount (%)")
+    assert dollar.startswith("c.Amount ___:") and percent.startswith("c.Amount ___:") and dollar != percent
+    assert mlflow_name("data.orphan_rows.a//b").startswith("data.orphan_rows.a__b:")
+    tracker = Tracker("unit")
+    run_id = tracker.start("r", tags={})
+    tracker.log_params(flatten({"schema": {"root": {"columns": {"Amount ($)": "numeric", "Amount (%)": "numeric"}}}}))
+    tracker.log_metrics({"data.orphan_rows.a//b": 3.0, "data.orphan_rows.items": 1.0})
+    tracker.set_tags({"relflow.note[x]": "y"})
+    tracker.finish()
+    run = MlflowClient(tracking_uri=mlflow_uri).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert set(run.data.params) == {
+        mlflow_name("schema.root.columns.Amount ($)"),
+        mlflow_name("schema.root.columns.Amount (%)"),
+    }
+    assert run.data.metrics == {mlflow_name("data.orphan_rows.a//b"): 3.0, "data.orphan_rows.items": 1.0}
+    assert run.data.tags[mlflow_name("relflow.note[x]")] == "y"
 
 
 @pytest.mark.slow
