@@ -6,6 +6,7 @@ relflow are (``import relflow`` brings Lightning: seconds): so nothing here impo
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from tasks.libraries.base import Unsupported, harness_problems
@@ -19,6 +20,17 @@ TRAIN_COLUMN = "__train"  # tasks/stages/split.py's TRAIN; not imported: no task
 TREND_SUFFIX = "__epoch_days"
 # relflow.structs.tree.Node.check_node_name: field and branch names are matched by name.
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def field_name(name: str) -> str:
+    """The relflow field or branch name of a spec column or branch: the name itself when relflow
+    accepts it (letters, digits, '_', '-'), else '_' for each other character plus '-' and 8 hex
+    of the original's SHA-1, so two names that differ only there stay two fields. A user's column
+    called ``Amount ($)`` is renamed by the harness, never by the user (as decimals are cast)."""
+    if _NAME.match(name):
+        return name
+    return f"{_NOT_IN_NAMES.sub('_', name)}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 def _model_problems(spec: Spec) -> list[Unsupported]:
@@ -65,17 +77,7 @@ def _name_problems(spec: Spec) -> list[Unsupported]:
                 )
             )
     for key, name in names:
-        if not _NAME.match(name):
-            out.append(
-                Unsupported(
-                    key,
-                    name,
-                    "relflow names fields and branches after the data and accepts only letters, digits, "
-                    "'_' and '-' in a name",
-                    "rename the column (or branch) in the source tables",
-                )
-            )
-        elif name.endswith(TREND_SUFFIX):
+        if field_name(name).endswith(TREND_SUFFIX):
             out.append(
                 Unsupported(
                     key,

@@ -37,7 +37,7 @@ from relflow.tensorfields.shared.vocabulary import AdmittedRowsCallback
 from tensordict import TensorDict
 from torch.utils.flop_counter import FlopCounterMode
 
-from tasks.libraries.relflow.mapping import build, input_table, target_address
+from tasks.libraries.relflow.mapping import branch_path, build, field_name, input_table, target_address
 from tasks.spec import Spec
 
 __all__ = [
@@ -437,7 +437,7 @@ class RelflowDriver:
         by_address = {str(p.address): p for p in predictions}
         # The target is skipped as an input (its ``present`` is all false): its coordinates
         # are the records of the branch holding it, the root's one per row.
-        holder = "/" + "/".join(self._trail(self.spec.task.branch)) if self.spec.task.branch else "/"
+        holder = "/" + "/".join(branch_path(self.spec, self.spec.task.branch))
         present = cast(torch.Tensor, td["/"][holder].slots).reshape(-1).bool()
         payload = by_address[self.target].payload
         content = cast(torch.Tensor, payload[TensorKey.content])
@@ -457,7 +457,7 @@ class RelflowDriver:
             if head == "root_embedding":
                 out[name] = cast(torch.Tensor, by_address["/"].payload[TensorKey.embedding])
             elif head == "branch_embedding":
-                address = "/" + "/".join(self._trail(arg))
+                address = "/" + "/".join(branch_path(self.spec, arg))
                 out[name] = cast(torch.Tensor, by_address[address].payload[TensorKey.embedding])
         return out
 
@@ -466,11 +466,11 @@ class RelflowDriver:
         ``outputs``: (class index into ``classes()`` / 1.0-0.0 / value, present). relflow's
         predict encoding never reads the target (its coordinates are padding there), so the
         labels come from the Arrow column, columnar."""
-        column: pa.Array | pa.ChunkedArray = table[self.spec.task.branch or self.spec.task.target]
+        column: pa.Array | pa.ChunkedArray = table[field_name(self.spec.task.branch or self.spec.task.target)]
         if self.spec.task.branch:
-            for name in self._trail(self.spec.task.branch)[1:]:
+            for name in branch_path(self.spec, self.spec.task.branch)[1:]:
                 column = pc.struct_field(pc.list_flatten(column), name)
-            column = pc.struct_field(pc.list_flatten(column), self.spec.task.target)
+            column = pc.struct_field(pc.list_flatten(column), field_name(self.spec.task.target))
         values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         if pa.types.is_dictionary(values.type):
             values = cast(pa.DictionaryArray, values).dictionary_decode()
@@ -488,13 +488,6 @@ class RelflowDriver:
         number = pc.cast(values, pa.float64(), safe=not pa.types.is_integer(values.type))  # ints past 2**53 round
         present = torch.from_numpy(number.is_valid().to_numpy(zero_copy_only=False).copy())
         return torch.from_numpy(pc.fill_null(number, 0.0).to_numpy(zero_copy_only=False).copy()), present
-
-    def _trail(self, branch: str) -> list[str]:
-        parents = {b.name: p for b, p in self.spec.schema_.walk()}
-        trail = [branch]
-        while (parent := parents[trail[0]]) is not None:
-            trail.insert(0, parent)
-        return trail
 
     def predictions_table(self, table: pa.Table, predictions: list[Any]) -> pa.Table:
         """relflow's own prediction table (``Model.write``: ``predictions`` nested under field

@@ -16,7 +16,6 @@ The rules, and why each refusal exists, are in this folder's README.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -26,7 +25,7 @@ import pyarrow.compute as pc
 import relflow as rf
 from relflow.logging.config import configure
 
-from tasks.libraries.relflow.checks import LIBRARY, TRAIN_COLUMN, TREND_SUFFIX, check, problems
+from tasks.libraries.relflow.checks import LIBRARY, TRAIN_COLUMN, TREND_SUFFIX, check, field_name, problems
 from tasks.runtime.errors import UserError
 from tasks.spec import Branch, Spec
 
@@ -40,8 +39,10 @@ __all__ = [
     "OVERFLOW",
     "TRAIN_COLUMN",
     "TREND_SUFFIX",
+    "branch_path",
     "build",
     "check",
+    "field_name",
     "input_table",
     "problems",
     "target_address",
@@ -53,8 +54,6 @@ OVERFLOW: dict[str, Literal["head", "tail", "error"]] = {
     "keep_last": "tail",
     "error": "error",
 }
-# relflow.structs.tree.Node.check_node_name: field and branch names are matched by name.
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 # DateParts takes no default; a date has no time of day worth encoding.
 _DATE_PARTS = ["day_of_week", "day_of_month", "month_of_year", "day_of_year"]
 _TIME_PARTS = [*_DATE_PARTS, "hour_of_day"]
@@ -65,22 +64,24 @@ _DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_00
 
 def trend_column(column: str) -> str:
     """The number relflow gets beside a timestamp's date parts: days since 1970-01-01."""
-    return f"{column}{TREND_SUFFIX}"
+    return f"{field_name(column)}{TREND_SUFFIX}"
 
 
 def target_address(spec: Spec) -> str:
     """relflow's address of the target field (``/target`` or ``/branch/.../target``)."""
-    return "/" + "/".join([*_branch_trail(spec, spec.task.branch), spec.task.target])
+    return "/" + "/".join([*branch_path(spec, spec.task.branch), field_name(spec.task.target)])
 
 
-def _branch_trail(spec: Spec, name: str | None) -> list[str]:
+def branch_path(spec: Spec, name: str | None) -> list[str]:
+    """relflow's field names of the branches from the root down to branch ``name`` (none for
+    the root): ``"/" + "/".join(...)`` is that branch's relflow address."""
     if name is None:
         return []
     parents = {b.name: p for b, p in spec.schema_.walk()}
     trail = [name]
     while (parent := parents[trail[0]]) is not None:
         trail.insert(0, parent)
-    return trail
+    return [field_name(n) for n in trail]
 
 
 # --- the table relflow reads -------------------------------------------------------------
@@ -175,17 +176,18 @@ def _target(spec: Spec, arr: pa.Array) -> pa.Array:
 
 def _column(spec: Spec, name: str, kind: str, arr: pa.Array) -> dict[str, pa.Array]:
     """One spec column as relflow reads it: each timestamp is followed by its trend."""
+    field = field_name(name)
     if kind == "numeric":
-        return {name: _numeric(arr)}
+        return {field: _numeric(arr)}
     if kind == "category":
-        return {name: _category(arr)}
+        return {field: _category(arr)}
     if kind == "timestamp":
-        return {name: arr, trend_column(name): _epoch_days(arr)}
+        return {field: arr, trend_column(name): _epoch_days(arr)}
     if kind == "target":
-        return {name: _target(spec, arr)}
+        return {field: _target(spec, arr)}
     if kind == "branch":
-        return {name: _branch_array(spec, _find_branch(spec, name), arr)}
-    return {name: arr}  # text: refused by check(), never reached after it
+        return {field: _branch_array(spec, _find_branch(spec, name), arr)}
+    return {field: arr}  # text: refused by check(), never reached after it
 
 
 def _find_branch(spec: Spec, name: str) -> Branch:
@@ -210,7 +212,7 @@ def _branch_array(spec: Spec, b: Branch, lists: pa.Array) -> pa.Array:
     for name, kind in _node_items(spec, b.columns, spec.task.branch == b.name):
         children.update(_column(spec, name, kind, records.field(name)))
     for child in b.branches:
-        children[child.name] = _branch_array(spec, child, records.field(child.name))
+        children[field_name(child.name)] = _branch_array(spec, child, records.field(child.name))
     rebuilt = pa.StructArray.from_arrays(
         list(children.values()),
         names=list(children),
@@ -274,11 +276,17 @@ def _fields(
 ) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for column, kind in columns.items():
-        for suffix, field in _leaf(kind, types[column], sizes).items():
-            fields[column + suffix] = field
+        for suffix, field in _leaf(kind, _type_of(types, column), sizes).items():
+            fields[field_name(column) + suffix] = field
     if has_target:
-        fields[spec.task.target] = _target_field(spec, sizes)
+        fields[field_name(spec.task.target)] = _target_field(spec, sizes)
     return fields
+
+
+def _type_of(types: Mapping[str, pa.DataType], name: str) -> pa.DataType:
+    """A spec column's or branch's Arrow type in the harness's table (spec names) or in
+    ``input_table``'s (relflow field names)."""
+    return types.get(name) or types.get(field_name(name)) or pa.null()
 
 
 def _struct_types(t: pa.DataType) -> dict[str, pa.DataType]:
@@ -290,7 +298,7 @@ def _struct_types(t: pa.DataType) -> dict[str, pa.DataType]:
 def _branch(spec: Spec, b: Branch, types: Mapping[str, pa.DataType], sizes: _Sizes) -> Any:
     fields = _fields(spec, b.columns, types, spec.task.branch == b.name, sizes)
     for child in b.branches:
-        fields[child.name] = _branch(spec, child, _struct_types(types.get(child.name, pa.null())), sizes)
+        fields[field_name(child.name)] = _branch(spec, child, _struct_types(_type_of(types, child.name)), sizes)
     reduction = rf.Mean() if b.reduce == "mean" else rf.Attention(n_outputs=1, n_heads=sizes.heads)
     return rf.Branch(
         fields=fields,
@@ -313,7 +321,7 @@ def build(spec: Spec, table: pa.Table) -> rf.Model:
     types = {f.name: f.type for f in table.schema}
     fields = _fields(spec, spec.schema_.root.columns, types, spec.task.branch is None, sizes)
     for b in spec.schema_.branches:
-        fields[b.name] = _branch(spec, b, _struct_types(types.get(b.name, pa.null())), sizes)
+        fields[field_name(b.name)] = _branch(spec, b, _struct_types(_type_of(types, b.name)), sizes)
     return rf.Model(
         d_model=m.d_model,
         n_layers=m.layers,

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tasks.libraries.relflow.driver import MemoryLogger, RelflowDriver, throughput_rows
-from tasks.libraries.relflow.mapping import build, check, input_table, trend_column
+from tasks.libraries.relflow.mapping import build, check, field_name, input_table, trend_column
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec, parse_spec
 from tasks.stages.preprocess import TRAIN, preprocess
@@ -344,6 +344,36 @@ def test_train_and_predict_end_to_end() -> None:
     best = pc.struct_field(written["predictions"], ["label", "content", "value"]).to_pylist()
     classes = driver.classes()
     assert best == [classes[i] for i in out["logits"].argmax(-1).tolist()]
+
+
+def test_names_relflow_refuses_are_renamed_by_the_harness_and_train_end_to_end() -> None:
+    """relflow accepts only letters, digits, '_' and '-' in field and branch names; a user's
+    'x ($)' or 'line items' ran on the reference model but exited 2 on relflow. The harness now
+    names the relflow fields (field_name) and maps them back wherever it reads relflow."""
+    odd = {"x": "x ($)", "items": "line items", "v": "v.1", "flag": "flag?", "label": "is label"}
+    raw = items_spec(256, max_length=6)
+    root, branch = raw["schema"]["root"], raw["schema"]["branches"][0]
+    root["columns"] = {odd["x"]: "numeric", "x (%)": "numeric"}  # differ only where relflow refuses
+    branch["name"] = odd["items"]
+    branch["columns"] = {odd["v"]: "numeric", odd["flag"]: "category"}
+    raw["task"] = {"target": odd["label"], "kind": "category", "outputs": ["prediction", "topk:2"]}
+    plain = items_tables(256)
+    roots = plain[ROOT].rename_columns([odd.get(c, c) for c in plain[ROOT].column_names])
+    roots = roots.append_column("x (%)", pc.negate(roots[odd["x"]]))
+    items = plain["items"].rename_columns([odd.get(c, c) for c in plain["items"].column_names])
+    tables = {ROOT: roots, odd["items"]: items}
+    assert check(parse_spec(raw, "(test)")) is None  # nothing refused
+    spec, table = nested(raw, tables)
+    it = input_table(spec, table)
+    names = {field_name(n) for n in ("x ($)", "x (%)", "line items", "is label")}
+    assert len(names) == 4 and names <= set(it.column_names) and all(" " not in n for n in names)
+    driver = RelflowDriver.build(spec, it)
+    assert driver.target == "/" + field_name("is label")
+    losses = _train(driver, it, epochs=4, batch=64)
+    assert losses[-1] < 0.6 * losses[0]
+    out = driver.predict(driver.encode(it, train=False))
+    labels, present = driver.labels(it)
+    assert bool(present.all()) and out["prediction"].shape == (256, 2)
 
 
 @pytest.mark.slow
