@@ -75,6 +75,33 @@ def infer_schema(table: str, files: tuple[Path, ...], opts: CsvOptions) -> pl.Sc
         ) from None
 
 
+# What a column empty in every row is read as, by its declared kind (Polars types it as text).
+_EMPTY_COLUMN_TYPES: dict[str, pl.DataType] = {"numeric": pl.Float64(), "timestamp": pl.Datetime("us")}
+
+
+def type_empty_columns(
+    files: tuple[Path, ...], opts: CsvOptions, schema: pl.Schema, declared: tuple[tuple[str, str], ...]
+) -> pl.Schema:
+    """``schema`` with each declared numeric or timestamp column that is null in every row of
+    every file typed as its kind: Polars infers such a column as text, and the column check
+    would then refuse an empty optional field as "type string". Only declared columns inferred
+    as text are scanned, each for one non-null cell."""
+    empty_candidates = [(c, k) for c, k in declared if schema.get(c) == pl.String]
+    if not empty_candidates:
+        return schema
+    names = [c for c, _ in empty_candidates]
+    frames = [scan(p, opts, schema).select(pl.col(names).is_not_null().any()) for p in files]
+    try:
+        seen = pl.concat(frames).select(pl.all().any()).collect().row(0)
+    except pl.exceptions.NoDataError:
+        return schema
+    out = pl.Schema(schema)
+    for (column, kind), has_value in zip(empty_candidates, seen, strict=True):
+        if not has_value:
+            out[column] = _EMPTY_COLUMN_TYPES[kind]
+    return out
+
+
 def count_rows(table: str, files: tuple[Path, ...], opts: CsvOptions, schema: pl.Schema) -> int:
     """Rows of the table, parsing every cell with the pinned schema (the up-front check)."""
     total = 0

@@ -39,6 +39,9 @@ class SourceTable:
     files: tuple[Path, ...]
     format: str
     csv: CsvOptions | None = None  # CSV reading settings (None: the defaults)
+    # (column, kind) of the spec's numeric and timestamp columns in this table: a CSV column
+    # empty in every row has no type of its own, and is read as what the spec declares
+    declared: tuple[tuple[str, str], ...] = ()
 
     @property
     def csv_options(self) -> CsvOptions:
@@ -47,7 +50,8 @@ class SourceTable:
     @cached_property
     def csv_schema(self) -> pl.Schema:
         """CSV column types, inferred once and then pinned for every read of this table."""
-        return csv_source.infer_schema(self.name, self.files, self.csv_options)
+        inferred = csv_source.infer_schema(self.name, self.files, self.csv_options)
+        return csv_source.type_empty_columns(self.files, self.csv_options, inferred, self.declared)
 
     def scan_csv(self, path: Path) -> pl.LazyFrame:
         """One of this table's CSV files, read with the settings and types of the checks."""
@@ -98,8 +102,21 @@ def resolve_sources(spec: Spec, base: Path) -> dict[str, SourceTable]:
                 f"Table '{name}': cannot tell the format of '{files[0].name}' from its suffix; "
                 "use .parquet, .arrow/.ipc/.feather or .csv, or set source.format."
             )
-        out[name] = SourceTable(name, files, fmt, spec.source.csv if fmt == "csv" else None)
+        if fmt == "csv":
+            out[name] = SourceTable(name, files, fmt, spec.source.csv, _declared(spec, name))
+        else:
+            out[name] = SourceTable(name, files, fmt)
     return out
+
+
+def _declared(spec: Spec, table: str) -> tuple[tuple[str, str], ...]:
+    """The spec's numeric and timestamp columns of ``table``, over every node that reads it."""
+    tables = [
+        (spec.schema_.root.table, spec.schema_.root.columns),
+        *((b.table, b.columns) for b, _ in spec.schema_.walk()),
+    ]
+    kinds = {c: k for t, columns in tables if t == table for c, k in columns.items() if k in ("numeric", "timestamp")}
+    return tuple(sorted(kinds.items()))
 
 
 def _kind_fits(kind: str, dtype: pa.DataType) -> bool:

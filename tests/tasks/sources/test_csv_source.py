@@ -147,6 +147,27 @@ def test_retrieve_reads_with_the_types_the_check_pinned(messy):
     assert got.tables["visits"]["amount"].null_count == got.tables["visits"].num_rows == 30
 
 
+def test_a_column_empty_in_every_row_is_read_as_its_declared_kind(tmp_path):
+    """Polars types a CSV column with no value at all as text: declared numeric or timestamp,
+    it failed the column check ("has type string"); now it is read as its kind, all null. A
+    category stays text, and a column with one value keeps its inferred type."""
+    people = "id;balance;segment;since;churn;score\n" + "".join(
+        f"{i};;;NA;{'yes' if i % 2 else 'no'};\n" for i in range(1, 6)
+    )
+    (tmp_path / "people.csv").write_text(people.replace("1;;;NA;yes;", "1;;;NA;yes;7"))
+    (tmp_path / "visits.csv").write_text(_visits())
+    raw = _spec({"separator": ";"})
+    raw["schema"]["root"]["columns"]["score"] = "numeric"
+    spec = parse_spec(raw)
+    sources = resolve_sources(spec, tmp_path)
+    check_sources(spec, sources)  # raised UserError before
+    keys, _ = list_root_keys(spec, sources)
+    people_table = retrieve(spec, sources, keys).tables[ROOT]
+    types = {c: str(people_table[c].type) for c in ("balance", "since", "segment", "score")}
+    assert types == {"balance": "double", "since": "timestamp[us]", "segment": "large_string", "score": "int64"}
+    assert people_table["balance"].null_count == people_table["since"].null_count == 5
+
+
 def test_a_marker_outside_null_values_is_named_with_its_key(messy):
     (messy / "people.csv").write_text(PEOPLE.replace("2;NA;south", "2;?;south"))
     spec = parse_spec(_spec({"separator": ";"}))
