@@ -120,6 +120,8 @@ def _declared(spec: Spec, table: str) -> tuple[tuple[str, str], ...]:
 
 
 def _kind_fits(kind: str, dtype: pa.DataType) -> bool:
+    if pa.types.is_null(dtype):  # no value at all: retrieve reads it as the kind (NULL_COLUMN_TYPES)
+        return True
     if kind == "numeric":
         return bool(pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype))
     if kind == "timestamp":

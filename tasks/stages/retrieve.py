@@ -22,7 +22,7 @@ result (a database, ``tasks.sources.databases``).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -263,6 +263,26 @@ def list_root_keys(spec: Spec, sources: Sources) -> tuple[np.ndarray, int]:
     return np.unique(arr), nbytes  # unique also sorts; duplicate root keys collapse
 
 
+# A column stored with Arrow's null type (pandas writes an all-None column so) carries no
+# type of its own: it is read as what the spec declares, all null.
+NULL_COLUMN_TYPES: dict[str, pa.DataType] = {
+    "numeric": pa.float64(),
+    "timestamp": pa.timestamp("us"),
+    "category": pa.string(),
+    "text": pa.string(),
+}
+
+
+def _typed(table: pa.Table, kinds: Mapping[str, str]) -> pa.Table:
+    """``table`` with each null-typed column of ``kinds`` cast to its declared kind's type."""
+    fields = [
+        f.with_type(NULL_COLUMN_TYPES[kinds[f.name]]) if pa.types.is_null(f.type) and f.name in kinds else f
+        for f in table.schema
+    ]
+    schema = pa.schema(fields)
+    return table if schema.equals(table.schema) else table.cast(schema)
+
+
 def retrieve(spec: Spec, sources: Sources, root_keys: np.ndarray) -> Retrieved:
     """Read the chunk's root rows and, top-down, the branch rows that hang under them."""
     cols, cats = node_columns(spec), category_columns(spec)
@@ -270,7 +290,8 @@ def retrieve(spec: Spec, sources: Sources, root_keys: np.ndarray) -> Retrieved:
     keys = pa.array(root_keys)
     tables: dict[str, pa.Table] = {}
     total = 0
-    tables[ROOT], n = read_rows(sources[root.table], cols[ROOT], root.key, keys, cats[ROOT])
+    table, n = read_rows(sources[root.table], cols[ROOT], root.key, keys, cats[ROOT])
+    tables[ROOT] = _typed(table, root.columns)
     total += n
 
     # Parents first (Schema.walk), so each branch's parent keys exist when it is read. Not a
@@ -285,7 +306,7 @@ def retrieve(spec: Spec, sources: Sources, root_keys: np.ndarray) -> Retrieved:
             below[parent or ROOT].cast(_key_type(sources[b.table], b.parent_key)),
             cats[b.name],
         )
-        tables[b.name] = table
+        tables[b.name] = table = _typed(table, b.columns)
         total += n
         if b.branches:
             below[b.name] = pc.unique(table[b.key])

@@ -222,6 +222,29 @@ def test_parquet_category_text_is_read_dictionary_encoded_and_a_few_rows_decoded
     assert plain["colour"].type == pa.string()
 
 
+def test_a_null_typed_column_is_read_as_its_declared_kind(
+    tmp_path, write_tables, shop_tables, shop_spec, prepare_chunk
+):
+    """pandas writes an all-None column with Arrow's null type: declared numeric (c_balance),
+    timestamp (c_since) or category (c_segment), it failed the column check ("has type null");
+    now every library's chain reads it as its kind, all null."""
+    c = shop_tables["customers"]
+    for name in ("c_balance", "c_since", "c_segment"):
+        c = c.set_column(c.schema.get_field_index(name), name, pa.nulls(c.num_rows, pa.null()))
+    folder = write_tables(dict(shop_tables, customers=c))
+    assert pq.read_schema(folder / "customers.parquet").field("c_balance").type == pa.null()
+    spec = spec_of(shop_spec)
+    sources = resolve_sources(spec, folder)
+    check_sources(spec, sources)  # raised UserError before
+    keys, _ = list_root_keys(spec, sources)
+    root = retrieve(spec, sources, keys).tables[ROOT]
+    types = {n: str(root[n].type) for n in ("c_balance", "c_since", "c_segment")}
+    assert types == {"c_balance": "double", "c_since": "timestamp[us]", "c_segment": "string"}
+    assert root["c_balance"].null_count == root.num_rows
+    _, _, _, tz = prepare_chunk(shop_spec, folder)  # tensorize takes them
+    assert bool(tz.batch.nodes["root"].continuous_null[:, 0].all())
+
+
 def test_list_root_keys_sorts_and_collapses_duplicates(tmp_path, shop_spec, shop_tables, write_tables):
     tables = dict(shop_tables)
     cust = tables["customers"]
