@@ -87,22 +87,18 @@ def branch_path(spec: Spec, name: str | None) -> list[str]:
 # --- the table relflow reads -------------------------------------------------------------
 
 
-# relflow's Number refuses an integer column holding a value float64 cannot represent exactly
-# ("integers beyond +-2^53 ... represent identifiers with Hash or rescale"); the reference
-# model and relational-transformers round such values, so the harness casts them for relflow.
-_EXACT_IN_FLOAT64 = 2**53
-
-
 def _numeric(arr: pa.Array) -> pa.Array:
-    """relflow's Number accepts integers and floats only (decimals, bools refused), and no
-    integer beyond 2^53 (rounded to float64 here, as the other libraries' inputs are)."""
+    """relflow's Number accepts integers and floats only (decimals, bools refused). It encodes
+    every number as float64 with a checked cast, refusing an integer beyond 2^53 ("represent
+    identifiers with Hash or rescale"); the reference model and relational-transformers round
+    such values, so 64-bit integers reach relflow as float64 already (unchecked: the same
+    values below 2^53, rounded above). Per type, not per value, so every chunk of a column
+    gets one type."""
     t = arr.type
     if pa.types.is_dictionary(t):
         return _numeric(cast(pa.DictionaryArray, arr).dictionary_decode())
-    if pa.types.is_integer(t) and t.bit_width == 64 and len(arr) and arr.null_count < len(arr):
-        low, high = pc.min_max(arr).values()
-        if high.as_py() > _EXACT_IN_FLOAT64 or low.as_py() < -_EXACT_IN_FLOAT64:
-            return pc.cast(arr, pa.float64(), safe=False)
+    if pa.types.is_integer(t) and t.bit_width == 64:
+        return pc.cast(arr, pa.float64(), safe=False)
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
         return arr
     return pc.cast(arr, pa.float64())

@@ -210,6 +210,11 @@ def test_integers_beyond_2_53_are_rounded_for_relflow_which_refuses_them(shop_sp
     raw = it.set_column(it.schema.get_field_index("c_balance"), "c_balance", table["c_balance"])
     with pytest.raises(ValueError, match="2\\^53"):
         build(spec, table).encode(raw, strata="predict")
+    # one type per column whatever each chunk holds: a chunk of small integers beside one of
+    # big ones gave int64 and float64 chunks, which no Arrow column can hold
+    two = pa.concat_tables([table.slice(2, 1), table.slice(0, 1)])  # 3, then 2**62
+    assert two["c_balance"].num_chunks == 2
+    assert input_table(spec, two)["c_balance"].to_pylist() == [3.0, 2.0**62]
 
 
 # --- overflow: head keeps the first children, tail the last ---------------------------------
