@@ -41,6 +41,7 @@ from flows.cli.floors import floors_cmd
 from flows.cli.noise import noise_cmd
 from flows.cli.peak import peak_qps_cmd
 from flows.cli.quantize import quantize_cmd
+from flows.cli.relbench_init import relbench_init_cmd
 from flows.cli.reports import compare_cmd, dashboard_cmd, history_cmd, ui_cmd
 from flows.cli.serve import serve_cmd
 from flows.cli.sweep import sweep_cmd
@@ -476,7 +477,8 @@ def data_tpch(
     ] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
-    """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once."""
+    """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once, and
+    the RelBench folder rel-tpch next to it (two forecast tasks over customers)."""
     from tasks.sources.tpch import ensure_tpch
 
     install_interrupts("tpchgen-cli was stopped and the temporary data folder removed.")
@@ -485,6 +487,14 @@ def data_tpch(
         folder, generated = ensure_tpch(scale)
         verb = f"generated in {wall_clock() - t0:.1f} s" if generated else "already present"
         out.print(f"TPC-H scale {scale:g}: {folder} ({verb})")
+        from tasks.sources.relbench_tpch import ensure_rel_tpch, is_complete, rel_tpch_dir, summary
+
+        t0, present = wall_clock(), is_complete(rel_tpch_dir(folder))
+        rel = ensure_rel_tpch(folder)
+        verb = "already present" if present else f"written in {wall_clock() - t0:.1f} s"
+        out.print(f"RelBench folder (customer-churn, customer-value): {rel} ({verb})")
+        for line in summary(rel):
+            console.print(f"  {line}")
         if into is not None:
             from tasks.sources.databases import load_tpch
 
@@ -507,6 +517,7 @@ app.command("sweep")(sweep_cmd)
 app.command("serve")(serve_cmd)
 app.command("peak-qps")(peak_qps_cmd)
 app.command("floors")(floors_cmd)
+app.command("relbench-init")(relbench_init_cmd)
 
 
 def main() -> None:

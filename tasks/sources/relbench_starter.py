@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,6 +53,7 @@ VAL_QUANTILE = 0.70
 TEST_QUANTILE = 0.85
 EXAMPLE_TASK = "example-task"
 READABLE = (".parquet", ".pq", ".csv")
+WINDOWS_DAYS = (1, 7, 14, 30, 60, 90, 180, 365)  # the example task's window: the longest that fits
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,8 @@ def _example_window_days(times: pl.Series, val: datetime, test: datetime) -> int
     first, last = cast(datetime, times.min()), cast(datetime, times.max())
     last_before_test = cast(datetime, times.filter(times <= test).max())
     limits = [test - val, last - test, last_before_test - val, (val - first) / 3]
-    return int(min(v.total_seconds() for v in limits) // 86400)
+    most = int(min(v.total_seconds() for v in limits) // 86400)
+    return max([d for d in WINDOWS_DAYS if d <= most], default=0)
 
 
 _EXAMPLE_HEADER = """\
@@ -291,7 +294,7 @@ _EXAMPLE_HEADER = """\
 # Train seed times step back from val_timestamp - timedelta by timedelta; validation starts at
 # val_timestamp and test at test_timestamp (manifest.yaml one folder up): RelBench needs at
 # least 3 training seed times and both windows inside the data.
-# This example: {description}
+# This example:
 """
 
 
@@ -301,51 +304,62 @@ def _example_task(
     """Write ``tasks/example-task/manifest.yaml`` (child rows per parent in the next window)."""
     from relbench.manifest import TaskManifest
 
-    for child, ck in keys.items():
-        if ck.time_col is None:
-            continue
-        for fk, parent in ck.fkeys.items():
-            pk = keys[parent].pkey
-            if pk is None:
-                continue
-            description = (
-                f"how many '{child}' rows each '{parent}' has in the {days} days after the seed "
-                f"time, for every '{parent}' with at least one '{child}' row at or before it."
-            )
-            sql = f"""
-                SELECT
-                    t.timestamp,
-                    p.{pk},
-                    CAST((
-                        SELECT COUNT(*) FROM {child} c
-                        WHERE c.{fk} = p.{pk}
-                          AND c.{ck.time_col} > t.timestamp
-                          AND c.{ck.time_col} <= t.timestamp + INTERVAL '{{timedelta}}'
-                    ) AS DOUBLE) AS {child}_next
-                FROM timestamps t, {parent} p
-                WHERE EXISTS (
-                    SELECT 1 FROM {child} c
-                    WHERE c.{fk} = p.{pk} AND c.{ck.time_col} <= t.timestamp
-                )
-            """
-            tm = TaskManifest(
-                name=EXAMPLE_TASK,
-                kind="forecast",
-                task_type="regression",
-                description=description,
-                entity_table=parent,
-                entity_col=pk,
-                target_col=f"{child}_next",
-                time_col="timestamp",
-                timedelta=f"{days} days",
-                num_eval_timestamps=1,
-                sql=sql,
-            )
-            path = folder / "tasks" / EXAMPLE_TASK / "manifest.yaml"
-            tm.save(path)
-            path.write_text(_EXAMPLE_HEADER.replace("{description}", description) + path.read_text())
-            return description
-    return None
+    pairs = [
+        (child, fk, parent)
+        for child, ck in keys.items()
+        if ck.time_col is not None
+        for fk, parent in ck.fkeys.items()
+        if keys[parent].pkey is not None
+    ]
+    if not pairs:
+        return None
+    # a parent with no time column first: a lasting entity (a customer, a user) with events
+    child, fk, parent = min(pairs, key=lambda p: keys[p[2]].time_col is not None)
+    pk, time = cast(str, keys[parent].pkey), cast(str, keys[child].time_col)
+    target = f"{child}_next"
+    description = (
+        f"how many '{child}' rows each '{parent}' has in the {days} days after the seed "
+        f"time, for every '{parent}' with at least one '{child}' row at or before it."
+    )
+    c, p = _quoted(child), _quoted(parent)
+    sql = f"""
+        SELECT
+            t.timestamp,
+            p.{_quoted(pk)},
+            CAST((
+                SELECT COUNT(*) FROM {c} c
+                WHERE c.{_quoted(fk)} = p.{_quoted(pk)}
+                  AND c.{_quoted(time)} > t.timestamp
+                  AND c.{_quoted(time)} <= t.timestamp + INTERVAL '{{timedelta}}'
+            ) AS DOUBLE) AS {_quoted(target)}
+        FROM timestamps t, {p} p
+        WHERE EXISTS (
+            SELECT 1 FROM {c} c
+            WHERE c.{_quoted(fk)} = p.{_quoted(pk)} AND c.{_quoted(time)} <= t.timestamp
+        )
+    """
+    path = folder / "tasks" / EXAMPLE_TASK / "manifest.yaml"
+    TaskManifest(
+        name=EXAMPLE_TASK,
+        kind="forecast",
+        task_type="regression",
+        description=description,
+        entity_table=parent,
+        entity_col=pk,
+        target_col=target,
+        time_col="timestamp",
+        timedelta=f"{days} days",
+        num_eval_timestamps=1,
+        sql=sql,
+    ).save(path)
+    about = textwrap.fill(description, width=94, initial_indent="# ", subsequent_indent="#   ")
+    path.write_text(_EXAMPLE_HEADER + about + "\n" + path.read_text())
+    return description
+
+
+def _quoted(name: str) -> str:
+    """``name`` as a DuckDB identifier: bare when it is a plain name, else double-quoted."""
+    return name if re.fullmatch(r"[a-z_][a-z0-9_]*", name) else '"' + name.replace('"', '""') + '"'
 
 
 # --- the command's logic ----------------------------------------------------------------------
@@ -440,8 +454,8 @@ def _notes(frames: Mapping[str, pl.DataFrame], keys: Mapping[str, TableKeys]) ->
     notes = []
     for t, k in keys.items():
         df = frames[t]
-        if not t.isidentifier():
-            notes.append(f"table '{t}' is not a plain SQL name: quote it (\"{t}\") in task SQL, or rename the file.")
+        if _quoted(t) != t:
+            notes.append(f"table '{t}' is not a plain SQL name: quote it ({_quoted(t)}) in task SQL.")
         if k.pkey is None:
             notes.append(f"'{t}': no primary key found (a unique non-null id/key column); fine for an event table.")
         if k.time_col is None:
