@@ -35,6 +35,8 @@ class LibraryChunk:
 
     keys: pa.Array  # root keys, aligned with the rows
     is_train: torch.Tensor  # bool [B]
+    is_fit: torch.Tensor  # bool [B]: held out, fits the output calibration
+    is_scored: torch.Tensor  # bool [B]: held out, scored (quality.*)
     labels: torch.Tensor  # [B]: class index (category), 0/1 (binary), value (regression)
     label_present: torch.Tensor  # bool [B]: the target is known for the row
     coords_present: int  # cells (coordinates) the library's inputs hold for these rows
@@ -163,7 +165,7 @@ class LibraryEngine(EngineBase):
         self.wall_seconds += wall.seconds
         self.paths_seen |= self.driver.paths()
         prediction = _in_key_order(torch.cat(preds), torch.cat(ran), chunk.root_rows)
-        mask = chunk.label_present & ~chunk.is_train
+        mask = chunk.label_present & chunk.is_scored
         if not (self.spec.task.kind == "category" and prediction.shape[-1] == 0):  # no class learned yet
             self.quality.add(prediction, chunk.labels, mask)
         return PredictOutputs({"prediction": prediction}, labels=chunk.labels, label_mask=mask)

@@ -31,7 +31,7 @@ def _run_scenario(work: Workload, writer: PredictionWriter, max_requests: int | 
     spec, clock = work.spec, work.chain.clock
     req, seed = spec.run.request, spec.run.seed
     keys = np.concatenate(work.chunks) if work.chunks else np.empty(0)
-    pool = validation_keys(keys, spec.task.validation_fraction)
+    pool = validation_keys(keys, spec, work.chain.sources)
     if len(pool) < req.roots:
         raise UserError(
             f"run.request.roots is {req.roots} but the workload has only {len(pool)} validation "

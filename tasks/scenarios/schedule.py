@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from tasks.sources.tables import Sources
+from tasks.spec import Spec
 from tasks.stages.preprocess import split_is_train
+from tasks.stages.retrieve import read_rows
 
 
-def validation_keys(keys: np.ndarray, validation_fraction: float) -> np.ndarray:
-    """The held-out root keys (the same hash split as every other stage)."""
-    is_train: np.ndarray = split_is_train(pl.Series(keys), validation_fraction).to_numpy()
+def validation_keys(keys: np.ndarray, spec: Spec, sources: Sources) -> np.ndarray:
+    """The scored root keys requests are drawn from: the held-out ones of the key hash, or those
+    of the ``test`` split where ``schema.root.split`` names one (a time-anchored task)."""
+    root = spec.schema_.root
+    if root.split is not None:
+        if len(keys) == 0:
+            return keys
+        table, _ = read_rows(sources[root.table], [root.key, root.split], root.key, pa.array(keys))
+        test = pc.equal(table[root.split].cast(pa.string()), "test").fill_null(False)
+        scored: np.ndarray = table.filter(test)[root.key].to_numpy()
+        return np.sort(scored)
+    is_train: np.ndarray = split_is_train(pl.Series(keys), spec.task.validation_fraction).to_numpy()
     held_out: np.ndarray = keys[~is_train]
     return held_out
 

@@ -192,9 +192,21 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     return raw
 
 
+def complete_and_override(raw: dict[str, Any], overrides: list[str], spec_dir: Path) -> dict[str, Any]:
+    """``--set`` overrides applied around the RelBench derivation (tasks/spec/relbench.py): those
+    of ``name`` and ``source`` first (they choose the folder and task), then the schema and task
+    are derived where the spec leaves them out, then the rest (which may address derived branches)."""
+    from tasks.spec.relbench import complete
+
+    first = [o for o in overrides if o.split("=", 1)[0].strip().split(".", 1)[0] in ("name", "source")]
+    rest = [o for o in overrides if o not in first]
+    raw = apply_overrides(raw, first)
+    return apply_overrides(complete(raw, spec_dir), rest)
+
+
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> Spec:
     raw = read_spec_file(path)
     # Harness sections (tasks/spec/sections.py) describe how to run a workload, not the workload.
     raw = {k: v for k, v in raw.items() if k not in ("sweep", "schedule")}
-    raw = apply_overrides(raw, overrides or [])
+    raw = complete_and_override(raw, overrides or [], Path(path).resolve().parent)
     return parse_spec(raw, f"'{path}'")

@@ -23,7 +23,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.runtime.errors import UserError
-from tasks.spec import Spec, apply_overrides, parse_spec, read_spec_file
+from tasks.spec import Spec, parse_spec, read_spec_file
+from tasks.spec.parse import complete_and_override
 
 HARNESS_SECTIONS = ("sweep", "schedule")
 
@@ -73,5 +74,5 @@ def load_spec_and_sections(path: str | Path, overrides: list[str] | None = None)
     """Like ``tasks.spec.load_spec``, but a ``sweep:``/``schedule:`` section is allowed and returned."""
     raw = read_spec_file(path)
     raw, sections = split_sections(raw, f"'{path}'")
-    raw = apply_overrides(raw, overrides or [])
+    raw = complete_and_override(raw, overrides or [], Path(path).resolve().parent)
     return parse_spec(raw, f"'{path}'"), sections

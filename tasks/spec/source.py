@@ -105,7 +105,22 @@ class CsvOptions(Strict):
         return self
 
 
+class RelBench(Strict):
+    """A RelBench dataset folder and one of its tasks (tasks/spec/relbench.py)."""
+
+    path: str = Field(
+        description="the dataset folder (manifest.yaml, db/, tasks/); relative paths resolve against the "
+        "generated data folder when source.generate is set ('rel-tpch' is generated there), else the spec's folder"
+    )
+    task: str = Field(description="a task folder name under <path>/tasks/")
+
+
 class Source(Strict):
+    relbench: RelBench | None = Field(
+        None,
+        description="read a RelBench folder: the task's rows are the root rows (entity, seed time, label), "
+        "its tables the branches; schema and task are derived unless given",
+    )
     database: Database | None = Field(None, description="read the schema's tables from this database instead of files")
     tables: dict[str, str] = Field(
         default_factory=dict,

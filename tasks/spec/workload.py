@@ -31,7 +31,8 @@ class Spec(Strict):
         branches = {b.name: b for b, _ in self.schema_.walk()}
         tables = {self.schema_.root.table, *(b.table for b in branches.values())}
         missing = sorted(t for t in tables if t not in self.source.tables)
-        if missing and self.source.database is None:  # a database holds tables by name
+        # a database holds tables by name; a RelBench folder holds them under db/ (its task's rows: the root)
+        if missing and self.source.database is None and self.source.relbench is None:
             raise ValueError(
                 f"schema uses table(s) {missing} that source.tables does not list; add "
                 "'source.tables.<name>: <path>' for each"

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 import torch
 
 from tasks.stages.engine import EngineBase, PredictOutputs
-from tasks.stages.split import calibration_fit_rows
 from tasks.stages.tensorize import Chunk
 
 ECE_BINS = 15
@@ -130,8 +128,7 @@ def validation_logits(engine: EngineBase, tz: Chunk) -> tuple[torch.Tensor, torc
     """Raw prediction logits and labels of a chunk's held-out, labelled cells of the fit
     half (``calibration_fit_rows``), computed with the engine's model but outside its
     timings (this is fitting, not serving)."""
-    fit = torch.from_numpy(calibration_fit_rows(tz.keys))
-    rows = torch.nonzero(~tz.is_train & fit).flatten()
+    rows = torch.nonzero(tz.is_fit).flatten()
     if rows.numel() == 0:
         return torch.empty(0), torch.empty(0)
     return engine.validation_logits(tz, rows)
@@ -177,10 +174,10 @@ class CalibrationQuality:
         return out
 
 
-def report_mask(keys: pa.Array | pa.ChunkedArray, mask: torch.Tensor) -> torch.Tensor:
-    """``mask`` (held-out, labelled cells, [B, ...]) narrowed to the report half of the rows:
-    the rows the temperature was not fitted on."""
-    report = torch.from_numpy(~calibration_fit_rows(keys)).to(mask.device)
+def report_mask(is_fit: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (scored, labelled cells, [B, ...]) narrowed to the rows the temperature was not
+    fitted on (``is_fit`` [B], tasks/stages/split.py)."""
+    report = ~is_fit.to(mask.device)
     return mask.bool() & report.view(-1, *([1] * (mask.dim() - 1)))
 
 

@@ -302,10 +302,10 @@ class Chain:
         if outs.label_mask is not None and outs.labels is not None:  # quality bookkeeping: untimed
             # only the rows the temperature was not fitted on (out-of-sample calibration quality);
             # the uncalibrated logits, by reference (calibrate replaces the dict's entry)
-            logits, labels, mask, keys = outs.tensors["prediction"], outs.labels, outs.label_mask, tz.keys
+            logits, labels, mask, is_fit = outs.tensors["prediction"], outs.labels, outs.label_mask, tz.is_fit
 
             def score() -> None:
-                self.calibration.add(logits, labels, report_mask(keys, mask))
+                self.calibration.add(logits, labels, report_mask(is_fit, mask))
 
             if later is None:
                 score()

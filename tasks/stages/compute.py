@@ -400,8 +400,8 @@ class Engine(EngineBase):
             if ran is not None:
                 labels, label_present = (bucketing.restore_order(x, ran) for x in (labels, label_present))
                 present = {k: bucketing.restore_order(v, ran) for k, v in present.items()}
-        holdout = ~tz.is_train
-        mask = label_present & holdout.view(-1, *([1] * (labels.dim() - 1)))
+        scored = tz.is_scored
+        mask = label_present & scored.view(-1, *([1] * (labels.dim() - 1)))
         self.quality.add(tensors["prediction"], labels, mask)
         return PredictOutputs(tensors, present, labels=labels, label_mask=mask)
 

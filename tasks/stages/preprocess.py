@@ -31,10 +31,11 @@ import pyarrow as pa
 
 from tasks.runtime.errors import UserError
 from tasks.spec import Branch, Spec
+from tasks.stages.asof import nest_as_of
 from tasks.stages.retrieve import ROOT, Retrieved
-from tasks.stages.split import TRAIN, split_is_train
+from tasks.stages.split import FIT, SCORED, TRAIN, split_is_train, split_roles
 
-__all__ = ["TRAIN", "Preprocessed", "preprocess", "split_is_train"]
+__all__ = ["FIT", "SCORED", "TRAIN", "Preprocessed", "preprocess", "split_is_train"]
 
 
 @dataclass
@@ -87,11 +88,23 @@ def _cast(df: pl.DataFrame, column: str, dtype: pl.DataType) -> pl.DataFrame:
 def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
     root = spec.schema_.root
     frames = {name: cast(pl.DataFrame, pl.from_arrow(t)) for name, t in retrieved.tables.items()}
-    target_node = spec.task.branch or ROOT
     roots = frames[ROOT]  # one row (a one-root request) is already unique and sorted
-    kept: dict[str, pl.DataFrame] = {
-        ROOT: roots if roots.height <= 1 else roots.unique(root.key, keep="first").sort(root.key)
-    }
+    roots = roots if roots.height <= 1 else roots.unique(root.key, keep="first").sort(root.key)
+    if spec.schema_.as_of:  # time-anchored rows: each sees only rows up to its seed time
+        out, dropped, child_rows = nest_as_of(spec, roots, frames, _apply_overflow)
+    else:
+        out, dropped, child_rows = _nest(spec, roots, frames)
+    del frames
+    out = out.with_columns(split_roles(spec, out))
+    return Preprocessed(table=out.to_arrow(), root_rows=out.height, overflow_dropped=dropped, child_rows=child_rows)
+
+
+def _nest(
+    spec: Spec, roots: pl.DataFrame, frames: dict[str, pl.DataFrame]
+) -> tuple[pl.DataFrame, dict[str, int], dict[str, int]]:
+    root = spec.schema_.root
+    target_node = spec.task.branch or ROOT
+    kept: dict[str, pl.DataFrame] = {ROOT: roots}
     dropped: dict[str, int] = {}
 
     # Loops over Schema.walk() (parents first), not recursive closures: those put the chunk's
@@ -109,7 +122,6 @@ def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
             parents.rename({parent_key: b.parent_key}), on=b.parent_key, how="semi", maintain_order="left"
         )
         kept[b.name], dropped[b.name] = _apply_overflow(rows, b, spec.run.seed)
-    del frames
 
     # Each branch's rows as one list<struct> per parent key, children before parents.
     nested: dict[str, pl.DataFrame] = {}
@@ -129,10 +141,4 @@ def preprocess(spec: Spec, retrieved: Retrieved) -> Preprocessed:
     for b in spec.schema_.branches:
         agg = _cast(nested.pop(b.name), b.parent_key, out.schema[root.key])
         out = out.join(agg, left_on=root.key, right_on=b.parent_key, how="left", maintain_order="left")
-    out = out.with_columns(split_is_train(out[root.key], spec.task.validation_fraction))
-    return Preprocessed(
-        table=out.to_arrow(),
-        root_rows=out.height,
-        overflow_dropped=dropped,
-        child_rows={name: df.height for name, df in kept.items() if name != ROOT},
-    )
+    return out, dropped, {name: df.height for name, df in kept.items() if name != ROOT}

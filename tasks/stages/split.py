@@ -38,10 +38,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.runtime.errors import UserError
+from tasks.spec import Spec
 
 TRAIN = "__train"
+FIT = "__fit"  # held-out rows the output calibration's temperature is fitted on
+SCORED = "__scored"  # held-out rows quality.* is computed on
 SPLIT_HASH = "splitmix64(int) | fnv1a64-utf8+splitmix64(str), v1"
 SPLIT_BUCKETS = 10_000
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -113,6 +117,43 @@ def split_is_train(keys: pl.Series, validation_fraction: float) -> pl.Series:
     """``True`` for training rows, ``False`` for held-out ones (deterministic by key)."""
     bucket = key_hash64(keys) % np.uint64(SPLIT_BUCKETS)
     return pl.Series(TRAIN, bucket >= np.uint64(round(validation_fraction * SPLIT_BUCKETS)))
+
+
+def split_roles(spec: Spec, table: pl.DataFrame) -> list[pl.Series]:
+    """``__train``, ``__fit`` and ``__scored`` for a chunk's root rows.
+
+    With ``schema.root.split`` (a time-anchored task's RelBench split), 'train' rows train, 'val'
+    rows fit the calibration and 'test' rows are scored: quality is the test split's. Otherwise the
+    stable key hash: held-out rows are scored, and those with bit 32 clear also fit the
+    temperature (calibration quality is reported on the others, ``report_rows``)."""
+    root = spec.schema_.root
+    if root.split is not None:
+        split = table[root.split].cast(pl.String)
+        return [
+            (split == s).fill_null(False).alias(name) for s, name in (("train", TRAIN), ("val", FIT), ("test", SCORED))
+        ]
+    keys = table[root.key]
+    train = split_is_train(keys, spec.task.validation_fraction)
+    fit = pl.Series(FIT, calibration_fit_rows(keys)) & ~train
+    return [train, fit.alias(FIT), (~train).alias(SCORED)]
+
+
+def role_masks(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, fit, scored) bool per row of a preprocessed table (``split_roles``' columns)."""
+    out = tuple(np.asarray(table[c].to_numpy(zero_copy_only=False), dtype=bool) for c in (TRAIN, FIT, SCORED))
+    return out[0], out[1], out[2]
+
+
+def with_train(table: pa.Table, train: pa.Array | list[bool], key: str) -> pa.Table:
+    """``table`` (preprocessed) with a chosen train mask, its held-out rows scored and fitting the
+    calibration by the key hash as usual: the roles a hand-picked split implies (tests, tools)."""
+    is_train = pa.array(train, pa.bool_()) if isinstance(train, list) else train
+    held = pc.invert(is_train)
+    fit = pa.array(calibration_fit_rows(table[key]))
+    roles = {TRAIN: is_train, SCORED: held, FIT: pc.and_(held, fit)}
+    for name, column in roles.items():
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    return table
 
 
 def calibration_fit_rows(keys: pa.Array | pa.ChunkedArray | pl.Series) -> np.ndarray:

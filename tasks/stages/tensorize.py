@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol
 
-import numpy as np
 import pyarrow as pa
 import torch
 
@@ -31,6 +30,7 @@ from model.schema import ModelSchema, TargetDef
 from tasks.spec import Branch, Spec
 from tasks.stages.preprocess import TRAIN, Preprocessed
 from tasks.stages.retrieve import ROOT
+from tasks.stages.split import role_masks
 
 
 class Chunk(Protocol):
@@ -39,6 +39,8 @@ class Chunk(Protocol):
 
     keys: pa.Array  # root keys, aligned with the rows
     is_train: torch.Tensor  # bool [B]
+    is_fit: torch.Tensor  # bool [B]: held out, fits the output calibration (tasks/stages/split.py)
+    is_scored: torch.Tensor  # bool [B]: held out, scored (quality.*)
     coords_present: int
     coords_reserved: int
     root_rows: int
@@ -63,6 +65,8 @@ class Tensorized:
     batch: Batch | None  # every root row of the chunk (None in loader mode)
     keys: pa.Array  # root keys, aligned with the batch
     is_train: torch.Tensor  # bool [B]
+    is_fit: torch.Tensor  # bool [B]
+    is_scored: torch.Tensor  # bool [B]
     coords_present: int
     coords_reserved: int
     root_rows: int
@@ -132,7 +136,7 @@ def tensorize(spec: Spec, pre: Preprocessed, enc: Encoding, schema: ModelSchema)
     else:
         batch = encode(pre.table, schema, layout(spec), enc)
         present, reserved = coordinate_counts(batch, schema)
-    is_train = torch.from_numpy(np.asarray(pre.table[TRAIN].to_numpy(zero_copy_only=False), dtype=bool))
+    train, fit, scored = role_masks(pre.table)
     shapes = None
     if spec.run.bucketing == "by_length":  # per-root sizes the compute stage groups batches by
         shapes = (
@@ -143,7 +147,9 @@ def tensorize(spec: Spec, pre: Preprocessed, enc: Encoding, schema: ModelSchema)
     return Tensorized(
         batch=batch,
         keys=pre.table[spec.schema_.root.key].combine_chunks(),
-        is_train=is_train,
+        is_train=torch.from_numpy(train),
+        is_fit=torch.from_numpy(fit),
+        is_scored=torch.from_numpy(scored),
         coords_present=present,
         coords_reserved=reserved,
         root_rows=pre.root_rows,

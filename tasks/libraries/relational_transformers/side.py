@@ -62,6 +62,7 @@ from tasks.spec import Spec
 from tasks.stages.encode import Encoded
 from tasks.stages.engine import EngineBase, ModelFacts
 from tasks.stages.preprocess import Preprocessed
+from tasks.stages.split import role_masks
 
 __all__ = ["RTSide"]
 
@@ -149,9 +150,12 @@ class RTSide:
             assert self.stats is not None
             all_labels = torch.where(all_present, all_labels * self.stats.target_std + self.stats.target_mean, 0.0)
         labels[enc.rows], present[enc.rows] = all_labels, all_present
+        train, fit, scored = role_masks(pre.table)
         return LibraryChunk(
             keys=pre.table[spec.schema_.root.key].combine_chunks(),
-            is_train=torch.from_numpy(_train_mask(pre.table)),
+            is_train=torch.from_numpy(train),
+            is_fit=torch.from_numpy(fit),
+            is_scored=torch.from_numpy(scored),
             labels=labels,
             label_present=present,
             coords_present=cells,

@@ -38,7 +38,8 @@ from tasks.measure.records import PhaseTimings
 from tasks.spec import Spec
 from tasks.stages.encode import Encoded
 from tasks.stages.engine import EngineBase, ModelFacts
-from tasks.stages.preprocess import TRAIN, Preprocessed
+from tasks.stages.preprocess import Preprocessed
+from tasks.stages.split import role_masks
 
 
 @dataclass
@@ -82,7 +83,8 @@ class RelflowSide:
             self._compile()
         driver = self.driver
         table = driver.input_table(pre.table)
-        is_train = torch.from_numpy(pre.table[TRAIN].to_numpy(zero_copy_only=False).astype(bool))
+        train_rows, fit, scored = role_masks(pre.table)
+        is_train = torch.from_numpy(train_rows)
         keys = pre.table[spec.schema_.root.key].combine_chunks()
         rows = torch.nonzero(is_train).flatten() if train else torch.arange(pre.root_rows)
         encoded = driver.encode(table.take(pa.array(rows.numpy())) if train else table, train=train, epoch=driver.epoch)
@@ -93,6 +95,8 @@ class RelflowSide:
         return LibraryChunk(
             keys=keys,
             is_train=is_train,
+            is_fit=torch.from_numpy(fit),
+            is_scored=torch.from_numpy(scored),
             labels=labels,
             label_present=present,
             coords_present=occupancy.present,

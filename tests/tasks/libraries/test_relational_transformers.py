@@ -51,8 +51,9 @@ from tasks.libraries.relational_transformers.driver import ModelDims, first_cell
 from tasks.measure.cell_flops import CellMoments  # noqa: E402
 from tasks.runtime.errors import UserError  # noqa: E402
 from tasks.spec import Spec, parse_spec  # noqa: E402
-from tasks.stages.preprocess import TRAIN, preprocess  # noqa: E402
+from tasks.stages.preprocess import preprocess  # noqa: E402
 from tasks.stages.retrieve import ROOT, Retrieved  # noqa: E402
+from tasks.stages.split import with_train as with_train_roles  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +82,7 @@ def shop(shop_spec: dict[str, Any], shop_tables: dict[str, pa.Table], **model: A
 
 
 def with_train(table: pa.Table, train: list[bool]) -> pa.Table:
-    return table.set_column(table.schema.get_field_index(TRAIN), TRAIN, pa.array(train, pa.bool_()))
+    return with_train_roles(table, train, table.column_names[0])
 
 
 def binary_shop(shop_spec: dict[str, Any], shop_tables: dict[str, pa.Table]) -> tuple[Spec, pa.Table]:

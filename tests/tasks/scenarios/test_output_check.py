@@ -63,7 +63,7 @@ def trained_once(shop_kit, many_shop_folder):
     work.list_keys()
     work.train()
     work.chain.set_temperature(TEMPERATURE)
-    pool = validation_keys(np.concatenate(work.chunks), spec.task.validation_fraction)
+    pool = validation_keys(np.concatenate(work.chunks), spec, work.chain.sources)
     assert len(pool) >= 4
     return spec, work, pool
 
@@ -275,7 +275,7 @@ def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files,
     spec = parse_spec(shop_spec)
     work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")), RunResult())
     work.list_keys()
-    pool = validation_keys(np.concatenate(work.chunks), spec.task.validation_fraction)
+    pool = validation_keys(np.concatenate(work.chunks), spec, work.chain.sources)
 
     def serve(backend_of) -> tuple:
         writer = PredictionWriter(tmp_path / "branch.parquet")

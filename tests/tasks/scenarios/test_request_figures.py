@@ -90,7 +90,7 @@ def served(shop_spec, many_shop_files, tmp_path):
     work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")), RunResult())
     work.list_keys()
     work.train()
-    pool = validation_keys(np.concatenate(work.chunks), spec.task.validation_fraction)
+    pool = validation_keys(np.concatenate(work.chunks), spec, work.chain.sources)
     assert len(pool) >= 3
     stream = [pool[:1]] * 5 + [pool[1:2], pool[2:3]]  # cold + four repeats of one key + two others
     writer = PredictionWriter(tmp_path / "requests.parquet")

@@ -77,7 +77,7 @@ def test_calibration_fits_and_reports_on_disjoint_held_out_rows(shop_spec, shop_
     assert 0 < fit_x.shape[0] < int(held.sum())  # the fit saw only part of the held-out cells
     from tasks.stages.split import calibration_fit_rows
 
-    report = calibrate.report_mask(tz.keys, held)
+    report = calibrate.report_mask(tz.is_fit, held)
     assert fit_x.shape[0] + int(report.sum()) == int(held.sum())
     fit_rows = torch.from_numpy(calibration_fit_rows(tz.keys))
     assert not (report & fit_rows).any()  # no report cell is a fit row

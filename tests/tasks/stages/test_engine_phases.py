@@ -15,6 +15,7 @@ import dataclasses
 import datetime as dt
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import torch
 
@@ -23,7 +24,7 @@ from tasks.measure.clock import Clock
 from tasks.runtime.errors import UserError
 from tasks.spec import parse_spec
 from tasks.stages.compute import Engine
-from tasks.stages.preprocess import TRAIN, preprocess
+from tasks.stages.preprocess import FIT, SCORED, TRAIN, preprocess
 from tasks.stages.retrieve import ROOT, Retrieved
 from tasks.stages.tensorize import Tensorized, fit, tensorize
 
@@ -76,9 +77,13 @@ def chunk(spec, n: int, train_rows: int, target_scale: float = 1.0, enc=None, sc
     """One chunk of ``n`` root rows, the first ``train_rows`` of them training rows."""
     t = tables(n, target_scale)
     pre = preprocess(spec, Retrieved({ROOT: t["customers"], "orders": t["orders"]}, 0, n))
-    idx = pre.table.schema.get_field_index(TRAIN)
-    split = pa.array([i < train_rows for i in range(n)], pa.bool_())
-    pre = dataclasses.replace(pre, table=pre.table.set_column(idx, TRAIN, split))
+    train = pa.array([i < train_rows for i in range(n)], pa.bool_())
+    held = pc.invert(train)  # the rest are held out: scored, and fit where the key hash says so
+    roles = {TRAIN: train, SCORED: held, FIT: pc.and_(held, pre.table[FIT].combine_chunks())}
+    table = pre.table
+    for name, column in roles.items():
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    pre = dataclasses.replace(pre, table=table)
     if enc is None:
         enc, schema = fit(spec, pre)
     return tensorize(spec, pre, enc, schema), enc, schema

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 from model.schema import NULL_INDEX, UNKNOWN_INDEX
-from tasks.stages.preprocess import TRAIN, Preprocessed, preprocess
+from tasks.stages import split
+from tasks.stages.preprocess import Preprocessed, preprocess
 from tasks.stages.retrieve import ROOT
 from tasks.stages.tensorize import fit, tensorize
 from tests.tasks.stages.conftest import retrieved_of, spec_of
@@ -25,9 +26,7 @@ from tests.tasks.stages.conftest import retrieved_of, spec_of
 
 def with_train(pre: Preprocessed, train: list[bool]) -> Preprocessed:
     """The same rows with a chosen train/validation split."""
-    idx = pre.table.schema.get_field_index(TRAIN)
-    table = pre.table.set_column(idx, TRAIN, pa.array(train, pa.bool_()))
-    return dataclasses.replace(pre, table=table)
+    return dataclasses.replace(pre, table=split.with_train(pre.table, train, pre.table.column_names[0]))
 
 
 # --- tensorize ---------------------------------------------------------------------------
