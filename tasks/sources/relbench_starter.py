@@ -33,6 +33,7 @@ into place, so an interrupted run leaves nothing behind.
 
 from __future__ import annotations
 
+import keyword
 import re
 import shutil
 import tempfile
@@ -404,6 +405,8 @@ def write_starter(out: Path, table_files: Sequence[Path], name: str | None = Non
     frames = {n: normalise_types(read_table(Path(p))) for n, p in zip(names, table_files, strict=True)}
     keys = infer_keys(frames)
     notes = _notes(frames, keys)
+    frames, keys, renamed = _python_time_names(frames, keys)
+    notes += renamed
 
     times = _all_times(frames, keys)
     if times.len():
@@ -448,6 +451,31 @@ def write_starter(out: Path, table_files: Sequence[Path], name: str | None = Non
         example_task=EXAMPLE_TASK if example is not None else None,
         notes=notes,
     )
+
+
+def _python_time_names(
+    frames: Mapping[str, pl.DataFrame], keys: Mapping[str, TableKeys]
+) -> tuple[dict[str, pl.DataFrame], dict[str, TableKeys], list[str]]:
+    """Rename a time column whose name is no Python identifier: RelBench 3.0.2 cuts tables at a
+    time with ``DataFrame.query(f"{time_col} <= @timestamp")``, which fails on such a name
+    (``SyntaxError``) in ``get_db``."""
+    out_frames, out_keys, notes = dict(frames), dict(keys), []
+    for t, k in keys.items():
+        col = k.time_col
+        if col is None or (col.isidentifier() and not keyword.iskeyword(col)):
+            continue
+        new = re.sub(r"\W", "_", col)
+        if not new.isidentifier() or keyword.iskeyword(new):
+            new = f"t_{new}"
+        while new in frames[t].columns:
+            new += "_"
+        out_frames[t] = frames[t].rename({col: new})
+        out_keys[t] = TableKeys(pkey=k.pkey, time_col=new, fkeys=dict(k.fkeys))
+        notes.append(
+            f"'{t}': time column '{col}' renamed '{new}' (RelBench filters by time with pandas' "
+            "DataFrame.query, which needs a Python name)."
+        )
+    return out_frames, out_keys, notes
 
 
 def _notes(frames: Mapping[str, pl.DataFrame], keys: Mapping[str, TableKeys]) -> list[str]:

@@ -204,3 +204,18 @@ def test_the_command_prints_what_it_inferred_and_exits_2_on_bad_input(tmp_path, 
     assert "Check before use" in res.output and (tmp_path / "out" / "manifest.yaml").is_file()
     res = CliRunner().invoke(app, ["relbench-init", str(tmp_path / "out"), *files])
     assert res.exit_code == 2 and "already exists" in res.output
+
+
+def test_a_time_column_that_is_no_python_name_is_renamed_so_relbench_can_cut_by_time(tmp_path):
+    """RelBench 3.0.2 cuts a table with DataFrame.query(f"{time_col} <= @timestamp"): a name
+    with a space fails in get_db with a SyntaxError unless the starter renames it."""
+    from relbench.load import RelBenchDataset
+
+    things = tmp_path / "things.parquet"
+    days = [dt.date(2020, 1, 1) + dt.timedelta(days=30 * i) for i in range(24)]
+    pl.DataFrame({"id": list(range(24)), "created at": days}).write_parquet(things)
+    result = write_starter(tmp_path / "out", [things])
+    assert result.tables["things"] == TableKeys(pkey="id", time_col="created_at")
+    assert any("'created at' renamed 'created_at'" in n for n in result.notes)
+    db = RelBenchDataset(tmp_path / "out").get_db()
+    assert "created_at" in db.table_dict["things"].df.columns
