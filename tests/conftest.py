@@ -280,6 +280,41 @@ def shop_tables_big_ints(shop_tables) -> dict[str, pa.Table]:
     return dict(shop_tables, customers=c.set_column(col, "c_balance", pa.array(BIG_BALANCES, pa.int64())))
 
 
+# Every Arrow type a column declared timestamp may arrive in: timestamps of each unit, naive or
+# zoned (pandas writes ns to Parquet; ns since 1970 pass 2**53, so a checked float64 cast
+# refuses them), and dates.
+TIME_TYPES = [
+    *(pa.timestamp(unit, tz) for tz in (None, "UTC", "Asia/Kolkata") for unit in ("s", "ms", "us", "ns")),
+    pa.date32(),
+    pa.date64(),
+]
+
+
+@pytest.fixture(params=TIME_TYPES, ids=str)
+def time_type(request) -> pa.DataType:
+    """Each of ``TIME_TYPES`` in turn."""
+    return request.param
+
+
+@pytest.fixture
+def shop_tables_times(shop_tables, time_type) -> dict[str, pa.Table]:
+    """The shop with both timestamp columns (``c_since``, a date, and ``o_date``, whole hours)
+    stored as ``time_type``: the same instants, naive values read as UTC by zoned types, and
+    dates keep the day (``o_date``'s hour dropped)."""
+
+    def as_type(arr: pa.ChunkedArray) -> pa.ChunkedArray:
+        if pa.types.is_timestamp(time_type) and pa.types.is_timestamp(arr.type):
+            arr = arr.cast(pa.timestamp(arr.type.unit, time_type.tz))  # UTC ticks kept
+        return arr.cast(time_type, safe=False)  # to a date: the hour dropped
+
+    c, o = shop_tables["customers"], shop_tables["orders"]
+    return dict(
+        shop_tables,
+        customers=c.set_column(c.schema.get_field_index("c_since"), "c_since", as_type(c["c_since"])),
+        orders=o.set_column(o.schema.get_field_index("o_date"), "o_date", as_type(o["o_date"])),
+    )
+
+
 @pytest.fixture
 def shop_spec() -> dict[str, Any]:
     """A fresh (mutable) spec dict for the shop workload, reading Parquet."""

@@ -135,19 +135,25 @@ def _category(arr: pa.Array) -> pa.Array:
 
 
 def _epoch_days(arr: pa.Array) -> pa.Array:
-    """Days since 1970-01-01 (UTC for zoned timestamps), float64: the trend date parts lose."""
+    """Days since 1970-01-01 (UTC for zoned timestamps), float64: the trend date parts lose.
+
+    The column's ticks (days, ms, or s..ns) become float64 unchecked, then days: nanoseconds
+    since 1970 pass 2**53 in April 1970, and a checked cast refused every later one
+    (pandas writes timestamps to Parquet in ns); float64 still holds today's to 0.2 us."""
     t = arr.type
     if pa.types.is_date32(t):
-        return pc.cast(pc.cast(arr, pa.int32()), pa.float64())
-    if pa.types.is_date64(t):
-        return pc.divide(pc.cast(pc.cast(arr, pa.int64()), pa.float64()), float(_DAY["ms"]))
-    if pa.types.is_timestamp(t):
-        unit = cast(pa.TimestampType, t).unit
-        return pc.divide(pc.cast(pc.cast(arr, pa.int64()), pa.float64()), float(_DAY[unit]))
-    raise UserError(
-        f"model.library relflow reads timestamp columns as dates or timestamps; got Arrow type {t}. "
-        "Declare the column as category, or store it as a date/timestamp."
-    )
+        ticks, per_day = pc.cast(arr, pa.int32()), 1
+    elif pa.types.is_date64(t):
+        ticks, per_day = pc.cast(arr, pa.int64()), _DAY["ms"]
+    elif pa.types.is_timestamp(t):
+        ticks, per_day = pc.cast(arr, pa.int64()), _DAY[cast(pa.TimestampType, t).unit]
+    else:
+        raise UserError(
+            f"model.library relflow reads timestamp columns as dates or timestamps; got Arrow type {t}. "
+            "Declare the column as category, or store it as a date/timestamp."
+        )
+    days = pc.cast(ticks, pa.float64(), safe=False)
+    return days if per_day == 1 else pc.divide(days, float(per_day))
 
 
 def _target(spec: Spec, arr: pa.Array) -> pa.Array:
