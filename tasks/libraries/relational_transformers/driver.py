@@ -505,8 +505,9 @@ class OnnxDriver:
         self.path = file
         self.kind: Kind = kind
         self.stats = stats
-        self.providers = tuple(providers)
         self.backend = _ThreadedOnnxBackend(file, providers, options)
+        # what the session runs on (the reference's relflow.providers tag reads the same)
+        self.providers = tuple(self.backend.session.get_providers())
 
     def scores(self, batch: RelationalBatch) -> torch.Tensor:
         return torch.from_numpy(np.asarray(self.backend.predict(batch), dtype=np.float32))

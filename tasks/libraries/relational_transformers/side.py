@@ -192,7 +192,9 @@ class _Steps:
         # one cell of the first predict batch (FLOPs count shapes, not values) and its padded
         # length: the FLOP model is fitted from it after the run, outside every timing
         self._example: tuple[dict[str, torch.Tensor], int] | None = None
-        self._served = ""  # what ONNX Runtime served, kept for facts() (asked after close())
+        # what ONNX Runtime served, kept for facts() (asked after close()): the reference's
+        # ONNX Runtime tags (tasks/backends/onnxruntime.py), one key per concept across libraries
+        self._served: dict[str, str] = {}
 
     def batches(self, chunk: LibraryChunk, rows: torch.Tensor) -> Iterator[tuple[Any, int]]:
         collated = cast(_Collated, chunk.inputs)
@@ -265,10 +267,12 @@ class _Steps:
                 inter_op_threads=o.inter_op_threads,
                 graph_optimization_level=o.graph_optimization_level,
             )
-            self._served = (
-                f"{self.onnx.path.name} ({'given' if o.model is not None else 'exported by the library'}): "
-                f"providers {','.join(self.onnx.providers)}, {self.onnx.intra_op_threads} intra-op threads"
-            )
+            self._served = {
+                "relflow.onnx_model_file": self.onnx.path.name,
+                "relflow.providers": ",".join(self.onnx.providers),
+                "relflow.onnxruntime.intra_op_threads": str(self.onnx.intra_op_threads),
+                "relflow.library_onnx": "given" if o.model is not None else "exported by the library",
+            }
         return self.onnx
 
     def _drop_onnx(self) -> None:
@@ -315,7 +319,7 @@ class _Steps:
             per_row = flop_model.context(width) if flop_model is not None else None
             reason = "" if flop_model is not None else "FlopCounterMode's counts are not linear+quadratic in cells"
         tags = {
-            "relflow.library_backend": run.backend,
+            "relflow.backend": run.backend,  # the reference's key (tasks/backends), not a library's own
             "relflow.library_bucketing": f"{run.bucketing} ({run.bucket_count} buckets)"
             if run.bucketing == "by_length"
             else "off",
@@ -326,8 +330,7 @@ class _Steps:
             if self.spec.task.kind == "category"
             else "none (the published scalar decoder)",
         }
-        if self._served:
-            tags["relflow.library_onnx"] = self._served
+        tags |= self._served
         collate = {K.compute(phase, K.LIBRARY_COLLATE_SECONDS): s for phase, s in self.collate_seconds.items()}
         # per root row of the first predict batch, at its padded shape
         return ModelFacts(LIBRARY, self.driver.parameters(), per_row, reason, tags, collate, flop_model)

@@ -255,7 +255,9 @@ class _Steps:
     def facts(self) -> ModelFacts:
         metrics: dict[str, float] = self.logged.metrics()  # relflow's own figures, copied after the run
         calls = self.side.calls
-        tags = {"relflow.library_packing": _packing_tag(self.driver)}
+        # relflow serves with PyTorch only (checks refuse other run.backend values); the key is
+        # the reference's, so one filter on the serving backend finds every library's runs
+        tags = {"relflow.backend": self.spec.run.backend, "relflow.library_packing": _packing_tag(self.driver)}
         if calls is not None:
             metrics[K.COMPILED_REGION_CALLS] = float(calls.compiled)
             metrics[K.EAGER_REGION_CALLS] = float(calls.eager_total)

@@ -194,7 +194,7 @@ def test_onnxruntime_serves_the_librarys_export_with_torchs_thread_count(shop_sp
     assert torch.allclose(served, eager, atol=1e-5)
     steps = engine.driver
     assert steps.onnx is not None and steps.onnx.intra_op_threads == torch.get_num_threads()
-    assert engine.facts().tags["relflow.library_onnx"].endswith(f"{torch.get_num_threads()} intra-op threads")
+    assert engine.facts().tags["relflow.onnxruntime.intra_op_threads"] == str(torch.get_num_threads())
     steps.close()
     assert steps._onnx_dir is None
 
