@@ -37,6 +37,8 @@ from tasks.backends.setup import serving_backend
 from tasks.checks.plan import Plan, plan
 from tasks.distributed import launch as distributed
 from tasks.libraries import library_for, library_tags
+from tasks.measure import keys as K
+from tasks.measure import relbench_scores
 from tasks.measure.assemble import collect
 from tasks.measure.clock import Clock, unix_time, wall_clock
 from tasks.measure.collect import Region
@@ -58,6 +60,7 @@ from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
 from tasks.sources.databases import close_all as close_databases
+from tasks.sources.relbench import folder_of
 from tasks.spec import Spec, parse_spec
 from tasks.stages.chain import Chain, Weights
 from tasks.stages.write import PredictionWriter
@@ -269,6 +272,7 @@ def benchmark(
         # offline: the committed file is one row per root key in key order, the write floor's table
         predictions = run.output if s.run.scenario == "offline" else None
         metrics.update(run_floor_metrics(s, p.sources, p.device, metrics, run.prefect_calls, predictions))
+        metrics.update(relbench_figures(run, p, predictions))
         summary = log_run(run, metrics, judge(run, metrics))  # tasks/measure/judge.py, tasks/tracking/run_log.py
     except BaseException as err:
         try:
@@ -287,9 +291,28 @@ def benchmark(
     return summary
 
 
+def relbench_figures(run: Invocation, p: Plan, predictions: Path | None) -> dict[str, float]:
+    """A RelBench task's own figures and baselines (tasks/measure/relbench_scores.py), after the
+    region: the prediction table beside the predictions, tagged ``relflow.relbench_predictions``.
+    Only an offline run predicts every test row; a request run's file holds the rows it served."""
+    s = run.spec
+    if s.source.relbench is None:
+        return {}
+    out = {K.RELBENCH_TASK_ROWS_SECONDS: p.task_rows_seconds}
+    if predictions is None or not predictions.is_file():
+        return out
+    progress.emit("phase", name="RelBench scores (not timed)")
+    scores = relbench_scores.score(folder_of(s, p.spec_dir), predictions, predictions.with_suffix(".relbench.csv"))
+    if scores is None:
+        return out
+    if scores.csv is not None:
+        run.tracker.set_tags({"relflow.relbench_predictions": str(scores.csv)})
+    return out | scores.figures()
+
+
 def _remove_outputs(output: Path) -> None:
     """A run that did not finish leaves none of its files: predictions, checkpoint, temps."""
-    for path in (output, output.with_suffix(".ckpt")):
+    for path in (output, output.with_suffix(".ckpt"), output.with_suffix(".relbench.csv")):
         path.unlink(missing_ok=True)
     if output.parent.is_dir():
         for tmp in output.parent.glob(f".{output.stem}*.tmp-*"):

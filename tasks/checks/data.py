@@ -203,8 +203,10 @@ def check_data(spec: Spec, sources: Sources) -> DataFacts:
     _check_duplicates(root.table, root.key, root_keys, facts)
     _check_non_finite(spec, sources, facts)
     # unique(maintain_order): the examples an error message quotes are the data's first values
+    # a time-anchored root row's branches hang under its entity, which several rows share
+    entities = root_keys if root.entity is None else _keys(root_src, root.entity)
     parents: dict[str | None, tuple[str, str, pl.Series]] = {
-        None: (root.table, root.key, root_keys.unique(maintain_order=True))
+        None: (root.table, root.entity or root.key, entities.unique(maintain_order=True))
     }
     for b, parent in spec.schema_.walk():
         p_table, p_col, p_keys = parents[parent]
@@ -309,10 +311,14 @@ def _check_target(spec: Spec, sources: Sources, root_keys: pl.Series, facts: Dat
     if pa.types.is_floating(src.schema.field(task.target).type):
         labelled = labelled & target.is_not_nan()
     if task.branch is None:
+        roles = [root.key] if root.split is None else [root.key, root.split]
         df = _collect(
-            src, _scan(src, [root.key, task.target]).filter(labelled).select(pl.col(root.key), target.alias("__t"))
+            src, _scan(src, [*roles, task.target]).filter(labelled).select(*map(pl.col, roles), target.alias("__t"))
         )
-        is_train = split_is_train(df[root.key], task.validation_fraction)
+        if root.split is None:
+            is_train = split_is_train(df[root.key], task.validation_fraction)
+        else:  # the task's own split: val and test are both held out
+            is_train = df[root.split].cast(pl.String) == "train"
         train, val = df.filter(is_train), df.filter(~is_train)
     else:
         df = _collect(src, _scan(src, [task.target]).filter(labelled).select(target.alias("__t")))

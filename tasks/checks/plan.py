@@ -22,7 +22,7 @@ from tasks.distributed import launch as distributed
 from tasks.measure.clock import wall_clock
 from tasks.measure.reference import check_reference
 from tasks.sources.files import SourceTable, check_sources, resolve_sources
-from tasks.sources.open import data_home, open_database
+from tasks.sources.open import data_home, open_database, open_relbench
 from tasks.sources.tables import Sources
 from tasks.spec import Spec
 from tasks.stages import compute as compute_stage
@@ -44,6 +44,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     backend: BackendPlan = field(default_factory=BackendPlan)  # run.backend (tasks/backends)
     reference: LoadedCheckpoint | None = None  # run.reference_checkpoint, loaded and checked
+    task_rows_seconds: float = 0.0  # a RelBench task's rows written before the run (tasks/sources/relbench.py)
 
 
 def plan(spec: Spec, spec_dir: Path) -> Plan:
@@ -58,7 +59,11 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     # The same opening as every rank and script (tasks/sources/open.py), with the file checks.
     home = data_home(spec, spec_dir)
     sources: Sources
-    if spec.source.database is not None:  # tables in a database (tasks/sources/databases.py)
+    rows_seconds = 0.0  # writing the task rows (a RelBench folder)
+    if spec.source.relbench is not None:  # a RelBench folder: its tables and its task's rows
+        sources, rows_seconds = open_relbench(spec, spec_dir, home)
+        check_files(spec, sources)
+    elif spec.source.database is not None:  # tables in a database (tasks/sources/databases.py)
         sources = dict(open_database(spec, spec_dir, home))
     else:
         check_table_folders(spec, home.base)  # "holds no data files", not "does not exist"
@@ -89,4 +94,5 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
         warnings=notes + data_notes,
         backend=backend,
         reference=reference,
+        task_rows_seconds=rows_seconds,
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from tasks.measure import keys as K
+from tasks.measure.relbench_scores import no_better_than_baselines
 
 
 def _nan_reasons(metrics: dict[str, float], names: tuple[str, ...]) -> list[str]:
@@ -27,7 +28,11 @@ def _nan_reasons(metrics: dict[str, float], names: tuple[str, ...]) -> list[str]
 
 
 def no_better_than_baseline(metrics: dict[str, float]) -> list[str]:
-    """The reason the model did not beat the trivial predictor, or nothing."""
+    """The reason the model did not beat the trivial predictor, or nothing. A RelBench task is held
+    to the stronger of its two baselines on its own metrics (tasks/measure/relbench_scores.py)."""
+    relbench = no_better_than_baselines(metrics)
+    if relbench is not None:
+        return relbench
     nan = _nan_reasons(metrics, ("accuracy", "majority_rate", "auc", "mae", "mae_of_mean"))
     if nan:
         return nan

@@ -336,6 +336,23 @@ NOISE_RUNS = "noise.runs"
 NOISE_METRICS = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S, TRAIN_STEADY_ROWS_PER_S)
 
 
+def relbench(metric: str) -> str:
+    """RelBench's own figure for a time-anchored task (``relbench.<metric>``: roc_auc, nmae, ...)."""
+    return f"relbench.{metric}"
+
+
+BASELINES = ("train_mean", "previous")
+
+
+def quality_baseline(baseline: str, metric: str) -> str:
+    """A baseline's RelBench figure on the same test rows (tasks/measure/relbench_scores.py)."""
+    return f"quality.baseline.{baseline}.{metric}"
+
+
+RELBENCH_TEST_ROWS = "relbench.test_rows"
+RELBENCH_TASK_ROWS_SECONDS = "relbench.task_rows_seconds"
+
+
 def quality_reference(name: str) -> str:
     """The reference checkpoint's held-out ``quality.<name>`` (run.reference_checkpoint)."""
     return f"quality.reference.{name}"
@@ -749,6 +766,29 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "uncalibrated.nll|ece|brier (category, binary: on calibration.report_rows only; brier is "
         "the multi-class definition, mean over rows of the sum over classes of (p - y)^2, range "
         "0..2, for binary too, i.e. twice the one-class (p - y)^2)",
+    ),
+    (
+        "relbench.<name>",
+        "a RelBench task (source.relbench): each metric the task defines (roc_auc for binary, nmae for "
+        "regression: MAE over the training target's sample standard deviation), computed by "
+        "relbench.submit.evaluate_task on the run's prediction table (outputs/<name>-<run id>.relbench.csv, "
+        "one row per test row)",
+    ),
+    (RELBENCH_TEST_ROWS, "a RelBench task: rows of its test split in the prediction table"),
+    (
+        RELBENCH_TASK_ROWS_SECONDS,
+        "a RelBench task: seconds spent writing its rows (relbench's get_table per split, the entity "
+        "columns joined) before the run; 0 when an earlier run's file was reused; not in any stage",
+    ),
+    (
+        "quality.baseline.train_mean.<name>",
+        "a RelBench task: relbench.<name> of predicting the training split's mean label (the positive "
+        "rate for binary) for every test row",
+    ),
+    (
+        "quality.baseline.previous.<name>",
+        "a RelBench task: relbench.<name> of predicting each test row's entity's label at its previous seed "
+        "time (any split before it), the training mean where it has none",
     ),
     (
         "quality.reference.<name>",

@@ -270,9 +270,11 @@ class DatabaseTable:
         return t["k"].combine_chunks(), t.nbytes
 
 
-def resolve_database(spec: Spec, base: Path, generated_dir: Path | None) -> dict[str, DatabaseTable]:
-    """Open the spec's database and map every schema table to it; a missing table or a
-    connection failure is a ``UserError`` with the URL masked and the fix."""
+def resolve_database(
+    spec: Spec, base: Path, generated_dir: Path | None, tables: list[str] | None = None
+) -> dict[str, DatabaseTable]:
+    """Open the spec's database and map every schema table (or ``tables``) to it; a missing table
+    or a connection failure is a ``UserError`` with the URL masked and the fix."""
     assert spec.source.database is not None  # callers open a database only when the spec names one
     url = spec.source.database.url
     kind = kind_of(url)
@@ -281,7 +283,7 @@ def resolve_database(spec: Spec, base: Path, generated_dir: Path | None) -> dict
         assert file is not None  # duckdb_path gives one for duckdb URLs
         build_duckdb(generated_dir, file)  # the embedded default is built on first use
     db = connect(url, file)
-    used = [spec.schema_.root.table, *(b.table for b, _ in spec.schema_.walk())]
+    used = tables if tables is not None else [spec.schema_.root.table, *(b.table for b, _ in spec.schema_.walk())]
     out = {}
     for name in dict.fromkeys(used):
         if not db.has_table(name):

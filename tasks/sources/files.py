@@ -81,10 +81,11 @@ class SourceTable:
         return csv_source.count_rows(self.name, self.files, self.csv_options, self.csv_schema)
 
 
-def resolve_sources(spec: Spec, base: Path) -> dict[str, SourceTable]:
-    """Map table names to files; relative paths are taken from ``base``."""
+def resolve_sources(spec: Spec, base: Path, tables: Mapping[str, str] | None = None) -> dict[str, SourceTable]:
+    """Map table names to files (``tables``: instead of ``source.tables``, e.g. a RelBench folder's
+    ``db/``); relative paths are taken from ``base``."""
     out = {}
-    for name, raw in spec.source.tables.items():
+    for name, raw in (spec.source.tables if tables is None else tables).items():
         path = Path(raw) if Path(raw).is_absolute() else base / raw
         if path.is_dir():
             files = tuple(sorted(p for p in path.iterdir() if p.suffix in SUFFIX_FORMAT))

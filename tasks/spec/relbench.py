@@ -10,7 +10,9 @@ makes them. The manifests are read with relbench's own classes; nothing is fetch
 - **root**: the task's rows, one per (entity, seed time): table ``<task>`` (materialized by
   tasks/sources/relbench.py), key ``seed_key`` (``"<entity>@<seed time>"``), ``entity`` the task's
   entity column, ``seed_time`` its time column, ``split`` the RelBench split of the row; the
-  entity table's own columns are its inputs (keys and ``remove_columns`` left out).
+  entity table's own columns are its inputs (keys and ``remove_columns`` left out, and text
+  columns that look like identifiers: over ``MAX_CATEGORIES`` distinct values and over
+  ``IDENTIFIER_SHARE`` of the rows of the file's first row group, e.g. names and comments).
 - **branches**: every table with a foreign key to the entity table, newest rows first by its time
   column (``order_by`` descending, ``time`` set so the as-of rule applies), ``max_length``
   ``DEFAULT_MAX_LENGTH`` (``NESTED_MAX_LENGTH`` one hop further down), ``overflow: keep_first``
@@ -29,15 +31,20 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.runtime.errors import UserError
 
 SEED_KEY = "seed_key"  # "<entity>@<seed time>": the root key of a time-anchored task
 SPLIT = "relbench_split"  # 'train' | 'val' | 'test' per root row
-DEFAULT_MAX_LENGTH = 16  # rows per entity of a top-level branch (the most recent ones)
-NESTED_MAX_LENGTH = 8  # rows per parent row one hop further down
+DEFAULT_MAX_LENGTH = 8  # rows per entity of a top-level branch (the most recent ones)
+NESTED_MAX_LENGTH = 4  # rows per parent row one hop further down
 SPLITS = ("train", "val", "test")
+# A text column is left out as an identifier when it has more distinct values than this, and
+# more than IDENTIFIER_SHARE of its rows, in its file's first row group.
+MAX_CATEGORIES = 1000
+IDENTIFIER_SHARE = 0.5
 
 TASK_KINDS = {"binary_classification": "binary", "regression": "regression", "multiclass_classification": "category"}
 
@@ -143,16 +150,37 @@ def column_kind(dtype: pa.DataType) -> str | None:
     return None
 
 
+def _identifiers(path: Path, columns: list[str]) -> set[str]:
+    """Text columns whose values are nearly all distinct in the first row group (names, phone
+    numbers, free-text comments): as categories they would be one class per row."""
+    if not columns:
+        return set()
+    f = pq.ParquetFile(path)
+    if f.metadata.num_row_groups == 0:
+        return set()
+    sample = f.read_row_group(0, columns=columns)
+    out = set()
+    for c in columns:
+        n = sample.num_rows - sample[c].null_count
+        if n and len(pc.unique(sample[c])) > max(MAX_CATEGORIES, IDENTIFIER_SHARE * n):
+            out.add(c)
+    return out
+
+
 def _inputs(folder: Folder, table: str, exclude: set[str]) -> dict[str, str]:
     spec = folder.manifest.tables[table]
     keys = {spec.pkey, *spec.fkeys} - {None}
-    schema = pq.read_schema(folder.path / "db" / f"{table}.parquet")
+    path = folder.path / "db" / f"{table}.parquet"
+    schema = pq.read_schema(path)
     out = {}
     for f in schema:
         kind = column_kind(f.type)
         if f.name in keys or f.name in exclude or f.name in folder.removed(table) or kind is None:
             continue
         out[f.name] = kind
+    text = [c for c, k in out.items() if k == "category" and not pa.types.is_boolean(schema.field(c).type)]
+    for c in _identifiers(path, text):
+        del out[c]
     return out
 
 

@@ -59,7 +59,7 @@ def nest_as_of(
         )
         rows = frame.join(left, on=b.parent_key, how="inner", maintain_order="left")
         if b.time is not None:  # null times are not known to be before the seed: dropped
-            rows = rows.filter(pl.col(b.time).cast(seed_type) <= pl.col(SEED))
+            rows = rows.filter(_instant(b.time, frame.schema[b.time]) <= _instant(SEED, seed_type))
         rows, dropped[b.name] = overflow(rows, b.model_copy(update={"parent_key": PID}), spec.run.seed)
         rows = rows.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(IID))
         kept[b.name], child_rows[b.name] = rows, rows.height
@@ -83,3 +83,13 @@ def nest_as_of(
     for b in spec.schema_.branches:
         out = out.join(nested.pop(b.name), left_on=root.key, right_on=PID, how="left", maintain_order="left")
     return out, dropped, child_rows
+
+
+def _instant(column: str, dtype: pl.DataType) -> pl.Expr:
+    """A date or datetime column as naive UTC microseconds, so any two compare: zoned times in
+    UTC, dates at midnight, and values past the ns range (a 9999-12-31 placeholder) kept, not
+    overflowed."""
+    expr = pl.col(column)
+    if isinstance(dtype, pl.Datetime) and dtype.time_zone is not None:
+        expr = expr.dt.convert_time_zone("UTC").dt.replace_time_zone(None)
+    return expr.cast(pl.Datetime("us"))

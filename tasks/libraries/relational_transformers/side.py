@@ -150,10 +150,10 @@ class RTSide:
             assert self.stats is not None
             all_labels = torch.where(all_present, all_labels * self.stats.target_std + self.stats.target_mean, 0.0)
         labels[enc.rows], present[enc.rows] = all_labels, all_present
-        train, fit, scored = role_masks(pre.table)
+        train_rows, fit, scored = role_masks(pre.table)
         return LibraryChunk(
             keys=pre.table[spec.schema_.root.key].combine_chunks(),
-            is_train=torch.from_numpy(train),
+            is_train=torch.from_numpy(train_rows),
             is_fit=torch.from_numpy(fit),
             is_scored=torch.from_numpy(scored),
             labels=labels,
