@@ -337,6 +337,14 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if not summary["quality_meaningful"]:
             note += " [untrained weights: not meaningful, speed run]"
         lines.append(f"quality              {q} {m[K.quality(q)]:.4f}{note}")
+    for metric in (k.removeprefix("relbench.") for k in m if k in (K.relbench("roc_auc"), K.relbench("nmae"))):
+        bases = ", ".join(
+            f"{b} {m[K.quality_baseline(b, metric)]:.4f}" for b in K.BASELINES if K.quality_baseline(b, metric) in m
+        )
+        lines.append(
+            f"relbench             {metric} {m[K.relbench(metric)]:.4f} on {int(m.get(K.RELBENCH_TEST_ROWS, 0)):,} "
+            f"test rows (baselines: {bases})"
+        )
     lines += [
         f"memory               host peak {m[K.HOST_PEAK_BYTES] / 2**20:,.0f} MiB "
         "(this process and its children: loader workers, compiler)",

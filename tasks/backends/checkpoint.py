@@ -75,7 +75,7 @@ def save_run_checkpoint(path: Path, engine: Trained, enc: Encoding, spec: Spec) 
                     "spec_hash": spec.spec_hash,
                     "temperature": float(engine.temperature),
                     # which root rows it trained on: predict/resume/reference runs check it
-                    "split": split_record(spec.task.validation_fraction),
+                    "split": split_record(spec),
                 },
             )
             os.replace(tmp, path)
@@ -166,7 +166,7 @@ def load_run_checkpoint(path: Path, spec: Spec) -> LoadedCheckpoint:
         ) from None
     rss = psutil.Process().memory_info().rss
     check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"run.checkpoint '{path}'")
-    check_split(ckpt.extra.get("split"), spec.task.validation_fraction, f"run.checkpoint '{path}'")
+    check_split(ckpt.extra.get("split"), spec, f"run.checkpoint '{path}'")
     state = ckpt.model.state_dict()
     out = LoadedCheckpoint(
         model=state,

@@ -85,7 +85,7 @@ def check_backend(spec: Spec, checkpoint: LoadedCheckpoint | None) -> tuple[Back
     bundle = read_bundle(Path(r.onnxruntime.model))
     where = f"run.onnxruntime.model '{bundle.path}'"
     check_matches_spec(bundle.schema, ModelConfig(**bundle.config["model_config"]), spec, where)
-    check_split(bundle.config.get("split"), spec.task.validation_fraction, where)
+    check_split(bundle.config.get("split"), spec, where)
     missing = [o for o in needed_outputs(spec) if o not in bundle.outputs]
     if missing:
         raise UserError(

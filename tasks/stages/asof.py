@@ -27,6 +27,10 @@ from tasks.spec import Branch, Spec
 ROOT = "root"
 IID, PID, SEED = "__iid", "__pid", "__seed"
 
+# Test-only switch: tests/flows/test_relbench_leakage.py turns the filter off to show that its
+# planted leak is caught (quality near perfect without the filter, at chance with it).
+FILTER = True
+
 Overflow = Callable[[pl.DataFrame, Branch, int], tuple[pl.DataFrame, int]]
 
 
@@ -58,7 +62,7 @@ def nest_as_of(
             pl.col(IID).alias(PID), pl.col(on).cast(frame.schema[b.parent_key]).alias(b.parent_key), pl.col(SEED)
         )
         rows = frame.join(left, on=b.parent_key, how="inner", maintain_order="left")
-        if b.time is not None:  # null times are not known to be before the seed: dropped
+        if b.time is not None and FILTER:  # null times are not known to be before the seed: dropped
             rows = rows.filter(_instant(b.time, frame.schema[b.time]) <= _instant(SEED, seed_type))
         rows, dropped[b.name] = overflow(rows, b.model_copy(update={"parent_key": PID}), spec.run.seed)
         rows = rows.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(IID))

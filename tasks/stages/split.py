@@ -165,12 +165,16 @@ def calibration_fit_rows(keys: pa.Array | pa.ChunkedArray | pl.Series) -> np.nda
     return fit
 
 
-def split_record(validation_fraction: float) -> dict[str, Any]:
-    """What a checkpoint records about the rows it trained on."""
-    return {"validation_fraction": float(validation_fraction), "hash": SPLIT_HASH}
+def split_record(spec: Spec) -> dict[str, Any]:
+    """What a checkpoint records about the rows it trained on: the key hash and fraction, or the
+    split column and where its rows come from (a RelBench folder's task)."""
+    root, rb = spec.schema_.root, spec.source.relbench
+    if root.split is not None:
+        return {"column": root.split, "rows": f"{rb.path}:{rb.task}" if rb else root.table}
+    return {"validation_fraction": float(spec.task.validation_fraction), "hash": SPLIT_HASH}
 
 
-def check_split(saved: dict[str, Any] | None, validation_fraction: float, what: str) -> None:
+def check_split(saved: dict[str, Any] | None, spec: Spec, what: str) -> None:
     """Refuse weights trained on another train/held-out split than the spec's."""
     if saved is None:
         raise UserError(
@@ -178,7 +182,15 @@ def check_split(saved: dict[str, Any] | None, validation_fraction: float, what: 
             "before relflow-bench recorded it), so its held-out rows cannot be shown to exclude "
             "its training rows; train a new checkpoint with run.mode=train+predict."
         )
-    want = split_record(validation_fraction)
+    want = split_record(spec)
+    if "column" in want or "column" in saved:
+        if saved != want:
+            raise UserError(
+                f"{what} was trained on the split {saved}, the spec's is {want}: its training rows may "
+                "fall among the scored rows; use the same task (source.relbench, schema.root.split) or "
+                "train a new checkpoint with run.mode=train+predict."
+            )
+        return
     if saved.get("hash") != want["hash"]:
         raise UserError(
             f"{what} split its rows with hash '{saved.get('hash')}', this version uses "
@@ -188,7 +200,7 @@ def check_split(saved: dict[str, Any] | None, validation_fraction: float, what: 
     if saved.get("validation_fraction") != want["validation_fraction"]:
         raise UserError(
             f"{what} was trained with task.validation_fraction {saved.get('validation_fraction')}, "
-            f"the spec has {validation_fraction}: the held-out rows would include rows it trained on. "
+            f"the spec has {spec.task.validation_fraction}: the held-out rows would include rows it trained on. "
             f"Set --set task.validation_fraction={saved.get('validation_fraction')}, or train a new "
             "checkpoint with this fraction."
         )

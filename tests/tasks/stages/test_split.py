@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.runtime.errors import UserError
+from tasks.spec import Spec, parse_spec
 from tasks.stages.split import (
     calibration_fit_rows,
     check_split,
@@ -71,15 +72,33 @@ def test_calibration_fit_and_report_rows_split_the_held_out_rows_about_evenly():
     assert 0.45 < fit[held].mean() < 0.55  # independent of the train/held-out split
 
 
-def test_check_split_refuses_another_fraction_another_hash_and_no_record():
-    rec = split_record(0.2)
-    check_split(rec, 0.2, "run.checkpoint 'x.ckpt'")  # same split: fine
+def _with(shop_spec: dict, **task: object) -> Spec:
+    return parse_spec({**shop_spec, "task": {**shop_spec["task"], **task}})
+
+
+def test_check_split_refuses_another_fraction_another_hash_and_no_record(shop_spec):
+    spec = _with(shop_spec, validation_fraction=0.2)
+    rec = split_record(spec)
+    check_split(rec, spec, "run.checkpoint 'x.ckpt'")  # same split: fine
     with pytest.raises(UserError) as err:
-        check_split(rec, 0.3, "run.checkpoint 'x.ckpt'")
+        check_split(rec, _with(shop_spec, validation_fraction=0.3), "run.checkpoint 'x.ckpt'")
     msg = str(err.value)
     for part in ("run.checkpoint 'x.ckpt'", "task.validation_fraction 0.2", "0.3", "task.validation_fraction=0.2"):
         assert part in msg, (part, msg)
     with pytest.raises(UserError, match="hash 'polars'"):
-        check_split({**rec, "hash": "polars"}, 0.2, "w")
+        check_split({**rec, "hash": "polars"}, spec, "w")
     with pytest.raises(UserError, match="does not record the train/held-out split"):
-        check_split(None, 0.2, "w")
+        check_split(None, spec, "w")
+
+
+def test_a_split_column_is_recorded_and_weights_of_another_split_are_refused(shop_spec):
+    hashed = _with(shop_spec)
+    raw = {**shop_spec, "schema": {**shop_spec["schema"], "root": {**shop_spec["schema"]["root"], "split": "fold"}}}
+    by_column = parse_spec(raw)
+    rec = split_record(by_column)
+    assert rec == {"column": "fold", "rows": by_column.schema_.root.table}
+    check_split(rec, by_column, "w")
+    with pytest.raises(UserError, match="split"):
+        check_split(split_record(hashed), by_column, "w")  # trained on the hash split
+    with pytest.raises(UserError, match="split"):
+        check_split(rec, hashed, "w")
