@@ -5,7 +5,12 @@ workers with ``run.loader.num_workers > 0``, Inductor's compiler processes). The
 the figures, so the harness does not have to catch a peak in the act:
 
 - this process: ``VmHWM`` (/proc/self/status), its peak resident set, reset at ``start`` by
-  writing ``5`` to /proc/self/clear_refs, so it is the peak of the measured window;
+  writing ``5`` to /proc/self/clear_refs, so it is the peak of the measured window. Where the
+  kernel refuses the reset (a container that mounts /proc read-only, an older kernel), ``VmHWM``
+  is the process's lifetime peak: once it rises above its value at ``start`` the window set a
+  new lifetime peak, which is then the window's peak too; until it does, the window's peak is
+  below that mark and the current resident set at each sample is the figure (a spike between
+  samples that stays below an earlier peak is then missed);
 - live children: each child's own ``VmHWM``, read at each sample, **minus the pages it shares**
   (``Shared_Clean + Shared_Dirty`` of /proc/<pid>/smaps_rollup: pages another process maps
   too; re-read about once a second, ``SHARED_REFRESH_S``, since the read walks the child's page
@@ -169,6 +174,7 @@ class PeakMemory:
         self._pid = os.getpid()
         self._has_children_file = Path(f"/proc/{self._pid}/task/{self._pid}/children").exists()
         self._own_hwm = False  # VmHWM reset at start: it is this window's peak
+        self._own_hwm_at_start = 0  # VmHWM at start where the reset was refused (a lifetime peak)
         self._reaped_at_start = 0
         self._largest_child_seen = 0  # the largest child VmHWM a sample read (ru_maxrss's rival)
         # (pid, create time, name) -> (shared bytes, when to read them again): an exec re-reads
@@ -211,7 +217,14 @@ class PeakMemory:
         return shared
 
     def _own_bytes(self) -> int:
-        return high_water_bytes() if self._own_hwm else psutil.Process(self._pid).memory_info().rss
+        """This process's peak in the window: ``VmHWM`` after a reset; without one, ``VmHWM`` once
+        it rose above its value at start (a new lifetime peak, reached in the window), else the
+        current resident set."""
+        hwm = high_water_bytes()
+        if self._own_hwm:
+            return hwm
+        rss = int(psutil.Process(self._pid).memory_info().rss)
+        return max(rss, hwm) if hwm > self._own_hwm_at_start else rss
 
     def _sample(self) -> None:
         own = self._own_bytes()
@@ -252,6 +265,7 @@ class PeakMemory:
 
     def start(self) -> PeakMemory:
         self._own_hwm = reset_high_water()
+        self._own_hwm_at_start = 0 if self._own_hwm else high_water_bytes()
         self._reaped_at_start = reaped_children_peak_bytes()
         self._sample()
         if self.device is not None and self.device.type == "cuda":

@@ -179,6 +179,40 @@ def test_a_peak_before_the_window_is_not_counted():
     assert int(out.stdout.split()[-1]) < 50 * MIB
 
 
+# Where the kernel refuses the reset (clear_refs not writable), VmHWM is the lifetime peak: a
+# spike in the window above every earlier peak is still the kernel's, and an earlier peak is not
+# the window's. argv[1]: "spike" allocates 300 MiB in the window (above the interpreter's import
+# peak), "earlier" before it.
+NO_RESET = """
+import sys
+import psutil
+from tasks.measure import memory
+memory.reset_high_water = lambda: False  # clear_refs refused
+if sys.argv[1] == "earlier":
+    b = bytearray(300 * 2**20)
+    del b
+own = psutil.Process().memory_info().rss
+mem = memory.PeakMemory(interval=600).start()
+assert not mem._own_hwm
+if sys.argv[1] == "spike":
+    b = bytearray(300 * 2**20)
+    del b
+mem.stop()
+print(mem.host_peak_bytes - own, mem.host_peak_excluding_compiler_bytes - own)
+"""
+
+
+def test_without_the_reset_a_new_peak_in_the_window_is_counted_and_an_earlier_one_is_not():
+    # Failed before: with clear_refs refused the process's own figure was its resident set at each
+    # sample, so a 300 MiB spike between two samples read as nothing.
+    out = subprocess.run([sys.executable, "-c", NO_RESET, "spike"], capture_output=True, text=True, check=True)
+    total, without = (int(v) for v in out.stdout.split()[-2:])
+    assert total >= 280 * MIB and without >= 280 * MIB
+    out = subprocess.run([sys.executable, "-c", NO_RESET, "earlier"], capture_output=True, text=True, check=True)
+    total, without = (int(v) for v in out.stdout.split()[-2:])
+    assert total < 50 * MIB and without < 50 * MIB
+
+
 # Two forked workers read (never write) a 200 MB array the parent made before forking, like
 # DataLoader workers over a dataset; they exit and are reaped inside the window. Fresh
 # interpreter, like the tests above. Prints the peak and the parent's own resident set.
