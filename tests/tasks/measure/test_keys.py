@@ -280,10 +280,24 @@ def mentioned_keys(text: str) -> set[str]:
     return {k for k in DOC_KEY.findall(text) if not FILE_SUFFIX.search(k)}
 
 
+def _relbench_modules() -> set[str]:
+    import pkgutil
+
+    import relbench
+
+    return {m.name for m in pkgutil.iter_modules(relbench.__path__)}
+
+
+# ``relbench.<metric>`` is a key family; ``relbench.load.RelBenchDataset`` is the library's code
+RELBENCH_MODULES = _relbench_modules()
+
+
 def wrong_keys(text: str) -> list[str]:
     bad = []
     for mention in sorted(mentioned_keys(text)):
         if prefix_ok(mention):
+            continue
+        if mention.startswith("relbench.") and mention.split(".")[1] in RELBENCH_MODULES:
             continue
         bad += [f"{k} (in {mention})" if k != mention else k for k in spelled_out(mention) if not doc_key_ok(k)]
     return bad
