@@ -777,8 +777,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (RELBENCH_TEST_ROWS, "a RelBench task: rows of its test split in the prediction table"),
     (
         RELBENCH_TASK_ROWS_SECONDS,
-        "a RelBench task: seconds spent writing its rows (relbench's get_table per split, the entity "
-        "columns joined) before the run; 0 when an earlier run's file was reused; not in any stage",
+        "a RelBench task: seconds its rows file took to write (relbench's get_table per split, the entity "
+        "columns joined), whenever it was written (this run or an earlier one reusing it); before the run, "
+        "in no stage",
     ),
     (
         "quality.baseline.train_mean.<name>",
