@@ -136,14 +136,10 @@ def _rows_path(spec: Spec, folder: Folder, entity: Table) -> Path:
 
 
 def _build(spec: Spec, folder: Folder, entity: Table) -> pa.Table:
-    from relbench.load import RelBenchDataset
-
     tm = folder.task_manifest
     ent_col, time_col, target = str(tm.entity_col), str(tm.time_col), str(tm.target_col)
-    task = RelBenchDataset(folder.path).load_task(folder.task)
     parts = []
-    for split in SPLITS:
-        df = task.get_table(split, mask_input_cols=False).df
+    for split, df in _relbench_rows(folder).items():
         missing = [c for c in (ent_col, time_col, target) if c not in df.columns]
         if missing:
             raise UserError(
@@ -168,6 +164,21 @@ def _build(spec: Spec, folder: Folder, entity: Table) -> pa.Table:
     order = [SEED_KEY, ent_col, time_col, target, SPLIT]
     rows = rows.select(order + [c for c in rows.columns if c not in order]).sort(SEED_KEY)
     return rows.to_arrow()
+
+
+def _relbench_rows(folder: Folder) -> dict[str, pd.DataFrame]:
+    """Each split's rows as relbench returns them; its errors named with the folder and task."""
+    from relbench.load import RelBenchDataset
+
+    try:
+        task = RelBenchDataset(folder.path).load_task(folder.task)
+        return {split: task.get_table(split, mask_input_cols=False).df for split in SPLITS}
+    except Exception as err:  # relbench's own failure on this folder: exit 2 with it named
+        raise UserError(
+            f"relbench 3.0.2 could not make the rows of task '{folder.task}' in '{folder.path}': "
+            f"{type(err).__name__}: {err}. Fix the folder (its manifests, SQL or tables) so that "
+            "relbench.load.RelBenchDataset(path).load_task(task).get_table(split) works."
+        ) from err
 
 
 def _with_entity_columns(

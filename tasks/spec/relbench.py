@@ -129,12 +129,40 @@ def open_folder(path: Path, task: str) -> Folder:
             f"source.relbench task '{task}' stores no {missing} and its manifest has no 'sql' to make them; "
             f"add the files under '{tasks_dir / task}' or a forecast 'sql' to its manifest."
         )
+    for name, t in manifest.tables.items():
+        if t.time_col and not str(t.time_col).isidentifier():
+            # relbench 3.0.2 cuts tables with DataFrame.query(f"{time_col} <= @timestamp")
+            raise UserError(
+                f"source.relbench: table '{name}' has time_col '{t.time_col}', which relbench 3.0.2 cannot "
+                "filter by (it must be a Python identifier: letters, digits, '_'); rename the column in "
+                f"db/{name}.parquet and manifest.yaml (relflow-bench relbench-init does so)."
+            )
+    for name, t in manifest.tables.items():
+        dtype = _column_type(path / "db" / f"{name}.parquet", t.time_col)
+        if dtype is not None and pa.types.is_timestamp(dtype) and dtype.tz is not None:
+            raise UserError(
+                f"source.relbench: table '{name}' stores time_col '{t.time_col}' with time zone {dtype.tz}; "
+                "relbench 3.0.2 compares it with naive timestamps and fails. Store it as naive UTC "
+                f"(pandas: .dt.tz_convert('UTC').dt.tz_localize(None)) in db/{name}.parquet."
+            )
     if tm.entity_table not in manifest.tables:
         raise UserError(
             f"source.relbench task '{task}': entity_table '{tm.entity_table}' is not a table of manifest.yaml; "
             f"use one of {sorted(manifest.tables)}."
         )
     return Folder(path, task, manifest, tm)
+
+
+def _column_type(path: Path, column: str | None) -> pa.DataType | None:
+    if column is None:
+        return None
+    schema = pq.read_schema(path)
+    if column not in schema.names:
+        raise UserError(
+            f"source.relbench: manifest.yaml names column '{column}' of '{path.name}', which has columns "
+            f"{schema.names}; fix manifest.yaml."
+        )
+    return schema.field(column).type
 
 
 def column_kind(dtype: pa.DataType) -> str | None:

@@ -97,3 +97,19 @@ def test_an_unsupported_task_type_is_refused(tmp_path):
     manifest.write_text(yaml.safe_dump(m))
     with pytest.raises(UserError, match="multilabel_classification"):
         load_spec(spec_file(tmp_path, folder, "user-posts"))
+
+
+def test_time_columns_relbench_cannot_filter_are_refused_before_work(tmp_path):
+    import pandas as pd
+
+    folder = social(tmp_path / "social")
+    posts = pd.read_parquet(folder / "db" / "posts.parquet")
+    posts["t"] = posts["t"].dt.tz_localize("UTC")  # relbench compares with naive timestamps
+    posts.to_parquet(folder / "db" / "posts.parquet")
+    with pytest.raises(UserError, match="time zone UTC"):
+        load_spec(spec_file(tmp_path, folder, "user-posts"))
+    manifest = yaml.safe_load((folder / "manifest.yaml").read_text())
+    manifest["tables"]["posts"]["time_col"] = "posted at"  # relbench filters with DataFrame.query
+    (folder / "manifest.yaml").write_text(yaml.safe_dump(manifest))
+    with pytest.raises(UserError, match="Python identifier"):
+        load_spec(spec_file(tmp_path, folder, "user-posts"))
