@@ -14,17 +14,23 @@ pass 1 because pass 0 holds the first call; else its value; ``relflow-bench nois
 over the same samples), the median over runs and, from 6 runs, the order-statistic 95% interval of that
 median. A single run's in-process interval is shown for information only.
 
-A change is **marked** only when all of these hold:
+A change is **marked** only when both of these hold:
 
 - the two-sided Mann-Whitney U test across runs (scipy, exact wherever the sizes allow),
   **Holm-corrected** over every metric tested in this comparison (its family: each metric with
-  noise and 2+ runs a side), gives ``p_holm < alpha``. Holm controls the chance of any false
-  mark across the whole table, which a per-metric ``alpha`` does not;
-- the ratio of medians is beyond ``threshold`` (default 5%);
-- the ratio is not smaller than the comparison's **minimum detectable effect** (MDE: the
-  shift at which this rank test, at Holm's first step ``alpha / m``, rejects with 80% power
-  given both sides' between-run CV and run counts; ``tasks.measure.significance``), else
-  "below MDE".
+  noise and 2+ runs a side, less any whose runs all logged one value), gives ``p_holm < alpha``.
+  Holm controls the chance of any false mark across the whole table, which a per-metric
+  ``alpha`` does not;
+- the ratio of medians is beyond ``threshold`` (default 5%).
+
+Next to each ratio: the comparison's **minimum detectable effect** (MDE: the shift at which this
+rank test, at Holm's first step ``alpha / m``, rejects with 80% power given both sides'
+between-run CV and run counts; ``tasks.measure.significance``). A marked change smaller than
+its MDE stays marked, with the row flagged ``below_mde`` and a note: power is the chance of
+finding a real change of a given size, not a false-positive rate (that is alpha, which Holm
+holds), so it is no reason to withhold a mark the test made; but below the MDE the runs that
+do reject tend to show the change larger than it is. (Vetoing the mark let one outlier, which
+inflates the SD/mean CV while the rank test barely moves, hide a change every run showed.)
 
 Where the run counts cannot reach Holm's first step at all (the smallest p the rank test can
 give, ``2 / C(n_a + n_b, n_a)``, times the family size is not below ``alpha``: one run a side,
@@ -34,15 +40,27 @@ claim a test that was never possible. ``relflow-bench noise`` runs one configura
 fresh processes; ``compare NOISE_PARENT_A NOISE_PARENT_B`` or ``compare --experiment E
 --baseline KEY=VALUE`` compare such groups.
 
-Counts fixed by the spec and data (train updates, output bytes per row) have no noise: any
-difference beyond the threshold is marked ("exact").
+Counts fixed by the spec and data (train updates, output bytes per row, rows scored) have no
+noise: any difference beyond the threshold is marked ("exact"). Figures of the rows scored
+rather than of the system (``quality.majority_rate``, ``quality.mae_of_mean``: ``DATA_METRICS``)
+are shown next to the quality they put in context and never tested or marked ("data"); nor is
+a metric that every run of both sides logged at one value (its rank test cannot give p < 1:
+"same"). Neither counts in Holm's family.
+
+**Request runs** (single_stream, server) are judged per request: their latency first, and the
+mean seconds of each step per request (``latency.step_ms.<step>.mean``) where offline runs show
+the stage seconds. Their ``stage.<stage>.predict.seconds`` and ``quality.rows`` are sums over
+however many requests the run served (a faster model that served more requests would read as a
+regression), and their ``e2e.predict.rows_per_s`` is rows per second of service time, cold call
+included: none of these is shown for them.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dashboards.history import NOT_FOR_REQUEST_RUNS, request_run
 from tasks.measure import keys as K
@@ -94,9 +112,19 @@ IDENTITY_PARAMS = {"run.output_dir", "run.checkpoint"}
 
 # Counts fixed by the spec and data: any difference is real, no noise to test against.
 EXACT_METRICS = {K.TRAIN_UPDATES, K.TRAIN_UPDATES_PER_EPOCH, K.OUTPUT_BYTES_PER_ROW, K.QUALITY_ROWS}
+# Figures of the rows scored, not of the system under test (the majority class's share, the
+# error of predicting the mean): context for the quality next to them, never tested or marked.
+DATA_METRICS = {K.quality("majority_rate"), K.quality("mae_of_mean")}
+# Request runs: sums over however many requests the run served, never compared between runs
+# (the stage seconds; quality.rows, the rows of every served request). Each step's mean per
+# request stands where the stage seconds stand.
+STAGE_SUMS = frozenset(K.stage_seconds(s, "predict") for s in K.STAGES)
+REQUEST_SUMS = STAGE_SUMS | {K.QUALITY_ROWS}
+_STEP_MEAN = re.compile(r"^latency\.step_ms\.([^.]+)\.mean$")
 
 NOT_ENOUGH = "not enough runs"
-BELOW_MDE = "below MDE"
+BELOW_MDE = "below MDE"  # a marked change smaller than its MDE: flagged, still marked
+DATA = "data"  # method of DATA_METRICS rows: shown, never tested
 RANK_TEST = "Mann-Whitney U"
 CORRECTION = "holm"
 
@@ -125,16 +153,22 @@ class MetricRow:
     baseline: Estimate
     candidate: Estimate
     ratio: float  # candidate / baseline (nan when undefined)
-    method: str  # RANK_TEST, "exact" (counts; or equal medians), NOT_ENOUGH (no outcome could be marked)
+    # RANK_TEST; "exact" (counts, or one value in every run of both sides); DATA (DATA_METRICS);
+    # NOT_ENOUGH (no outcome could be marked)
+    method: str
     significant: bool  # p_holm < alpha (rank test), or a count that differs (exact)
     p_value: float | None  # raw two-sided rank-test p (None where the test does not run)
-    marked: bool  # significant AND beyond the threshold AND not below the MDE: a real change
-    verdict: str  # improvement | regression | change | within noise | below threshold | below MDE | same | NOT_ENOUGH
+    marked: bool  # significant AND beyond the threshold: a real change
+    # improvement | regression | change | within noise | below threshold | same | data differs | NOT_ENOUGH
+    verdict: str
     # minimum detectable effect (relative) of the rank test run here, from both sides' between-run
     # CV (tasks.measure.significance.rank_mde); inf where no outcome could be marked, NaN when a
     # side has fewer than 2 runs
     mde: float = math.nan
     p_holm: float | None = None  # p_value adjusted by Holm over the metrics tested in this comparison
+    # marked, and smaller than the MDE: at this size a real change is found less than 4 times in
+    # 5, and the runs that find it tend to show it larger than it is (a note says so)
+    below_mde: bool = False
 
 
 @dataclass(frozen=True)
@@ -204,33 +238,52 @@ def _ratio(a: float, b: float) -> float:
 def key_metrics(metrics: Sequence[Mapping[str, float]]) -> list[tuple[str, int]]:
     """(key, direction) of every metric compare shows for runs that logged ``metrics``:
     ``KEY_METRICS`` and each run's top-level ``quality.<name>``. Request runs (every run a
-    single_stream or server one) are judged by their latency first, and not by
-    ``e2e.predict.rows_per_s`` (service-time rows/s there, cold call included: not a throughput)."""
+    single_stream or server one) are judged per request: by their latency first, by each
+    step's mean per request (``latency.step_ms.<step>.mean``) instead of the stage seconds, and
+    not by the sums over the requests served (``REQUEST_SUMS``) nor by ``e2e.predict.rows_per_s``
+    (service-time rows/s there, cold call included: not a throughput)."""
     quality = sorted({k for m in metrics for k in m if k.startswith("quality.") and k.count(".") == 1})
     rows = list(KEY_METRICS)
     if metrics and all(request_run(m) for m in metrics):
+        logged = {g.group(1) for m in metrics for k in m if (g := _STEP_MEAN.match(k))}
+        steps = [*K.STAGES, *sorted(logged - set(K.STAGES))]  # encode, with text columns
         latency = [(k, d) for k, d in rows if k.startswith(K.LATENCY_PREFIX)]
-        rows = latency + [(k, d) for k, d in rows if (k, d) not in latency and k not in NOT_FOR_REQUEST_RUNS]
+        rest: list[tuple[str, int]] = []
+        for k, d in rows:
+            if k == K.stage_seconds(K.STAGES[0], "predict"):  # the step means where the stage sums stood
+                rest += [(K.latency_step_ms_mean(s), -1) for s in steps]
+            if (k, d) not in latency and k not in NOT_FOR_REQUEST_RUNS and k not in REQUEST_SUMS:
+                rest.append((k, d))
+        rows = latency + rest
+        quality = [k for k in quality if k not in REQUEST_SUMS]
     return [*rows, *((k, QUALITY_DIRECTION.get(k.split(".", 1)[1], 0)) for k in quality)]
 
 
 def family_of_group(metrics: Sequence[Mapping[str, float]]) -> list[str]:
     """The metrics compare would test between this group of runs and another group of the
-    same configuration: each metric with noise that 2+ of these runs logged. ``relflow-bench
+    same configuration: each metric with noise (not a count, not a data constant) that 2+ of
+    these runs logged, at more than one value (a metric every run logged at one value is as
+    constant in a second group of the configuration, and compare leaves it out). ``relflow-bench
     noise`` sizes Holm's family by it, so its MDE is the one a comparison of two such groups has."""
-    return [
-        key
-        for key, _ in key_metrics(metrics)
-        if key not in EXACT_METRICS
-        and sum(1 for m in metrics if (v := run_sample(m, key)) is not None and math.isfinite(v)) >= 2
-    ]
+    family = []
+    for key, _ in key_metrics(metrics):
+        values = [v for m in metrics if (v := run_sample(m, key)) is not None and math.isfinite(v)]
+        if key not in EXACT_METRICS and key not in DATA_METRICS and len(values) >= 2 and len(set(values)) > 1:
+            family.append(key)
+    return family
 
 
 def in_family(key: str, base: Estimate, cand: Estimate) -> bool:
     """Whether the metric's rank test runs, and so counts in Holm's family: a metric with
-    noise (not a count) and at least 2 runs a side. Decided by what was logged, never by the
-    values, so the family (and every MDE) is known before the runs are read."""
-    return key not in EXACT_METRICS and base.n_runs >= 2 and cand.n_runs >= 2
+    noise (not a count, not a data constant) with at least 2 runs a side, unless every run of
+    both sides logged one value. Such a metric's rank test gives p = 1 whatever the labels
+    (the test is conditional on the pooled values, and these have a single arrangement), so it
+    can never be marked; counting it would only raise every other metric's Holm step (Tarone's
+    rule: a test that cannot reach its level may leave the family without loosening the
+    error rate). Everything else is decided by what was logged, never by the values."""
+    if key in EXACT_METRICS or key in DATA_METRICS or base.n_runs < 2 or cand.n_runs < 2:
+        return False
+    return len({*base.samples, *cand.samples}) > 1
 
 
 def comparison_mde(base: Estimate, cand: Estimate, alpha: float, family: int = 1) -> float:
@@ -260,23 +313,31 @@ def judge(
     ratio = _ratio(base.value, cand.value)
     if key in EXACT_METRICS:
         return _exact(key, direction, base, cand, ratio, threshold)
+    if key in DATA_METRICS:
+        changed = base.value != cand.value
+        return MetricRow(
+            key, direction, base, cand, ratio, DATA, False, None, False, "data differs" if changed else "same"
+        )
     floor = comparison_mde(base, cand, alpha, family)
-    if in_family(key, base, cand) and p_value is None:
+    tested = in_family(key, base, cand)
+    if tested and p_value is None:
         p_value = rank_test_p(base.samples, cand.samples)
     if p_value is not None and p_holm is None:
         p_holm = min(1.0, family * p_value)
-    if base.value == cand.value:
-        return replace(_exact(key, direction, base, cand, ratio, threshold), mde=floor)
     if not reachable(base.n_runs, cand.n_runs, family, alpha):
-        # No outcome of these runs could reach Holm's first step: "within noise" would claim a
-        # test that was never possible.
+        # No outcome of these runs could reach Holm's first step: "within noise", or "same" for
+        # equal medians, would claim a test that was never possible.
         return MetricRow(
             key, direction, base, cand, ratio, NOT_ENOUGH, False, p_value, False, NOT_ENOUGH, floor, p_holm
         )
-    assert p_value is not None and p_holm is not None  # reachable implies 2+ runs a side
+    if not tested:  # reachable, so 2+ runs a side: every run of both logged one value
+        return _exact(key, direction, base, cand, ratio, threshold)
+    assert p_value is not None and p_holm is not None
     significant = p_holm < alpha
     beyond = (math.isfinite(ratio) and abs(ratio - 1.0) > threshold) or math.isinf(ratio)
-    if not significant:
+    if base.value == cand.value:
+        verdict = "same"  # the medians agree (significant or not: a ratio of 1 is never beyond)
+    elif not significant:
         verdict = "within noise"
     elif not beyond:
         verdict = "below threshold"
@@ -285,18 +346,18 @@ def judge(
     else:
         verdict = "improvement" if (ratio > 1) == (direction > 0) else "regression"
     marked = significant and beyond
-    if marked and math.isfinite(floor) and math.isfinite(ratio) and abs(ratio - 1.0) < floor:
-        # Significant, but smaller than the change this test finds with 80% power. Power is
-        # the chance of detecting a real change of that size, not a false-positive rate (that
-        # is alpha, which Holm already holds): below the MDE a real change is missed more than
-        # one time in five, and the runs that do reject are the ones whose noise pushed the
-        # same way, so the ratio they show overstates the change. Not marked.
-        verdict, marked = BELOW_MDE, False
-    return MetricRow(key, direction, base, cand, ratio, RANK_TEST, significant, p_value, marked, verdict, floor, p_holm)
+    # Significant, but smaller than the change this test finds with 80% power: still marked
+    # (power is no false-positive rate; Holm holds that), flagged, since the runs that reject a
+    # change below the MDE tend to show it larger than it is.
+    below = marked and math.isfinite(floor) and math.isfinite(ratio) and abs(ratio - 1.0) < floor
+    return MetricRow(
+        key, direction, base, cand, ratio, RANK_TEST, significant, p_value, marked, verdict, floor, p_holm, below
+    )
 
 
 def _exact(key: str, direction: int, base: Estimate, cand: Estimate, ratio: float, threshold: float) -> MetricRow:
-    """Counts fixed by the spec and data, or equal medians: the difference is what it is."""
+    """Counts fixed by the spec and data, or one value in every run of both sides: the
+    difference is what it is."""
     changed = base.value != cand.value
     beyond = changed and abs(ratio - 1.0) > threshold
     verdict = (
@@ -413,6 +474,14 @@ def compare(
         )
     if c.tested_metrics and any(r.method == RANK_TEST for r in c.rows):
         c.notes.append(f"p-values Holm-corrected over {c.tested_metrics} tested metric(s)")
+    below = [r for r in c.rows if r.below_mde]
+    if below:
+        c.notes.append(
+            "marked below the MDE: "
+            + ", ".join(f"{r.key} ({abs(r.ratio - 1):.1%} < MDE {r.mde:.1%})" for r in below)
+            + "; the rank test finds a real change of this size less than 4 times in 5, so the runs that "
+            "do find it tend to show it larger than it is: more runs a side narrow it"
+        )
     return c
 
 
@@ -488,6 +557,7 @@ def as_dict(c: Comparison) -> dict:
                 "p_holm": r.p_holm,
                 "marked": r.marked,
                 "mde": r.mde if math.isfinite(r.mde) else None,
+                "below_mde": r.below_mde,
                 "verdict": r.verdict,
             }
             for r in c.rows
@@ -499,6 +569,8 @@ def as_dict(c: Comparison) -> dict:
 
 
 __all__ = [
+    "BELOW_MDE",
+    "DATA_METRICS",
     "Comparison",
     "Difference",
     "Estimate",

@@ -45,10 +45,12 @@ def _cell(est, key: str) -> str:
 
 
 def print_comparison(c) -> None:
+    from dashboards.compare import BELOW_MDE
+
     table = Table(
         title=f"{c.baseline_label}  vs  {c.candidate_label}   ({c.baseline_independent_runs} vs "
         f"{c.candidate_independent_runs} independent runs; marked: beyond {c.threshold:.0%}, significant at "
-        f"{c.alpha:g} across runs after Holm, never below the MDE)",
+        f"{c.alpha:g} across runs after Holm; below the MDE: flagged)",
         title_justify="left",
         show_lines=False,
     )
@@ -68,6 +70,8 @@ def print_comparison(c) -> None:
         style = {"regression": "bold red", "improvement": "bold green", "change": "bold yellow"}.get(r.verdict)
         mark = {"regression": "▼ ", "improvement": "▲ ", "change": "● "}.get(r.verdict, "") if r.marked else ""
         verdict = f"[{style}]{mark}{r.verdict}[/]" if r.marked and style else f"[dim]{r.verdict}[/]"
+        if r.below_mde:
+            verdict += f" [yellow]({BELOW_MDE})[/]"
         floor = f"{r.mde:.1%}" if math.isfinite(r.mde) else "-"
         table.add_row(r.key, _cell(r.baseline, r.key), _cell(r.candidate, r.key), ratio, floor, test, verdict)
     out.print(table)
@@ -203,7 +207,8 @@ def compare_cmd(
 
     Significance comes only from independent runs (separate processes): one sample per run,
     Mann-Whitney U from 4 runs a side, Holm-corrected over the metrics tested, marked only beyond
-    --threshold and the MDE. One run against one run prints the ratio and says it cannot judge.
+    --threshold (a mark below the MDE is flagged). Request runs are judged per request (latency,
+    each step's mean). One run against one run prints the ratio and says it cannot judge.
     Groups: two parent runs of relflow-bench noise, or --experiment E --baseline KEY=VALUE.
     The params and environment tags that differ are listed.
     """

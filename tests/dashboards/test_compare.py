@@ -239,3 +239,71 @@ def test_group_intervals_need_six_runs():
     six = [_record(str(i), {"e2e.predict.rows_per_s": float(v)}) for i, v in enumerate(range(6))]
     e = estimate(six, "e2e.predict.rows_per_s")
     assert e.has_interval and (e.low, e.high) == (0.0, 5.0)
+
+
+def test_equal_medians_are_not_enough_runs_where_nothing_could_be_judged():
+    # Failed before: equal medians read "same" before compare asked whether these runs could
+    # judge anything: 3 vs 3 (whose smallest p, 2/20, never reaches 0.05) and one run a side.
+    three = compare(
+        _group("a", e2e__predict__rows_per_s=[90.0, 100.0, 110.0]),
+        _group("b", e2e__predict__rows_per_s=[80.0, 100.0, 120.0]),
+    )
+    row = _rows(three)["e2e.predict.rows_per_s"]
+    assert (row.ratio, row.method, row.verdict, row.marked) == (1.0, NOT_ENOUGH, NOT_ENOUGH, False)
+    one = compare(_group("a", e2e__predict__rows_per_s=[100.0]), _group("b", e2e__predict__rows_per_s=[100.0]))
+    assert _rows(one)["e2e.predict.rows_per_s"].verdict == NOT_ENOUGH
+    # where the runs can judge, equal medians are "same", by the rank test that ran
+    six = compare(
+        _group("a", e2e__predict__rows_per_s=[97.0, 98.0, 99.0, 101.0, 102.0, 103.0]),
+        _group("b", e2e__predict__rows_per_s=[96.0, 98.5, 99.5, 100.5, 101.5, 104.0]),
+    )
+    row = _rows(six)["e2e.predict.rows_per_s"]
+    assert (row.ratio, row.method, row.verdict, row.marked) == (1.0, RANK_TEST, "same", False)
+    assert row.p_value is not None and row.p_value > 0.5
+
+
+# Six figures with run-to-run noise, 30% better in every candidate run, and two figures every
+# run logs at one value: the majority-class rate (fixed by the data) and a stage that does not
+# run (calibration off: 0 s in every run, by construction).
+NOISY = (
+    "e2e.predict.rows_per_s",
+    "compute.steady_rows_per_s",
+    "compute.first_call_seconds",
+    "stage.retrieve.predict.seconds",
+    "stage.compute.predict.seconds",
+    "memory.host_peak_bytes",
+)
+FIVE = [1.0, 1.01, 0.99, 1.005, 0.995]
+
+
+def _constant_group(prefix: str, speedup: float) -> list[StoredRun]:
+    runs = []
+    for i, n in enumerate(FIVE):
+        m = {k: (100.0 * n * speedup if k.endswith("rows_per_s") else 2.0 * n / speedup) for k in NOISY}
+        m |= {"quality.majority_rate": 0.6, "stage.calibrate.predict.seconds": 0.0}
+        runs.append(_record(f"{prefix}{i}", m))
+    return runs
+
+
+def test_data_constants_and_one_value_metrics_stay_out_of_holms_family():
+    # Failed before: both constants counted in Holm's family (8 metrics), and 5 runs a side
+    # reach Holm's first step for 6 metrics only (2/252 x 6 = 0.048; x 8 = 0.063): "not enough
+    # runs" on every row, though neither constant can ever give a p below 1.
+    from dashboards.compare import family_of_group
+
+    base, cand = _constant_group("a", 1.0), _constant_group("b", 1.3)
+    c = compare(base, cand)
+    rows = _rows(c)
+    assert c.tested_metrics == len(NOISY) == 6
+    assert {r.key for r in c.marked} == set(NOISY)
+    assert all(rows[k].verdict == "improvement" and rows[k].p_holm == pytest.approx(6 * 2 / 252) for k in NOISY)
+    majority = rows["quality.majority_rate"]
+    assert (majority.method, majority.verdict, majority.p_value, majority.marked) == ("data", "same", None, False)
+    calibrate = rows["stage.calibrate.predict.seconds"]
+    assert (calibrate.method, calibrate.verdict, calibrate.p_value) == ("exact", "same", None)
+    # relflow-bench noise sizes its MDE's family the same way
+    assert sorted(family_of_group([r.metrics for r in base])) == sorted(NOISY)
+    # a data constant is never marked, even where it differs (the two sides scored other rows)
+    other = [_record(r.run_id, {**r.metrics, "quality.majority_rate": 0.7}) for r in cand]
+    row = _rows(compare(base, other))["quality.majority_rate"]
+    assert (row.verdict, row.marked) == ("data differs", False)
