@@ -67,7 +67,7 @@ from tasks.sources.databases import DatabaseTable, quote
 from tasks.sources.tables import Sources, Table
 from tasks.spec import CompileSettings, Spec
 from tasks.stages.chain import Chain
-from tasks.stages.retrieve import ROOT, category_columns, dictionary_columns, list_root_keys, node_columns
+from tasks.stages.retrieve import ROOT, category_columns, dictionary_columns, list_root_keys, node_columns, retrieve
 from tasks.stages.tensorize import Chunk
 from tasks.stages.write import PredictionWriter
 
@@ -168,6 +168,52 @@ def retrieve_floor(spec: Spec, sources: Sources, clock: Clock) -> Floor:
     return Floor(
         "retrieve", float(amount), seconds, f"plain read ({', '.join(sorted(formats))}) of {len(tables)} tables"
     )
+
+
+def asof_sql(spec: Spec) -> list[str]:
+    """DuckDB statements doing the as-of work over tables registered as ``n_<node>``: per branch,
+    parents first, its rows joined to the parent instances (``i_<parent>``) on the key with
+    ``time <= seed time``, the newest ``max_length`` kept per parent by ``row_number()``, into
+    ``i_<branch>``: the instances the next level hangs under."""
+    root = spec.schema_.root
+    assert root.seed_time is not None  # only time-anchored roots have this floor
+    steps = [
+        f"CREATE OR REPLACE TEMP TABLE i_{ROOT} AS SELECT {quote(root.key)} AS iid, "
+        f"{quote(root.entity or root.key)} AS j, {quote(root.seed_time)} AS seed FROM n_{ROOT}"
+    ]
+    for b, parent in spec.schema_.walk():
+        time = f"AND c.{quote(b.time)} <= p.seed" if b.time else ""
+        order = f"c.{quote(b.order_by.column)} {'DESC' if b.order_by.descending else 'ASC'}" if b.order_by else "1"
+        own = f"c.{quote(b.key)}" if b.key else "NULL"
+        steps.append(
+            f"CREATE OR REPLACE TEMP TABLE i_{b.name} AS SELECT row_number() OVER () AS iid, j, seed FROM ("
+            f"SELECT {own} AS j, p.seed, row_number() OVER (PARTITION BY p.iid ORDER BY {order}) AS pos "
+            f"FROM n_{b.name} c JOIN i_{parent or ROOT} p ON c.{quote(b.parent_key)} = p.j {time}) "
+            f"WHERE pos <= {b.max_length}"
+        )
+    return steps
+
+
+def asof_floor(spec: Spec, tables: dict[str, pa.Table], clock: Clock) -> Floor:
+    """The as-of work of one chunk (``tables``: retrieve's Arrow tables of it, by node) done by
+    DuckDB (``asof_sql``), without nesting into lists: rows/s of the chunk's root rows."""
+    import duckdb
+
+    con = duckdb.connect()
+    for node, t in tables.items():
+        con.register(f"n_{node}", t)
+    steps = asof_sql(spec)
+
+    def run() -> None:
+        for sql in steps:
+            con.execute(sql)
+
+    try:
+        seconds = best_seconds(run, clock)
+    finally:
+        con.close()
+    rows = tables[ROOT].num_rows
+    return Floor("preprocess", float(rows), seconds, f"DuckDB as-of joins of {len(steps) - 1} branches, one chunk")
 
 
 def memcpy_floor(tensors: list[torch.Tensor], clock: Clock) -> Floor:
@@ -342,6 +388,8 @@ def measure(
     chain = Chain(eager, sources, device, clock=clock)
     sample = np.asarray(keys[: spec.run.chunk_rows])
     tz = chain.prepare_untimed(sample)
+    if spec.schema_.as_of:
+        floors["preprocess"] = asof_floor(spec, retrieve(spec, sources, sample).tables, clock)
     floors["tensorize"] = memcpy_floor(tz.tensors(), clock)
     lengths = present_lengths(tz, chain.schema)
     floors["compute"] = compute_floor(spec, tz.coords_present / max(tz.root_rows, 1), device, clock, lengths)
@@ -437,6 +485,12 @@ def fractions(led: Ledger, m: dict[str, float], task_calls: int) -> dict[str, fl
     orch = m.get(K.HARNESS_ORCHESTRATION_SECONDS, 0.0)
     if task_calls > 0 and orch > 0 and "orchestration" in f:
         out[K.floor_fraction("orchestration")] = fraction(task_calls, orch, f["orchestration"].rate)
+    # the as-of floor (time-anchored roots): warm root rows per second, as the floor is warm
+    warm_pre = m.get(K.stage_warm_seconds("preprocess"), 0.0)
+    warm_rows = m.get(K.DATA_ROWS_PREDICTED, 0.0) / max(m.get(K.E2E_PREDICT_PASSES, 0.0), 1.0)
+    warm_rows *= max(m.get(K.E2E_PREDICT_PASSES, 0.0) - 1, 0.0)
+    if "preprocess" in f and warm_pre > 0 and warm_rows > 0:
+        out[K.floor_fraction("preprocess")] = fraction(warm_rows, warm_pre, f["preprocess"].rate)
     pre_s = m.get(K.stage_seconds("preprocess", "predict"), 0.0)
     pre_b = m.get(K.stage_bytes("preprocess", "predict"), 0.0)
     if pre_b > 0 and pre_s > 0:

@@ -182,6 +182,21 @@ def quality(name: str) -> str:
 
 
 QUALITY_ROWS = "quality.rows"
+# The headline quality's bootstrap interval over the scored rows (tasks/measure/quality.py
+# ``Quality.interval``): ``quality.<name>.ci_low|ci_high``.
+QUALITY_CI_BOUNDS = ("ci_low", "ci_high")
+
+
+def quality_ci_name(name: str, bound: str) -> str:
+    """The ``Quality`` figure name of an interval bound (``auc.ci_low``); logged under ``quality.``."""
+    return f"{name}.{bound}"
+
+
+def quality_ci(name: str, bound: str) -> str:
+    """``quality.<name>.ci_low|ci_high``: a bound of the headline ``quality.<name>``'s interval."""
+    return quality(quality_ci_name(name, bound))
+
+
 # Temperature scaling fits on one half of the held-out rows and reports quality.nll|ece|brier
 # on the other (tasks/stages/split.py): both counts are published.
 CALIBRATION_FIT_ROWS = "calibration.fit_rows"
@@ -359,9 +374,10 @@ def quality_reference(name: str) -> str:
 
 
 # The floor ledger (tasks/measure/floors.py): each stage against the plainest way to do its work.
-FLOOR_STAGES = ("retrieve", "tensorize", "compute", "write", "orchestration")
+FLOOR_STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write", "orchestration")
 FLOOR_UNITS = {
     "retrieve": "bytes_per_s",
+    "preprocess": "rows_per_s",  # time-anchored roots only: the as-of join (tasks/measure/floors.py)
     "tensorize": "bytes_per_s",
     "compute": "flops_per_s",
     "write": "bytes_per_s",
@@ -768,6 +784,15 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "0..2, for binary too, i.e. twice the one-class (p - y)^2)",
     ),
     (
+        "quality.<name>.ci_low",
+        "the headline quality.<name>'s 95% interval, lower bound: a percentile bootstrap (2,000 resamples, seed 0, "
+        "scipy.stats.bootstrap) over the scored rows, resampling units with replacement: the entities of a RelBench "
+        "task (source.relbench: all of an entity's test rows together), else the root rows; logged when there are "
+        "two units or more and both bounds are finite. It covers which test rows were drawn in this run, not the "
+        "variation between training runs",
+    ),
+    ("quality.<name>.ci_high", "the upper bound of quality.<name>.ci_low's interval"),
+    (
         "relbench.<name>",
         "a RelBench task (source.relbench): each metric the task defines (roc_auc for binary, nmae for "
         "regression: MAE over the training target's sample standard deviation), computed by "
@@ -927,6 +952,13 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "task call",
     ),
     ("floor.retrieve.bytes_per_s", "floor: the plainest reader of the source, same columns and row groups"),
+    (
+        "floor.preprocess.rows_per_s",
+        "floor (time-anchored roots: schema.root.seed_time): (entity, seed time) rows per second of DuckDB "
+        "doing the as-of work of one chunk: each branch joined to its parent rows on the key with time <= "
+        "seed time, the newest max_length kept per parent (row_number), nested levels too; the inputs "
+        "in memory as Arrow, no nesting into lists",
+    ),
     ("floor.tensorize.bytes_per_s", "floor: a memcpy (torch.empty_like(t).copy_) of one chunk's tensors"),
     (
         "floor.compute.flops_per_s",

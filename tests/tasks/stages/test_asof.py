@@ -117,3 +117,20 @@ def test_the_split_column_decides_train_fit_and_scored_rows():
     assert t[TRAIN].to_pylist() == [True, False, False, False]
     assert t[FIT].to_pylist() == [False, True, False, False]  # val fits the calibration
     assert t[SCORED].to_pylist() == [False, False, True, True]  # test is scored
+
+
+def test_the_as_of_floor_keeps_the_rows_preprocess_keeps():
+    import duckdb
+
+    from tasks.measure.floors import asof_sql
+
+    for max_length in (8, 1):
+        s = spec(max_length=max_length)
+        _, pre = nested(s)
+        con = duckdb.connect()
+        for node, t in {ROOT: ROWS, "orders": ORDERS, "lines": LINES}.items():
+            con.register(f"n_{node}", t)
+        for sql in asof_sql(s):
+            con.execute(sql)
+        kept = {b: con.execute(f"SELECT count(*) FROM i_{b}").fetchone()[0] for b in ("orders", "lines")}
+        assert kept == pre.child_rows, max_length
