@@ -26,9 +26,12 @@ def outcome(res: PeakResult) -> str:
     if res.low is not None and res.high is not None:
         return f"peak {res.low:.3g} QPS (bracket {res.low:.3g}..{res.high:.3g})"
     if res.low is not None:
-        return f"no peak found: every probe passed, up to {res.low:.3g} QPS (a lower bound)"
+        what = "every probe passed" if all(p.passed for p in res.probes) else "no probe missed the bound"
+        return f"no peak found: {what}, up to {res.low:.3g} QPS (a lower bound)"
     if res.high is not None:
         return f"no probe passed: the peak, if any, is below {res.high:.3g} QPS"
+    if res.probes:
+        return "no probe passed, none missed the bound: each failed for another reason"
     return "no probe ran"
 
 

@@ -101,17 +101,33 @@ def peak_qps_cmd(
         handle_run_error(err, debug, "the running probe and the parent run were ended KILLED.")
     (out if out.is_terminal else Console(width=200)).print(peak_table(summary))
     low, high = summary["bracket"]
+    otherwise = sorted(p["rate"] for p in summary["probes"] if not p["passed"] and not p["missed_bound"])
+    if otherwise:
+        out.print(
+            "failed for a reason other than the bound (INVALID with the p99 within it, or the run failed; "
+            f"the reasons above): {', '.join(f'{r:.2f}' for r in otherwise)} QPS; the search stays below these "
+            "rates, but none is an upper bound on the peak"
+        )
     if low is None:
-        out.print(f"no probed rate passed at {summary['bound_ms']:g} ms; lowest failing rate {high}")
+        if high is None:
+            out.print(f"no probed rate passed at {summary['bound_ms']:g} ms, and none missed the bound")
+        else:
+            out.print(f"no probed rate passed at {summary['bound_ms']:g} ms; lowest rate over the bound {high:.2f}")
         if summary.get("unloaded_above_bound"):
             out.print(
                 "halving the rate no longer lowered the p99, so the latency at low load is above the "
                 "bound: lower rates would fail the same (raise --bound-ms, or make one request faster)"
             )
+        if summary.get("failed_otherwise"):
+            out.print(
+                "the last two probes failed for reasons other than the bound: a lower rate would not cure "
+                "them, so halving stopped; remove the cause (the reasons above) and run again"
+            )
         raise typer.Exit(1)
     if high is None:
+        what = "every probe passed" if not otherwise else "no probe missed the bound"
         out.print(
-            f"no peak found: every probe passed, up to {low:.2f} QPS (server.peak_qps_bracket_low, a lower "
+            f"no peak found: {what}, up to {low:.2f} QPS (server.peak_qps_bracket_low, a lower "
             f"bound on the peak; server.peak_qps not logged); raise --max-probes or --start-qps\n"
             f"parent run {summary['parent_run_id']}, {summary['tracking_uri']}"
         )

@@ -14,8 +14,10 @@ itself calls untrustworthy would be published as if it were not. A ``train+predi
 trained once first, by one offline child run; every probe then loads its checkpoint
 (``run.mode=predict``), so the probes time serving, not training, and serve the same weights.
 The parent logs ``server.peak_qps`` only when the search bracketed the peak (a passing rate
-below every failing one, and a failing one); the ends it did find always
-(``server.peak_qps_bracket_low``, ``server.peak_qps_bracket_high``), the probes as
+below every failing one, and a rate whose probe missed the bound); the ends it did find always
+(``server.peak_qps_bracket_low``; ``server.peak_qps_bracket_high``, the lowest rate whose p99
+under the server rule was over the bound: a probe INVALID for another reason, host load or
+output mismatches, caps the search but is no upper bound on the peak), the probes as
 ``peak_probes.json`` and the chart of p99 against rate as ``peak_qps.html``
 (``dashboards/peak.py``).
 """
@@ -234,15 +236,17 @@ def peak_qps(
         "peak_qps": res.low if res.bracketed else None,
         "bracket": [res.low, res.high],
         "unloaded_above_bound": res.unloaded_above_bound,
-        "probes": [probe_dict(p) for p in res.probes],
+        "failed_otherwise": res.failed_otherwise,
+        "probes": [probe_dict(p, bound_ms) for p in res.probes],
     }
 
 
-def probe_dict(p: Probe) -> dict[str, Any]:
+def probe_dict(p: Probe, bound_ms: float) -> dict[str, Any]:
     return {
         "rate": p.rate,
         "p99_server_rule_ms": p.p99_ms,
         "passed": p.passed,
+        "missed_bound": p.missed(bound_ms),  # failed by the bound, not for another reason
         "achieved_qps": p.achieved_qps,
         "validity": p.validity,
         "run_id": p.run_id,
@@ -253,7 +257,8 @@ def probe_dict(p: Probe) -> dict[str, Any]:
 def log_result(tracker: Tracker, res: PeakResult) -> None:
     metrics = {K.SERVER_PEAK_PROBES: float(len(res.probes))}
     # Each end the search found is a claim of its own (a lower or an upper bound on the peak);
-    # the peak is claimed only between the two.
+    # the peak is claimed only between the two. The upper end is a probe that missed the bound,
+    # never one INVALID for another reason (res.high).
     if res.low is not None:
         metrics[K.SERVER_PEAK_QPS_BRACKET_LOW] = res.low
     if res.high is not None:
@@ -265,7 +270,8 @@ def log_result(tracker: Tracker, res: PeakResult) -> None:
         {
             "relflow.peak.bracketed": str(res.bracketed),
             "relflow.peak.unloaded_above_bound": str(res.unloaded_above_bound),
+            "relflow.peak.failed_otherwise": str(res.failed_otherwise),
         }
     )
-    tracker.log_dict([probe_dict(p) for p in res.probes], "peak_probes.json")
+    tracker.log_dict([probe_dict(p, res.bound_ms) for p in res.probes], "peak_probes.json")
     tracker.log_text(peak_qps_figure(res).to_html(include_plotlyjs=True, full_html=True), "peak_qps.html")

@@ -714,18 +714,19 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         SERVER_PEAK_QPS,
         "peak-qps: the highest Poisson rate whose probe was VALID (LoadGen's server rule at --bound-ms "
-        "included) below every failing one; logged only when the search bracketed the peak (a failing "
-        "rate above it)",
+        "included) below every failing one; logged only when the search bracketed the peak (a rate above "
+        "it whose probe missed the bound)",
     ),
     (
         SERVER_PEAK_QPS_BRACKET_LOW,
         "peak-qps: the highest probed rate that passed (a VALID run) below every failing one; without "
-        "server.peak_qps_bracket_high (every probe passed) a lower bound on the peak only",
+        "server.peak_qps_bracket_high (no probe missed the bound) a lower bound on the peak only",
     ),
     (
         SERVER_PEAK_QPS_BRACKET_HIGH,
-        "peak-qps: the lowest probed rate that failed (INVALID, bound missed, or the run failed); without "
-        "server.peak_qps_bracket_low (no probe passed) the peak is below it, if any",
+        "peak-qps: the lowest probed rate whose probe missed the bound (p99 under LoadGen's server rule over "
+        "--bound-ms; not a probe INVALID for another reason with its p99 within it, nor a failed run); "
+        "without server.peak_qps_bracket_low (no probe passed) the peak is below it, if any",
     ),
     (SERVER_PEAK_PROBES, "peak-qps: probes (fresh-process server runs) the search ran"),
     ("calibration.<what>", "temperature scaling: temperature, fit_seconds"),

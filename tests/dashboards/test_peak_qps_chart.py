@@ -46,3 +46,11 @@ def test_an_invalid_probe_within_the_bound_is_drawn_as_a_failure_with_its_reason
     assert list(by_name[PASSED].x) == [20.0] and list(by_name[FAILED].x) == [40.0]
     assert list(by_name[FAILED].y) == [60.0]  # below the bound, yet failed: the legend says why it can be
     assert by_name[FAILED].text[0] == f"run b; INVALID; {LATE}"
+
+
+def test_a_lower_bound_with_failures_for_other_reasons_does_not_say_every_probe_passed():
+    busy = Probe(40.0, 12.0, False, validity="INVALID", reasons=(LATE,))
+    res = PeakResult(100.0, [Probe(20.0, 50.0, True), busy, Probe(38.0, 50.0, True)], low=38.0)
+    assert _title(res).endswith(": no peak found: no probe missed the bound, up to 38 QPS (a lower bound)")
+    only_busy = PeakResult(100.0, [busy, Probe(20.0, 11.0, False, validity="INVALID", reasons=(LATE,))])
+    assert _title(only_busy).endswith(": no probe passed, none missed the bound: each failed for another reason")

@@ -19,7 +19,7 @@ from flows.sweeps.launch import Launched
 from flows.sweeps.peak import log_result, probe_from
 from tasks.measure import keys as K
 from tasks.measure.report import RunSummary
-from tasks.scenarios.peak import PeakResult, Probe
+from tasks.scenarios.peak import PeakResult, Probe, search
 
 REPO = Path(__file__).resolve().parents[3]
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
@@ -77,8 +77,8 @@ def test_bad_flags_exit_2_before_any_run(tmp_path, args, names):
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlartifacts").exists()
 
 
-def _launched(validity: str, p99: float | None, reasons: tuple[str, ...] = ()) -> Launched:
-    metrics = {"latency.achieved_qps": 19.7}
+def _launched(validity: str, p99: float | None, reasons: tuple[str, ...] = (), achieved: float = 19.7) -> Launched:
+    metrics = {"latency.achieved_qps": achieved}
     if p99 is not None:  # a real server child logs both; the rule's is one rank below the estimate
         metrics[K.LATENCY_P99_SERVER_RULE] = p99
         metrics["latency.request_ms.p99_early_stopping"] = p99
@@ -145,6 +145,39 @@ def test_peak_qps_is_logged_only_for_a_bracketed_peak():
     assert K.SERVER_PEAK_QPS not in down.metrics and K.SERVER_PEAK_QPS_BRACKET_LOW not in down.metrics
     assert down.metrics[K.SERVER_PEAK_QPS_BRACKET_HIGH] == 10.0
     assert [p["p99_server_rule_ms"] for p in down.artifacts["peak_probes.json"]] == [300.0, 290.0]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("reason", [BUSY, MISMATCH])
+def test_probes_invalid_within_the_bound_log_no_upper_bound_and_no_unloaded_latency(reason):
+    # Failed before: two children INVALID for host load (or output mismatches), p99 40 ms
+    # against a 100 ms bound, that kept up: the parent was tagged unloaded_above_bound=True
+    # (the latency at low load above the bound, which neither p99 was) and logged the lower
+    # rate as server.peak_qps_bracket_high, an upper bound no probe's latency showed.
+    res = search(
+        lambda rate: probe_from(rate, 100.0, _launched("INVALID", 40.0, (reason,), achieved=rate)),
+        bound_ms=100.0,
+        start_qps=20.0,
+    )
+    tracker = FakeTracker()
+    log_result(tracker, res)  # type: ignore[arg-type]
+    assert [p.rate for p in res.probes] == [20.0, 10.0]
+    assert K.SERVER_PEAK_QPS_BRACKET_HIGH not in tracker.metrics and K.SERVER_PEAK_QPS not in tracker.metrics
+    assert tracker.tags["relflow.peak.unloaded_above_bound"] == "False"
+    assert tracker.tags["relflow.peak.failed_otherwise"] == "True"
+    logged = tracker.artifacts["peak_probes.json"]
+    assert [(p["passed"], p["missed_bound"], p["reasons"]) for p in logged] == [(False, False, [reason])] * 2  # type: ignore[attr-defined]
+    # a child that missed the bound (p99 over it) is the upper end
+    over = search(
+        lambda rate: probe_from(
+            rate, 100.0, _launched("VALID", 40.0, achieved=rate) if rate < 30 else _launched("INVALID", 150.0)
+        ),
+        bound_ms=100.0,
+        start_qps=20.0,
+        max_probes=2,
+    )
+    tracker = FakeTracker()
+    log_result(tracker, over)  # type: ignore[arg-type]
+    assert tracker.metrics[K.SERVER_PEAK_QPS_BRACKET_HIGH] == 40.0
 
 
 @pytest.mark.slow

@@ -93,6 +93,53 @@ def test_halving_stops_when_the_rate_no_longer_sets_the_latency():
     assert calls == [10.0, 5.0, 2.5, 1.25] and res.unloaded_above_bound
 
 
+BUSY = ("host.other_cpu_fraction 0.70 > run.max_host_load 0.5",)
+
+
+def test_probes_invalid_for_another_reason_are_not_latency_above_the_bound():
+    """Failed before: two probes INVALID for host load (or output mismatches), their p99s 30 ms
+    against a 100 ms bound, kept up and agreed within 10%, so the search stopped saying the
+    latency at low load was above the bound, and the lower one was the bracket's upper end.
+    Neither missed the bound: halving stops (a lower rate cures neither cause), and says so."""
+    calls: list[float] = []
+
+    def probe(rate: float) -> Probe:
+        calls.append(rate)
+        return Probe(rate, 30.0, False, achieved_qps=rate, validity="INVALID", reasons=BUSY)
+
+    res = search(probe, bound_ms=100.0, start_qps=10.0)
+    assert calls == [10.0, 5.0]
+    assert not res.unloaded_above_bound and res.failed_otherwise
+    assert res.high is None and res.low is None and not res.bracketed
+    assert res.ceiling == 5.0
+
+
+def _busy_at_40(knee: float):
+    """A server that holds a 50 ms bound up to ``knee`` QPS, whose probe at 40 QPS ran on a busy
+    host: INVALID, its p99 (12 ms) within the bound."""
+
+    def probe(rate: float) -> Probe:
+        if rate == 40.0:
+            return Probe(rate, 12.0, False, achieved_qps=rate, validity="INVALID", reasons=BUSY)
+        p99 = 10.0 if rate <= knee else 400.0
+        return Probe(rate, p99, p99 <= 50.0, achieved_qps=rate)
+
+    return probe
+
+
+def test_a_probe_invalid_for_another_reason_caps_the_search_but_is_no_upper_bound():
+    # Failed before: the busy probe at 40 QPS was the bracket's upper end, and the search
+    # claimed a peak below it, though no probe's latency showed one.
+    res = search(_busy_at_40(knee=100.0), bound_ms=50.0, start_qps=10.0)
+    assert res.ceiling == 40.0 and res.low is not None and 40.0 / res.low <= 1.05  # never at or above 40
+    assert res.high is None and not res.bracketed  # no probe missed the bound: no peak claimed
+    assert not res.unloaded_above_bound and not res.failed_otherwise
+    # with the knee below the busy rate, the upper end is the rate that missed the bound
+    res = search(_busy_at_40(knee=30.0), bound_ms=50.0, start_qps=10.0)
+    assert res.bracketed and res.low is not None and res.high is not None
+    assert res.low <= 30.0 < res.high < 40.0 and res.high / res.low <= 1.05
+
+
 def test_search_brackets_the_capacity_of_a_queueing_server():
     """A server taking 20 ms a request (capacity 50/s), run through server.run with a fake
     clock: the early-stopping p99 stays under 200 ms up to a rate short of 50 and then rises;
