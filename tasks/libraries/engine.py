@@ -29,6 +29,15 @@ from tasks.spec import Spec
 from tasks.stages.engine import EngineBase, ModelFacts, PredictOutputs
 
 
+def binary_probability(logits: torch.Tensor) -> pa.Array:
+    """The prediction file's column for a binary target: P(true) per row, float64.
+
+    The sigmoid runs in float64: a large fitted temperature leaves calibrated logits near 0,
+    where float32 sigmoids tie (0.5 +- 6e-8 per step) and the written probabilities would lose
+    the ranking the logits hold (the file's AUC, relbench.roc_auc, below quality.auc)."""
+    return pa.array(torch.sigmoid(logits.detach().double()).cpu().numpy())
+
+
 @dataclass
 class LibraryChunk:
     """A chunk tensorized by a library: the harness's ``Chunk`` plus the library's inputs."""

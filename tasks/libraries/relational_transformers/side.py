@@ -39,7 +39,7 @@ import pyarrow as pa
 import torch
 from relational_transformers import RelationalBatch
 
-from tasks.libraries.engine import LibraryChunk, LibraryEngine
+from tasks.libraries.engine import LibraryChunk, LibraryEngine, binary_probability
 from tasks.libraries.relational_transformers.checks import LIBRARY
 from tasks.libraries.relational_transformers.contexts import (
     TRAIN_COLUMN,
@@ -298,7 +298,7 @@ class _Steps:
             if head == "prediction" and kind == "category":
                 cols["prediction"] = classes.take(pa.array(prediction.argmax(-1).numpy()))
             elif head == "prediction" and kind == "binary":
-                cols["prediction"] = pa.array(torch.sigmoid(prediction).numpy().astype(np.float64))
+                cols["prediction"] = binary_probability(prediction)
             elif head == "prediction":
                 cols["prediction"] = pa.array(prediction.numpy().astype(np.float64))
             elif head == "topk" and kind == "category":

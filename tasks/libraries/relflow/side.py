@@ -29,7 +29,7 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict
 
-from tasks.libraries.engine import LibraryChunk, LibraryEngine
+from tasks.libraries.engine import LibraryChunk, LibraryEngine, binary_probability
 from tasks.libraries.relflow.driver import CompiledCalls, RelflowDriver
 from tasks.libraries.relflow.mapping import LIBRARY
 from tasks.measure import keys as K
@@ -240,7 +240,7 @@ class _Steps:
                 classes = pa.array(self.driver.classes(), pa.string())
                 cols["prediction"] = classes.take(pa.array(prediction.argmax(-1).numpy()))
             elif head == "prediction" and kind == "binary":
-                cols["prediction"] = pa.array(torch.sigmoid(prediction).numpy().astype(np.float64))
+                cols["prediction"] = binary_probability(prediction)
             elif head == "prediction":
                 cols["prediction"] = pa.array(prediction.numpy().astype(np.float64))
             elif head == "topk" and prediction.shape[-1] > 0:
