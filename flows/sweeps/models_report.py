@@ -7,7 +7,10 @@ round by round with the order rotated (as ``backends-report``), children tagged
 ``relflow.variant`` (the library) and ``relflow.round`` under one parent MLflow run, which
 holds the table (``models_report.json`` / ``.md``).
 
-Columns: the headline quality next to its baseline (``quality.majority_rate`` for category
+Columns: the headline quality with its 95% interval (``quality.<headline>.ci_low|ci_high``: each
+run's bootstrap over its scored rows, resampling test entities for a RelBench task and root
+rows otherwise, tasks/measure/quality.py; with several rounds, the median of each bound over
+them) next to its baseline (``quality.majority_rate`` for category
 and binary, ``quality.mae_of_mean`` for regression), for category and binary the held-out NLL
 of the model's own probabilities and after temperature scaling (``quality.uncalibrated.nll`` ->
 ``quality.nll``: accuracy alone hides a model that ranks right but is barely confident, as
@@ -89,6 +92,7 @@ def summarize(
 
     ``parameters``: ``model.parameters`` by child run id (a param, not in the run's summary)."""
     headline, baseline = K.HEADLINE_QUALITY[kind], BASELINE[kind]
+    low, high = K.QUALITY_CI_BOUNDS
     refused = dict(refused or {})
     data_errors = dict(data_errors or {})
     parameters = dict(parameters or {})
@@ -117,6 +121,8 @@ def summarize(
         {
             "rounds": lambda g: len(g.reports),
             "quality": lambda g: g.median(K.quality(headline)),
+            "quality_ci_low": lambda g: g.median(K.quality_ci(headline, low)),
+            "quality_ci_high": lambda g: g.median(K.quality_ci(headline, high)),
             "baseline": lambda g: g.median(K.quality(baseline)),
             "nll_uncalibrated": lambda g: g.median(K.quality("uncalibrated.nll")),
             "nll": lambda g: g.median(K.quality("nll")),
@@ -153,6 +159,17 @@ def _vs_ref_text(r: Mapping[str, Cell]) -> str:
     return f"{ratio:.2f}x [{interval_text(*bounds, int(n) if isinstance(n, int | float) else 0, '.2f')}]"
 
 
+def _quality_text(r: Mapping[str, Cell]) -> str:
+    """``value [low, high] (baseline)``; without an interval (none logged) ``value (baseline)``."""
+    low, high = r.get("quality_ci_low"), r.get("quality_ci_high")
+    ci = (
+        f" [{low:.4f}, {high:.4f}]"
+        if isinstance(low, float) and isinstance(high, float) and not (math.isnan(low) or math.isnan(high))
+        else ""
+    )
+    return f"{_num(r['quality'], '.4f')}{ci} ({_num(r['baseline'], '.4f')})"
+
+
 def _nll_text(r: Mapping[str, Cell]) -> str:
     raw, calibrated = _num(r.get("nll_uncalibrated"), ".4f"), _num(r.get("nll"), ".4f")
     return "-" if raw == calibrated == "-" else f"{raw} -> {calibrated}"
@@ -162,7 +179,7 @@ def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str) -> str:
     headline, baseline = K.HEADLINE_QUALITY[kind], BASELINE[kind]
     header = [
         "library",
-        f"{headline} ({baseline})",
+        f"{headline} [95% CI] ({baseline})",
         "nll raw -> calibrated",
         "e2e predict rows/s",
         "e2e vs reference [95% CI]",
@@ -183,7 +200,7 @@ def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str) -> str:
         lines.append(
             [
                 str(r["variant"]),
-                f"{_num(r['quality'], '.4f')} ({_num(r['baseline'], '.4f')})",
+                _quality_text(r),
                 _nll_text(r),
                 _num(r["e2e_predict_rows_per_s"], ",.0f"),
                 _vs_ref_text(r),

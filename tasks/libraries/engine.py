@@ -176,7 +176,7 @@ class LibraryEngine(EngineBase):
         prediction = _in_key_order(torch.cat(preds), torch.cat(ran), chunk.root_rows)
         mask = chunk.label_present & chunk.is_scored
         if not (self.spec.task.kind == "category" and prediction.shape[-1] == 0):  # no class learned yet
-            self.quality.add(prediction, chunk.labels, mask)
+            self.quality.add(prediction, chunk.labels, mask, chunk.keys)
         return PredictOutputs({"prediction": prediction}, labels=chunk.labels, label_mask=mask)
 
     @torch.no_grad()

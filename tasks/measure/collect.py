@@ -77,6 +77,8 @@ def engine_figures(result: RunResult, chain: Chain, engine: EngineBase, predict_
     result.compute_seconds = engine.wall_seconds
     result.worker_startup_seconds = engine.worker_startup_seconds
     result.quality = engine.quality.metrics()
+    # the headline's bootstrap interval: a RelBench task's units are its entities (seed keys)
+    result.quality.update(engine.quality.interval(by_entity=chain.spec.source.relbench is not None))
     result.quality.update(chain.calibration.metrics())
     result.calibration.temperature = chain.temperature
     if chain.spec.task.kind in CALIBRATED_KINDS:  # held-out rows the temperature was not fitted on

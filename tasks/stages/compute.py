@@ -402,7 +402,7 @@ class Engine(EngineBase):
                 present = {k: bucketing.restore_order(v, ran) for k, v in present.items()}
         scored = tz.is_scored
         mask = label_present & scored.view(-1, *([1] * (labels.dim() - 1)))
-        self.quality.add(tensors["prediction"], labels, mask)
+        self.quality.add(tensors["prediction"], labels, mask, tz.keys)
         return PredictOutputs(tensors, present, labels=labels, label_mask=mask)
 
     @torch.no_grad()

@@ -57,7 +57,7 @@ def test_half_the_references_rows_per_s_every_round_is_0_5_with_a_0_5_interval()
     assert rf["parameters"] == 250_000.0 and rf["quality"] == 0.8 and rf["baseline"] == 0.6
     assert rf["peak_rss_mib"] == 1024.0
     md = to_markdown(list(rows.values()), "category")
-    assert "accuracy (majority_rate)" in md.splitlines()[0]
+    assert "accuracy [95% CI] (majority_rate)" in md.splitlines()[0]
     assert (
         "| relflow | 0.8000 (0.6000) | 0.7500 -> 0.5000 | 175 | 0.50x [0.50, 0.50] | 700 | 0.50 | 9.0 | 1,024 "
         "| 250,000 | 6 | VALID |" in md
@@ -73,7 +73,7 @@ def test_fewer_than_6_rounds_give_no_interval_and_a_failed_round_pairs_with_noth
     assert rt["e2e_vs_reference_ci_low"] is None
     assert rt["validity"] == "FAILED,VALID" and math.isnan(rt["parameters"])
     md = to_markdown(list(rows.values()), "regression")
-    assert "mae (mae_of_mean)" in md and "0.20x [n=1<6, no CI]" in md
+    assert "mae [95% CI] (mae_of_mean)" in md and "0.20x [n=1<6, no CI]" in md
 
 
 def test_nll_column_shows_the_rounds_median_raw_and_calibrated_and_a_dash_without_them():
@@ -89,6 +89,24 @@ def test_nll_column_shows_the_rounds_median_raw_and_calibrated_and_a_dash_withou
     regression = {"e2e.predict.rows_per_s": 10.0, "quality.mae": 1.5, "quality.mae_of_mean": 3.0}
     (row,) = summarize([Sample("reference", 0, RunSummary("id", regression, "VALID"))], "regression")
     assert "| reference | 1.5000 (3.0000) | - | 10 |" in to_markdown([row], "regression")
+
+
+def test_quality_shows_its_interval_the_median_of_each_bound_over_rounds():
+    """Each run logs its headline's bootstrap interval over its test rows; the cell shows the
+    median quality and the median of each bound, and no brackets where no run logged one."""
+    bounds = [(0.70, 0.80, 0.90), (0.72, 0.79, 0.86), (0.60, 0.84, 0.95)]
+    samples = [
+        sample("reference", r, 10.0, **{"quality.auc": q, "quality.auc.ci_low": lo, "quality.auc.ci_high": hi})
+        for r, (lo, q, hi) in enumerate(bounds)
+    ]
+    (row,) = summarize(samples, "binary")
+    assert (row["quality"], row["quality_ci_low"], row["quality_ci_high"]) == (0.80, 0.70, 0.90)
+    md = to_markdown([row], "binary")
+    assert "auc [95% CI] (majority_rate)" in md.splitlines()[0]
+    assert "| reference | 0.8000 [0.7000, 0.9000] (0.6000) |" in md
+    (plain,) = summarize([sample("relflow", 0, 10.0)], "category")  # no interval logged
+    assert math.isnan(plain["quality_ci_low"])
+    assert "| relflow | 0.8000 (0.6000) |" in to_markdown([plain], "category")
 
 
 def test_a_refused_library_is_a_row_saying_why():
