@@ -16,6 +16,11 @@ conservative and its exact level is reported with it. Below ``MIN_CI_SAMPLES`` (
 no order statistics reach the level: there is no 95% interval, and none is claimed. (A
 percentile bootstrap of the median with 2-3 samples is just [min, max] and covers the true
 median about 75% of the time; it is not used.)
+
+Quality figures are another matter: one run scores hundreds or thousands of held-out rows, so
+``cluster_bootstrap`` gives a quality figure a percentile bootstrap interval over them
+(``quality.<name>.ci_low|ci_high``, tasks/measure/quality.py), resampling whole units (a
+RelBench entity's rows at every seed time) rather than single rows.
 """
 
 from __future__ import annotations

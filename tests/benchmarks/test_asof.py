@@ -24,6 +24,7 @@ def record(scale: float, seeds: int, rows_per_s: float, setup: float, chunk: flo
         "retrieve_s": 0.2,
         "preprocess_s": 0.3,
         "rows_per_s": rows_per_s,
+        "rows_per_cpu_s": rows_per_s / 2,
         "kept_per_row": {"orders": 7.5, "lineitem": 22.0},
         "setup_peak_mib": setup,
         "baseline_mib": setup,
@@ -38,6 +39,7 @@ def test_ratios_flag_a_throughput_that_falls_with_seed_times():
     (s,) = ratios(recs).values()
     assert s["seeds"] == [1, 64]
     assert s["throughput_ratio"] == pytest.approx(2.5)  # 30,000 / 12,000
+    assert s["cpu_throughput_ratio"] == pytest.approx(2.5)
     assert not s["throughput_goal_met"]
     assert s["memory_goal_met"] and s["process_growth_mib"] == 0.0
     assert "2.50x" in ratio_lines(ratios(recs))[0] and "MISSED" in ratio_lines(ratios(recs))[0]
@@ -71,7 +73,19 @@ def test_memory_goal_allows_growth_up_to_one_chunk():
 
 def test_table_line_shows_the_figures():
     line = table_line(record(0.01, 64, 41_318.2, 661.4, 16.3, 739.8))
-    assert line.split() == ["0.01", "64", "6,400", "64", "0.10", "0.20", "0.30", "41,318", "7.50", "22.00"] + [
+    assert line.split() == [
+        "0.01",
+        "64",
+        "6,400",
+        "64",
+        "0.10",
+        "0.20",
+        "0.30",
+        "41,318",
+        "20,659",
+        "7.50",
+        "22.00",
+    ] + [
         "661",
         "16",
         "740",
