@@ -29,6 +29,10 @@ class Library(Protocol):
 
     name: str  # the value of model.library
     distribution: str | None  # its PyPI distribution; None for the reference model in model/
+    # Whether the floor ledger's tensorize and compute floors (a memcpy of the reference model's
+    # tensors, GEMMs at its shapes: tasks/measure/floors.py) describe this library's work; a
+    # library with other tensors and kernels publishes no floor for those stages.
+    model_floors: bool
 
     def check(self, spec: Spec) -> None:
         """Raise ``UserError`` naming the library, the key and the fix for every setting of

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 class Reference:
     name = "reference"
     distribution: str | None = None
+    model_floors = True
 
     def check(self, spec: Spec) -> None:
         return None

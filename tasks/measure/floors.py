@@ -16,6 +16,11 @@ one gets its own floor, measured on this host for the spec's data:
   ``compute.model_flops_per_s`` counts it at), not a square 1024 matmul.
 - **write**: ``pyarrow.parquet.write_table`` (zstd, as the writer) of one chunk's prediction
   table into the run's output folder.
+- **preprocess** (time-anchored roots only): DuckDB doing the as-of joins of one chunk (``asof_sql``).
+- A library whose tensors and kernels are not the reference model's (``Library.model_floors``
+  false: relflow, relational-transformers) gets no tensorize or compute floor: a memcpy of RT's
+  plan indices or GEMMs at the reference model's shapes are not floors of its work. The cache key
+  holds ``model.library``, so a models report never reuses another library's ledger.
 - **orchestration**: one no-op Prefect task call; measured in ``flows/`` (``tasks/`` never
   imports Prefect) and handed in as a callable.
 
@@ -58,6 +63,7 @@ import torch
 
 from model import bucketing
 from model.schema import ModelSchema
+from tasks.libraries import library_for
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import BUSY_HOST_FRACTION, OtherCpu
@@ -357,7 +363,7 @@ def data_key(spec: Spec, sources: Sources, device: torch.device) -> str:
         "dictionary": category_columns(spec),  # read dictionary-encoded: another floor
         "definition": DEFINITION,
         "lengths": {b.name: b.max_length for b, _ in spec.schema_.walk()},
-        "model": [spec.model.d_model, spec.model.heads],
+        "model": [spec.model.library, spec.model.d_model, spec.model.heads],
         "run": [spec.run.batch_size, spec.run.chunk_rows, spec.run.precision, spec.run.output_dir],
         "outputs": list(spec.task.outputs),
         "device": str(device),
@@ -390,9 +396,10 @@ def measure(
     tz = chain.prepare_untimed(sample)
     if spec.schema_.as_of:
         floors["preprocess"] = asof_floor(spec, retrieve(spec, sources, sample).tables, clock)
-    floors["tensorize"] = memcpy_floor(tz.tensors(), clock)
-    lengths = present_lengths(tz, chain.schema)
-    floors["compute"] = compute_floor(spec, tz.coords_present / max(tz.root_rows, 1), device, clock, lengths)
+    if library_for(spec).model_floors:  # a library's own tensors and kernels have no floor here
+        floors["tensorize"] = memcpy_floor(tz.tensors(), clock)
+        lengths = present_lengths(tz, chain.schema)
+        floors["compute"] = compute_floor(spec, tz.coords_present / max(tz.root_rows, 1), device, clock, lengths)
     table = first_rows(predictions, len(sample)) if predictions is not None else None
     if table is None:  # no run's predictions to hand: the sample's, with fresh weights
         kept = _KeepTables()

@@ -85,6 +85,7 @@ class RelationalTransformers:
 
     name = LIBRARY
     distribution: str | None = "relational-transformers"
+    model_floors = False
 
     def check(self, spec: Spec) -> None:
         check(spec)

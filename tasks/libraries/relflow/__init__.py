@@ -31,6 +31,7 @@ class Relflow:
 
     name = LIBRARY
     distribution: str | None = "relflow"
+    model_floors = False
 
     def check(self, spec: Spec) -> None:
         check(spec)

@@ -292,3 +292,21 @@ def test_after_a_run_the_write_floor_writes_its_predictions_without_a_forward_pa
     _predictions_file(path, [int(k) for k in keys][:-1], row_group=2)  # fewer rows than the sample
     fallback = measure(spec, sources, CPU, "k", predictions=path)
     assert served == [1] and fallback.floors["write"].how == f"write_table of {sample:,} rows"
+
+
+@pytest.mark.slow
+def test_a_library_gets_no_reference_model_floors_and_its_own_cache_entry(shop_spec, shop_files, tmp_path):
+    """relational-transformers' tensors are plan indices and its kernels are not the reference
+    model's GEMMs: its ledger has no tensorize or compute floor (none is better than a wrong
+    one), and it never reuses the reference run's cached ledger (issue 43 item 5)."""
+    from tasks.measure.floors import data_key
+
+    shop_spec["run"]["output_dir"] = str(tmp_path / "outputs")
+    reference = parse_spec(shop_spec)
+    library = parse_spec({**shop_spec, "model": {**shop_spec.get("model", {}), "library": "relational_transformers"}})
+    sources = resolve_sources(reference, shop_files)
+    assert data_key(reference, sources, CPU) != data_key(library, sources, CPU)
+    assert {"tensorize", "compute"} <= set(measure(reference, sources, CPU, "k").floors)
+    floors = measure(library, sources, CPU, "k").floors
+    assert "tensorize" not in floors and "compute" not in floors
+    assert {"retrieve", "write"} <= set(floors)  # the data's floors are the library's too
