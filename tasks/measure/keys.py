@@ -553,7 +553,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         EAGER_REGION_CALLS,
         "model.library relflow with run.compile.encoders/pools: region calls that fell back to eager "
-        "(reasons and counts in tag relflow.library_eager_reasons, e.g. packing=N)",
+        "(reasons and counts in tag relflow.library_eager_reasons, e.g. packing=N; force_eager=N: calls of "
+        "the compiled path under torch.compiler.set_stance('force_eager'), the calibration fit's)",
     ),
     (
         COMPILE_CACHE_HITS,

@@ -35,6 +35,7 @@ from relflow.structs.enums import Strata, TensorKey
 from relflow.tensorfields.shared.counter import CounterUpdateCallback
 from relflow.tensorfields.shared.vocabulary import AdmittedRowsCallback
 from tensordict import TensorDict
+from torch._dynamo import eval_frame
 from torch.utils.flop_counter import FlopCounterMode
 
 from tasks.libraries.relflow.mapping import branch_path, build, field_name, input_table, target_address
@@ -106,7 +107,8 @@ class PackingFact:
 class CompiledCalls:
     """Region calls after ``compile``: how many ran the compiled graph, how many fell back to
     eager, and why (``packing``: a packed call, which relflow keeps eager; ``customized``:
-    hooks or replaced modules in the region)."""
+    hooks or replaced modules in the region; ``force_eager``: the compiled path under
+    ``torch.compiler.set_stance("force_eager")``, as the calibration fit runs)."""
 
     compiled: int = 0
     eager: Counter[str] = field(default_factory=Counter)
@@ -181,9 +183,9 @@ class _CountedRegion(Region[Any]):
     calls: CompiledCalls
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        before = self.calls.compiled
+        before = self.calls.compiled + self.calls.eager["force_eager"]
         out = super().__call__(*args, **kwargs)
-        if self.calls.compiled == before:
+        if self.calls.compiled + self.calls.eager["force_eager"] == before:  # relflow chose eager itself
             self.calls.eager["packing" if kwargs.get("packing") is not None else "customized"] += 1
         return out
 
@@ -583,7 +585,12 @@ class RelflowDriver:
         calls = self.calls
 
         def run(*args: Any, **kwargs: Any) -> torch.Tensor:
-            calls.compiled += 1
+            # under set_stance("force_eager") (the calibration fit) the compiled callable runs
+            # eager: counted as such, or the compiled count held calls no graph ran
+            if eval_frame._stance.stance == "force_eager":
+                calls.eager["force_eager"] += 1
+            else:
+                calls.compiled += 1
             return compiled(*args, **kwargs)
 
         return run

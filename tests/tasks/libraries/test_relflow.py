@@ -592,11 +592,22 @@ def test_compiled_region_calls_and_why_encoders_fall_back(shop_spec, shop_tables
     driver = RelflowDriver.build(spec, table)
     it = input_table(spec, table)
     calls = driver.compile()
-    assert calls.regions > 0
-    driver.predict(driver.encode(it, train=False))
-    # the pools ran compiled; the encoders saw padding, so they packed, and relflow keeps
-    # packed calls eager
-    assert calls.compiled > 0 and calls.eager["packing"] > 0 and calls.eager_total == calls.eager["packing"]
+    from relflow.architecture.encoder import BranchEncoder
+    from relflow.architecture.pool import LearnedQueryCrossAttention
+
+    counted = [m for m in driver.model.modules() if type(m.__dict__.get("compute")).__name__ == "_CountedRegion"]
+    pools = sum(isinstance(m, LearnedQueryCrossAttention) for m in counted)
+    encoders = sum(isinstance(m, BranchEncoder) for m in counted)
+    assert calls.regions == pools + encoders and pools > 0 and encoders > 0
+    encoded = driver.encode(it, train=False)
+    driver.predict(encoded)
+    # one forward calls every region once: the pools ran compiled; the encoders saw padding, so
+    # they packed, and relflow keeps packed calls eager
+    assert calls.compiled == pools and calls.eager == {"packing": encoders}
+    with torch.compiler.set_stance("force_eager"):  # as the calibration fit runs
+        driver.predict(encoded)
+    assert calls.compiled == pools  # no compiled graph ran under force_eager
+    assert calls.eager == {"packing": 2 * encoders, "force_eager": pools}
     driver.model.compile(encoders=False, pools=False)  # relflow's own reset still recognises them
     assert not any(type(m.__dict__.get("compute")).__name__ == "_CountedRegion" for m in driver.model.modules())
 
