@@ -67,26 +67,37 @@ def tpch_run(prefect_harness, tpch_small, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_run_finishes_with_every_metric_key(tpch_run):
+def test_run_finishes_with_every_metric_key(tpch_run, tpch_small):
     summary, run, _, _ = tpch_run
     assert run.info.status == "FINISHED"
     metrics = run.data.metrics
     missing = [k for k in REQUIRED_METRICS if k not in metrics]
     assert not missing, missing
-    for stage in STAGES:
-        assert metrics[f"stage.{stage}.predict.seconds"] > 0
-        assert metrics[f"stage.{stage}.predict.rows_per_s"] > 0
+    for stage in STAGES:  # every stage saw every order in each of the three passes: exact rows
+        assert metrics[f"stage.{stage}.predict.rows"] == 3 * 15_000, stage
     assert "stage.write.train.seconds" not in metrics  # training writes nothing
     # e2e = the sum of the stages is the definition itself (RunResult sums them): it is tested
     # where the answer is known, on stub stages with scripted seconds
     # (tests/tasks/scenarios/test_region.py), not restated on a real run here.
     # rows/s over rows known without the code: three passes over the 15,000 orders
     assert metrics["data.rows_predicted"] == 3 * 15_000
-    assert metrics["e2e.predict.rows_per_s"] * metrics["e2e.predict.seconds"] == pytest.approx(45_000, rel=1e-9)
     assert metrics["e2e.train.rows"] == metrics["stage.compute.train.rows"]
-    assert metrics["compute.first_call_seconds"] > 0
-    assert metrics["compute.steady_rows_per_s"] > 0
-    assert 0.0 <= metrics["quality.accuracy"] <= 1.0
+    # the first call is one of the compute stage's calls: inside its seconds, never beside them
+    assert metrics["compute.first_call_seconds"] <= metrics["stage.compute.predict.seconds"]
+    # compute alone runs at least as fast as the whole pass it is part of
+    assert metrics["compute.steady_rows_per_s"] >= metrics["e2e.predict.rows_per_s"]
+    # quality.accuracy recomputed from the written predictions and the orders' own labels, on
+    # the held-out orders (the key hash), without the harness's scoring code
+    from tasks.stages.split import split_is_train
+
+    preds = pl.read_parquet(summary["output_path"]).join(
+        pl.read_parquet(tpch_small / "orders.parquet", columns=["o_orderkey", "o_orderstatus"]),
+        on="o_orderkey",
+    )
+    held = preds.filter(~split_is_train(preds["o_orderkey"], 0.2))
+    assert metrics["quality.rows"] == held.height
+    accuracy = (held["prediction"] == held["o_orderstatus"]).mean()
+    assert metrics["quality.accuracy"] == pytest.approx(accuracy, abs=1e-9)
     assert summary["metrics"]["e2e.predict.seconds"] == pytest.approx(metrics["e2e.predict.seconds"])
     # the stage table has both phases, each with its own shares
     assert {(r["phase"], r["stage"]) for r in summary["stages"]} == {
