@@ -90,7 +90,7 @@ def main() -> None:
                 out[stage] = seconds
 
             prepared = chain.prepare(keys, record)
-            state["cells"] = prepared.text_cells
+            state["cells"] = prepared.encoded  # text cells (the reference encoder)
             with clock.measure() as s:
                 chain.engine.predict(prepared.tz, ("prediction",))
             out["compute"] = s.seconds

@@ -320,11 +320,14 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f"compute MFU          {m[K.compute('predict', K.MFU)]:.2%} predict{train} of a "
             f"{m[K.HOST_PEAK_FLOPS_PER_S] / 1e9:,.1f} GFLOP/s matmul peak"
         )
-    lines += [
-        f"data                 occupancy {m[K.DATA_OCCUPANCY]:.1%} "
-        f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates), "
-        f"{int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow",
-    ]
+    if K.DATA_OCCUPANCY in m:
+        data = (
+            f"occupancy {m[K.DATA_OCCUPANCY]:.1%} "
+            f"({int(m[K.DATA_COORDS_PRESENT]):,} of {int(m[K.DATA_COORDS_RESERVED]):,} coordinates)"
+        )
+    else:  # no reserved layout (relational-transformers): the padding is the batches line's
+        data = f"{int(m[K.DATA_COORDS_PRESENT]):,} present coordinates (no reserved layout)"
+    lines.append(f"data                 {data}, {int(m[K.DATA_OVERFLOW_DROPPED]):,} rows dropped by overflow")
     if K.DATA_PADDED_COORDS in m:
         lines.append(
             f"batches              {int(m[K.DATA_PADDED_COORDS]):,} coordinates materialised per "

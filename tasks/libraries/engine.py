@@ -49,7 +49,7 @@ class LibraryChunk:
     labels: torch.Tensor  # [B]: class index (category), 0/1 (binary), value (regression)
     label_present: torch.Tensor  # bool [B]: the target is known for the row
     coords_present: int  # cells (coordinates) the library's inputs hold for these rows
-    coords_reserved: int  # cells its reserved layout has room for
+    coords_reserved: int | None  # cells its reserved layout has room for; None: it has none
     root_rows: int
     inputs: Any  # the library's encoded chunk (a TensorDict, contexts + cell vectors, ...)
     input_tensors: list[torch.Tensor] = field(default_factory=list)  # what tensorize produced

@@ -20,7 +20,7 @@ from tasks.backends.served import fp8_metrics
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
 from tasks.measure.collect import engine_figures, utilisation
-from tasks.measure.records import FlowSeconds, HarnessFigures, TextCells
+from tasks.measure.records import FlowSeconds, HarnessFigures
 from tasks.measure.reference import quality_delta
 from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.invocation import Invocation
@@ -52,9 +52,7 @@ def _engine_part(run: Invocation) -> None:
     # per predict pass that ran; a request scenario's batches are per served request
     units = run.latency.served_requests if run.latency is not None else result.predict_passes
     run.tracker.set_tags({"relflow.compiler_cache": engine_figures(result, chain, engine, units)})
-    if chain.has_text:
-        enc_s = sum(st["encode"].seconds for st in result.stages.values())
-        result.text_cells = TextCells(work.text_cells_per_pass, work.text_cells / enc_s if enc_s > 0 else 0.0)
+    result.encode = work.encode_counts()
     for phase in K.PHASES:
         run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
     result.backend_setup = run.backend_setup

@@ -135,6 +135,10 @@ DATA_BATCH_OCCUPANCY_MIN = "data.batch_occupancy.min"
 DATA_BATCH_SHAPES = "data.batch_shapes"
 DATA_TEXT_CELLS = "data.text_cells"
 ENCODE_CELLS_PER_S = "encode.cells_per_s"
+# relational-transformers' encode step vectorises each distinct string and column name of a
+# chunk once, not each cell: its own keys, never data.text_cells / encode.cells_per_s
+DATA_STRINGS_ENCODED = "data.strings_encoded"
+ENCODE_STRINGS_PER_S = "encode.strings_per_s"
 
 
 def overflow_dropped(branch: str) -> str:
@@ -608,8 +612,12 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (DATA_ROWS_WRITTEN, "rows in the kept prediction file"),
     (DATA_BYTES_READ, "bytes read from the sources"),
     (DATA_COORDS_PRESENT, "present (row, column) coordinates"),
-    (DATA_COORDS_RESERVED, "reserved coordinates (padded layout)"),
-    (DATA_OCCUPANCY, "present / reserved"),
+    (
+        DATA_COORDS_RESERVED,
+        "reserved coordinates (padded layout); absent for a model with no reserved layout "
+        "(relational-transformers pads each batch to its own longest context: data.padded_coords)",
+    ),
+    (DATA_OCCUPANCY, "present / reserved (absent where data.coords_reserved is)"),
     (DATA_OVERFLOW_DROPPED, "branch rows dropped by max_length, all branches"),
     ("data.overflow_dropped.<branch>", "the same for one branch"),
     (DATA_CHUNKS, "retrieve..write chunks (run.chunk_rows)"),
@@ -757,6 +765,12 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (DATA_BATCH_SHAPES, "distinct padded branch-length shapes the model saw in predict"),
     (DATA_TEXT_CELLS, "text cells encoded per pass (text columns only)"),
     (ENCODE_CELLS_PER_S, "text cells / second of the application's encode step"),
+    (
+        DATA_STRINGS_ENCODED,
+        "relational-transformers: strings its encode step turned into vectors per pass (each distinct "
+        "category/text value and each column name of a chunk once, summed over chunks), not cells",
+    ),
+    (ENCODE_STRINGS_PER_S, "relational-transformers: data.strings_encoded's strings / second of its encode step"),
     (INPUT_WAIT_FRACTION, "share of compute-stage wall time spent waiting for input (loader worker start-up excluded)"),
     (WORKER_STARTUP_SECONDS, "seconds starting DataLoader workers (run.loader.num_workers > 0)"),
     (

@@ -12,7 +12,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -26,12 +26,13 @@ __all__ = [
     "STAGES",
     "CalibrationFacts",
     "CompileCounters",
+    "EncodeCounts",
+    "EncodeUnit",
     "FlowSeconds",
     "HarnessFigures",
     "PhaseTimings",
     "RunResult",
     "StageTiming",
-    "TextCells",
     "WarmStage",
     "describe_repeats",
 ]
@@ -187,15 +188,30 @@ class CompileCounters:
         }
 
 
-@dataclass(frozen=True)
-class TextCells:
-    """The application's text encoder: cells per predict pass and encode throughput."""
+EncodeUnit = Literal["cells", "strings"]
+"""What an encode step's count counts: ``cells``, the reference model's text encoder (one
+vector per text cell, nulls included); ``strings``, relational-transformers' (each distinct
+string and column name of a chunk once, gathered into its cells later)."""
 
-    cells_per_pass: int
-    cells_per_s: float
+# Each unit's keys: one meaning per key, so a count of strings never lands under a cells key.
+ENCODE_KEYS: dict[EncodeUnit, tuple[str, str]] = {
+    "cells": (K.DATA_TEXT_CELLS, K.ENCODE_CELLS_PER_S),
+    "strings": (K.DATA_STRINGS_ENCODED, K.ENCODE_STRINGS_PER_S),
+}
+
+
+@dataclass(frozen=True)
+class EncodeCounts:
+    """The application's encode step: what it turned into vectors per predict pass and its
+    throughput, under the keys of the unit it counts (``ENCODE_KEYS``)."""
+
+    per_pass: int
+    per_s: float
+    unit: EncodeUnit = "cells"
 
     def metrics(self) -> dict[str, float]:
-        return {K.DATA_TEXT_CELLS: float(self.cells_per_pass), K.ENCODE_CELLS_PER_S: self.cells_per_s}
+        per_pass, per_s = ENCODE_KEYS[self.unit]
+        return {per_pass: float(self.per_pass), per_s: self.per_s}
 
 
 @dataclass(frozen=True)
@@ -246,7 +262,7 @@ class RunResult:
     predict_passes: int = 0
     bytes_read: int = 0
     coords_present: int = 0
-    coords_reserved: int = 0
+    coords_reserved: int | None = 0  # None: a model with no reserved layout (relational-transformers)
     overflow_dropped: dict[str, int] = field(default_factory=dict)
     train: PhaseTimings | None = None
     predict: PhaseTimings | None = None
@@ -272,7 +288,7 @@ class RunResult:
     train_ranks_mean_seconds: float | None = None  # distributed: the ranks' mean train stage seconds
     compile_counters: CompileCounters | None = None
     batch_coordinates: dict[str, float] = field(default_factory=dict)  # batch_coordinate_metrics
-    text_cells: TextCells | None = None  # runs with text columns
+    encode: EncodeCounts | None = None  # runs with an encode step
     backend_setup: BackendSetup | None = None
     checkpoint_load: CheckpointLoad | None = None  # run.checkpoint
     fp8_fallback: dict[str, float] = field(default_factory=dict)  # tasks/backends/served.py fp8_metrics
@@ -344,8 +360,9 @@ class RunResult:
         m[K.DATA_ROWS_PREDICTED] = float(self.rows_predicted)
         m[K.DATA_BYTES_READ] = float(self.bytes_read)
         m[K.DATA_COORDS_PRESENT] = float(self.coords_present)
-        m[K.DATA_COORDS_RESERVED] = float(self.coords_reserved)
-        m[K.DATA_OCCUPANCY] = self.coords_present / self.coords_reserved if self.coords_reserved else 0.0
+        if self.coords_reserved is not None:  # a model without a reserved layout has neither figure
+            m[K.DATA_COORDS_RESERVED] = float(self.coords_reserved)
+            m[K.DATA_OCCUPANCY] = self.coords_present / self.coords_reserved if self.coords_reserved else 0.0
         m[K.DATA_OVERFLOW_DROPPED] = float(sum(self.overflow_dropped.values()))
         for name, n in self.overflow_dropped.items():
             m[K.overflow_dropped(name)] = float(n)
@@ -393,8 +410,8 @@ class RunResult:
         if self.compile_counters is not None:
             m.update(self.compile_counters.metrics())
         m.update(self.batch_coordinates)
-        if self.text_cells is not None:
-            m.update(self.text_cells.metrics())
+        if self.encode is not None:
+            m.update(self.encode.metrics())
 
     def _harness_metrics(self, m: dict[str, float]) -> None:
         """The backend's set-up, what the harness measured around the work, the model's facts."""

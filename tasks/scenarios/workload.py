@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tasks.measure.records import RunResult, StageTiming
+from tasks.measure.records import EncodeCounts, EncodeUnit, RunResult, StageTiming
 from tasks.scenarios.outputs import ServedOutputs
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature, validation_logits
 from tasks.stages.chain import Chain, Prepared, StageSink
@@ -35,8 +35,11 @@ class Workload:
         self.chunks: list[np.ndarray] = []
         self._kept: dict[int, Chunk] = {}  # training tensors of a single-chunk workload
         self._counted: set[int] = set()  # chunks whose data figures are in the result
-        self.text_cells = 0  # every encode call (encode.cells_per_s)
-        self.text_cells_per_pass = 0  # once per chunk (data.text_cells)
+        # What the encode step turned into vectors, in the unit it counts (text cells; a
+        # library's strings): every encode call (its rate), and once per chunk (per pass)
+        self.encoded = 0
+        self.encoded_per_pass = 0
+        self.encode_unit: EncodeUnit | None = None  # from the first prepared chunk or request
         self.served_outputs: ServedOutputs | None = None  # run.check_outputs: the last pass's rows
         if chain.has_text:  # the application's text encoder: an extra timed step, before tensorize
             for phase, st in result.stages.items():
@@ -76,18 +79,35 @@ class Workload:
         res = self.result
         res.bytes_read += p.bytes_read
         res.rows_read = (res.rows_read or 0) + p.rows_read
-        self.text_cells += p.text_cells
+        if self.chain.has_text:
+            if self.encode_unit is not None and p.encode_unit != self.encode_unit:
+                raise RuntimeError(f"one run's encode step counted {self.encode_unit}, then {p.encode_unit}")
+            self.encode_unit = p.encode_unit
+        self.encoded += p.encoded
         if chunk is not None and chunk in self._counted:
             return
         if chunk is not None and phase == "train" and self.chain.side is not None:
             return  # a library's training encode holds the training rows only: count the predict one
         if chunk is not None:
             self._counted.add(chunk)
-        self.text_cells_per_pass += p.text_cells
+        self.encoded_per_pass += p.encoded
         res.coords_present += p.tz.coords_present
-        res.coords_reserved += p.tz.coords_reserved
+        if p.tz.coords_reserved is None or res.coords_reserved is None:
+            res.coords_reserved = None  # no reserved layout (relational-transformers): no such figure
+        else:
+            res.coords_reserved += p.tz.coords_reserved
         for name, n in p.overflow_dropped.items():
             res.overflow_dropped[name] = res.overflow_dropped.get(name, 0) + n
+
+    def encode_counts(self) -> EncodeCounts | None:
+        """The encode step's figures (``data.text_cells`` and ``encode.cells_per_s``, or a
+        library's strings under its own keys), over every encode call's seconds; None
+        without an encode step."""
+        if not self.chain.has_text:
+            return None
+        seconds = sum(st["encode"].seconds for st in self.result.stages.values())
+        rate = self.encoded / seconds if seconds > 0 else 0.0
+        return EncodeCounts(self.encoded_per_pass, rate, self.encode_unit or "cells")
 
     def prepare(self, i: int, phase: str) -> Chunk:
         """Chunk ``i`` through the chain's timed steps, charged to ``phase``."""

@@ -36,6 +36,7 @@ from tasks.backends import Backend
 from tasks.libraries import library_for
 from tasks.libraries.base import ModelSide
 from tasks.measure.clock import Clock
+from tasks.measure.records import EncodeUnit
 from tasks.runtime import progress
 from tasks.runtime.writes import named_write_errors
 from tasks.sources.tables import Sources
@@ -79,8 +80,9 @@ class Prepared:
     bytes_read: int
     rows_read: int  # source rows over every table (root and branches)
     overflow_dropped: dict[str, int] = field(default_factory=dict)
-    text_cells: int = 0  # cells the encode step turned into vectors
+    encoded: int = 0  # what the encode step turned into vectors, in ``encode_unit``
     arrow_bytes: int = 0  # Arrow bytes retrieve handed to preprocess (its input)
+    encode_unit: EncodeUnit = "cells"  # text cells, or a library's strings (``Encoded.unit``)
 
     def stage_bytes(self) -> dict[str, int]:
         """Bytes per stage (``stage.<stage>.<phase>.bytes``, the floor ledger's rates): what
@@ -161,13 +163,16 @@ class Chain:
         spec = self.spec
         r = run("retrieve", lambda: retrieve(spec, self.sources, keys), lambda r: r.root_rows)
         pre: Preprocessed = run("preprocess", lambda: preprocess(spec, r), lambda p: p.root_rows)
-        cells, encoded = 0, None
+        count, encoded = 0, None
+        unit: EncodeUnit = "cells"
         if self.has_text:  # the application's encoder: the reference model's text cells, or a library's
             encoded = run("encode", lambda: self._encode(pre, train), lambda e: e.encoded_rows)
-            pre, cells = encoded.pre, encoded.cells
+            pre, count, unit = encoded.pre, encoded.count, encoded.unit
         tz: Chunk = run("tensorize", lambda: self._tensorize(pre, train, encoded), lambda t: t.tensorized_rows)
         arrow_bytes = sum(t.nbytes for t in r.tables.values())
-        return Prepared(tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), cells, arrow_bytes)
+        return Prepared(
+            tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), count, arrow_bytes, unit
+        )
 
     def _timed(
         self, stage: str, step: Callable[[], _T], where: Where | None, runner: StageRunner | None = None

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.measure.records import EncodeUnit
 from tasks.runtime.errors import UserError
 from tasks.spec import Branch, Spec
 from tasks.stages.preprocess import Preprocessed
@@ -238,9 +239,13 @@ def encode_column(
 @dataclass
 class Encoded:
     pre: Preprocessed  # the same rows, each text column replaced by its vectors
-    cells: int  # text cells encoded (nulls included: they are present cells)
+    count: int  # what the step turned into vectors, in ``unit``
     payload: object = None  # a library's own encoding (tasks/libraries), handed to its tensorize
     rows: int | None = None  # root rows encoded, where a library encodes fewer than pre holds
+    # "cells": text cells (nulls included: they are present cells), this module's encoder;
+    # "strings": distinct strings and column names (relational-transformers). Each unit has
+    # its own metric keys (tasks/measure/records.py ENCODE_KEYS).
+    unit: EncodeUnit = "cells"
 
     @property
     def encoded_rows(self) -> int:

@@ -42,8 +42,14 @@ class Chunk(Protocol):
     is_fit: torch.Tensor  # bool [B]: held out, fits the output calibration (tasks/stages/split.py)
     is_scored: torch.Tensor  # bool [B]: held out, scored (quality.*)
     coords_present: int
-    coords_reserved: int
     root_rows: int
+
+    @property
+    def coords_reserved(self) -> int | None:
+        """Coordinates the model's reserved layout has room for; None for a model with no
+        reserved layout (relational-transformers pads each batch to its own longest context,
+        so its padded cells are compute's ``data.padded_coords``, not a reservation)."""
+        ...
 
     @property
     def tensorized_rows(self) -> int:

@@ -7,11 +7,14 @@ The harness reads and preprocesses (one nested Arrow row per root key); then, pe
   to the application) = ``build_contexts`` (cells, node ids, parent links, normalisation
   with the training split's statistics: fitted on the first chunk's ``__train`` rows, or
   read from the checkpoint) + ``contexts.encode`` (each distinct string and column name ->
-  a 384-wide vector). A training chunk builds contexts for its training rows only, so
-  held-out rows never reach a training step.
+  a 384-wide vector: it counts strings, ``data.strings_encoded`` and ``encode.strings_per_s``,
+  not cells). A training chunk builds contexts for its training rows only, so held-out rows
+  never reach a training step.
 - **tensorize** = the batch plan, ``run.batch_size`` contexts per batch, by ``plan_batches``
   (``run.bucketing: by_length`` groups similar context lengths; training shuffles with the
-  run's seed and the epoch), and its present and padded cells. The first chunk also builds the
+  run's seed and the epoch), and its present cells (``data.coords_present``; no reserved
+  layout, so no ``data.coords_reserved`` / ``data.occupancy``: the padded cells are counted
+  from the batches compute serves, ``data.padded_coords``). The first chunk also builds the
   model (``RTDriver.from_spec``), inside that step's time as the reference model's first fit
   is; ``run.checkpoint`` loads it when the side is made instead.
 - **compute** = each planned batch collated into the library's ``RelationalBatch`` as it is
@@ -129,7 +132,10 @@ class RTSide:
         table, rows = _rows_of_contexts(pre.table, train)
         contexts = build_contexts(table, self.spec, self.stats)
         vectors = encode(contexts)
-        return Encoded(pre, vectors.strings_encoded, _Encoding(contexts, vectors, rows), rows=int(rows.numel()))
+        # it counts strings (each distinct value and column name once), not cells: its own keys
+        return Encoded(
+            pre, vectors.strings_encoded, _Encoding(contexts, vectors, rows), rows=int(rows.numel()), unit="strings"
+        )
 
     def tensorize(self, pre: Preprocessed, train: bool, encoded: Encoded | None) -> LibraryChunk:
         spec, run = self.spec, self.spec.run
@@ -142,7 +148,7 @@ class RTSide:
         # the plan shuffles training batches anew each epoch, reproducibly from the run's seed
         seed = run.seed * 1_000_003 + self.epoch if train else None
         plan = plan_batches(enc.contexts.lengths, run.batch_size, run.bucketing, run.bucket_count, seed)
-        cells, padded = planned_cells(enc.contexts.lengths, plan)
+        cells, _ = planned_cells(enc.contexts.lengths, plan)
         labels, present = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
         all_labels, all_present = enc.contexts.label_tensors(np.arange(enc.contexts.count))
         if spec.task.kind == "regression":  # contexts hold training-normalised values; quality
@@ -159,7 +165,10 @@ class RTSide:
             labels=labels,
             label_present=present,
             coords_present=cells,
-            coords_reserved=padded,
+            # No reserved layout: each batch is padded to its own longest context, so the
+            # padded cells are what compute's batches materialise (data.padded_coords and
+            # data.batch_occupancy.*), never data.coords_reserved / data.occupancy.
+            coords_reserved=None,
             root_rows=n,
             encoded_rows=int(enc.rows.numel()),  # a training chunk's contexts: its training rows
             inputs=_Collated(enc, plan, torch.sort(enc.rows).values),

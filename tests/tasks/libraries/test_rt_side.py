@@ -55,8 +55,11 @@ def test_a_run_through_the_flow_has_an_encode_row_and_predicts_every_root_in_key
     m = run.data.metrics
     assert m["data.rows_predicted"] == m["data.rows_written"] == m["stage.encode.predict.rows"] == 5
     assert m["e2e.train.epochs"] == 2
-    # present cells over the padded cells the batches materialised
-    assert 0 < m["data.coords_present"] <= m["data.coords_reserved"]
+    # present cells over the padded cells the batches materialised (per pass: one pass here)
+    assert 0 < m["data.coords_present"] <= m["data.padded_coords"]
+    # one meaning per key (issue 43 item 8): strings are not cells, and there is no reserved layout
+    assert m["data.strings_encoded"] > 0 and m["encode.strings_per_s"] > 0
+    assert not {"data.text_cells", "encode.cells_per_s", "data.coords_reserved", "data.occupancy"} & set(m)
     tags = run.data.tags
     assert tags["relflow.library"] == "relational_transformers"
     assert tags["relflow.library_version"] == "0.1.0"
@@ -87,17 +90,21 @@ def _prepared(spec_dict: dict[str, Any], folder: Path) -> Any:
 
 
 def test_planned_cells_are_what_the_collated_batches_hold(shop_spec, shop_files):
-    """tensorize's present and padded cells come from the plan alone; the batches compute
-    collates from that plan hold exactly those cells."""
+    """tensorize's present cells and the plan's padded cells come from the plan alone; the
+    batches compute collates from that plan hold exactly those cells. There is no reserved
+    layout (each batch pads to its own longest context): ``coords_reserved`` is None."""
     import torch
 
     from tasks.libraries.relational_transformers import cells_padded, cells_present
+    from tasks.libraries.relational_transformers.contexts import planned_cells
 
     for bucketing in ("off", "by_length"):
         engine, tz = _prepared(rt_spec(shop_spec, batch_size=2, bucketing=bucketing), shop_files)
         parts = [p for p, _ in engine.driver.batches(tz, torch.arange(tz.root_rows))]
         assert tz.coords_present == sum(cells_present(p.batch) for p in parts)
-        assert tz.coords_reserved == sum(cells_padded(p.batch) for p in parts)
+        _, padded = planned_cells(tz.inputs.encoding.contexts.lengths, tz.inputs.plan)
+        assert padded == sum(cells_padded(p.batch) for p in parts)
+        assert tz.coords_reserved is None
 
 
 def test_length_buckets_give_the_same_predictions_as_natural_order(shop_spec, shop_files):
@@ -106,13 +113,14 @@ def test_length_buckets_give_the_same_predictions_as_natural_order(shop_spec, sh
     runs = {}
     for bucketing in ("off", "by_length"):
         engine, tz = _prepared(rt_spec(shop_spec, batch_size=2, bucketing=bucketing), shop_files)
-        runs[bucketing] = engine.predict(tz, ("prediction",)).tensors["prediction"], tz
-    (natural, tz_natural), (bucketed, tz_bucketed) = runs["off"], runs["by_length"]
+        prediction = engine.predict(tz, ("prediction",)).tensors["prediction"]
+        runs[bucketing] = prediction, tz, sum(padded for _, padded in engine.batch_coords)
+    (natural, tz_natural, padded_natural), (bucketed, tz_bucketed, padded_bucketed) = runs["off"], runs["by_length"]
     assert natural.shape == (5, 2)
     # same seed, same fresh weights; each prediction back in key order whatever the batch plan
     assert torch.allclose(natural, bucketed, atol=1e-5)
     assert tz_bucketed.coords_present == tz_natural.coords_present
-    assert tz_bucketed.coords_reserved < tz_natural.coords_reserved  # buckets pad less
+    assert padded_bucketed < padded_natural  # buckets pad less
 
 
 def test_rows_the_batches_were_not_built_for_are_collated_on_the_fly(shop_spec, shop_files):

@@ -14,12 +14,12 @@ from tasks.measure.records import (
     BackendSetup,
     CalibrationFacts,
     CompileCounters,
+    EncodeCounts,
     FlowSeconds,
     HarnessFigures,
     PhaseTimings,
     RunResult,
     StageTiming,
-    TextCells,
     WarmStage,
     describe_repeats,
 )
@@ -152,7 +152,7 @@ def test_recorded_figures_land_under_their_own_keys():
     r.calibration = CalibrationFacts(fit_seconds=2.0, fit_rows=30, temperature=1.25, report_rows=11)
     r.train_ranks_mean_seconds = 4.5
     r.compile_counters = CompileCounters(frames=3, cache_hits=1, cache_misses=2)
-    r.text_cells = TextCells(cells_per_pass=40, cells_per_s=80.0)
+    r.encode = EncodeCounts(per_pass=40, per_s=80.0)
     r.backend_setup = BackendSetup(load_seconds=0.5, model_bytes=100)
     region = Region(0.1, 100.0, 110.0, 0.2, 0.3, 0.4, 0.0)
     r.harness = HarnessFigures(

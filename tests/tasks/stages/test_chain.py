@@ -62,7 +62,7 @@ def test_every_step_runs_in_order_through_the_runner_and_its_seconds_land_in_its
     chain.serve(p.tz, writer, lambda stage, s, rows: book.__setitem__(stage, (s, rows)))
     assert seen == ORDER
     assert book == {stage: (float(2**i), 5) for i, stage in enumerate(ORDER)}  # 5 root rows each
-    assert p.text_cells > 0 and writer.rows == 5
+    assert p.encoded > 0 and p.encode_unit == "cells" and writer.rows == 5
     writer.abort()
 
 

@@ -132,7 +132,7 @@ def test_text_cells_reach_the_model_with_nulls_and_empties_present(shop_spec, te
     assert int(lines.present.sum()) == int(
         (lines.present.unsqueeze(-1) & (lines.text_null | (lines.text.abs().sum(-1) > 0))).sum()
     )
-    assert encoded.text_cells >= 5 + int(lines.present.sum())
+    assert encoded.encode_unit == "cells" and encoded.encoded >= 5 + int(lines.present.sum())
     engine = Engine(spec, schema, torch.device("cpu"), None, encoding=enc)
     engine.train(tz)
     out = engine.predict(tz, ("prediction",))
