@@ -30,6 +30,9 @@ IID, PID, SEED = "__iid", "__pid", "__seed"
 # Test-only switch: tests/flows/test_relbench_leakage.py turns the filter off to show that its
 # planted leak is caught (quality near perfect without the filter, at chance with it).
 FILTER = True
+# Branches with a time column are cut by ranges (``_visible_by_ranges``); False takes the plain
+# join-then-filter path, which tests/tasks/stages/test_asof.py compares it with.
+RANGES = True
 
 Overflow = Callable[[pl.DataFrame, Branch, int], tuple[pl.DataFrame, int]]
 
@@ -61,10 +64,19 @@ def nest_as_of(
         left = parent.select(
             pl.col(IID).alias(PID), pl.col(on).cast(frame.schema[b.parent_key]).alias(b.parent_key), pl.col(SEED)
         )
-        rows = frame.join(left, on=b.parent_key, how="inner", maintain_order="left")
-        if b.time is not None and FILTER:  # null times are not known to be before the seed: dropped
-            rows = rows.filter(_instant(b.time, frame.schema[b.time]) <= _instant(SEED, seed_type))
-        rows, dropped[b.name] = overflow(rows, b.model_copy(update={"parent_key": PID}), spec.run.seed)
+        cut = b.model_copy(update={"parent_key": PID})
+        if b.time is not None and FILTER and RANGES:
+            newest = _newest_first(b)
+            rows, visible = _visible_by_ranges(frame, left, b, seed_type, newest)
+            if newest is None:
+                rows, dropped[b.name] = overflow(rows, cut, spec.run.seed)
+            else:  # already cut to the newest max_length: what keep_first would drop
+                dropped[b.name] = visible - rows.height
+        else:
+            rows = frame.join(left, on=b.parent_key, how="inner", maintain_order="left")
+            if b.time is not None and FILTER:  # null times are not known to be before the seed: dropped
+                rows = rows.filter(_instant(b.time, frame.schema[b.time]) <= _instant(SEED, seed_type))
+            rows, dropped[b.name] = overflow(rows, cut, spec.run.seed)
         rows = rows.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(IID))
         kept[b.name], child_rows[b.name] = rows, rows.height
         if b.branches:
@@ -87,6 +99,58 @@ def nest_as_of(
     for b in spec.schema_.branches:
         out = out.join(nested.pop(b.name), left_on=root.key, right_on=PID, how="left", maintain_order="left")
     return out, dropped, child_rows
+
+
+def _newest_first(b: Branch) -> int | None:
+    """``max_length`` when the branch keeps its newest rows by its own time column (the derived
+    default: ``order_by`` the time column descending, ``overflow: keep_first``), else None."""
+    o = b.order_by
+    if b.overflow == "keep_first" and o is not None and o.column == b.time and o.descending:
+        return b.max_length
+    return None
+
+
+def _visible_by_ranges(
+    frame: pl.DataFrame, left: pl.DataFrame, b: Branch, seed_type: pl.DataType, newest: int | None
+) -> tuple[pl.DataFrame, int]:
+    """The rows of ``frame`` each parent instance of ``left`` (``PID``, ``b.parent_key``, ``SEED``)
+    sees, as ranges of the rows sorted by (parent key, time): an entity's rows up to a seed time
+    are one contiguous run, found by one backward as-of join per (parent key, time), so the work
+    follows the rows kept, not every row of the entity times its seed times. ``newest``: only the
+    newest that many (already in ``keep_first`` order, newest first, ties in the order read).
+
+    Returns (the rows with ``PID`` and ``SEED``, in the join path's order; rows visible before any
+    ``newest`` cut)."""
+    time, pos, read = "__t", "__pos", "__read"
+    c = (
+        frame.with_row_index(read)
+        .with_columns(_instant(b.time or "", frame.schema[b.time or ""]).alias(time))
+        .filter(pl.col(time).is_not_null())  # null times are not known to be before the seed: dropped
+        .sort([b.parent_key, time, read], descending=[False, False, True])  # reversed below: ties as read
+        .with_row_index(pos)
+        .with_columns(pl.col(pos).cast(pl.Int64))  # signed: end - (newest - 1) may go below 0
+    )
+    ends = c.group_by([b.parent_key, time]).agg(pl.col(pos).max().alias("__end")).sort(time)
+    starts = c.group_by(b.parent_key).agg(pl.col(pos).min().alias("__start"))
+    inst = (
+        left.with_columns(_instant(SEED, seed_type).alias(time))
+        .sort(time)
+        .join_asof(ends, on=time, by=b.parent_key, strategy="backward", check_sortedness=False)
+        .filter(pl.col("__end").is_not_null())
+        .join(starts, on=b.parent_key, how="left")
+    )
+    visible = int((inst["__end"] - inst["__start"] + 1).sum()) if inst.height else 0
+    if newest is None:
+        span = pl.int_ranges("__start", pl.col("__end") + 1, dtype=pl.Int64)
+    else:  # newest first: from the end backwards, at most ``newest``
+        low = pl.max_horizontal("__start", pl.col("__end") - (newest - 1))
+        span = pl.int_ranges("__end", low - 1, step=-1, dtype=pl.Int64)
+    picked = inst.select(PID, SEED, span.alias(pos)).explode(pos).drop_nulls(pos)
+    rows = c.drop(time).select(pl.all().gather(picked[pos].cast(pl.UInt32)))
+    rows = rows.drop(pos).with_columns(picked[PID], picked[SEED])
+    # the join path's order: by parent instance, then (newest) the cut's order or (all) as read
+    rows = rows.sort(PID, maintain_order=True) if newest is not None else rows.sort([PID, read])
+    return rows.drop(read), visible
 
 
 def _instant(column: str, dtype: pl.DataType) -> pl.Expr:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
+import pytest
 
 from tasks.spec import parse_spec
+from tasks.stages import asof
 from tasks.stages.preprocess import FIT, SCORED, TRAIN, preprocess
 from tasks.stages.retrieve import ROOT, Retrieved
 
@@ -134,3 +137,55 @@ def test_the_as_of_floor_keeps_the_rows_preprocess_keeps():
             con.execute(sql)
         kept = {b: con.execute(f"SELECT count(*) FROM i_{b}").fetchone()[0] for b in ("orders", "lines")}
         assert kept == pre.child_rows, max_length
+
+
+@pytest.mark.parametrize(
+    ("overflow", "order"),
+    [
+        ("keep_first", ("at", True)),  # the derived default: newest first, cut by ranges
+        ("keep_first", ("at", False)),
+        ("keep_last", ("at", True)),
+        ("sample", ("amount", True)),
+        ("keep_first", None),
+    ],
+)
+def test_ranges_keep_exactly_what_join_then_filter_keeps(monkeypatch, overflow, order):
+    """Random rows with many ties and nulls in time, several seed times per entity: the range
+    cut (tasks/stages/asof.py ``_visible_by_ranges``) and the plain join-then-filter path give the
+    same nested rows in the same order, the same overflow and the same kept counts."""
+    rng = np.random.default_rng(7)
+    n_rows, n_orders, n_lines = 60, 400, 900
+    days = [d(int(x)) for x in rng.integers(1, 28, n_rows)]
+    rows = pa.table(
+        {
+            "k": [f"{i:03d}" for i in range(n_rows)],
+            "cust": rng.integers(0, 12, n_rows),
+            "seed": days,
+            "split": ["train"] * n_rows,
+            "age": rng.normal(size=n_rows),
+            "y": rng.integers(0, 2, n_rows),
+        }
+    )
+    at = [None if rng.random() < 0.05 else d(int(x)) for x in rng.integers(1, 28, n_orders)]
+    orders = pa.table(
+        {
+            "cust": rng.integers(0, 14, n_orders),  # some customers have no rows, some rows no customer
+            "oid": np.arange(n_orders),
+            "at": at,
+            "amount": rng.integers(0, 5, n_orders).astype(float),  # ties
+        }
+    )
+    shipped = [None if rng.random() < 0.05 else d(int(x)) for x in rng.integers(1, 28, n_lines)]
+    lines = pa.table({"oid": rng.integers(0, n_orders, n_lines), "shipped": shipped, "qty": rng.normal(size=n_lines)})
+    raw = spec(max_length=3, overflow=overflow).to_dict()
+    b = raw["schema"]["branches"][0]
+    b["order_by"] = {"column": order[0], "descending": order[1]} if order else None
+    b["branches"][0] |= {"order_by": {"column": "shipped", "descending": True}, "max_length": 2}
+    s = parse_spec(raw)
+    got = {}
+    for ranges in (True, False):
+        monkeypatch.setattr(asof, "RANGES", ranges)
+        pre = preprocess(s, Retrieved({ROOT: rows, "orders": orders, "lines": lines}, 0, n_rows))
+        got[ranges] = (pre.table.to_pylist(), pre.overflow_dropped, pre.child_rows)
+    assert got[True] == got[False]
+    assert got[True][2]["orders"] > 0 and got[True][1]["orders"] > 0  # something kept, something cut
