@@ -9,11 +9,14 @@ row's seed time, or null, is dropped; only then are they ordered, numbered and c
 instance (``__iid``) that its own nested rows hang under, carrying the seed time down, so a
 nested row is filtered against its root row's seed time too, not its parent's.
 
-Whole columns at a time: one equi-join per branch on the parent key, then a vectorised
-comparison with the carried seed time; no loop over entities or seed times. The join's size is
-the rows of each entity times the chunk's seed times of that entity, which is why the workload
-streams root rows in ``run.chunk_rows`` chunks: memory follows one chunk, not every seed time.
-A branch without ``time`` (a static table) is kept whole for every seed time.
+Whole columns at a time, never a loop over entities or seed times. A branch with a time column
+is cut by ranges (``_visible_by_ranges``): its rows sorted by (parent key, time), an instance's
+visible rows are one contiguous run ending at a backward as-of join's match; with the derived
+default (newest first, ``keep_first``) only the newest ``max_length`` of the run are gathered, so
+the work follows the rows kept, not every row of an entity times its seed times. Other cuts gather
+the whole run and apply the overflow rule as usual; a branch without ``time`` (a static table) is
+joined whole for every seed time. Root rows stream in ``run.chunk_rows`` chunks: memory follows
+one chunk, not every seed time.
 """
 
 from __future__ import annotations
