@@ -24,25 +24,18 @@ VAL = "2021-01-01"
 TEST = "2021-04-01"
 WINDOW = "30 days"
 
-POSTS_SQL = """
-SELECT t.timestamp, u.user_id, CAST(COUNT(p.post_id) > 0 AS INTEGER) AS posts_next
+# the next window's posts of every user who posted before the seed time, aggregated by {label}
+WINDOW_SQL = """
+SELECT t.timestamp, u.user_id, {label}
 FROM timestamps t
 CROSS JOIN users u
 LEFT JOIN posts p
-  ON p.user_id = u.user_id AND p.t > t.timestamp AND p.t <= t.timestamp + INTERVAL '{timedelta}'
+  ON p.user_id = u.user_id AND p.t > t.timestamp AND p.t <= t.timestamp + INTERVAL '{{timedelta}}'
 WHERE EXISTS (SELECT 1 FROM posts q WHERE q.user_id = u.user_id AND q.t <= t.timestamp)
 GROUP BY t.timestamp, u.user_id
 """
-
-SCORE_SQL = """
-SELECT t.timestamp, u.user_id, COALESCE(SUM(p.score), 0.0) AS score_next
-FROM timestamps t
-CROSS JOIN users u
-LEFT JOIN posts p
-  ON p.user_id = u.user_id AND p.t > t.timestamp AND p.t <= t.timestamp + INTERVAL '{timedelta}'
-WHERE EXISTS (SELECT 1 FROM posts q WHERE q.user_id = u.user_id AND q.t <= t.timestamp)
-GROUP BY t.timestamp, u.user_id
-"""
+POSTS_SQL = WINDOW_SQL.format(label="CAST(COUNT(p.post_id) > 0 AS INTEGER) AS posts_next")
+SCORE_SQL = WINDOW_SQL.format(label="COALESCE(SUM(p.score), 0.0) AS score_next")
 
 
 def _manifest(folder: Path, tables: dict[str, dict], name: str) -> None:
