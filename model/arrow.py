@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from model.batch import Batch, NodeTensors
+from model.batch import UNSEEN_CLASS, Batch, NodeTensors
 from model.schema import (
     NULL_INDEX,
     RESERVED_CATEGORY_SLOTS,
@@ -357,6 +357,8 @@ def encode(
                 idx = pc.index_in(_as_text(raw), value_set=pa.array(enc.classes, pa.string()))
                 ok = idx.is_valid().to_numpy(zero_copy_only=False)
                 values = pc.fill_null(idx, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+                # a value outside the fit's classes: not trained on, scored as wrong (model/batch.py)
+                values[~ok & raw.is_valid().to_numpy(zero_copy_only=False)] = UNSEEN_CLASS
             else:
                 if target.kind == "binary":
                     raw = raw.cast(pa.bool_()) if not pa.types.is_boolean(raw.type) else raw
@@ -377,10 +379,20 @@ def coordinate_counts(batch: Batch, schema: ModelSchema) -> tuple[int, int]:
 
     Null and learned-mask cells are present; padding and structurally skipped cells are not.
     """
+    return mask_coordinate_counts(present_masks(batch, schema))
+
+
+def present_masks(batch: Batch, schema: ModelSchema) -> list[tuple[int, torch.Tensor]]:
+    """(cells per row, present mask) of every node, in walk order: what ``coordinate_counts``
+    reads, by reference (no reduction, no host copy), so a timed loop can keep them and count
+    after its timing with ``mask_coordinate_counts``."""
+    return [(len(node.columns), batch.nodes[node.name].present) for node in schema.root.walk()]
+
+
+def mask_coordinate_counts(masks: list[tuple[int, torch.Tensor]]) -> tuple[int, int]:
+    """``coordinate_counts`` from ``present_masks``' pairs (a host copy per node on CUDA)."""
     present = reserved = 0
-    for node in schema.root.walk():
-        cells = len(node.columns)
-        p = batch.nodes[node.name].present
+    for cells, p in masks:
         # numpy, not torch: torch's threaded reduction of a small bool tensor costs ~1000x
         # more (thread wake-ups; far worse on a busy host) for the same count
         present += int(np.count_nonzero(p.cpu().numpy())) * cells

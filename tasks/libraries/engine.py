@@ -89,9 +89,16 @@ class Driver(Protocol):
         """The prediction of a batch in the harness's convention (see the module note)."""
         ...
 
-    def layout(self, part: Any) -> tuple[int, int, tuple[int, ...]]:
-        """(present, padded) cells the model received in this batch, and its padded shape
-        (distinct shapes are ``data.batch_shapes``), from one look at the batch."""
+    def layout_refs(self, part: Any) -> Any:
+        """What ``layout`` counts of this batch, by reference (its masks): no reduction, no
+        host copy, nothing of the batch's inputs. Taken inside the timed step; the engine
+        keeps it until it settles, after the compute stage."""
+        ...
+
+    def layout(self, refs: Any) -> tuple[int, int, tuple[int, ...]]:
+        """(present, padded) cells the model received in the batch ``refs`` came from, and
+        its padded shape (distinct shapes are ``data.batch_shapes``); counted after the
+        compute stage (``EngineBase.settle``)."""
         ...
 
     def cells(self, part: Any) -> torch.Tensor | None:
@@ -162,12 +169,11 @@ class LibraryEngine(EngineBase):
                 with self.profiler.batch("predict", steady), window.span(recorded):
                     pred = self.driver.predict_step(part).float().to("cpu")
                 window.batch_done(steady)
-                present, padded, shape = self.driver.layout(part)
+                # references only: the layout is counted after the compute stage (``settle``)
+                self.keep_layout(functools.partial(self.driver.layout, self.driver.layout_refs(part)))
                 mask = self.driver.cells(part) if steady else None
                 if mask is not None:
                     self.steady_cell_masks.append(mask)
-                self.batch_coords.append((present, padded))
-                self.batch_shapes.add(shape)
                 preds.append(pred)
                 ran.append(self.driver.rows_of(part))
             window.flush()
@@ -175,8 +181,8 @@ class LibraryEngine(EngineBase):
         self.paths_seen |= self.driver.paths()
         prediction = _in_key_order(torch.cat(preds), torch.cat(ran), chunk.root_rows)
         mask = chunk.label_present & chunk.is_scored
-        if not (self.spec.task.kind == "category" and prediction.shape[-1] == 0):  # no class learned yet
-            self.quality.add(prediction, chunk.labels, mask, chunk.keys)
+        # every held-out row with a label counts: a class not learned (none at all, untrained) as wrong
+        self.quality.keep(prediction, chunk.labels, mask, chunk.keys, chunk.is_scored)  # scored by ``settle``
         return PredictOutputs({"prediction": prediction}, labels=chunk.labels, label_mask=mask)
 
     @torch.no_grad()

@@ -11,6 +11,11 @@ else the root rows. Each chunk's root keys come with its scores (``add(..., keys
 RelBench root key is ``"<entity>@<seed time>"``, so the entity is the key without its last
 ``@...``. The interval is about which test entities happened to be drawn, in this one run; the
 variation between training runs is what repeated runs (``models-report --rounds``) show.
+
+A held-out category label whose class the model never learned (``UNSEEN_CLASS``: the libraries
+learn their classes from different chunks) is scored as a wrong prediction, never dropped, so
+``quality.rows`` is the same held-out rows for every library (``quality.unseen_class_rows`` says
+how many such rows there were); ``majority_rate`` is the commonest learned class's share of them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from model.batch import UNSEEN_CLASS
 from tasks.measure import keys as K
 from tasks.measure.stats import CI_LEVEL, cluster_bootstrap
 
@@ -56,13 +62,51 @@ class Quality:
     _pred: list[np.ndarray] = field(default_factory=list)
     _label: list[np.ndarray] = field(default_factory=list)
     _keys: list[np.ndarray | None] = field(default_factory=list)  # root key of each scored cell
+    # ``keep``'s arguments, by reference, until ``settle`` scores them with ``add``
+    _kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, Keys | None, torch.Tensor | None]] = field(
+        default_factory=list
+    )
 
-    def add(self, prediction: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, keys: Keys | None = None) -> None:
+    def keep(
+        self,
+        prediction: torch.Tensor,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        keys: Keys | None = None,
+        scored: torch.Tensor | None = None,
+    ) -> None:
+        """``add``'s arguments kept by reference, scored by ``settle`` (or when a figure is
+        read): a timed compute step keeps them, and the scoring (argmax, masks, host copies,
+        the keys' conversion) runs after its timing. The tensors must not change meanwhile."""
+        self._kept.append((prediction, labels, mask, keys, scored))
+
+    def settle(self) -> None:
+        """Score what ``keep`` kept, in the order it was kept."""
+        kept, self._kept = self._kept, []
+        for prediction, labels, mask, keys, scored in kept:
+            self.add(prediction, labels, mask, keys, scored)
+
+    def add(
+        self,
+        prediction: torch.Tensor,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        keys: Keys | None = None,
+        scored: torch.Tensor | None = None,
+    ) -> None:
         """``prediction``: logits [..., C] (category) or [...] (binary logit / regression);
         ``mask``: [B] or [B, ...] (a branch target's cells); ``keys``: the B root keys, so that
-        the interval can resample whole entities (without them: every scored cell alone)."""
+        the interval can resample whole entities (without them: every scored cell alone).
+        ``scored``: the B held-out root rows; a category cell among them whose label is
+        ``UNSEEN_CLASS`` (outside ``mask``, which holds known classes) is scored as wrong."""
+        self.settle()  # what was kept before comes first
         mask = mask.bool()
-        if self.kind == "category":
+        if self.kind == "category" and scored is not None:  # a class never learned: wrong, not dropped
+            held_out = scored.bool().to(mask.device).view(-1, *([1] * (mask.dim() - 1)))
+            mask = mask | ((labels.to(mask.device) == UNSEEN_CLASS) & held_out)
+        if self.kind == "category" and prediction.shape[-1] == 0:  # no class learned at all
+            pred = torch.full((int(mask.sum()),), UNSEEN_CLASS)  # never right (``_hits``)
+        elif self.kind == "category":
             pred = prediction.float().argmax(-1)[mask]
         else:
             pred = prediction.float()[mask]
@@ -77,6 +121,7 @@ class Quality:
         self._keys.append(np.asarray(root)[rows])
 
     def metrics(self) -> dict[str, float]:
+        self.settle()
         if not self._pred:
             return {}
         pred, label = np.concatenate(self._pred), np.concatenate(self._label)
@@ -84,8 +129,11 @@ class Quality:
         if len(label) == 0:
             return out
         if self.kind == "category":
-            out["accuracy"] = float((pred == label).mean())
-            out["majority_rate"] = float(np.bincount(label.astype(np.int64)).max() / len(label))
+            seen = label >= 0  # the rest: classes the model never learned (``UNSEEN_CLASS``)
+            out["accuracy"] = float(_hits(pred, label).mean())
+            counts = np.bincount(label[seen].astype(np.int64)) if seen.any() else np.zeros(1)
+            out["majority_rate"] = float(counts.max() / len(label))  # the commonest learned class
+            out["unseen_class_rows"] = float((~seen).sum())
         elif self.kind == "binary":
             out["accuracy"] = float(((pred > 0) == (label > 0.5)).mean())
             out["auc"] = _auc(pred, label)
@@ -106,6 +154,7 @@ class Quality:
         logged): the headline's bootstrap interval over the scored rows (module docstring).
         ``by_entity``: the keys are RelBench seed keys and their entities are the units; else
         each root row is one. Empty with fewer than two units, or without a finite interval."""
+        self.settle()
         if not self._pred:
             return {}
         pred, label = np.concatenate(self._pred), np.concatenate(self._label)
@@ -130,10 +179,15 @@ class Quality:
         if self.kind == "binary":
             return weighted_auc(pred, label)
         if self.kind == "category":
-            score = (pred == label).astype(np.float64)
+            score = _hits(pred, label).astype(np.float64)
         else:
             score = np.abs((pred - label) * self.target_std).astype(np.float64)  # the absolute error
         return lambda w: (w @ score) / w.sum(axis=1)
+
+
+def _hits(pred: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """Category rows predicted right: an ``UNSEEN_CLASS`` label never is."""
+    return np.asarray((pred == label) & (label >= 0))
 
 
 def entities_of_seed_keys(keys: np.ndarray) -> np.ndarray:

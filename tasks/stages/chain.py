@@ -298,12 +298,19 @@ class Chain:
     ) -> PredictOutputs:
         """compute (predict) -> calibrate -> write for one prepared chunk or request.
 
-        ``later``: the calibration-quality bookkeeping (``report_mask`` hashes every key) is
-        appended there instead of run, for a caller that runs it outside its own timing (a
-        request's latency span)."""
+        ``later``: the bookkeeping (what compute kept by reference: the batches' layouts and
+        the quality's scores, ``engine.settle``; the calibration quality, whose ``report_mask``
+        hashes every key) is appended there instead of run, for a caller that runs it outside
+        its own timing (a request's latency span)."""
         engine, spec, rows = self._engine(), self.spec, tz.root_rows
         outs, seconds = self._timed("compute", lambda: engine.predict(tz, self.outputs), where, runner)
         sink("compute", seconds, rows)
+        # counted here, outside the compute stage (and a request's latency): also bounds what
+        # the engine holds by reference to one chunk's batches
+        if later is None:
+            engine.settle()
+        else:
+            later.append(engine.settle)
         if outs.label_mask is not None and outs.labels is not None:  # quality bookkeeping: untimed
             # only the rows the temperature was not fitted on (out-of-sample calibration quality);
             # the uncalibrated logits, by reference (calibrate replaces the dict's entry)

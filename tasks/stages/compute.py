@@ -22,7 +22,7 @@ import pyarrow as pa
 import torch
 
 from model import ModelConfig, RelationalTransformer, bucketing
-from model.arrow import Encoding, coordinate_counts, encode_trimmed, flatten
+from model.arrow import Encoding, encode_trimmed, flatten, mask_coordinate_counts, present_masks
 from model.batch import Batch
 from model.data import ArrowDataModule
 from model.meta import inspect_on_meta
@@ -38,6 +38,7 @@ from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 from tasks.stages.engine import (
     EngineBase,
+    Layout,
     ModelFacts,
     PredictOutputs,
     compile_cache_counts,
@@ -343,11 +344,12 @@ class Engine(EngineBase):
         self.wall_seconds += wall.seconds
         self.paths_seen.add(getattr(self.model, "last_encoder_path", "unknown"))
 
-    def _count_batch(self, part: Batch) -> None:
-        """Coordinates the model received in this predict batch (``data.padded_coords``)."""
-        present, padded = coordinate_counts(part, self.schema)
-        self.batch_coords.append((present, padded))
-        self.batch_shapes.add(tuple(part.nodes[n.name].present.shape[-1] for n in self.schema.root.walk()[1:]))
+    def _count_batch(self, masks: list[tuple[int, torch.Tensor]]) -> Layout:
+        """Coordinates the model received in one predict batch (``data.padded_coords``) and its
+        padded branch lengths, from the batch's present masks (``present_masks``, kept by
+        reference inside the timed loop): counted by ``settle``, after the compute stage."""
+        present, padded = mask_coordinate_counts(masks)
+        return present, padded, tuple(mask.shape[-1] for _, mask in masks[1:])
 
     @staticmethod
     def needed_outputs(outputs: tuple[str, ...]) -> tuple[str, ...]:
@@ -375,7 +377,8 @@ class Engine(EngineBase):
                     outs = self.backend.step(part, need)
                     outs = {k: v.float().to("cpu", non_blocking=False) for k, v in outs.items()}
                 window.batch_done(steady)
-                self._count_batch(part)
+                # the batch's masks by reference: counted after the compute stage (``settle``)
+                self.keep_layout(functools.partial(self._count_batch, present_masks(part, self.schema)))
                 for k, v in outs.items():
                     parts[k].append(
                         bucketing.pad_back(v, self.schema, bucketing.output_node(k, self.schema)) if bucketed else v
@@ -402,7 +405,7 @@ class Engine(EngineBase):
                 present = {k: bucketing.restore_order(v, ran) for k, v in present.items()}
         scored = tz.is_scored
         mask = label_present & scored.view(-1, *([1] * (labels.dim() - 1)))
-        self.quality.add(tensors["prediction"], labels, mask, tz.keys)
+        self.quality.keep(tensors["prediction"], labels, mask, tz.keys, scored)  # scored by ``settle``
         return PredictOutputs(tensors, present, labels=labels, label_mask=mask)
 
     @torch.no_grad()

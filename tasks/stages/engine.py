@@ -11,7 +11,7 @@ the wait for input, and the profiler over a few steady batches.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +34,9 @@ from tasks.measure.records import PhaseTimings
 from tasks.spec import Spec
 
 _P = TypeVar("_P")  # one device batch of the library's own type
+
+Layout = tuple[int, int, tuple[int, ...]]
+"""(present, padded) coordinates a predict batch gave the model, and its padded shape."""
 
 if TYPE_CHECKING:
     from tasks.stages.tensorize import Chunk
@@ -120,11 +123,45 @@ class EngineBase:
         self.warmup_breaks: dict[str, int] = {"train": 0, "predict": 0}
         self.worker_startup_seconds = 0.0
         self.profiler = SteadyProfiler(spec.run.profile, spec.run.profile_batches, device)
-        self.batch_coords: list[tuple[int, int]] = []  # (present, padded) per predict batch
-        self.batch_shapes: set[tuple[int, ...]] = set()  # padded shapes seen (predict)
+        self._batch_coords: list[tuple[int, int]] = []  # (present, padded) per predict batch
+        self._batch_shapes: set[tuple[int, ...]] = set()  # padded shapes seen (predict)
+        # Each predict batch's layout, kept by reference inside the timed loop (``keep_layout``:
+        # masks, no reduction) and counted by ``settle``, outside the compute stage: counting
+        # inside it (relflow walks every field; a host copy per node on CUDA) was charged to
+        # compute seconds, e2e and every request's latency (issue 43 item 11).
+        self._kept_layouts: list[Callable[[], Layout]] = []
         # steady predict batches' padding masks of a cell-context library, by reference: summed
         # when read (``steady_cells``), after the timed region, not per batch inside it
         self.steady_cell_masks: list[torch.Tensor] = []
+
+    def keep_layout(self, count: Callable[[], Layout]) -> None:
+        """Inside the timed loop: one predict batch's layout, as a call over references to its
+        masks that ``settle`` makes later (it must not hold the batch's inputs)."""
+        self._kept_layouts.append(count)
+
+    def settle(self) -> None:
+        """Count what the timed loops kept by reference: the predict batches' layouts
+        (``batch_coords``, ``batch_shapes``) and the quality's scores. The chain calls it after
+        each compute stage (a request's: with the bookkeeping it runs outside the request's
+        latency); reading a figure calls it too."""
+        kept, self._kept_layouts = self._kept_layouts, []
+        for count in kept:
+            present, padded, shape = count()
+            self._batch_coords.append((present, padded))
+            self._batch_shapes.add(shape)
+        self.quality.settle()
+
+    @property
+    def batch_coords(self) -> list[tuple[int, int]]:
+        """(present, padded) coordinates per predict batch (``data.padded_coords``)."""
+        self.settle()
+        return self._batch_coords
+
+    @property
+    def batch_shapes(self) -> set[tuple[int, ...]]:
+        """Distinct padded shapes the predict batches had (``data.batch_shapes``)."""
+        self.settle()
+        return self._batch_shapes
 
     @property
     def steady_cells(self) -> CellMoments:
@@ -186,14 +223,29 @@ class EngineBase:
         pass, after the timed region): no batch is steady (so no throughput, FLOPs shape,
         recompile or profile is charged), and the timings, coordinates, quality and wall
         time are put back after."""
-        saved = (self.predict_timings, self.batch_coords, self.batch_shapes, self.quality, self.wall_seconds)
+        saved = (
+            self.predict_timings,
+            self._batch_coords,
+            self._batch_shapes,
+            self._kept_layouts,
+            self.quality,
+            self.wall_seconds,
+        )
         paths, breaks = set(self.paths_seen), dict(self.warmup_breaks)
         self.predict_timings = PhaseTimings(2**62)  # warm-up never ends: nothing is steady
-        self.batch_coords, self.batch_shapes, self.quality = [], set(), self.new_quality()
+        self._batch_coords, self._batch_shapes, self._kept_layouts = [], set(), []
+        self.quality = self.new_quality()
         try:
             yield
         finally:
-            self.predict_timings, self.batch_coords, self.batch_shapes, self.quality, self.wall_seconds = saved
+            (
+                self.predict_timings,
+                self._batch_coords,
+                self._batch_shapes,
+                self._kept_layouts,
+                self.quality,
+                self.wall_seconds,
+            ) = saved
             self.paths_seen, self.warmup_breaks = paths, breaks
 
     def record(self, phase: str, t: PhaseTimings, seconds: float, rows: int, part: object) -> None:

@@ -42,6 +42,7 @@ import pyarrow as pa
 import torch
 from relational_transformers import RelationalBatch
 
+from model.batch import UNSEEN_CLASS
 from tasks.libraries.engine import LibraryChunk, LibraryEngine, binary_probability
 from tasks.libraries.relational_transformers.checks import LIBRARY
 from tasks.libraries.relational_transformers.contexts import (
@@ -49,13 +50,12 @@ from tasks.libraries.relational_transformers.contexts import (
     Contexts,
     Stats,
     build_contexts,
-    cells_padded,
-    cells_present,
     collate,
     encode,
     fit_stats,
     plan_batches,
     planned_cells,
+    unseen_classes,
 )
 from tasks.libraries.relational_transformers.contexts import Encoded as CellVectors
 from tasks.libraries.relational_transformers.driver import OnnxDriver, RTDriver, first_cell
@@ -156,6 +156,9 @@ class RTSide:
             assert self.stats is not None
             all_labels = torch.where(all_present, all_labels * self.stats.target_std + self.stats.target_mean, 0.0)
         labels[enc.rows], present[enc.rows] = all_labels, all_present
+        if spec.task.kind == "category":  # a class the training split never had: scored as wrong
+            assert self.stats is not None
+            labels[torch.from_numpy(unseen_classes(pre.table, spec, self.stats))] = UNSEEN_CLASS
         train_rows, fit, scored = role_masks(pre.table)
         return LibraryChunk(
             keys=pre.table[spec.schema_.root.key].combine_chunks(),
@@ -291,9 +294,12 @@ class _Steps:
                 shutil.rmtree(self._onnx_dir, ignore_errors=True)
                 self._onnx_dir = None
 
-    def layout(self, part: Any) -> tuple[int, int, tuple[int, ...]]:
-        batch = cast(_Part, part).batch
-        return cells_present(batch), cells_padded(batch), tuple(batch.is_padding.shape)
+    def layout_refs(self, part: Any) -> Any:
+        return cast(_Part, part).batch.is_padding  # the batch's [contexts, cells] mask, not its vectors
+
+    def layout(self, refs: Any) -> tuple[int, int, tuple[int, ...]]:
+        is_padding = cast(torch.Tensor, refs)  # cells_present / cells_padded of its batch
+        return int((~is_padding).sum()), int(is_padding.numel()), tuple(is_padding.shape)
 
     def cells(self, part: Any) -> torch.Tensor | None:
         return cast(_Part, part).batch.is_padding

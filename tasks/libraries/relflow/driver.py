@@ -38,6 +38,7 @@ from tensordict import TensorDict
 from torch._dynamo import eval_frame
 from torch.utils.flop_counter import FlopCounterMode
 
+from model.batch import UNSEEN_CLASS
 from tasks.libraries.relflow.mapping import branch_path, build, field_name, input_table, target_address
 from tasks.spec import Spec
 
@@ -46,6 +47,7 @@ __all__ = [
     "FieldOccupancy",
     "MemoryLogger",
     "Occupancy",
+    "OccupancyMasks",
     "PackingFact",
     "RelflowDriver",
     "ThroughputRows",
@@ -92,6 +94,26 @@ class Occupancy:
     @property
     def allocated(self) -> int:
         return sum(f.allocated for f in self.fields.values())
+
+
+@dataclass(frozen=True)
+class OccupancyMasks:
+    """An encoded batch's present masks (per input field) and slot masks (per branch), each
+    with its reserved count, by reference: ``count`` makes the ``Occupancy``."""
+
+    rows: int
+    fields: dict[str, tuple[torch.Tensor, int]]  # address -> (present mask, reserved)
+    sequences: dict[str, tuple[torch.Tensor, int]]  # address -> (slot mask, reserved)
+
+    def count(self) -> Occupancy:
+        def one(mask: torch.Tensor, reserved: int) -> FieldOccupancy:
+            return FieldOccupancy(int(mask.sum()), mask.numel(), reserved)
+
+        return Occupancy(
+            rows=self.rows,
+            fields={a: one(*f) for a, f in self.fields.items()},
+            sequences={a: one(*f) for a, f in self.sequences.items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -467,7 +489,8 @@ class RelflowDriver:
         """The target column of ``input_table`` rows as quality labels, aligned with
         ``outputs``: (class index into ``classes()`` / 1.0-0.0 / value, present). relflow's
         predict encoding never reads the target (its coordinates are padding there), so the
-        labels come from the Arrow column, columnar."""
+        labels come from the Arrow column, columnar. A category value outside the vocabulary
+        learned so far is ``UNSEEN_CLASS``, not present (scored as wrong, model/batch.py)."""
         column: pa.Array | pa.ChunkedArray = table[field_name(self.spec.task.branch or self.spec.task.target)]
         if self.spec.task.branch:
             for name in branch_path(self.spec, self.spec.task.branch)[1:]:
@@ -478,15 +501,17 @@ class RelflowDriver:
             values = cast(pa.DictionaryArray, values).dictionary_decode()
         if self.spec.task.kind == "category":
             vocabulary = pa.array(list(rf.Category.vocabulary(self.model, self.target)))
-            if len(vocabulary) == 0:  # nothing learned yet (untrained weights): no label is known
-                n = len(values)
-                return torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
-            if len(vocabulary) and values.type != vocabulary.type:
+            known = values.is_valid().to_numpy(zero_copy_only=False)
+            if len(vocabulary) == 0:  # nothing learned yet (untrained weights): every class unseen
+                unseen = np.where(known, UNSEEN_CLASS, 0).astype(np.int64)
+                return torch.from_numpy(unseen), torch.zeros(len(values), dtype=torch.bool)
+            if values.type != vocabulary.type:
                 values = pc.cast(values, vocabulary.type)
             index = pc.index_in(values, value_set=vocabulary)
-            present = torch.from_numpy(index.is_valid().to_numpy(zero_copy_only=False).copy())
+            ok = index.is_valid().to_numpy(zero_copy_only=False)
             filled = pc.fill_null(index, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-            return torch.from_numpy(filled), present
+            filled[~ok & known] = UNSEEN_CLASS
+            return torch.from_numpy(filled), torch.from_numpy(ok.copy())
         number = pc.cast(values, pa.float64(), safe=not pa.types.is_integer(values.type))  # ints past 2**53 round
         present = torch.from_numpy(number.is_valid().to_numpy(zero_copy_only=False).copy())
         return torch.from_numpy(pc.fill_null(number, 0.0).to_numpy(zero_copy_only=False).copy()), present
@@ -509,24 +534,28 @@ class RelflowDriver:
     def occupancy(self, td: TensorDict) -> Occupancy:
         """Present vs allocated vs reserved coordinates of an encoded batch, per input field
         and per branch."""
+        return self.occupancy_masks(td).count()
+
+    def occupancy_masks(self, td: TensorDict) -> OccupancyMasks:
+        """The masks ``occupancy`` counts, by reference (no reduction, no host copy): a timed
+        loop keeps them and counts them after its timing (``OccupancyMasks.count``)."""
         schema = self.model.schema
         rows = int(td.batch_size[0])
-        fields: dict[str, FieldOccupancy] = {}
+        fields: dict[str, tuple[torch.Tensor, int]] = {}
         for address, request in schema.active_requests.items():
             if not request.embedded:
                 continue
             present = cast(torch.Tensor, td[address].present)
-            reserved = rows * math.prod(n or 1 for n in request.shape)
-            fields[str(address)] = FieldOccupancy(int(present.sum()), present.numel(), reserved)
+            fields[str(address)] = (present, rows * math.prod(n or 1 for n in request.shape))
         geometry = td["/"]
-        sequences: dict[str, FieldOccupancy] = {}
+        sequences: dict[str, tuple[torch.Tensor, int]] = {}
         for address, branch in schema.branches.items():
             if str(address) == "/" or address not in geometry.keys():  # noqa: SIM118 - TensorDict refuses `in`
                 continue
             slots = cast(torch.Tensor, geometry[address].slots)
             lengths = [getattr(n, "length", None) or 1 for n in branch.path if getattr(n, "type", None) == "branch"]
-            sequences[str(address)] = FieldOccupancy(int(slots.sum()), slots.numel(), rows * math.prod(lengths))
-        return Occupancy(rows=rows, fields=fields, sequences=sequences)
+            sequences[str(address)] = (slots, rows * math.prod(lengths))
+        return OccupancyMasks(rows, fields, sequences)
 
     def packing(self, training: bool) -> list[PackingFact]:
         """relflow's own eligibility test (relflow/architecture/packed.py) per encoder region,

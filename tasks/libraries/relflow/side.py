@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDict
 
 from tasks.libraries.engine import LibraryChunk, LibraryEngine, binary_probability
-from tasks.libraries.relflow.driver import CompiledCalls, RelflowDriver
+from tasks.libraries.relflow.driver import CompiledCalls, OccupancyMasks, RelflowDriver
 from tasks.libraries.relflow.mapping import LIBRARY
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
@@ -219,8 +219,11 @@ class _Steps:
         # quality read logits), the value in the target's units for regression.
         return out["logits"] if self.spec.task.kind in ("category", "binary") else out["prediction"]
 
-    def layout(self, part: Any) -> tuple[int, int, tuple[int, ...]]:
-        occ = self.driver.occupancy(cast(_Part, part).td)  # once per batch: it walks every field
+    def layout_refs(self, part: Any) -> Any:
+        return self.driver.occupancy_masks(cast(_Part, part).td)  # the fields' masks, uncounted
+
+    def layout(self, refs: Any) -> tuple[int, int, tuple[int, ...]]:
+        occ = cast(OccupancyMasks, refs).count()  # it walks every field: after the compute stage
         shape = tuple(f.allocated // max(occ.rows, 1) for f in occ.sequences.values())
         return occ.present, occ.allocated, shape
 
