@@ -20,6 +20,9 @@ instance per branch); a node's leading dims always equal its parent's rows.
 
 Target (in one node): ``labels_R`` (int64 class index, or float for binary/regression) and
 ``label_present_R`` (row present and label not null: these rows count in loss and quality).
+A category label whose class the fit never saw (no class index: the model cannot predict it)
+is ``UNSEEN_CLASS`` with ``label_present`` false: no loss or calibration uses it, and quality
+counts it as a wrong prediction (tasks/measure/quality.py), never drops it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
+
+# The label index of a held-out category value outside the classes learned at fit time (every
+# library's labels use it: the reference's encoding, relflow's vocabulary, RT's statistics).
+UNSEEN_CLASS = -1
 
 
 @dataclass

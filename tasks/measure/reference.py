@@ -95,7 +95,7 @@ def _score_served_rows(
     same multiset of rows as the run's request quality, without one forward per request."""
     served = np.concatenate(scored_keys) if scored_keys else np.empty(0, dtype=np.int64)
     distinct = np.unique(served)
-    preds, labels, masks, keys = [], [], [], []
+    preds, labels, masks, scored, keys = [], [], [], [], []
     for i in range(0, len(distinct), chunk_rows):
         tz = prepare_keys(distinct[i : i + chunk_rows])
         outs = engine.predict(tz, ("prediction",))
@@ -103,6 +103,7 @@ def _score_served_rows(
         preds.append(outs.tensors["prediction"])
         labels.append(outs.labels)
         masks.append(outs.label_mask)
+        scored.append(tz.is_scored)
         keys.append(tz.keys.to_numpy(zero_copy_only=False))
     engine.begin_predict_pass()  # drop the once-each scores: the multiset replaces them
     if not keys:
@@ -112,7 +113,9 @@ def _score_served_rows(
     at = order[np.searchsorted(have, served, sorter=order)]
     assert np.array_equal(have[at], served), "a served key was not among the reference pass's rows"
     index = torch.from_numpy(at)
-    engine.quality.add(torch.cat(preds)[index], torch.cat(labels)[index], torch.cat(masks)[index])
+    engine.quality.add(
+        torch.cat(preds)[index], torch.cat(labels)[index], torch.cat(masks)[index], scored=torch.cat(scored)[index]
+    )
 
 
 def quality_delta(headline: str, run: dict[str, float], reference: dict[str, float]) -> dict[str, float]:

@@ -354,6 +354,20 @@ def _target_sem(kind: str) -> int:
     return {"binary": SEM_BOOLEAN, "regression": SEM_NUMBER, "category": SEM_TEXT}[kind]
 
 
+def unseen_classes(table: pa.Table, spec: Spec, stats: Stats) -> Bools:
+    """[rows]: a category target's values that are known (not null) but none of the training
+    classes (``stats.classes``), so the model has no index for them. Their label is absent for
+    training and calibration (NaN in ``Contexts.labels``); quality counts them as wrong
+    (``UNSEEN_CLASS``, model/batch.py)."""
+    target = spec.task.target
+    if spec.task.kind != "category" or target not in table.column_names:
+        return np.zeros(table.num_rows, dtype=bool)
+    raw = _table_column(table, target)
+    idx = pc.index_in(_strings(raw), value_set=pa.array(stats.classes, pa.large_string()))
+    known = raw.is_valid().to_numpy(zero_copy_only=False)
+    return np.asarray(known & ~idx.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+
+
 def _labels(table: pa.Table, spec: Spec, stats: Stats) -> Floats:
     n = table.num_rows
     target = spec.task.target
