@@ -223,6 +223,7 @@ HARNESS_STAGE_SECONDS = "harness.stage_seconds"
 HARNESS_BACKEND_SETUP_SECONDS = "harness.backend_setup_seconds"
 HARNESS_CALIBRATION_FIT_SECONDS = "harness.calibration_fit_seconds"
 HARNESS_REQUEST_WAIT_SECONDS = "harness.request_wait_seconds"
+HARNESS_REQUEST_SETTLE_SECONDS = "harness.request_settle_seconds"
 HARNESS_DISTRIBUTED_LAUNCH_SECONDS = "harness.distributed_launch_seconds"
 HARNESS_LOCK_WAIT_SECONDS = "harness.lock_wait_seconds"
 HARNESS_REGION_GC_SECONDS = "harness.region_gc_seconds"
@@ -892,6 +893,11 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ),
     (HARNESS_BACKEND_SETUP_SECONDS, "timed-region seconds starting the serving backend (export, session, checkpoint)"),
     (HARNESS_REQUEST_WAIT_SECONDS, "server scenario: timed-region seconds idle, waiting for arrivals and batch fill"),
+    (
+        HARNESS_REQUEST_SETTLE_SECONDS,
+        "request scenarios: timed-region seconds of the served calls' bookkeeping (figures, stage table, "
+        "quality), outside every request's latency; the server settles at most a few calls' worth per idle gap",
+    ),
     (
         HARNESS_DISTRIBUTED_LAUNCH_SECONDS,
         "DDP: torchrun start-up, the reference run and rank wall time outside the ranks' stage seconds",

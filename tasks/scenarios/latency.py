@@ -54,6 +54,8 @@ class LatencyRecord:
     roots: int = 1
     intra_op_threads: int = 0  # torch's intra-op threads while serving (0: not recorded)
     wait_s: float = 0.0  # server: idle, waiting for arrivals and batch fill (harness.request_wait_seconds)
+    # the served calls' bookkeeping, outside every request's span (harness.request_settle_seconds)
+    settle_s: float = 0.0
     # Steady served calls (a server batch once): their step seconds and root rows, so
     # service-time and wall-time throughput are named apart (latency.rows_per_service_s and
     # latency.rows_per_wall_s).

@@ -12,6 +12,8 @@ region's wall time into named buckets that add up to it exactly:
 - ``calibration_fit``, ``backend_setup``: those steps, less any stage or engine seconds
   inside them;
 - ``request_wait``: a server scenario's idle waits for arrivals and batch fill;
+- ``request_settle``: a request scenario's bookkeeping of its served calls (``settle``: the
+  figures, stage table and quality each call counts), run outside every request's span;
 - ``distributed_launch``: torchrun start-up, the reference run and the ranks' wall time that
   is not in their stage seconds;
 - ``orchestration``: the rest, i.e. Prefect task calls and bookkeeping only.
@@ -34,7 +36,7 @@ from tasks.scenarios.offline import predict_repeat
 from tasks.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
 
-BUCKETS = ("calibration_fit", "backend_setup", "request_wait", "distributed_launch")
+BUCKETS = ("calibration_fit", "backend_setup", "request_wait", "request_settle", "distributed_launch")
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Region:
             K.HARNESS_CALIBRATION_FIT_SECONDS: self.named["calibration_fit"],
             K.HARNESS_BACKEND_SETUP_SECONDS: self.named["backend_setup"],
             K.HARNESS_REQUEST_WAIT_SECONDS: self.named["request_wait"],
+            K.HARNESS_REQUEST_SETTLE_SECONDS: self.named["request_settle"],
             K.HARNESS_DISTRIBUTED_LAUNCH_SECONDS: self.named["distributed_launch"],
             K.HARNESS_ORCHESTRATION_SECONDS: self.seconds - named,
         }
@@ -110,6 +113,7 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
         if steps.requests is not None:
             latency = steps.requests()
             region.named["request_wait"] += latency.wait_s
+            region.named["request_settle"] += latency.settle_s
         else:
             for repeat in range(repeats):
                 predict_repeat(work, steps.writer, repeat, repeats)

@@ -6,12 +6,14 @@ The workload's own chain (tasks/stages/chain.py), run directly: a Prefect task p
 would add orchestration to every request's latency. Step times also add into the run's stage
 table; held-out labels feed the calibration quality outside the timing. What a call counts
 (figures, stage table, quality; ``report_mask`` hashes its keys) runs in ``settle``, which
-the scenarios call outside every request's latency span.
+the scenarios call outside every request's latency span, a call's worth at a time when asked
+(the server settles a bounded amount per idle gap: tasks/scenarios/server.py).
 """
 
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -31,9 +33,10 @@ class RequestPath:
         self.scored_keys: list[np.ndarray] = []  # each call's root keys (LatencyRecord.scored_keys)
         # run.request.check_outputs: each call's written predictions, by reference
         self.outputs = ServedOutputs() if work.spec.run.request.check_outputs else None
-        # Bookkeeping of served calls (figures, stage table, quality), run by ``settle``: the
-        # scenarios call it outside every request's latency span, where it once ran.
-        self._later: list[Callable[[], None]] = []
+        # Bookkeeping of served calls (figures, stage table, quality), one list per call,
+        # oldest first, run by ``settle``: the scenarios call it outside every request's
+        # latency span, where it once ran.
+        self._later: deque[list[Callable[[], None]]] = deque()
 
     def __call__(self, keys: np.ndarray) -> dict[str, float]:
         """Serve one request (or one batch of requests) for ``keys``; step -> seconds. Only the
@@ -46,15 +49,24 @@ class RequestPath:
 
         chain = self.chain
         p = chain.prepare(keys, record, runner=run_directly)
-        outs = chain.serve(p.tz, self.writer, record, runner=run_directly, later=self._later)
-        self._later.append(functools.partial(self._book, keys, p, outs, steps, rows))
+        later: list[Callable[[], None]] = []
+        outs = chain.serve(p.tz, self.writer, record, runner=run_directly, later=later)
+        later.append(functools.partial(self._book, keys, p, outs, steps, rows))
+        self._later.append(later)
         return steps
 
-    def settle(self) -> None:
-        """The served calls' bookkeeping, in the order they were served."""
-        for book in self._later:
-            book()
-        self._later.clear()
+    @property
+    def pending(self) -> int:
+        """Served calls whose bookkeeping has not run yet."""
+        return len(self._later)
+
+    def settle(self, calls: int | None = None) -> int:
+        """The bookkeeping of the ``calls`` oldest served calls (None: every one), in the order
+        they were served; returns how many calls' bookkeeping is still pending."""
+        for _ in range(len(self._later) if calls is None else min(calls, len(self._later))):
+            for book in self._later.popleft():
+                book()
+        return len(self._later)
 
     def _book(
         self, keys: np.ndarray, p: Prepared, outs: PredictOutputs, steps: dict[str, float], rows: dict[str, int]

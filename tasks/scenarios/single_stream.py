@@ -26,15 +26,18 @@ def run(
     min_duration_s: float,
     roots: int = 1,
     max_requests: int | None = None,
-    settle: Callable[[], None] = lambda: None,
+    settle: Callable[[], object] = lambda: None,
 ) -> LatencyRecord:
     """``settle`` runs after each request's span: the serving path's bookkeeping, which no
-    request's latency includes (the scenario's duration does: it is wall time)."""
+    request's latency includes (the scenario's duration does: it is wall time); its seconds
+    go to ``rec.settle_s`` (``harness.request_settle_seconds``)."""
     rec = LatencyRecord("single_stream", roots=roots)
     with clock.measure() as cold:
         rec.first_steps_s = serve(next(keys))
     rec.first_latency_s = cold.seconds
-    settle()
+    with clock.measure() as booked:
+        settle()
+    rec.settle_s += booked.seconds
     start = clock.read()
     rec.start_unix = unix_time()
     elapsed = 0.0
@@ -48,7 +51,9 @@ def run(
         rec.add(span.seconds, 0.0, steps, start=elapsed)
         rec.request_keys.append(request)
         rec.served(steps, len(request))
-        settle()
+        with clock.measure() as booked:
+            settle()
+        rec.settle_s += booked.seconds
         elapsed = clock.read() - start
     rec.duration_s = elapsed
     return rec

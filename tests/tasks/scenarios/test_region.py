@@ -105,6 +105,7 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
         K.HARNESS_CALIBRATION_FIT_SECONDS: FIT,
         K.HARNESS_BACKEND_SETUP_SECONDS: BACKEND,
         K.HARNESS_REQUEST_WAIT_SECONDS: 0.0,
+        K.HARNESS_REQUEST_SETTLE_SECONDS: 0.0,
         K.HARNESS_DISTRIBUTED_LAUNCH_SECONDS: 0.0,
         K.HARNESS_ORCHESTRATION_SECONDS: calls * CALL_OVERHEAD,  # the task calls only
     }
@@ -166,6 +167,65 @@ def test_a_server_run_names_its_serving_its_idle_waits_and_its_untimed_encoding_
     assert moved == pytest.approx(ENGINE + served + sum(slept), abs=1e-9)
     assert m[K.HARNESS_ORCHESTRATION_SECONDS] == pytest.approx(0.0, abs=1e-9)
     assert m[K.HARNESS_CALIBRATION_FIT_SECONDS] == m[K.HARNESS_BACKEND_SETUP_SECONDS] == 0.0
+
+
+BOOK_SECONDS = 1 / 64  # what one served call's bookkeeping (Workload.account) costs on the fake clock
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["server", "single_stream"])
+def test_a_request_runs_bookkeeping_is_its_own_bucket(stubbed, shop_spec, tmp_path, monkeypatch, scenario):
+    """The served calls' bookkeeping (``RequestPath.settle``) costs known fake seconds per
+    call: it is ``harness.request_settle_seconds`` exactly, and every second of the region is
+    in one bucket (orchestration 0: nothing else moves the clock). On the old code it had no
+    bucket of its own and was counted as orchestration (issue 43 item 10)."""
+    ft, workload = stubbed
+    slept = ft.slept
+
+    def direct(stage: str, step: Callable[[], Any], clock: Clock) -> tuple[Any, float]:
+        with clock.measure() as span:
+            out = step()
+            ft.t += SERVE_SECONDS[stage]
+        return out, span.seconds
+
+    account = Workload.account
+
+    def slow_account(self: Workload, *args: Any, **kwargs: Any) -> Any:
+        ft.t += BOOK_SECONDS
+        return account(self, *args, **kwargs)
+
+    monkeypatch.setattr(request_mod, "run_directly", direct)
+    monkeypatch.setattr(Workload, "account", slow_account)
+    shop_spec["run"].update(
+        mode="predict",
+        scenario=scenario,
+        request={"target_qps": 5.0, "min_requests": 6, "min_duration_s": 0.0, "max_batch": 2},
+    )
+    work = workload(shop_spec)
+    writer = PredictionWriter(tmp_path / "r.parquet")
+    steps = RegionSteps(
+        train=work.train,
+        distributed=False,
+        serving_backend=lambda: None,
+        requests=lambda: run_requests(work, writer),
+        writer=writer,
+    )
+    t0 = ft.t
+    region, latency = run_region(work, steps, train=False, repeats=1)
+    writer.abort()
+    moved = ft.t - t0
+    assert latency is not None and latency.requests >= 6
+    calls = work.result.stages["predict"]["write"].calls  # every served call, the cold one included
+    served = calls * sum(SERVE_SECONDS.values())
+    m = region.metrics()
+    assert m[K.HARNESS_REQUEST_SETTLE_SECONDS] == pytest.approx(calls * BOOK_SECONDS, abs=1e-9)
+    assert m[K.HARNESS_REQUEST_WAIT_SECONDS] == pytest.approx(sum(slept), abs=1e-9)
+    assert m[K.HARNESS_STAGE_SECONDS] == pytest.approx(served, abs=1e-9)
+    assert moved == pytest.approx(ENGINE + served + sum(slept) + calls * BOOK_SECONDS, abs=1e-9)
+    assert m[K.HARNESS_REGION_SECONDS] == pytest.approx(moved, abs=1e-9)
+    assert m[K.HARNESS_ORCHESTRATION_SECONDS] == pytest.approx(0.0, abs=1e-9)
+    named = sum(v for k, v in m.items() if k not in (K.HARNESS_REGION_SECONDS, K.HARNESS_ORCHESTRATION_SECONDS))
+    assert named == pytest.approx(m[K.HARNESS_REGION_SECONDS], abs=1e-9)
 
 
 def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_frozen(
