@@ -794,7 +794,9 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (QUALITY_ROWS, "held-out rows scored (one predict pass, not multiplied by repeats)"),
     (
         "quality.<name>",
-        "accuracy, majority_rate (category, binary), auc (binary); mae, rmse, "
+        "accuracy, majority_rate (category, binary), auc (binary); unseen_class_rows (category: scored rows whose "
+        "class the model never learned, each counted as a wrong prediction, never dropped; majority_rate is then "
+        "the commonest learned class's share of every scored row); mae, rmse, "
         "mae_of_mean (regression, in the target's own units); nll, ece, brier and "
         "uncalibrated.nll|ece|brier (category, binary: on calibration.report_rows only; brier is "
         "the multi-class definition, mean over rows of the sum over classes of (p - y)^2, range "

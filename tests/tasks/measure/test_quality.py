@@ -40,3 +40,32 @@ def test_auc_of_one_class_is_undefined():
     assert math.isnan(_auc(torch.tensor([0.3, 0.9]), torch.tensor([1.0, 1.0])))
     assert math.isnan(_auc(torch.tensor([0.3, 0.9]), torch.tensor([0.0, 0.0])))
     assert np.isfinite(_auc(torch.tensor([0.3, 0.9]), torch.tensor([0.0, 1.0])))
+
+
+def test_a_held_out_class_the_model_never_learned_counts_as_wrong_everywhere():
+    """``UNSEEN_CLASS`` labels of held-out rows (``scored``) are scored, as misses: in accuracy,
+    in the rows, in the interval's resamples; the majority rate is the commonest learned class's
+    share of all of them. A held-out row without a label, or a training row, is not scored."""
+    from model.batch import UNSEEN_CLASS
+
+    u = UNSEEN_CLASS
+    labels = torch.tensor([0, 0, 0, 1, 1, u, u, u, u, u, 0])
+    present = labels >= 0
+    present[10] = False  # a held-out row whose label is null
+    scored = torch.ones(11, dtype=torch.bool)
+    scored[9] = False  # a training row of a class the fit never saw: not scored
+    logits = torch.nn.functional.one_hot(labels.clamp(min=0), 3).float()  # every learned class right
+    q = Quality("category")
+    q.add(logits, labels, present & scored, scored=scored)
+    m = q.metrics()
+    assert m["rows"] == 9 and m["unseen_class_rows"] == 4
+    assert m["accuracy"] == pytest.approx(5 / 9)
+    assert m["majority_rate"] == pytest.approx(3 / 9)
+    ci = q.interval()
+    assert ci["accuracy.ci_low"] < 5 / 9 < ci["accuracy.ci_high"] < 1.0  # the misses are in every resample
+    # a model that learned no class at all (relflow before any training batch): every row a miss
+    none = Quality("category")
+    none.add(
+        torch.zeros(3, 0), torch.full((3,), u), torch.zeros(3, dtype=torch.bool), scored=torch.ones(3, dtype=torch.bool)
+    )
+    assert none.metrics() == {"rows": 3.0, "accuracy": 0.0, "majority_rate": 0.0, "unseen_class_rows": 3.0}
