@@ -70,7 +70,8 @@ def to_table(spec: Spec, schema: ModelSchema, enc: Encoding, keys: pa.Array, out
                 labels = pa.array(enc.classes, pa.string()).take(pa.array(flat.argmax(-1)))
                 cols["prediction"] = nest(labels, tmask)
             elif target.kind == "binary":
-                cols["prediction"] = nest(1.0 / (1.0 + np.exp(-flat)), tmask)
+                # float64: calibrated logits near 0 (a large temperature) tie as float32 sigmoids
+                cols["prediction"] = nest(1.0 / (1.0 + np.exp(-flat.astype(np.float64))), tmask)
             else:
                 cols["prediction"] = nest(flat * enc.target_std + enc.target_mean, tmask)
         elif head == "topk":

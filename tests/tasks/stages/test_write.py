@@ -113,6 +113,22 @@ def test_regression_predictions_are_unscaled(shop_spec, shop_tables):
     assert table["prediction"].to_pylist() == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
 
 
+def test_binary_probabilities_keep_the_order_of_logits_near_zero(shop_spec, shop_tables):
+    """A large fitted temperature leaves calibrated logits within 1e-7 of 0, where float32
+    sigmoids tie: the written file would lose the ranking (its AUC below quality.auc)."""
+    tables = dict(shop_tables)
+    tables["customers"] = tables["customers"].append_column("vip", pa.array([True, False, True, False, True]))
+    shop_spec["task"] = {"target": "vip", "kind": "binary"}
+    spec = spec_of(shop_spec)
+    pre = preprocess(spec, retrieved_of(tables))
+    enc, schema = fit(spec, pre)
+    tz = tensorize(spec, pre, enc, schema)
+    logits = torch.tensor([1e-8, 2e-8, 3e-8, 4e-8, 5e-8])
+    outs = PredictOutputs({"prediction": logits}, {k: v.present for k, v in tz.batch.nodes.items()})
+    probs = to_table(spec, schema, enc, tz.keys, outs)["prediction"].to_pylist()
+    assert probs == sorted(probs) and len(set(probs)) == 5
+
+
 def test_multi_dimensional_outputs_keep_their_shape():
     from tasks.stages.write import nest
 
