@@ -101,6 +101,7 @@ QUALITY_DIRECTION = {
     "majority_rate": 0,
     "mae_of_mean": 0,
     "rows": 0,
+    "unseen_class_rows": 0,
 }
 HOST_TAG = "relflow.host_fingerprint"
 # The hardware the host fingerprint hashes (tasks/measure/environment.py), named when hosts differ.
@@ -111,7 +112,13 @@ IDENTITY_TAGS = {"relflow.output_path", "relflow.error", "relflow.invalid_reason
 IDENTITY_PARAMS = {"run.output_dir", "run.checkpoint"}
 
 # Counts fixed by the spec and data: any difference is real, no noise to test against.
-EXACT_METRICS = {K.TRAIN_UPDATES, K.TRAIN_UPDATES_PER_EPOCH, K.OUTPUT_BYTES_PER_ROW, K.QUALITY_ROWS}
+EXACT_METRICS = {
+    K.TRAIN_UPDATES,
+    K.TRAIN_UPDATES_PER_EPOCH,
+    K.OUTPUT_BYTES_PER_ROW,
+    K.QUALITY_ROWS,
+    K.QUALITY_UNSEEN_CLASS_ROWS,
+}
 # Figures of the rows scored, not of the system under test (the majority class's share, the
 # error of predicting the mean): context for the quality next to them, never tested or marked.
 DATA_METRICS = {K.quality("majority_rate"), K.quality("mae_of_mean")}
@@ -119,7 +126,7 @@ DATA_METRICS = {K.quality("majority_rate"), K.quality("mae_of_mean")}
 # (the stage seconds; quality.rows, the rows of every served request). Each step's mean per
 # request stands where the stage seconds stand.
 STAGE_SUMS = frozenset(K.stage_seconds(s, "predict") for s in K.STAGES)
-REQUEST_SUMS = STAGE_SUMS | {K.QUALITY_ROWS}
+REQUEST_SUMS = STAGE_SUMS | {K.QUALITY_ROWS, K.QUALITY_UNSEEN_CLASS_ROWS}
 _STEP_MEAN = re.compile(r"^latency\.step_ms\.([^.]+)\.mean$")
 
 NOT_ENOUGH = "not enough runs"

@@ -186,6 +186,8 @@ def quality(name: str) -> str:
 
 
 QUALITY_ROWS = "quality.rows"
+# category: scored rows whose class the model never learned (counted wrong, tasks/measure/quality.py)
+QUALITY_UNSEEN_CLASS_ROWS = "quality.unseen_class_rows"
 # The headline quality's bootstrap interval over the scored rows (tasks/measure/quality.py
 # ``Quality.interval``): ``quality.<name>.ci_low|ci_high``.
 QUALITY_CI_BOUNDS = ("ci_low", "ci_high")

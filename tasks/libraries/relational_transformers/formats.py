@@ -217,7 +217,9 @@ def _metrics(kind: str, scores: np.ndarray, labels: np.ndarray) -> dict[str, flo
     q = Quality(kind)
     n = len(labels)
     q.add(torch.from_numpy(scores), torch.from_numpy(labels), torch.ones(n, dtype=torch.bool))
-    return {k: v for k, v in q.metrics().items() if k not in ("rows", "majority_rate", "mae_of_mean")}
+    return {
+        k: v for k, v in q.metrics().items() if k not in ("rows", "majority_rate", "mae_of_mean", "unseen_class_rows")
+    }
 
 
 def compare(kind: str, probes: dict[str, Probe], labels: np.ndarray | None) -> dict[str, dict[str, float]]:
