@@ -363,6 +363,12 @@ def relbench(metric: str) -> str:
     return f"relbench.{metric}"
 
 
+def relbench_ci(metric: str, bound: str) -> str:
+    """``relbench.<metric>.ci_low|ci_high``: a bound of ``relbench.<metric>``'s bootstrap interval
+    over the test entities (tasks/measure/relbench_scores.py; ``bound`` from QUALITY_CI_BOUNDS)."""
+    return f"{relbench(metric)}.{bound}"
+
+
 BASELINES = ("train_mean", "previous")
 
 
@@ -820,6 +826,15 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "relbench.submit.evaluate_task on the run's prediction table (outputs/<name>-<run id>.relbench.csv, "
         "one row per test row)",
     ),
+    (
+        "relbench.<name>.ci_low",
+        "relbench.<name>'s 95% interval, lower bound: the percentile bootstrap of quality.<name>.ci_low (2,000 "
+        "resamples, seed 0) over the prediction table's test rows, resampling the task's entities (all of an "
+        "entity's seed times together), the metric as relbench defines it (roc_auc: the AUC, ties one half; nmae: "
+        "MAE over the training target's sample standard deviation); logged when there are two entities or more and "
+        "both bounds are finite",
+    ),
+    ("relbench.<name>.ci_high", "the upper bound of relbench.<name>.ci_low's interval"),
     (RELBENCH_TEST_ROWS, "a RelBench task: rows of its test split in the prediction table"),
     (
         RELBENCH_TASK_ROWS_SECONDS,

@@ -14,6 +14,12 @@ gets for that file. The same test rows score two baselines through ``task.evalua
   (seed time + the task's ``timedelta``) had closed by this row's seed time, so it was known then;
   the training mean where there is none. Columnar: one backward as-of join by entity.
 
+Each ``relbench.<metric>`` has a 95% interval (``relbench.<metric>.ci_low|ci_high``): the same
+percentile bootstrap as ``quality.<name>.ci_low|ci_high`` (tasks/measure/stats.py
+``cluster_bootstrap``, the task's entities resampled with all their seed times) of the metric as
+relbench defines it, over the prediction table's own test rows: roc_auc as a weighted AUC (ties
+one half), nmae as the weighted MAE over the task's ``nmae_std``.
+
 Multiclass tasks have no RelBench metric (relbench provides none), so nothing is written.
 """
 
@@ -43,9 +49,12 @@ class RelBenchScores:
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)  # baseline -> metric -> value
     test_rows: int = 0
     csv: Path | None = None
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric -> its 95% interval
 
     def figures(self) -> dict[str, float]:
         out = {K.relbench(m): v for m, v in self.metrics.items()}
+        for m, bounds in self.intervals.items():
+            out |= {K.relbench_ci(m, b): v for b, v in zip(K.QUALITY_CI_BOUNDS, bounds, strict=True)}
         for b, values in self.baselines.items():
             out |= {K.quality_baseline(b, m): v for m, v in values.items()}
         out[K.RELBENCH_TEST_ROWS] = float(self.test_rows)
@@ -92,7 +101,39 @@ def score(folder: Folder, predictions: Path, csv: Path) -> RelBenchScores | None
     finally:
         tmp.unlink(missing_ok=True)
     metrics = {str(k): float(v) for k, v in evaluate_task(f"{ds.manifest.name}/{folder.task}", csv, dataset=ds).items()}
-    return RelBenchScores(metrics, _baselines(task, ent, time, target), joined.height, csv)
+    truth = task.get_table("test", mask_input_cols=False).df  # the masked table's rows, in its order
+    entities = pl.from_pandas(truth[[ent]])[ent].cast(pl.String).to_numpy()  # as the seed keys spell them
+    intervals = _intervals(
+        task, metrics, truth[target].to_numpy(dtype=np.float64), joined["prediction"].to_numpy(), entities
+    )
+    return RelBenchScores(metrics, _baselines(task, ent, time, target), joined.height, csv, intervals=intervals)
+
+
+def _intervals(
+    task: Any, metrics: dict[str, float], truth: np.ndarray, pred: np.ndarray, entities: np.ndarray
+) -> dict[str, tuple[float, float]]:
+    """Each scored metric's bootstrap interval over the test rows, the entities resampled (module
+    docstring); a metric without a finite interval (one entity, one class) has none."""
+    from tasks.measure.quality import weighted_auc
+    from tasks.measure.stats import cluster_bootstrap
+
+    pred = np.asarray(pred, dtype=np.float64)
+    out: dict[str, tuple[float, float]] = {}
+    for m in metrics:
+        if m == "roc_auc":
+            statistic = weighted_auc(pred, truth)
+        elif m == "nmae":
+            error = np.abs(truth - pred) / float(task.nmae_std)
+
+            def statistic(w: np.ndarray, error: np.ndarray = error) -> np.ndarray:
+                mae: np.ndarray = (w @ error) / w.sum(axis=1)
+                return mae
+        else:
+            continue
+        got = cluster_bootstrap(statistic, entities)
+        if got is not None:
+            out[m] = got
+    return out
 
 
 def _baselines(task: Any, ent: str, time: str, target: str) -> dict[str, dict[str, float]]:

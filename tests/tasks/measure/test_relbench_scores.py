@@ -92,3 +92,35 @@ def test_a_model_must_beat_the_stronger_baseline():
     }
     assert no_better_than_baselines(n)  # lower is better for nmae
     assert no_better_than_baselines({K.quality("auc"): 0.9}) is None  # not a RelBench run
+
+
+@pytest.mark.parametrize(("task", "metric"), [("user-posts", "roc_auc"), ("user-score", "nmae")])
+def test_each_relbench_figure_has_the_quality_intervals_bootstrap_over_its_test_entities(
+    folder, tmp_path, task, metric
+):
+    """``relbench.<metric>.ci_low|ci_high``: the interval ``quality.<name>.ci_low|ci_high`` would
+    give the same test rows (tasks/measure/quality.py, entities resampled with all their seed
+    times), the metric as relbench defines it: the AUC itself, the MAE over the training std."""
+    import torch
+
+    from tasks.measure.quality import Quality
+
+    target = {"user-posts": "posts_next", "user-score": "score_next"}[task]
+    df = predictions(folder, task, tmp_path / "p.parquet")
+    got = score(open_folder(folder, task), tmp_path / "p.parquet", tmp_path / "p.relbench.csv")
+    assert got is not None
+    low, high = got.intervals[metric]
+    assert low < got.metrics[metric] < high
+    figures = got.figures()
+    assert (figures[K.relbench_ci(metric, "ci_low")], figures[K.relbench_ci(metric, "ci_high")]) == (low, high)
+    test, train = df[df.split == "test"], df[df.split == "train"]
+    keys = seed_keys(pl.from_pandas(test[["user_id", "timestamp"]]), "user_id", "timestamp").to_numpy()
+    kind = "binary" if metric == "roc_auc" else "regression"
+    q = Quality(kind, target_std=1.0)
+    pred = torch.tensor(test.prediction.to_numpy(), dtype=torch.float64)
+    q.add(pred, torch.tensor(test[target].to_numpy(dtype=np.float64)), torch.ones(len(test), dtype=torch.bool), keys)
+    ci = q.interval(by_entity=True)
+    scale = 1.0 if metric == "roc_auc" else float(train[target].std(ddof=1))  # nmae = mae / std
+    headline = "auc" if metric == "roc_auc" else "mae"
+    expected = (ci[f"{headline}.ci_low"] / scale, ci[f"{headline}.ci_high"] / scale)
+    assert (low, high) == pytest.approx(expected, rel=1e-6)
