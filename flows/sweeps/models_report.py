@@ -10,16 +10,24 @@ holds the table (``models_report.json`` / ``.md``).
 Columns: the headline quality with its 95% interval (``quality.<headline>.ci_low|ci_high``: each
 run's bootstrap over its scored rows, resampling test entities for a RelBench task and root
 rows otherwise, tasks/measure/quality.py; with several rounds, the median of each bound over
-them) next to its baseline (``quality.majority_rate`` for category
-and binary, ``quality.mae_of_mean`` for regression), for category and binary the held-out NLL
-of the model's own probabilities and after temperature scaling (``quality.uncalibrated.nll`` ->
-``quality.nll``: accuracy alone hides a model that ranks right but is barely confident, as
-relflow after one epoch), e2e predict rows/s, steady rows/s, first
-call s, batch p99 ms, peak RSS, parameters (param ``model.parameters``) and **e2e vs
+them) next to its baseline (``quality.majority_rate`` for category and binary,
+``quality.mae_of_mean`` for regression). A RelBench task's binary or regression quality is
+RelBench's own figure instead (``relbench.<metric>`` with ``relbench.<metric>.ci_low|ci_high``,
+tasks/measure/relbench_scores.py) next to the stronger of its two baselines
+(``quality.baseline.train_mean|previous.<metric>``). Then ``quality.rows`` (the held-out rows
+scored: the same rows for every library, as a class one library never learned counts as a wrong
+prediction; when the libraries' rows differ anyway, quality is not compared: the cell says so
+and a note names the rows), for category and binary the held-out NLL of the model's own
+probabilities and after temperature scaling (``quality.uncalibrated.nll`` -> ``quality.nll``:
+accuracy alone hides a model that ranks right but is barely confident, as relflow after one
+epoch), e2e predict rows/s, steady rows/s, first call s, batch p99 ms, peak RSS (the median
+over rounds of each run's peak), parameters (param ``model.parameters``) and **e2e vs
 reference**: the median over rounds of the library's ``e2e.predict.rows_per_s`` over the
 reference model's in the same round (``tasks/measure/report.py`` ``ratio_interval``, as
-backends-report's "e2e vs eager"), with its 95% interval from 6 paired rounds. Medians over
-rounds; FAILED rounds give NaN figures. A library that refuses the spec (its ``check``,
+backends-report's "e2e vs eager"), with its 95% interval from 6 paired rounds. Every figure is
+a median over the library's **VALID** rounds only (an INVALID run's figures are the ones the
+harness calls untrustworthy; a FAILED one has none): the table says how many of its rounds were
+VALID, and a note names the INVALID rounds' reasons. A library that refuses the spec (its ``check``,
 exit 2) is a row saying why: the parent asks each library's check first (it imports no
 library, about a second), and a child that still exits 2 with a refusal ("model.library <lib>
 cannot honour ...", the message shape of every library's check and of the harness's) is
@@ -34,7 +42,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import get_args
+from typing import cast, get_args
 
 from tasks.measure import keys as K
 from tasks.measure.report import Cell, Group, Sample, interval_text, markdown_table, ratio_interval
@@ -50,6 +58,53 @@ REFUSED = "REFUSED"  # the validity of a library whose check refused the spec (e
 DATA_ERROR = "DATA ERROR"  # a child's exit 2 that is not a refusal: bad input the user can fix
 # The headline quality's baseline: what a model that learned nothing scores.
 BASELINE = {"category": "majority_rate", "binary": "majority_rate", "regression": "mae_of_mean"}
+# A RelBench task's own metric per task kind (relbench scores binary and regression only) and
+# its direction (tasks/measure/relbench_scores.py HIGHER_IS_BETTER, repeated: that module
+# imports pandas and polars, this one stays light for the CLI's flag checks).
+RELBENCH_METRIC = {"binary": "roc_auc", "regression": "nmae"}
+RELBENCH_HIGHER_IS_BETTER = {"roc_auc": True, "nmae": False}
+VALID = "VALID"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What the quality cell shows: a figure, its interval's keys, the baselines beside it (the
+    cell shows the stronger one) and how it is named in the header."""
+
+    name: str
+    key: str
+    low: str
+    high: str
+    baselines: dict[str, str]  # baseline name -> metric key
+    higher_is_better: bool
+    baseline_label: str
+
+
+def headline(kind: str, relbench: bool = False) -> Headline:
+    """The harness's headline quality (``quality.<name>``) and its baseline; for a RelBench task
+    of a kind relbench scores, ``relbench.<metric>`` and its two baselines."""
+    low, high = K.QUALITY_CI_BOUNDS
+    metric = RELBENCH_METRIC.get(kind) if relbench else None
+    if metric is not None:
+        return Headline(
+            K.relbench(metric),
+            K.relbench(metric),
+            K.relbench_ci(metric, low),
+            K.relbench_ci(metric, high),
+            {b: K.quality_baseline(b, metric) for b in K.BASELINES},
+            RELBENCH_HIGHER_IS_BETTER[metric],
+            "stronger baseline",
+        )
+    name, base = K.HEADLINE_QUALITY[kind], BASELINE[kind]
+    return Headline(
+        name,
+        K.quality(name),
+        K.quality_ci(name, low),
+        K.quality_ci(name, high),
+        {base: K.quality(base)},
+        kind != "regression",
+        base,
+    )
 
 
 def parse_libraries(text: str | None) -> list[str]:
@@ -80,19 +135,25 @@ def is_refusal(library: str, error: str) -> bool:
     return f"model.library {library} cannot honour " in error
 
 
+def valid_only(g: Group) -> Group:
+    """The group's VALID rounds: the only ones its figures come from."""
+    return Group(g.key, tuple(s for s in g.samples if s.validity == VALID))
+
+
 def summarize(
     samples: Sequence[Sample],
     kind: str,
     refused: Mapping[str, str] | None = None,
     parameters: Mapping[str, float] | None = None,
     data_errors: Mapping[str, str] | None = None,
+    relbench: bool = False,
 ) -> list[dict[str, Cell]]:
-    """One row per library: medians over its rounds; a refused library's row holds its reason,
-    as does a library whose child exited 2 on bad input (``data_errors``).
+    """One row per library: medians over its VALID rounds; a refused library's row holds its
+    reason, as does a library whose child exited 2 on bad input (``data_errors``).
 
-    ``parameters``: ``model.parameters`` by child run id (a param, not in the run's summary)."""
-    headline, baseline = K.HEADLINE_QUALITY[kind], BASELINE[kind]
-    low, high = K.QUALITY_CI_BOUNDS
+    ``parameters``: ``model.parameters`` by child run id (a param, not in the run's summary);
+    ``relbench``: the spec is a RelBench task (its quality cell is ``relbench.<metric>``)."""
+    h = headline(kind, relbench)
     refused = dict(refused or {})
     data_errors = dict(data_errors or {})
     parameters = dict(parameters or {})
@@ -101,7 +162,7 @@ def summarize(
         return {
             s.round: s.metrics[K.E2E_PREDICT_ROWS_PER_S]
             for s in of
-            if s.round >= 0 and K.E2E_PREDICT_ROWS_PER_S in s.metrics
+            if s.round >= 0 and s.validity == VALID and K.E2E_PREDICT_ROWS_PER_S in s.metrics
         }
 
     ref_e2e = e2e_by_round([s for s in samples if s.variant == REFERENCE_LIBRARY])
@@ -113,34 +174,66 @@ def summarize(
         return getattr(ri, field)
 
     def params(g: Group) -> float:
-        vals = sorted(parameters[r.run_id] for r in g.reports if r.run_id in parameters)
+        vals = sorted(parameters[r.run_id] for r in valid_only(g).reports if r.run_id in parameters)
         return vals[len(vals) // 2] if vals else math.nan
 
+    def baseline(g: Group) -> tuple[str, float]:
+        """The stronger baseline (its median over VALID rounds), and its name."""
+        got = [(name, valid_only(g).median(key)) for name, key in h.baselines.items()]
+        got = [(n, v) for n, v in got if not math.isnan(v)]
+        if not got:
+            return next(iter(h.baselines)), math.nan
+        return (max if h.higher_is_better else min)(got, key=lambda nv: nv[1])
+
+    def invalid_reasons(g: Group) -> list[str]:
+        seen: dict[str, None] = {}
+        for r in g.reports:
+            if r.validity != VALID:
+                seen |= dict.fromkeys(r.invalid_reasons or [r.validity])
+        return list(seen)
+
+    def v(key: str) -> Callable[[Group], float]:
+        return lambda g: valid_only(g).median(key)
+
+    ran = [s for s in samples if s.variant not in refused and s.variant not in data_errors]
     rows = summarize_groups(
-        [s for s in samples if s.variant not in refused and s.variant not in data_errors],
+        ran,
         {
-            "rounds": lambda g: len(g.reports),
-            "quality": lambda g: g.median(K.quality(headline)),
-            "quality_ci_low": lambda g: g.median(K.quality_ci(headline, low)),
-            "quality_ci_high": lambda g: g.median(K.quality_ci(headline, high)),
-            "baseline": lambda g: g.median(K.quality(baseline)),
-            "nll_uncalibrated": lambda g: g.median(K.quality("uncalibrated.nll")),
-            "nll": lambda g: g.median(K.quality("nll")),
-            "e2e_predict_rows_per_s": lambda g: g.median(K.E2E_PREDICT_ROWS_PER_S),
+            "rounds": lambda g: len(g.samples),
+            "valid_rounds": lambda g: len(valid_only(g).samples),
+            "quality": v(h.key),
+            "quality_ci_low": v(h.low),
+            "quality_ci_high": v(h.high),
+            "baseline": lambda g: baseline(g)[1],
+            "baseline_name": lambda g: baseline(g)[0],
+            "quality_rows": v(K.QUALITY_ROWS),
+            "quality_rows_min": lambda g: min(valid_only(g).values(K.QUALITY_ROWS), default=math.nan),
+            "quality_rows_max": lambda g: valid_only(g).max(K.QUALITY_ROWS),
+            "quality_compared": lambda g: True,
+            "nll_uncalibrated": v(K.quality("uncalibrated.nll")),
+            "nll": v(K.quality("nll")),
+            "e2e_predict_rows_per_s": v(K.E2E_PREDICT_ROWS_PER_S),
             "e2e_vs_reference": lambda g: vs_ref(g, "median"),
             "e2e_vs_reference_ci_low": lambda g: vs_ref(g, "low"),
             "e2e_vs_reference_ci_high": lambda g: vs_ref(g, "high"),
             "e2e_vs_reference_rounds": lambda g: vs_ref(g, "n"),
-            "steady_rows_per_s": lambda g: g.median(K.STEADY_ROWS_PER_S),
-            "first_call_s": lambda g: g.median(K.FIRST_CALL_SECONDS),
-            "batch_p99_ms": lambda g: g.median(K.compute("predict", "batch_ms.p99")),
-            "peak_rss_mib": lambda g: g.max(K.HOST_PEAK_BYTES) / 2**20,
+            "steady_rows_per_s": v(K.STEADY_ROWS_PER_S),
+            "first_call_s": v(K.FIRST_CALL_SECONDS),
+            "batch_p99_ms": v(K.compute("predict", "batch_ms.p99")),
+            "peak_rss_mib": lambda g: valid_only(g).median(K.HOST_PEAK_BYTES) / 2**20,  # median of each run's peak
             "parameters": params,
             "validity": lambda g: ",".join(sorted({s.validity for s in g.samples})),
+            "invalid_reasons": invalid_reasons,
             "reason": lambda g: "",
             "run_ids": lambda g: [s.run_id for s in g.samples],
         },
     )
+    # One set of held-out rows or no comparison: every VALID round of every library scored the
+    # same number of rows (a library that dropped rows, or scored others, is not comparable).
+    seen = {s.metrics[K.QUALITY_ROWS] for s in ran if s.validity == VALID and K.QUALITY_ROWS in s.metrics}
+    if len(seen) > 1:
+        for r in rows:
+            r["quality_compared"] = False
     rows += [{"variant": lib, "rounds": 0, "validity": REFUSED, "reason": why} for lib, why in refused.items()]
     rows += [{"variant": lib, "rounds": 0, "validity": DATA_ERROR, "reason": why} for lib, why in data_errors.items()]
     return rows
@@ -159,15 +252,21 @@ def _vs_ref_text(r: Mapping[str, Cell]) -> str:
     return f"{ratio:.2f}x [{interval_text(*bounds, int(n) if isinstance(n, int | float) else 0, '.2f')}]"
 
 
-def _quality_text(r: Mapping[str, Cell]) -> str:
-    """``value [low, high] (baseline)``; without an interval (none logged) ``value (baseline)``."""
+def _quality_text(r: Mapping[str, Cell], relbench: bool = False) -> str:
+    """``value [low, high] (baseline)``; without an interval (none logged) ``value (baseline)``;
+    a RelBench cell names its baseline (``(previous 0.5123)``). Rows that differ between the
+    libraries: no figure (``not compared``, the note under the table says why)."""
+    if r.get("quality_compared") is False:
+        return "not compared: quality.rows differ"
     low, high = r.get("quality_ci_low"), r.get("quality_ci_high")
     ci = (
         f" [{low:.4f}, {high:.4f}]"
         if isinstance(low, float) and isinstance(high, float) and not (math.isnan(low) or math.isnan(high))
         else ""
     )
-    return f"{_num(r['quality'], '.4f')}{ci} ({_num(r['baseline'], '.4f')})"
+    base = _num(r.get("baseline"), ".4f")
+    named = f"{r.get('baseline_name')} {base}" if relbench and base != "-" else base
+    return f"{_num(r['quality'], '.4f')}{ci} ({named})"
 
 
 def _nll_text(r: Mapping[str, Cell]) -> str:
@@ -175,32 +274,65 @@ def _nll_text(r: Mapping[str, Cell]) -> str:
     return "-" if raw == calibrated == "-" else f"{raw} -> {calibrated}"
 
 
-def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str) -> str:
-    headline, baseline = K.HEADLINE_QUALITY[kind], BASELINE[kind]
+def _rows_range(r: Mapping[str, Cell]) -> str:
+    """A library's quality.rows over its VALID rounds: one figure, or ``low-high`` when they vary."""
+    low, high = _num(r.get("quality_rows_min"), ",.0f"), _num(r.get("quality_rows_max"), ",.0f")
+    return low if low == high else f"{low}-{high}"
+
+
+def notes(rows: Sequence[Mapping[str, Cell]]) -> list[str]:
+    """What the table cannot say in a cell: quality rows that differ (not compared), and the
+    libraries whose figures leave out INVALID or FAILED rounds."""
+    out = []
+    ran = [r for r in rows if r.get("validity") not in (REFUSED, DATA_ERROR)]
+    if any(r.get("quality_compared") is False for r in ran):
+        scored = "; ".join(f"{r['variant']} {_rows_range(r)}" for r in ran)
+        out.append(
+            f"Note: quality is not compared: the libraries scored different held-out rows (quality.rows: {scored}), "
+            "so their figures are over different row sets."
+        )
+    for r in ran:
+        valid, total = r.get("valid_rounds"), r.get("rounds")
+        if valid == total:
+            continue
+        reasons = "; ".join(cast(list[str], r.get("invalid_reasons") or []))
+        figures = "its figures are medians over those only" if valid else "no figures"
+        out.append(
+            f"Note: {r['variant']}: {valid} of {total} rounds VALID, {figures}"
+            + (f" (not VALID: {reasons})." if reasons else " (the others FAILED).")
+        )
+    return out
+
+
+def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str, relbench: bool = False) -> str:
+    """The table, then its notes (``notes``)."""
+    h = headline(kind, relbench)
     header = [
         "library",
-        f"{headline} [95% CI] ({baseline})",
+        f"{h.name} [95% CI] ({h.baseline_label})",
+        K.QUALITY_ROWS,
         "nll raw -> calibrated",
         "e2e predict rows/s",
         "e2e vs reference [95% CI]",
         "steady rows/s",
         "first call s",
         "batch p99 ms",
-        "peak RSS MiB",
+        "peak RSS MiB (median)",
         "parameters",
-        "rounds",
+        "VALID rounds",
         "validity",
     ]
     lines = []
     for r in rows:
         if r.get("validity") in (REFUSED, DATA_ERROR):
             label = "refused" if r["validity"] == REFUSED else "data error"
-            lines.append([str(r["variant"]), f"{label}: {r['reason']}", *["-"] * 8, "0", str(r["validity"])])
+            lines.append([str(r["variant"]), f"{label}: {r['reason']}", *["-"] * 9, "0", str(r["validity"])])
             continue
         lines.append(
             [
                 str(r["variant"]),
-                _quality_text(r),
+                _quality_text(r, relbench),
+                _num(r.get("quality_rows"), ",.0f"),
                 _nll_text(r),
                 _num(r["e2e_predict_rows_per_s"], ",.0f"),
                 _vs_ref_text(r),
@@ -209,11 +341,11 @@ def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str) -> str:
                 _num(r["batch_p99_ms"], ".1f"),
                 _num(r["peak_rss_mib"], ",.0f"),
                 _num(r["parameters"], ",.0f"),
-                str(r["rounds"]),
+                f"{r['valid_rounds']}/{r['rounds']}",
                 str(r["validity"]),
             ]
         )
-    return markdown_table(header, lines)
+    return "\n\n".join([markdown_table(header, lines), *notes(rows)])
 
 
 @dataclass
@@ -324,9 +456,11 @@ def run_report(
         launch = Launch(spec_path, overrides, parent, workdir, tracker.uri)
         data_errors: dict[str, str] = {}
         samples, parameters = collect(launch, rounds, libraries, refused, say, data_errors)
-        rows = summarize(samples, s.task.kind, refused, parameters, data_errors)
-        md = to_markdown(rows, s.task.kind)
-        tracker.log_dict({"rows": rows, "libraries": libraries, "rounds": rounds}, "models_report.json")
+        relbench = s.source.relbench is not None
+        rows = summarize(samples, s.task.kind, refused, parameters, data_errors, relbench)
+        md = to_markdown(rows, s.task.kind, relbench)
+        report = {"rows": rows, "libraries": libraries, "rounds": rounds, "notes": notes(rows)}
+        tracker.log_dict(report, "models_report.json")
         tracker.log_text(md, "models_report.md")
         tracker.finish()
     except BaseException as err:

@@ -1,6 +1,9 @@
-"""The models report: its table and paired ratios from hand-made child records, the
-rotation of order per round, bad flags (exit 2 before any run), and a child's exit 2 on bad
-data told apart from a library's refusal (real messages; slow: a real child)."""
+"""The models report: its table and paired ratios from hand-made child records (medians over
+VALID rounds only, peak RSS a median, quality.rows shown and quality not compared when they
+differ, a RelBench task's own figure beside its stronger baseline), the rotation of order per
+round, bad flags (exit 2 before any run), and a child's exit 2 on bad data told apart from a
+library's refusal (real messages; slow: a real child exiting on relational-transformers' own
+data error)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ from flows.sweeps.models_report import (
 from tasks.measure.report import RunSummary, Sample
 
 
-def sample(lib: str, r: int, e2e: float, **extra: float) -> Sample:
+def sample(
+    lib: str, r: int, e2e: float, validity: str = "VALID", reasons: tuple[str, ...] = (), **extra: float
+) -> Sample:
     m = {
         "e2e.predict.rows_per_s": e2e,
         "compute.steady_rows_per_s": e2e * 4,
@@ -33,12 +38,13 @@ def sample(lib: str, r: int, e2e: float, **extra: float) -> Sample:
         "compute.batch_ms.p99": 9.0,
         "quality.accuracy": 0.8,
         "quality.majority_rate": 0.6,
+        "quality.rows": 100.0,
         "quality.uncalibrated.nll": 0.75,
         "quality.nll": 0.5,
         "memory.host_peak_bytes": 2**30,
         **extra,
     }
-    return Sample(lib, r, RunSummary(f"id-{lib}-{r}", m, "VALID"))
+    return Sample(lib, r, RunSummary(f"id-{lib}-{r}", m, validity, invalid_reasons=list(reasons)))
 
 
 def test_half_the_references_rows_per_s_every_round_is_0_5_with_a_0_5_interval():
@@ -55,13 +61,110 @@ def test_half_the_references_rows_per_s_every_round_is_0_5_with_a_0_5_interval()
     assert rows["reference"]["e2e_vs_reference"] == 1.0
     assert rf["e2e_predict_rows_per_s"] == 175.0  # median of 50..300
     assert rf["parameters"] == 250_000.0 and rf["quality"] == 0.8 and rf["baseline"] == 0.6
-    assert rf["peak_rss_mib"] == 1024.0
     md = to_markdown(list(rows.values()), "category")
-    assert "accuracy [95% CI] (majority_rate)" in md.splitlines()[0]
+    assert "accuracy [95% CI] (majority_rate) | quality.rows |" in md.splitlines()[0]
     assert (
-        "| relflow | 0.8000 (0.6000) | 0.7500 -> 0.5000 | 175 | 0.50x [0.50, 0.50] | 700 | 0.50 | 9.0 | 1,024 "
-        "| 250,000 | 6 | VALID |" in md
+        "| relflow | 0.8000 (0.6000) | 100 | 0.7500 -> 0.5000 | 175 | 0.50x [0.50, 0.50] | 700 | 0.50 | 9.0 "
+        "| 1,024 | 250,000 | 6/6 | VALID |" in md
     )
+    assert "Note:" not in md  # every round VALID, one set of rows
+
+
+def test_peak_rss_is_the_median_of_each_runs_peak_not_the_largest():
+    """Three rounds peaking at 1, 2 and 10 GiB: the column (headed "median") says 2,048 MiB;
+    the largest peak would say 10,240."""
+    samples = [
+        sample("relflow", r, 10.0, **{"memory.host_peak_bytes": gib * 2**30}) for r, gib in enumerate((1, 10, 2))
+    ]
+    (row,) = summarize(samples, "category")
+    assert row["peak_rss_mib"] == 2048.0
+    md = to_markdown([row], "category")
+    assert "| peak RSS MiB (median) |" in md.splitlines()[0] and "| 2,048 |" in md
+
+
+def test_medians_are_over_valid_rounds_only_and_the_table_says_how_many():
+    """An INVALID round's figures (here a run on a loaded host: 10x the rows/s, 3x the first
+    call, a worse accuracy) stay out of every median, of the paired ratio to the reference, and
+    of the parameters; the table counts the VALID rounds and a note names why the others are
+    not. The medians of all three rounds would be 200 rows/s, 0.75 accuracy, 1.5 s."""
+    busy = ("host busy: other processes used 40% of the cores",)
+    samples = [
+        sample("reference", 0, 100.0),
+        sample("reference", 1, 100.0),
+        sample("reference", 2, 100.0),
+        sample("relflow", 0, 50.0, **{"quality.accuracy": 0.8, "compute.first_call_seconds": 0.5}),
+        sample("relflow", 1, 1000.0, "INVALID", busy, **{"quality.accuracy": 0.2, "compute.first_call_seconds": 6.0}),
+        sample("relflow", 2, 200.0, "INVALID", busy, **{"quality.accuracy": 0.75, "compute.first_call_seconds": 1.5}),
+    ]
+    params = {"id-relflow-0": 1000.0, "id-relflow-1": 9.0, "id-relflow-2": 9.0}
+    rows = {r["variant"]: r for r in summarize(samples, "category", parameters=params)}
+    rf = rows["relflow"]
+    assert rf["e2e_predict_rows_per_s"] == 50.0 and rf["quality"] == 0.8 and rf["first_call_s"] == 0.5
+    assert (rf["rounds"], rf["valid_rounds"], rf["validity"]) == (3, 1, "INVALID,VALID")
+    assert rf["steady_rows_per_s"] == 200.0 and rf["parameters"] == 1000.0
+    assert (rf["e2e_vs_reference"], rf["e2e_vs_reference_rounds"]) == (0.5, 1)  # round 0 alone pairs
+    md = to_markdown(list(rows.values()), "category")
+    assert "| 3/3 | VALID |" in md and "| 1/3 | INVALID,VALID |" in md
+    assert f"Note: relflow: 1 of 3 rounds VALID, its figures are medians over those only (not VALID: {busy[0]})." in md
+    # no VALID round at all: no figures, and the note says so
+    (row,) = summarize([sample("relflow", 0, 10.0, "INVALID", busy)], "category")
+    assert math.isnan(row["quality"]) and math.isnan(row["e2e_predict_rows_per_s"])
+    assert "Note: relflow: 0 of 1 rounds VALID, no figures" in to_markdown([row], "category")
+
+
+def test_quality_is_not_compared_when_the_libraries_scored_different_rows():
+    """The same held-out rows or no comparison: a library whose VALID rounds scored other rows
+    (quality.rows 98 against 100) gets no quality figure in any row, and a note names the rows."""
+    samples = [
+        sample("reference", 0, 100.0, **{"quality.rows": 100.0}),
+        sample("relflow", 0, 50.0, **{"quality.rows": 98.0}),
+        sample("relflow", 1, 50.0, **{"quality.rows": 100.0}),
+        sample(
+            "relational_transformers", 0, 20.0, "INVALID", ("x",), **{"quality.rows": 7.0}
+        ),  # not VALID: not counted
+    ]
+    rows = summarize(samples, "category")
+    assert [r["quality_compared"] for r in rows] == [False, False, False]
+    md = to_markdown(rows, "category")
+    assert "| reference | not compared: quality.rows differ | 100 |" in md
+    assert "| relflow | not compared: quality.rows differ | 99 |" in md
+    assert "quality.rows: reference 100; relflow 98-100; relational_transformers -)" in md
+    same = summarize([s for s in samples if s.variant != "relflow"], "category")
+    assert [r["quality_compared"] for r in same] == [True, True]
+    assert "not compared" not in to_markdown(same, "category")
+
+
+@pytest.mark.parametrize(
+    ("kind", "metric", "figure", "ci", "baselines", "stronger"),
+    [
+        ("binary", "roc_auc", 0.74, (0.70, 0.78), {"train_mean": 0.5, "previous": 0.62}, ("previous", 0.62)),
+        ("regression", "nmae", 0.81, (0.75, 0.88), {"train_mean": 0.93, "previous": 1.20}, ("train_mean", 0.93)),
+    ],
+)
+def test_a_relbench_task_shows_relbenchs_figure_beside_its_stronger_baseline(
+    kind, metric, figure, ci, baselines, stronger
+):
+    """A RelBench task's quality cell is ``relbench.<metric>`` with its interval, beside the
+    stronger of the training-mean and previous-label baselines (the higher AUC, the lower NMAE),
+    not the harness's accuracy and majority rate."""
+    m = {f"relbench.{metric}": figure, f"relbench.{metric}.ci_low": ci[0], f"relbench.{metric}.ci_high": ci[1]}
+    m |= {f"quality.baseline.{b}.{metric}": v for b, v in baselines.items()}
+    (row,) = summarize([sample("reference", 0, 10.0, **m)], kind, relbench=True)
+    assert (row["quality"], row["quality_ci_low"], row["quality_ci_high"]) == (figure, *ci)
+    assert (row["baseline_name"], row["baseline"]) == stronger
+    md = to_markdown([row], kind, relbench=True)
+    assert f"relbench.{metric} [95% CI] (stronger baseline) |" in md.splitlines()[0]
+    assert f"| reference | {figure:.4f} [{ci[0]:.4f}, {ci[1]:.4f}] ({stronger[0]} {stronger[1]:.4f}) | 100 |" in md
+    # the same runs outside a RelBench task show the harness's own headline
+    assert "(majority_rate)" in to_markdown(summarize([sample("reference", 0, 10.0, **m)], "binary"), "binary")
+
+
+def test_the_reports_relbench_metrics_and_directions_are_relbench_scores():
+    from flows.sweeps.models_report import RELBENCH_HIGHER_IS_BETTER, RELBENCH_METRIC
+    from tasks.measure.relbench_scores import HIGHER_IS_BETTER
+
+    assert RELBENCH_HIGHER_IS_BETTER == HIGHER_IS_BETTER
+    assert set(RELBENCH_METRIC.values()) == set(HIGHER_IS_BETTER)
 
 
 def test_fewer_than_6_rounds_give_no_interval_and_a_failed_round_pairs_with_nothing():
@@ -85,10 +188,10 @@ def test_nll_column_shows_the_rounds_median_raw_and_calibrated_and_a_dash_withou
     ]
     (row,) = summarize(samples, "category")
     assert (row["nll_uncalibrated"], row["nll"]) == (0.75, 0.69)
-    assert "| relflow | 0.8000 (0.6000) | 0.7500 -> 0.6900 |" in to_markdown([row], "category")
+    assert "| relflow | 0.8000 (0.6000) | 100 | 0.7500 -> 0.6900 |" in to_markdown([row], "category")
     regression = {"e2e.predict.rows_per_s": 10.0, "quality.mae": 1.5, "quality.mae_of_mean": 3.0}
     (row,) = summarize([Sample("reference", 0, RunSummary("id", regression, "VALID"))], "regression")
-    assert "| reference | 1.5000 (3.0000) | - | 10 |" in to_markdown([row], "regression")
+    assert "| reference | 1.5000 (3.0000) | - | - | 10 |" in to_markdown([row], "regression")
 
 
 def test_quality_shows_its_interval_the_median_of_each_bound_over_rounds():
@@ -103,10 +206,10 @@ def test_quality_shows_its_interval_the_median_of_each_bound_over_rounds():
     assert (row["quality"], row["quality_ci_low"], row["quality_ci_high"]) == (0.80, 0.70, 0.90)
     md = to_markdown([row], "binary")
     assert "auc [95% CI] (majority_rate)" in md.splitlines()[0]
-    assert "| reference | 0.8000 [0.7000, 0.9000] (0.6000) |" in md
+    assert "| reference | 0.8000 [0.7000, 0.9000] (0.6000) | 100 |" in md
     (plain,) = summarize([sample("relflow", 0, 10.0)], "category")  # no interval logged
     assert math.isnan(plain["quality_ci_low"])
-    assert "| relflow | 0.8000 (0.6000) |" in to_markdown([plain], "category")
+    assert "| relflow | 0.8000 (0.6000) | 100 |" in to_markdown([plain], "category")
 
 
 def test_a_refused_library_is_a_row_saying_why():
@@ -166,11 +269,13 @@ def test_a_data_error_is_its_own_row_never_refused():
 
 @pytest.mark.slow
 def test_a_child_exiting_2_on_its_data_is_reported_as_a_data_error(tmp_path, shop_spec, shop_files):
-    """A real models-report over a spec the library's check accepts and its data breaks (the
-    five shop customers leave too few labelled rows for a validation split: the harness's data
-    check before work exits 2, as the binary target's "yes"/"no" would in the encode step)."""
+    """A real models-report over a spec the library's check and the harness's data checks
+    accept, and relational-transformers' own encode refuses: a binary target stored as
+    "yes"/"no" (validation_fraction 0.3 holds customer 1 out and leaves both values among the
+    training rows, so the split check before work passes). The child exits 2 with RT's message,
+    and the report shows that message as a data error, never a refusal."""
     spec = shop_files / "spec.yaml"
-    raw = _rt_spec(shop_spec, kind="binary")
+    raw = _rt_spec(shop_spec, kind="binary", validation_fraction=0.3)
     raw["run"] = {**raw["run"], "system_metrics_interval_s": 0}
     spec.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}", "HF_HUB_OFFLINE": "1"}
@@ -184,7 +289,9 @@ def test_a_child_exiting_2_on_its_data_is_reported_as_a_data_error(tmp_path, sho
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| relational_transformers | data error: UserError: " in proc.stdout, proc.stdout
+    out = " ".join(proc.stdout.split())  # the console wraps long lines
+    assert "| relational_transformers | data error: UserError: task.target 'churn' is binary but its values" in out
+    assert "do not read as booleans" in out and "validation split" not in out, out
     assert proc.stdout.rstrip().endswith("| 0 | DATA ERROR |") and REFUSED not in proc.stdout
 
 
