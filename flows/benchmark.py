@@ -271,7 +271,9 @@ def benchmark(
         metrics = collect(run)  # tasks/measure/assemble.py
         # offline: the committed file is one row per root key in key order, the write floor's table
         predictions = run.output if s.run.scenario == "offline" else None
-        metrics.update(run_floor_metrics(s, p.sources, p.device, metrics, run.prefect_calls, predictions))
+        # at the threads the predict compute ran at: an ONNX Runtime session's own, or the requests'
+        floors = run_floor_metrics(s, p.sources, p.device, metrics, run.prefect_calls, predictions, run.predict_threads)
+        metrics.update(floors)
         metrics.update(relbench_figures(run, p, predictions))
         summary = log_run(run, metrics, judge(run, metrics))  # tasks/measure/judge.py, tasks/tracking/run_log.py
     except BaseException as err:

@@ -43,10 +43,13 @@ def run_floor_metrics(
     metrics: dict[str, float],
     task_calls: int,
     predictions: Path | None = None,
+    threads: int | None = None,
 ) -> dict[str, float]:
     """A finished run's ``floor.*`` metrics against this host's (cached) ledger; measured
     after the timed region on a miss (``predictions``: the run's committed prediction file,
-    the write floor's table, so no forward pass is spent making one)."""
+    the write floor's table, so no forward pass is spent making one), at ``threads``, the
+    intra-op threads its predict compute ran at (``Invocation.predict_threads``; None: the
+    spec's, ``serving_threads``)."""
     host = fingerprint(device)["relflow.host_fingerprint"]
-    led = ledger(spec, sources, device, host, orchestration_floor, predictions=predictions)
+    led = ledger(spec, sources, device, host, orchestration_floor, predictions=predictions, threads=threads)
     return fractions(led, metrics, task_calls)

@@ -10,6 +10,12 @@ it times PyTorch (first call, warm-up, steady batches, exact rows).
   (``run.compile.model``), under the run's autocast.
 - ``onnxruntime``: an export bundle's ``model.onnx`` (or its dynamic int8 derivative) in an
   ``InferenceSession`` with the providers chosen at load time.
+
+``session_threads``: the intra-op threads a backend's own session runs at, fixed when it was
+created (ONNX Runtime, in the ``backend_setup`` bucket, before a request scenario switches
+torch to ``run.request.intra_op_threads``); None for a backend that runs on torch's threads,
+whatever they are while it runs. The run's MFU peak and floors use it
+(``EngineBase.session_threads``, ``Invocation.predict_threads``).
 """
 
 from __future__ import annotations
@@ -29,3 +35,5 @@ class Backend(Protocol):
     def step(self, batch: Batch, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]: ...
 
     def tags(self) -> dict[str, str]: ...
+
+    def session_threads(self) -> int | None: ...

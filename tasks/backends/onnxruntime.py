@@ -13,6 +13,7 @@ dynamic_int8``) is derived once from ``model.onnx`` into the bundle folder.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,8 +66,16 @@ def dynamic_int8(bundle: Bundle, clock: Clock) -> tuple[Path, float | None]:
 
 
 def intra_op_threads(settings: OnnxRuntime) -> int:
-    """The session's intra-op threads: the setting, or (0) torch's intra-op thread count."""
+    """The intra-op threads a session is created with: the setting, or (0) torch's intra-op
+    thread count at that moment (the process's: the backend is set up before a request
+    scenario switches torch to ``run.request.intra_op_threads``)."""
     return settings.intra_op_threads or torch.get_num_threads()
+
+
+def session_threads(session: Any, asked: int) -> int:
+    """The intra-op threads ``session`` (an ``InferenceSession``) has, as its options say;
+    ``asked`` where they say 0 (ONNX Runtime's own default, never what the harness asks)."""
+    return int(session.get_session_options().intra_op_num_threads) or asked
 
 
 class OnnxRuntimeBackend:
@@ -80,8 +89,8 @@ class OnnxRuntimeBackend:
         # Like for like with PyTorch: 0 means torch's own intra-op thread count (the run's
         # run.threads), not ONNX Runtime's default of one per core, which differs under a
         # thread cap and made the backends report compare two thread counts.
-        self.intra_op_threads = intra_op_threads(settings)
-        opts.intra_op_num_threads = self.intra_op_threads
+        asked = intra_op_threads(settings)
+        opts.intra_op_num_threads = asked
         opts.inter_op_num_threads = settings.inter_op_threads
         opts.graph_optimization_level = getattr(
             onnxruntime.GraphOptimizationLevel, LEVELS[settings.graph_optimization_level]
@@ -90,6 +99,8 @@ class OnnxRuntimeBackend:
         self.session = onnxruntime.InferenceSession(
             str(model_file), sess_options=opts, providers=list(settings.providers)
         )
+        # fixed now, whatever torch's count is when the session runs (session_threads)
+        self.intra_op_threads = session_threads(self.session, asked)
         sig = bundle.config["signature"]
         self.nodes = sig["nodes"]
         self.outputs = tuple(sig["outputs"])
@@ -112,6 +123,10 @@ class OnnxRuntimeBackend:
         names = [output_name(o) for o in outputs]
         values = self.session.run(names, feeds)
         return {o: torch.from_numpy(v) for o, v in zip(outputs, values, strict=True)}
+
+    def session_threads(self) -> int | None:
+        """The session's own intra-op threads: what its predict compute ran at, not torch's."""
+        return self.intra_op_threads
 
     def tags(self) -> dict[str, str]:
         m = self.bundle.manifest

@@ -61,6 +61,9 @@ class PyTorchBackend:
             out: dict[str, torch.Tensor] = self.forward(batch, outputs=outputs)
         return out
 
+    def session_threads(self) -> int | None:
+        return None  # torch's threads, whatever they are while it runs
+
     def tags(self) -> dict[str, str]:
         # native fp8 only if no call fell back to the dequantized weight (read after the passes)
         native = self.weights_native and not fp8_fallback_calls(self.model)

@@ -116,6 +116,12 @@ class Driver(Protocol):
         """How the library ran its regions (e.g. ``packed``, ``compiled``), for the tag."""
         ...
 
+    def session_threads(self) -> int | None:
+        """The intra-op threads of the session that served the predict steps, when it fixed
+        its own (``EngineBase.session_threads``); None: they ran on torch's. Asked after
+        ``close``, so the driver keeps the count."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -204,6 +210,9 @@ class LibraryEngine(EngineBase):
 
     def facts(self) -> ModelFacts:
         return self.driver.facts()
+
+    def session_threads(self) -> int | None:
+        return self.driver.session_threads()
 
     def save_checkpoint(self, path: Path, spec: Spec) -> None:
         self.driver.save(path)

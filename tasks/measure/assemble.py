@@ -16,6 +16,8 @@ adds them after this.
 
 from __future__ import annotations
 
+import torch
+
 from tasks.backends.served import fp8_metrics
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
@@ -108,4 +110,8 @@ def _model_part(run: Invocation) -> None:
     )
     run.tracker.set_tags(facts.tags | ({"relflow.flops_note": facts.flops_note} if facts.flops_note else {}))
     run.result.model_figures = facts.metrics
-    run.result.utilisation = utilisation(s, p.device, engine, facts, run.predict_threads)
+    threads = run.predict_threads  # a session's own count, or a request run's (None: the process's)
+    run.result.utilisation = {
+        **utilisation(s, p.device, engine, facts, threads),
+        K.PREDICT_INTRA_OP_THREADS: float(threads if threads is not None else torch.get_num_threads()),
+    }

@@ -92,8 +92,9 @@ def utilisation(
     """MFU per phase against this host's cached peak (measured here, outside the timed
     region, on a cache miss). A library with no FLOPs count publishes none (its
     ``ModelFacts.flops_note`` says why). ``predict_threads``: the intra-op thread count the
-    predict phase ran at when it was not the process's (a request scenario's
-    ``run.request.intra_op_threads``): its MFU is against the peak at that count."""
+    predict compute ran at when it was not simply the process's (``Invocation.predict_threads``:
+    an ONNX Runtime session's own, or a request scenario's ``run.request.intra_op_threads``):
+    its MFU is against the peak at that count."""
     cells = engine.steady_cells if facts.flop_model is not None else None
     cell_library = cells is not None and cells.contexts > 0
     if facts.flops_per_root_row is None or not (isinstance(engine, Engine) or cell_library):
@@ -128,6 +129,6 @@ def utilisation(
         threads = spec.run.distributed.threads_per_process
         rank_peak = peak_flops(host, device, spec.run.precision, threads=threads).flops_per_s
     request_peak = None
-    if predict_threads is not None:  # the requests served at their own thread count
+    if predict_threads is not None:  # predict ran at its own thread count (a session's, the requests')
         request_peak = peak_flops(host, device, spec.run.precision, threads=predict_threads).flops_per_s
     return {**mfu_metrics(peak.flops_per_s, phases, rank_peak, request_peak), K.HOST_PEAK_CACHED: float(peak.cached)}

@@ -242,6 +242,7 @@ REQUESTS_TRACES_LOGGED = "requests.traces_logged"
 HOST_PEAK_FLOPS_PER_S = "host.peak_flops_per_s"
 TRAIN_RANK_PEAK_FLOPS_PER_S = "compute.train.rank_peak_flops_per_s"
 PREDICT_REQUEST_PEAK_FLOPS_PER_S = "compute.predict.request_peak_flops_per_s"
+PREDICT_INTRA_OP_THREADS = "compute.predict.intra_op_threads"
 HOST_PEAK_CACHED = "host.peak_cached"
 MFU = "mfu"  # compute(phase, MFU)
 MODEL_FLOPS_PER_S = "model_flops_per_s"  # compute(phase, MODEL_FLOPS_PER_S)
@@ -611,9 +612,17 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ),
     (
         PREDICT_REQUEST_PEAK_FLOPS_PER_S,
-        "request runs (single_stream, server): the peak at the thread count the requests ran at "
-        "(run.request.intra_op_threads, read back as latency.intra_op_threads), the denominator of "
-        "compute.mfu|mfu_reserved (predict) there instead of host.peak_flops_per_s",
+        "the peak at the thread count the predict compute ran at (compute.predict.intra_op_threads) when it "
+        "was not simply the process's: request runs (run.request.intra_op_threads) and ONNX Runtime sessions "
+        "(their own count, any scenario); the denominator of compute.mfu|mfu_reserved (predict) there "
+        "instead of host.peak_flops_per_s",
+    ),
+    (
+        PREDICT_INTRA_OP_THREADS,
+        "intra-op threads the predict compute ran at, the count of its MFU peak and of the floor ledger: an "
+        "ONNX Runtime session's own, fixed when it was created (tag relflow.onnxruntime.intra_op_threads; "
+        "a request run's torch count does not change it), else torch's while predicting "
+        "(request runs: latency.intra_op_threads; offline: the process's)",
     ),
     (HOST_PEAK_CACHED, "1 when the peak came from the cache, 0 when measured in this run (after the timed region)"),
     (DATA_ROOT_ROWS, "distinct root rows of the workload"),
@@ -656,7 +665,8 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         LATENCY_INTRA_OP_THREADS,
         "request scenarios: torch's intra-op thread count in force while the requests were served "
-        "(run.request.intra_op_threads; the run's own setting is tag relflow.threads.intra_op)",
+        "(run.request.intra_op_threads; the run's own setting is tag relflow.threads.intra_op); an ONNX "
+        "Runtime session keeps its own (compute.predict.intra_op_threads)",
     ),
     (
         LATENCY_P99_SERVER_RULE,
@@ -1005,7 +1015,7 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "floor.compute.flops_per_s",
         "floor: matmul FLOP/s at the model's own GEMM shapes: linears over a batch's present coordinates, "
         "attention at each branch's mean present length (the sample's roots' longest present instance, as "
-        "compute.model_flops_per_s counts them); request runs at run.request.intra_op_threads",
+        "compute.model_flops_per_s counts them), at compute.predict.intra_op_threads",
     ),
     ("floor.write.bytes_per_s", "floor: pyarrow.parquet.write_table of one chunk's prediction table, same folder"),
     ("floor.orchestration.calls_per_s", "floor: no-op Prefect task calls per second"),

@@ -40,8 +40,10 @@ def mfu_metrics(
     ``train_rank_peak``: a DDP run's training is measured in the ranks, each with
     ``run.distributed.threads_per_process`` threads, so its MFU is against the peak at that
     thread count (``compute.train.rank_peak_flops_per_s``), not this process's.
-    ``predict_request_peak``: a request run serves at ``run.request.intra_op_threads``, so its
-    predict MFU is against the peak at that count (``compute.predict.request_peak_flops_per_s``)."""
+    ``predict_request_peak``: the peak at the thread count the predict compute ran at when it
+    was not the process's (an ONNX Runtime session's own, a request run's
+    ``run.request.intra_op_threads``): the predict MFU is against it
+    (``compute.predict.request_peak_flops_per_s``)."""
     out = {K.HOST_PEAK_FLOPS_PER_S: peak_flops_per_s}
     if train_rank_peak is not None:
         out[K.TRAIN_RANK_PEAK_FLOPS_PER_S] = train_rank_peak

@@ -71,8 +71,16 @@ class Invocation:
 
     @property
     def predict_threads(self) -> int | None:
-        """torch's intra-op threads the predict phase ran at when they were not the process's:
-        a request scenario's (``run.request.intra_op_threads``, as read back while serving)."""
+        """The intra-op threads the predict compute ran at when they were not simply the
+        process's torch count; the one count the run's predict MFU peak
+        (``compute.predict.request_peak_flops_per_s``) and its floor ledger use, logged as
+        ``compute.predict.intra_op_threads``. A session that fixed its own when it was created
+        (ONNX Runtime, ``EngineBase.session_threads``) ran at those, whatever torch's were
+        then; otherwise a request scenario's torch count while serving
+        (``run.request.intra_op_threads``, read back as ``latency.intra_op_threads``)."""
+        own = self.engine.session_threads()
+        if own is not None:
+            return own
         if self.latency is None or not self.latency.intra_op_threads:
             return None
         return self.latency.intra_op_threads

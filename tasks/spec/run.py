@@ -46,7 +46,11 @@ class OnnxRuntime(Strict):
     )
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
     intra_op_threads: int = Field(
-        0, ge=0, description="0 = torch's intra-op thread count (like for like with PyTorch; tag relflow.torch_threads)"
+        0,
+        ge=0,
+        description="0 = torch's intra-op thread count when the session is made (like for like with PyTorch; "
+        "tag relflow.torch_threads); fixed then: a request scenario's run.request.intra_op_threads does not "
+        "change it, and the run's predict MFU peak and floors are at it (compute.predict.intra_op_threads)",
     )
     inter_op_threads: int = Field(0, ge=0)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"

@@ -174,6 +174,9 @@ class Engine(EngineBase):
     def backend_tags(self) -> dict[str, Any]:
         return self.backend.tags()
 
+    def session_threads(self) -> int | None:
+        return self.backend.session_threads()
+
     @contextmanager
     def untracked(self) -> Iterator[None]:
         """As the base's, and the fp8 fallback counts are put back too."""

@@ -305,3 +305,11 @@ class EngineBase:
     def backend_tags(self) -> dict[str, Any]:
         """Tags of what served the predict steps."""
         return {}
+
+    def session_threads(self) -> int | None:
+        """The intra-op threads the predict steps ran at when what served them has a session
+        that fixed its own when it was created (ONNX Runtime: tasks/backends/__init__.py);
+        None when they ran on torch's, whatever those were (the process's, or a request
+        scenario's ``run.request.intra_op_threads``). Asked after the timed region: the
+        run's MFU peak and floors are at this count (``Invocation.predict_threads``)."""
+        return None

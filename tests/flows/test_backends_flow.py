@@ -12,9 +12,11 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from model.checkpoint import file_sha256, quantize_checkpoint
+from tasks.measure import keys as K
 from tasks.measure.keys import documented
 from tasks.spec import parse_spec
 from tasks.stages.split import split_is_train
@@ -58,10 +60,29 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp
         check_outputs=True,
     )
     s = parse_spec(raw)
+    # the floor ledger's thread count (issue 43 item 3): what the run asks it at
+    from tasks.measure import floors
+
+    ledger_threads: list[int] = []
+    measured = floors._ledger
+
+    def noted(*args, **kwargs):
+        ledger_threads.append(torch.get_num_threads())
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(floors, "_ledger", noted)
     summary = benchmark(spec=s.to_dict(), spec_dir=str(shop4_files))
     run = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
     m, tags = run.data.metrics, run.data.tags
     assert run.info.status == "FINISHED"
+    # The session has 1 intra-op thread (run.onnxruntime.intra_op_threads), whatever torch's
+    # count: the predict MFU's peak and the floors are at 1, the process's peak stays the host's
+    # (the old code: MFU against the process's peak, floors at the process's count).
+    assert tags["relflow.onnxruntime.intra_op_threads"] == "1"
+    assert ledger_threads == [1]
+    assert m[K.PREDICT_INTRA_OP_THREADS] == 1.0
+    own_peak = m[K.PREDICT_REQUEST_PEAK_FLOPS_PER_S]
+    assert m[K.compute("predict", K.MFU)] == pytest.approx(m[K.compute("predict", K.MODEL_FLOPS_PER_S)] / own_peak)
     assert tags["relflow.backend"] == "onnxruntime"
     assert tags["relflow.providers"] == "CPUExecutionProvider"
     assert tags["relflow.onnxruntime_version"] == __import__("onnxruntime").__version__

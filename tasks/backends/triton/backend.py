@@ -106,6 +106,9 @@ class TritonBackend:
     def encoder_path(self) -> str:
         return "packed"
 
+    def session_threads(self) -> int | None:
+        return None  # kernels on the device; the host side is torch's
+
     @torch.no_grad()
     def step(self, batch: Batch, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
         return self.model.forward_with(batch, outputs, self._encode_rows, self._head)

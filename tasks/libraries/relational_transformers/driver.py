@@ -47,6 +47,7 @@ from relational_transformers.onnx import OnnxBackend, export_onnx
 from relational_transformers.torch_model import ModelOutput
 from torch.utils.flop_counter import FlopCounterMode
 
+from tasks.backends.onnxruntime import session_threads
 from tasks.libraries.relational_transformers.checks import LIBRARY, Refusal, check, refusals
 from tasks.libraries.relational_transformers.contexts import D_TEXT, Stats
 from tasks.measure.cell_flops import FlopModel
@@ -492,9 +493,11 @@ class OnnxDriver:
                 "on the Hugging Face hub, which this harness never does: export one first"
             )
         options = ort.SessionOptions()
-        # 0 means like for like with torch, as the harness's run.onnxruntime.intra_op_threads does
-        self.intra_op_threads = intra_op_threads or torch.get_num_threads()
-        options.intra_op_num_threads = self.intra_op_threads
+        # 0 means like for like with torch, as the harness's run.onnxruntime.intra_op_threads
+        # does: torch's count now, when the session is made (in a train+predict run, the
+        # calibration fit's, the process's, not a request scenario's serving count)
+        asked = intra_op_threads or torch.get_num_threads()
+        options.intra_op_num_threads = asked
         options.inter_op_num_threads = inter_op_threads
         options.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -506,6 +509,9 @@ class OnnxDriver:
         self.kind: Kind = kind
         self.stats = stats
         self.backend = _ThreadedOnnxBackend(file, providers, options)
+        # what the session has, fixed now: its predict compute runs at it whatever torch's
+        # count is then (the run's MFU peak and floors use it: EngineBase.session_threads)
+        self.intra_op_threads = session_threads(self.backend.session, asked)
         # what the session runs on (the reference's relflow.providers tag reads the same)
         self.providers = tuple(self.backend.session.get_providers())
 

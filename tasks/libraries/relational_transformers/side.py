@@ -207,6 +207,10 @@ class _Steps:
         # what ONNX Runtime served, kept for facts() (asked after close()): the reference's
         # ONNX Runtime tags (tasks/backends/onnxruntime.py), one key per concept across libraries
         self._served: dict[str, str] = {}
+        # the intra-op threads of the last ONNX Runtime session made, the one that served the
+        # predict steps (after training, built by the calibration fit's first call at the
+        # process's count): kept past close() for session_threads()
+        self._session_threads: int | None = None
 
     def batches(self, chunk: LibraryChunk, rows: torch.Tensor) -> Iterator[tuple[Any, int]]:
         collated = cast(_Collated, chunk.inputs)
@@ -279,6 +283,7 @@ class _Steps:
                 inter_op_threads=o.inter_op_threads,
                 graph_optimization_level=o.graph_optimization_level,
             )
+            self._session_threads = self.onnx.intra_op_threads
             self._served = {
                 "relflow.onnx_model_file": self.onnx.path.name,
                 "relflow.providers": ",".join(self.onnx.providers),
@@ -359,6 +364,9 @@ class _Steps:
         elif path.exists():
             path.unlink()
         tmp.replace(path)
+
+    def session_threads(self) -> int | None:
+        return self._session_threads if self.spec.run.backend == "onnxruntime" else None
 
     def paths(self) -> set[str]:
         if self.spec.run.backend == "onnxruntime":

@@ -282,6 +282,9 @@ class _Steps:
     def paths(self) -> set[str]:
         return {"relflow-compiled" if self.side.calls is not None else "relflow-eager"}
 
+    def session_threads(self) -> int | None:
+        return None  # PyTorch only (no ONNX export): torch's threads
+
     def close(self) -> None:
         return None
 
