@@ -201,6 +201,7 @@ def summarize(
         {
             "rounds": lambda g: len(g.samples),
             "valid_rounds": lambda g: len(valid_only(g).samples),
+            "failed_rounds": lambda g: len(g.samples) - len(g.reports),
             "quality": v(h.key),
             "quality_ci_low": v(h.low),
             "quality_ci_high": v(h.high),
@@ -295,12 +296,13 @@ def notes(rows: Sequence[Mapping[str, Cell]]) -> list[str]:
         valid, total = r.get("valid_rounds"), r.get("rounds")
         if valid == total:
             continue
-        reasons = "; ".join(cast(list[str], r.get("invalid_reasons") or []))
+        why = []
+        if reasons := "; ".join(cast(list[str], r.get("invalid_reasons") or [])):
+            why.append(f"not VALID: {reasons}")
+        if r.get("failed_rounds"):
+            why.append(f"{r['failed_rounds']} FAILED")
         figures = "its figures are medians over those only" if valid else "no figures"
-        out.append(
-            f"Note: {r['variant']}: {valid} of {total} rounds VALID, {figures}"
-            + (f" (not VALID: {reasons})." if reasons else " (the others FAILED).")
-        )
+        out.append(f"Note: {r['variant']}: {valid} of {total} rounds VALID, {figures} ({'; '.join(why)}).")
     return out
 
 

@@ -177,6 +177,9 @@ def test_fewer_than_6_rounds_give_no_interval_and_a_failed_round_pairs_with_noth
     assert rt["validity"] == "FAILED,VALID" and math.isnan(rt["parameters"])
     md = to_markdown(list(rows.values()), "regression")
     assert "mae [95% CI] (mae_of_mean)" in md and "0.20x [n=1<6, no CI]" in md
+    assert (
+        "Note: relational_transformers: 1 of 2 rounds VALID, its figures are medians over those only (1 FAILED)." in md
+    )
 
 
 def test_nll_column_shows_the_rounds_median_raw_and_calibrated_and_a_dash_without_them():
