@@ -8,7 +8,6 @@ Slow: relflow's import (Lightning) and a Prefect flow; the model is tiny.
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -41,6 +40,23 @@ def test_a_relflow_run_records_every_stage_and_predicts_every_root_in_key_order(
     shop_spec["model"] = {"library": "relflow", "d_model": 8, "layers": 1, "heads": 2}
     shop_spec["run"] |= {"epochs": 2, "batch_size": 2, "system_metrics_interval_s": 0}
     shop_spec["task"]["validation_fraction"] = 0.4  # customers 1 and 4 held out (the stable key hash)
+    # relflow's ThroughputLogger reads perf_counter once at each batch's start hook and once at
+    # its end hook: a clock that steps 0.5 s per read gives every batch 0.5 hook seconds, so its
+    # figure for a batch is exactly 2 x that batch's rows
+    import relflow.logging.throughput as relflow_throughput
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(relflow_throughput, "perf_counter", lambda: 0.5 * next(ticks))
+    from tasks.libraries.relflow.driver import RelflowDriver
+
+    losses: list[float] = []
+    train_step = RelflowDriver.train_step
+
+    def recorded_step(self: RelflowDriver, td: object) -> float:
+        losses.append(train_step(self, td))  # type: ignore[arg-type]
+        return losses[-1]
+
+    monkeypatch.setattr(RelflowDriver, "train_step", recorded_step)
     summary = benchmark(spec=parse_spec(shop_spec).to_dict(), spec_dir=str(shop_files))
     run = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
     assert run.info.status == "FINISHED"
@@ -59,8 +75,14 @@ def test_a_relflow_run_records_every_stage_and_predicts_every_root_in_key_order(
     assert m["compute.estimated_rows_per_s"] == pytest.approx(4 / steady_s, rel=1e-6)
     # relflow's own ThroughputLogger figures land beside them (their definitions are tested with
     # a scripted clock in tests/tasks/libraries/test_relflow_side.py)
-    logged = [f"compute.{p}library_logger.{w}_rows_per_s" for p in ("", "train.") for w in ("steady_mean", "last")]
-    assert all(math.isfinite(m[k]) for k in [*logged, "compute.train.library_logger.last_loss"])
+    # predict pass: steady batches of 2 and 1 rows -> relflow's 4 and 2 rows/s, mean 3; the last
+    # (1 row) 2. Training: batches of 2 and 1 rows in each of 2 epochs, the run's first batch the
+    # first call: steady 1, 2 and 1 rows -> 2, 4, 2 rows/s, mean 8/3
+    assert m["compute.library_logger.steady_mean_rows_per_s"] == 3.0
+    assert m["compute.library_logger.last_rows_per_s"] == 2.0
+    assert m["compute.train.library_logger.steady_mean_rows_per_s"] == pytest.approx(8 / 3, rel=1e-12)
+    assert m["compute.train.library_logger.last_rows_per_s"] == 2.0
+    assert len(losses) == 4 and m["compute.train.library_logger.last_loss"] == pytest.approx(losses[-1], rel=1e-6)
     # the training tensorize encodes the 3 training rows of each of the 2 epochs, not all 5
     assert m["stage.tensorize.train.rows"] == 2 * 3 and m["stage.preprocess.train.rows"] == 2 * 5
     tags = run.data.tags
