@@ -4,9 +4,13 @@ What: steady predict rows/s of a library's model (``model.library`` of --spec, e
 measured two ways, in fresh processes interleaved over --rounds (order rotated each round):
 
 - ``bare``: the chunk prepared by the harness's own chain outside every timing (relflow:
-  ``Model.encode`` of every root row), then a plain loop: slice a batch of ``run.batch_size``
-  root rows, run the library's predict forward, read the clock (first call and
-  ``run.warmup_batches`` dropped; exact rows / summed step seconds);
+  ``Model.encode`` of every root row; relational-transformers: the collated batches), then a
+  plain loop that calls only the library's own API, no harness code inside the clock:
+  relflow's ``Model.forward(td, strata=predict)`` under ``torch.inference_mode`` (what its
+  ``predict_step`` runs before writing Arrow), relational-transformers'
+  ``RelationalTransformer.predict(batch, activation="identity")``; batches of
+  ``run.batch_size`` root rows, first call and ``run.warmup_batches`` dropped, exact rows /
+  summed call seconds;
 - ``bare_frozen``: the same loop inside the harness's own collector policy
   (``tasks/measure/gcpauses.frozen_collector``: collect, ``gc.freeze()``, as the harness's timed
   region does), so the harness's bookkeeping and its GC policy are told apart;
@@ -36,7 +40,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
@@ -65,6 +71,35 @@ def goal_verdict(low: float | None, high: float | None, goal: float = GOAL) -> s
     return "unresolved (the interval spans the goal's edge)"
 
 
+def library_call(engine: Any) -> Callable[[Any], object]:
+    """One batch through the library's own predict API, without the harness's driver step (its
+    throughput hooks, output reduction and calibration conventions): the loop a user of the
+    library writes."""
+    import torch
+
+    driver = engine.driver.driver  # the library side's driver, holding the library's model
+    if not hasattr(driver, "transformer"):  # relflow's driver holds a LightningModule
+        from relflow.structs.enums import Strata
+
+        model = driver.model
+        model.eval()
+
+        def relflow_forward(part: Any) -> object:
+            with torch.inference_mode():
+                return model(part.td, strata=Strata.predict)
+
+        return relflow_forward
+    from tasks.libraries.relational_transformers.driver import HEAD
+
+    transformer = driver.transformer
+    head = HEAD if driver.kind == "category" else None
+
+    def rt_predict(part: Any) -> object:
+        return transformer.predict(part.batch, task_head=head, activation="identity", convert_to_numpy=False)
+
+    return rt_predict
+
+
 def bare(spec_path: Path, threads: int | None, frozen: bool) -> float:
     """The bare loop over the harness-prepared chunk (see the module note); ``frozen``: inside
     the harness's collector policy."""
@@ -91,11 +126,12 @@ def bare(spec_path: Path, threads: int | None, frozen: bool) -> float:
     engine = chain.ensure_engine()
     assert isinstance(engine, LibraryEngine), "--spec must name a library (model.library)"
     steps, clock = engine.driver, Clock(torch.device("cpu"))
+    call = library_call(engine)
     skip, seconds, rows = 1 + spec.run.warmup_batches, 0.0, 0
     with torch.no_grad(), frozen_collector(clock) if frozen else nullcontext():
         for i, (part, n) in enumerate(steps.batches(chunk, torch.arange(chunk.root_rows))):  # type: ignore[arg-type]
             with clock.measure() as span:
-                steps.predict_step(part)
+                call(part)
             if i >= skip:
                 seconds, rows = seconds + span.seconds, rows + n
     return rows / seconds
