@@ -7,10 +7,12 @@ Two checkpoints, told apart by what the path is:
 - a **folder** (a relational-transformers checkpoint: a ``model.library:
   relational_transformers`` run's saved ``<output>.ckpt/``, or any local folder in the
   library's layout): every ``--format`` (default fp16, fp8, int8, int4) written in the layout
-  the library's loader reads, then each format and the fp32 source loaded in a fresh process
-  and reported: weight file bytes, load seconds, resident set before, peak during and after
-  the load, the parameters' dtypes after it, and the task metrics of the spec's held-out rows
-  against the fp16 file (tasks/libraries/relational_transformers/formats.py).
+  the library's loader reads (fp8/int8/int4 by relational-transformers-utils'
+  ``quantize_checkpoint``, the quantizer ``rt-quantize`` runs), then each format and the fp32
+  source loaded in a fresh process and reported: weight file bytes, load seconds, resident set
+  before, peak during and after the load, the parameters' dtypes after it, and the task
+  metrics of the spec's held-out rows against the fp16 file
+  (tasks/libraries/relational_transformers/formats.py).
 """
 
 from __future__ import annotations

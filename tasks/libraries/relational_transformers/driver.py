@@ -22,8 +22,8 @@ into scores, probabilities or a training step, always through the library's own 
   ``transformer.heads`` and served by ``predict(..., task_head=...)``. Chosen over the frozen
   head path (``fit_head`` / ``fit_feature_head``) because no pretrained RT-J can be fetched
   here: frozen random features are what a frozen head would fit (README: measured).
-- Weight files: fp32/fp16/fp8/int8/int4 in the layout ``checkpoints.load_state`` reads
-  (0.1.0 ships the loader but no quantizer).
+- Weight files: fp32/fp16/fp8/int8/int4 in the layout ``checkpoints.load_state`` reads;
+  fp8/int8/int4 by relational-transformers-utils' quantizer (0.1.0 ships the loader only).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from relational_transformers.checkpoints import model_dimensions, resolve_checkp
 from relational_transformers.losses import loss_for
 from relational_transformers.onnx import OnnxBackend, export_onnx
 from relational_transformers.torch_model import ModelOutput
+from relational_transformers_utils.quantization import quantize_checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from tasks.backends.onnxruntime import session_threads
@@ -62,6 +63,7 @@ __all__ = [
     "MetaReport",
     "ModelDims",
     "OnnxDriver",
+    "QUANTIZED_FORMATS",
     "RTDriver",
     "SavedCheckpoint",
     "WeightFormat",
@@ -542,66 +544,60 @@ class _StateDict:
         return self._state
 
 
-def _is_matrix(name: str, t: torch.Tensor) -> bool:
-    return name.endswith(".weight") and t.ndim == 2 and t.is_floating_point()
+QUANTIZED_FORMATS: tuple[WeightFormat, ...] = ("fp8", "int8", "int4")
+"""Written by relational-transformers-utils' quantizer (``quantize_checkpoint``), not ours."""
 
 
-def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-row int8 and its scales (the loader: weight * scale per row)."""
-    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale.float()
+def _stored_below_16_bits(path: Path) -> tuple[int, str | None]:
+    """How many tensors of a safetensors file are stored below 16 bits (fp8 matrices, int8
+    matrices with a ``q_scale``, int4 ones with a ``q4_scale``) and the file's
+    ``quantization`` metadata (relational-transformers-utils writes its format's label)."""
+    from safetensors import safe_open
 
-
-def _fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """e4m3 with a per-row scale (the loader widens fp8 to float, then applies any q_scale):
-    unscaled, most weights of a Linear layer would fall into e4m3's subnormal range."""
-    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 448.0
-    return (w / scale[:, None]).to(torch.float8_e4m3fn), scale.float()
-
-
-def _int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric 4-bit in groups of 32 inputs: nibbles packed low then high, one fp16
-    (scale, minimum) pair per group, as the loader's comment and code read them."""
-    rows, cols = w.shape
-    groups = w.reshape(rows, cols // 32, 32).float()
-    low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15.0).clamp_min(1e-8).half()
-    minimum = low.half()
-    q = torch.round((groups - minimum.float()[..., None]) / scale.float()[..., None]).clamp(0, 15).to(torch.uint8)
-    q = q.reshape(rows, cols)
-    packed = q[:, 0::2] | (q[:, 1::2] << 4)
-    return packed.contiguous(), torch.stack([scale, minimum], dim=-1).reshape(rows, -1).contiguous()
+    with safe_open(str(path), framework="pt") as handle:
+        names: list[str] = list(handle.keys())
+        meta = handle.metadata() or {}
+        fp8 = sum(1 for n in names if handle.get_slice(n).get_dtype() in ("F8_E4M3", "F8_E5M2"))
+    scaled = sum(1 for n in names if n.endswith((".q_scale", ".q4_scale")))
+    return fp8 + scaled, meta.get("quantization")
 
 
 def write_weights(
     state: dict[str, torch.Tensor], directory: Path, config: dict[str, Any], weights: WeightFormat
 ) -> int:
-    """``state`` as ``model.safetensors`` + ``config.json`` in ``weights`` format, through the
-    library's ``save_checkpoint``; returns how many tensors are stored below 16 bits.
+    """``state`` as ``model.safetensors`` + ``config.json`` in ``weights`` format; returns how
+    many tensors are stored below 16 bits.
 
-    fp32 as is; fp16 every float tensor. fp8/int8/int4: the 2-D linear weights quantized
-    (``<name>`` plus ``<name>.q_scale`` for int8 and fp8, ``<name>.q4_scale`` for int4, whose
-    input width must be a multiple of 32, else that weight stays fp16), every other tensor fp16.
+    fp32 as is and fp16 (every float tensor) through the library's ``save_checkpoint``.
+    fp8/int8/int4 are relational-transformers-utils' files: the fp32 file written first, then
+    its ``quantize_checkpoint`` (what ``rt-quantize`` writes per task folder): only 2-D
+    ``*.weight`` matrices change (fp8: e4m3 with no scale; int8: ``q_scale`` per row; int4:
+    nibbles + ``q4_scale``, widths that are a multiple of 32 only); every other tensor stays as
+    ``state`` holds it (fp32). The config records ``weight_format`` and, as ``rt-quantize``
+    does, ``quantization`` (the file's label, matrix weights only). README: the differences
+    from the quantizer this replaced.
     """
-    out: dict[str, torch.Tensor] = {}
-    quantized = 0
-    for name, t in state.items():
-        if weights == "fp32" or not t.is_floating_point():
-            out[name] = t.contiguous()
-            continue
-        if weights == "fp16" or not _is_matrix(name, t) or (weights == "int4" and t.shape[1] % 32):
-            out[name] = t.half().contiguous()
-            continue
-        quantized += 1
-        if weights == "int8":
-            out[name], out[f"{name}.q_scale"] = _int8(t.float())
-        elif weights == "fp8":
-            out[name], out[f"{name}.q_scale"] = _fp8(t.float())
-        else:
-            out[name], out[f"{name}.q4_scale"] = _int4(t.float())
-    save_checkpoint(_StateDict(out), directory, {**config, "weight_format": weights})
-    return quantized
+    directory = Path(directory)
+    if weights not in QUANTIZED_FORMATS:
+        out = {
+            n: (t.half() if weights == "fp16" and t.is_floating_point() else t).contiguous() for n, t in state.items()
+        }
+        save_checkpoint(_StateDict(out), directory, {**config, "weight_format": weights})
+        return 0
+    save_checkpoint(_StateDict(state), directory, {**config, "weight_format": weights})
+    target = directory / "model.safetensors"
+    source = directory / "model.fp32.safetensors"
+    target.replace(source)
+    try:
+        quantize_checkpoint(source, target, fmt=weights)
+    finally:
+        source.unlink(missing_ok=True)
+    count, label = _stored_below_16_bits(target)
+    meta = directory / "config.json"
+    written = json.loads(meta.read_text())
+    written["quantization"] = {"format": label, "matrix_weights_only": True}
+    meta.write_text(json.dumps(written, indent=2) + "\n")
+    return count
 
 
 # --- meta inspection --------------------------------------------------------------------------

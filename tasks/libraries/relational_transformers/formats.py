@@ -1,6 +1,7 @@
 """RT-J weight formats side by side: write fp16/fp8/int8/int4 checkpoints from one local RT
 checkpoint, then load each in a fresh process and measure it (``relflow-bench quantize`` on a
-checkpoint folder).
+checkpoint folder). fp8/int8/int4 are relational-transformers-utils' quantizer's files
+(``RTDriver.save`` -> ``driver.write_weights`` -> its ``quantize_checkpoint``); fp16 is ours.
 
 Per format: the file's bytes, load seconds, the resident set before and after the load and
 its peak during the load (``VmHWM`` reset just before loading, so imports are not in it), the
@@ -66,11 +67,28 @@ EVAL_BATCH = 64  # contexts per predict batch in the child (collated as served, 
 
 
 def source_format(folder: Path) -> str:
-    """The weight format a checkpoint folder's config records (``fp32`` when it records none:
-    the library's own ``save_pretrained`` writes the model's dtype, fp32 for a trained one)."""
+    """The weight format of a checkpoint folder: its config's ``quantization.format`` (written
+    by ``rt-quantize`` and by ``RTDriver.save``), else its weight file's ``quantization``
+    metadata (relational-transformers-utils' ``quantize_checkpoint``), else the config's
+    ``weight_format`` (ours: fp32, fp16), else ``fp32`` (the library's own ``save_pretrained``
+    records none; a trained model is fp32). ``weight_format`` comes last: ``rt-quantize`` copies
+    the source's config, so its folder made from one of ours says ``weight_format: fp32``."""
     for d in (folder, folder / "classification", folder / "regression"):
-        if (d / "config.json").is_file():
-            return str(json.loads((d / "config.json").read_text()).get("weight_format", "fp32"))
+        if not (d / "config.json").is_file():
+            continue
+        config = json.loads((d / "config.json").read_text())
+        quantization = config.get("quantization")
+        if isinstance(quantization, dict) and quantization.get("format"):
+            return str(quantization["format"])
+        weights = d / str(config.get("checkpoint_file", "model.safetensors"))
+        if weights.suffix == ".safetensors" and weights.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(weights), framework="pt") as handle:
+                label = (handle.metadata() or {}).get("quantization")
+            if label:
+                return str(label)
+        return str(config.get("weight_format", "fp32"))
     return "fp32"
 
 
