@@ -36,7 +36,7 @@ from flows.floors import run_floor_metrics
 from tasks.backends.setup import serving_backend
 from tasks.checks.plan import Plan, plan
 from tasks.distributed import launch as distributed
-from tasks.libraries import library_for, library_tags
+from tasks.libraries import library_packages, library_tags
 from tasks.measure import keys as K
 from tasks.measure import relbench_scores
 from tasks.measure.assemble import collect
@@ -118,8 +118,8 @@ def start_run(
         "relflow.spec_hash": s.spec_hash,
         "relflow.spec_name": s.name,
         "relflow.ci_method": CI_METHOD,
-        **fingerprint(p.device),
-        **library_tags(library_for(s)),  # the model under test and its version
+        **fingerprint(p.device, library_packages()),  # every registered library's versions
+        **library_tags(p.library),  # the model under test (asked once, by the plan) and its version
         **(thread_tags or {}),
         **(tags or {}),
     }
@@ -229,6 +229,7 @@ def chain_for(run: Invocation) -> Chain:
         schema=ck.schema if ck else None,
         weights=Weights.of(ck),
         run_stage=run_stage,
+        library=p.library,
     )
 
 
@@ -272,7 +273,9 @@ def benchmark(
         # offline: the committed file is one row per root key in key order, the write floor's table
         predictions = run.output if s.run.scenario == "offline" else None
         # at the threads the predict compute ran at: an ONNX Runtime session's own, or the requests'
-        floors = run_floor_metrics(s, p.sources, p.device, metrics, run.prefect_calls, predictions, run.predict_threads)
+        floors = run_floor_metrics(
+            s, p.sources, p.device, metrics, run.prefect_calls, predictions, run.predict_threads, p.library
+        )
         metrics.update(floors)
         metrics.update(relbench_figures(run, p, predictions))
         summary = log_run(run, metrics, judge(run, metrics))  # tasks/measure/judge.py, tasks/tracking/run_log.py

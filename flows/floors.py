@@ -12,6 +12,7 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.libraries import Library
 from tasks.measure.clock import Clock
 from tasks.measure.environment import fingerprint
 from tasks.measure.floors import Floor, best_seconds, fractions, ledger
@@ -44,6 +45,7 @@ def run_floor_metrics(
     task_calls: int,
     predictions: Path | None = None,
     threads: int | None = None,
+    library: Library | None = None,
 ) -> dict[str, float]:
     """A finished run's ``floor.*`` metrics against this host's (cached) ledger; measured
     after the timed region on a miss (``predictions``: the run's committed prediction file,
@@ -51,5 +53,7 @@ def run_floor_metrics(
     intra-op threads its predict compute ran at (``Invocation.predict_threads``; None: the
     spec's, ``serving_threads``)."""
     host = fingerprint(device)["relflow.host_fingerprint"]
-    led = ledger(spec, sources, device, host, orchestration_floor, predictions=predictions, threads=threads)
+    led = ledger(
+        spec, sources, device, host, orchestration_floor, predictions=predictions, threads=threads, library=library
+    )
     return fractions(led, metrics, task_calls)

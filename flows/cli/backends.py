@@ -147,12 +147,12 @@ def models_report_cmd(
     ] = None,
     libraries: Annotated[
         str | None,
-        typer.Option(help="Comma-separated libraries (default: reference,relflow,relational_transformers)."),
+        typer.Option(help="Comma-separated libraries (default: every registered one, tasks/libraries LIBRARIES)."),
     ] = None,
     scale: Annotated[float | None, typer.Option(help="TPC-H scale factor.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
-    """The three libraries (model.library) on one spec and data, in fresh processes, interleaved."""
+    """The libraries (model.library) on one spec and data, in fresh processes, interleaved."""
     from tasks.runtime.errors import UserError
     from tasks.spec import load_spec
 

@@ -44,7 +44,9 @@ def floors_cmd(
         if checked.generated:
             console.print(f"generated TPC-H data in {checked.data_seconds:.1f} s")
         host = fingerprint(checked.device)["relflow.host_fingerprint"]
-        led = ledger(s, checked.sources, checked.device, host, orchestration_floor, remeasure=remeasure)
+        led = ledger(
+            s, checked.sources, checked.device, host, orchestration_floor, remeasure=remeasure, library=checked.library
+        )
     except (Exception, KeyboardInterrupt) as err:
         fail(err, debug)
     table = Table(title=f"Floors of '{s.name}' on this host", title_justify="left")

@@ -17,6 +17,7 @@ Two checkpoints, told apart by what the path is:
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import shutil
 import tempfile
@@ -28,8 +29,7 @@ import typer
 from flows.cli.backends import quantize_cmd as quantize_file
 from flows.cli.common import DEFAULT_SPEC, handle_run_error, interrupted_removes, out
 
-RT_LIBRARY = "relational_transformers"
-RT_FORMATS = ("fp16", "fp8", "int8", "int4")
+COMPARED_AGAINST = "fp16"  # every quantized file is compared against the fp16 one (the note's rule)
 
 
 def quantize_cmd(
@@ -78,15 +78,38 @@ def quantize_cmd(
     _quantize_rt(checkpoint, fmt, out_file, spec, list(set_ or []), rows, threads, debug)
 
 
-def _formats(fmt: list[str] | None) -> tuple[str, ...]:
+def _formats(fmt: list[str] | None, known: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``--format`` values among the library's weight formats ``known``, in its order."""
     from tasks.runtime.errors import UserError
 
-    chosen = [f.strip() for item in fmt or RT_FORMATS for f in item.split(",") if f.strip()]
-    bad = [f for f in chosen if f not in RT_FORMATS]
+    chosen = [f.strip() for item in fmt or known for f in item.split(",") if f.strip()]
+    bad = [f for f in chosen if f not in known]
     if bad:
-        raise UserError(f"--format {bad} unknown; choose from {', '.join(RT_FORMATS)}.")
+        raise UserError(f"--format {bad} unknown; choose from {', '.join(known)}.")
     # fp16 always: the note's rule, every quantized file is compared against the fp16 one
-    return tuple(f for f in RT_FORMATS if f in chosen or f == "fp16")
+    return tuple(f for f in known if f in chosen or f == COMPARED_AGAINST)
+
+
+def _folder_library(spec_path: Path, overrides: list[str]) -> tuple[Any, Any]:
+    """(the spec, the library) of a checkpoint folder: the spec's ``model.library`` when its
+    checkpoint is a folder of weight formats (``Library.weight_formats``), else the one
+    registered library whose checkpoint is; the library is asked, not named."""
+    from tasks.libraries import libraries, library_for
+    from tasks.runtime.errors import UserError
+    from tasks.spec import load_spec
+
+    s = load_spec(spec_path, overrides)
+    named = library_for(s)
+    if named.weight_formats:
+        return s, named
+    folders = [lib for lib in libraries() if lib.weight_formats]
+    if len(folders) != 1:
+        names = ", ".join(lib.name for lib in folders) or "none"
+        raise UserError(
+            f"a checkpoint folder belongs to one of the libraries with weight formats ({names}); "
+            "name it with --set model.library=<library>."
+        )
+    return load_spec(spec_path, [*overrides, f"model.library={folders[0].name}"]), folders[0]
 
 
 def _quantize_rt(
@@ -100,7 +123,6 @@ def _quantize_rt(
     debug: bool,
 ) -> None:
     from tasks.runtime.errors import UserError
-    from tasks.spec import load_spec
 
     target = out_dir or checkpoint.parent
     made: list[Path] = []
@@ -112,17 +134,17 @@ def _quantize_rt(
         shutil.rmtree(work, ignore_errors=True)
 
     try:
-        formats = _formats(fmt)
+        # before torch is imported: a bad spec or path exits in a second
+        s, library = _folder_library(spec_path, overrides)
+        formats = _formats(fmt, library.weight_formats)
         if rows < 0 or threads < 1:
             raise UserError("--rows must be 0 or more and --threads at least 1.")
-        # before torch is imported: a bad spec or path exits in a second
-        s = load_spec(spec_path, [*overrides, f"model.library={RT_LIBRARY}"])
         with interrupted_removes(cleanup):
-            from tasks.libraries.relational_transformers.driver import checkpoint_dir
+            F = importlib.import_module(library.formats_module)  # the library's formats (torch: seconds)
 
-            checkpoint_dir(checkpoint, "the checkpoint")
+            F.checkpoint_dir(checkpoint, "the checkpoint")
             report = _write_and_measure(
-                checkpoint, s, spec_path.resolve().parent, formats, target, made, work, rows, threads
+                F, checkpoint, s, spec_path.resolve().parent, formats, target, made, work, rows, threads
             )
     except BaseException as err:  # noqa: BLE001
         handle_run_error(err, debug, "the partial format folders were removed.")
@@ -132,6 +154,7 @@ def _quantize_rt(
 
 
 def _write_and_measure(
+    F: Any,  # the library's formats module (Library.formats_module)
     checkpoint: Path,
     spec: Any,
     spec_dir: Path,
@@ -142,8 +165,6 @@ def _write_and_measure(
     rows: int,
     threads: int,
 ) -> str:
-    from tasks.libraries.relational_transformers import formats as F
-
     def folder(fmt: str) -> Path:
         path = target / f"{checkpoint.name.removesuffix('.ckpt')}.{fmt}.ckpt"
         if path.exists():

@@ -1,7 +1,7 @@
-"""The three models under test side by side: ``relflow-bench models-report SPEC``.
+"""The models under test side by side: ``relflow-bench models-report SPEC``.
 
-Each library (``model.library``: ``reference``, ``relflow``, ``relational_transformers``;
-``tasks/libraries``) runs the same spec and data as a full ``relflow-bench run`` with
+Each registered library (``model.library``: ``reference``, ``relflow``, ``relational_transformers``,
+``lightgbm``; ``tasks/libraries`` ``LIBRARIES``) runs the same spec and data as a full ``relflow-bench run`` with
 ``--set model.library=<lib>`` in a fresh process (``flows/sweeps/launch.py``), interleaved
 round by round with the order rotated (as ``backends-report``), children tagged
 ``relflow.variant`` (the library) and ``relflow.round`` under one parent MLflow run, which
@@ -42,15 +42,16 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast, get_args
+from typing import cast
 
+from tasks.libraries import DEFAULT_LIBRARY
+from tasks.libraries import LIBRARIES as REGISTERED
 from tasks.measure import keys as K
 from tasks.measure.report import Cell, Group, Sample, interval_text, markdown_table, ratio_interval
 from tasks.measure.report import summarize as summarize_groups
-from tasks.spec.task import LibraryName
 
-LIBRARIES: tuple[str, ...] = get_args(LibraryName)  # reference, relflow, relational_transformers
-REFERENCE_LIBRARY = "reference"  # the denominator of "e2e vs reference"
+LIBRARIES: tuple[str, ...] = tuple(REGISTERED)  # every registered library, in the registry's order
+REFERENCE_LIBRARY = DEFAULT_LIBRARY  # the denominator of "e2e vs reference": the model in model/
 ROUND_TAG = "relflow.round"  # the same tag backends-report puts on its children
 VARIANT_TAG = "relflow.variant"
 PARAMETERS_PARAM = "model.parameters"

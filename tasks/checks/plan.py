@@ -19,6 +19,7 @@ from tasks.backends.setup import BackendPlan, check_backend, check_backend_setti
 from tasks.checks.data import check_data_before_work, check_files, check_table_folders
 from tasks.checks.preflight import check_before_work
 from tasks.distributed import launch as distributed
+from tasks.libraries import Library, check_library
 from tasks.measure.clock import wall_clock
 from tasks.measure.reference import check_reference
 from tasks.sources.files import SourceTable, check_sources, resolve_sources
@@ -34,6 +35,7 @@ class Plan:
     """Everything checked before the run starts."""
 
     spec: Spec
+    library: Library  # model.library, asked once per run and handed down (flow tags, chain, floors)
     sources: Sources
     device: torch.device
     checkpoint: LoadedCheckpoint | None
@@ -53,6 +55,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     The returned ``Plan.spec`` reserves at most the data's observed rows per parent in each
     branch (tasks/checks/data.py); the run's params and spec hash stay the configured spec's."""
     t0 = wall_clock()
+    library = check_library(spec)  # what it cannot honour, before anything else (exit 2)
     notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs
     check_backend_settings(spec)  # e.g. an execution provider this onnxruntime build lacks
     check_text(spec)  # a plug-in text encoder loads: settings first, the data scans after
@@ -77,13 +80,14 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     compute_stage.check_precision(spec, device)
     distributed.check(spec, device)
     ckpt = None
-    if spec.run.checkpoint and spec.model.library == "reference":  # a library loads its own format
+    if spec.run.checkpoint and not library.own_checkpoint:  # a library may load its own format
         # predict: its weights; train+predict: resume (settings checked)
         ckpt = load_run_checkpoint(Path(spec.run.checkpoint), spec)
     backend, ckpt = check_backend(spec, ckpt)  # providers, bundle (it may stand in for ckpt)
     reference = check_reference(spec, ckpt.encoding if ckpt else None)
     return Plan(
         spec=spec,
+        library=library,
         sources=sources,
         device=device,
         checkpoint=ckpt,

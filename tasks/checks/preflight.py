@@ -145,12 +145,10 @@ def check_before_work(spec: Spec) -> list[str]:
 
     Returns notes for the user (stale runs that were ended)."""
     from tasks.checks.data import check_device_name
-    from tasks.libraries import check_library
     from tasks.runtime.hostlock import check_lock_file
     from tasks.tracking.stale_runs import end_stale_runs
     from tasks.tracking.uri import tracking_uri
 
-    check_library(spec)  # again for callers that skip check_settings (sweeps, DDP ranks, scripts)
     uri = tracking_uri()
     check_tracking_store(uri)
     stale = end_stale_runs(uri)  # first: any invocation that reaches the store sweeps

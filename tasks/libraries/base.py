@@ -25,14 +25,27 @@ if TYPE_CHECKING:
 
 
 class Library(Protocol):
-    """A model under test, as the checks before work see it."""
+    """A model under test, as the checks before work see it. The harness asks these members
+    wherever a library differs, and never tests a library's name; each is registered in one
+    line (tasks/libraries/__init__.py ``LIBRARIES``)."""
 
     name: str  # the value of model.library
     distribution: str | None  # its PyPI distribution; None for the reference model in model/
+    # The distributions the environment fingerprint tags (``relflow.<package>_version``) for this
+    # library: its own and what it stands on (tasks/measure/environment.py).
+    packages: tuple[str, ...]
     # Whether the floor ledger's tensorize and compute floors (a memcpy of the reference model's
     # tensors, GEMMs at its shapes: tasks/measure/floors.py) describe this library's work; a
     # library with other tensors and kernels publishes no floor for those stages.
     model_floors: bool
+    # Whether its ModelSide loads ``run.checkpoint`` in the library's own format; False: the
+    # harness's checkpoint loader (the reference model's format, tasks/backends/checkpoint.py).
+    own_checkpoint: bool
+    # The weight formats ``relflow-bench quantize`` writes this library's checkpoint folder in,
+    # and the module that writes and measures them (``write_formats``, ``eval_set``,
+    # ``probe_in_fresh_process``, ``compare``, ``checkpoint_dir``); () and None: no such folder.
+    weight_formats: tuple[str, ...]
+    formats_module: str | None
 
     def check(self, spec: Spec) -> None:
         """Raise ``UserError`` naming the library, the key and the fix for every setting of

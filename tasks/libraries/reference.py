@@ -17,10 +17,17 @@ if TYPE_CHECKING:
 class Reference:
     name = "reference"
     distribution: str | None = None
+    packages: tuple[str, ...] = ()  # torch's version is tagged for every run
     model_floors = True
+    own_checkpoint = False  # the harness's .ckpt format is the reference model's
+    weight_formats: tuple[str, ...] = ()  # its .ckpt file is quantized by model/quantize.py, not a folder
+    formats_module: str | None = None
 
     def check(self, spec: Spec) -> None:
         return None
 
     def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
         return None
+
+
+REFERENCE = Reference()

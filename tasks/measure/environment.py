@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -53,7 +54,13 @@ def _version(pkg: str) -> str:
         return "absent"
 
 
-def fingerprint(device: torch.device) -> dict[str, str]:
+HARNESS_PACKAGES = ("prefect", "mlflow", "polars", "pyarrow", "duckdb")  # what every run stands on
+
+
+def fingerprint(device: torch.device, packages: Iterable[str] = ()) -> dict[str, str]:
+    """The host, device, versions and thread settings of a run. ``packages``: the models under
+    test's distributions (each ``Library.packages``; a run tags every registered library's, whichever
+    one ran: tasks/libraries ``library_packages``) beside the harness's own."""
     gpu, driver = "none", "none"
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
@@ -96,8 +103,7 @@ def fingerprint(device: torch.device) -> dict[str, str]:
     worker = os.environ.get("PREFECT__WORKER_NAME")  # set by a Prefect worker for its flow runs
     if worker:
         tags["relflow.worker"] = worker
-    # The libraries under test and what they stand on (tasks/libraries), whichever one ran.
-    for pkg in ("prefect", "mlflow", "polars", "pyarrow", "duckdb", "relflow", "lightning", "relational-transformers"):
+    for pkg in dict.fromkeys([*HARNESS_PACKAGES, *packages]):
         tags[f"relflow.{pkg.replace('-', '_')}_version"] = _version(pkg)
     return tags
 

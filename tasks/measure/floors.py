@@ -66,7 +66,7 @@ import torch
 
 from model import bucketing
 from model.schema import ModelSchema
-from tasks.libraries import library_for
+from tasks.libraries import Library, library_for
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import BUSY_HOST_FRACTION, OtherCpu
@@ -384,11 +384,14 @@ def measure(
     key: str,
     orchestration: Callable[[Clock], Floor] | None = None,
     predictions: Path | None = None,
+    library: Library | None = None,
 ) -> Ledger:
     """Every floor, now, with the share of the cores other work used meanwhile.
 
     ``predictions``: a finished run's prediction file (one row per root key, in key order);
-    its first rows are the write floor's table when it has as many as the sample."""
+    its first rows are the write floor's table when it has as many as the sample. ``library``:
+    the run's model under test (``Plan.library``; None: looked up from the spec)."""
+    library = library if library is not None else library_for(spec)
     clock = Clock(device)
     other = OtherCpu().start()
     floors = {"retrieve": retrieve_floor(spec, sources, clock)}
@@ -396,12 +399,12 @@ def measure(
     # The sample's engine only makes the prediction table the write floor writes: eager, so a
     # compiled spec neither compiles again here nor adds to the run's recompile bookkeeping.
     eager = spec.model_copy(update={"run": spec.run.model_copy(update={"compile": CompileSettings()})})
-    chain = Chain(eager, sources, device, clock=clock)
+    chain = Chain(eager, sources, device, clock=clock, library=library)
     sample = np.asarray(keys[: spec.run.chunk_rows])
     tz = chain.prepare_untimed(sample)
     if spec.schema_.as_of:
         floors["preprocess"] = asof_floor(spec, retrieve(spec, sources, sample).tables, clock)
-    if library_for(spec).model_floors:  # a library's own tensors and kernels have no floor here
+    if library.model_floors:  # a library's own tensors and kernels have no floor here
         floors["tensorize"] = memcpy_floor(tz.tensors(), clock)
         lengths = present_lengths(tz, chain.schema)
         floors["compute"] = compute_floor(spec, tz.coords_present / max(tz.root_rows, 1), device, clock, lengths)
@@ -427,12 +430,13 @@ def ledger(
     remeasure: bool = False,
     predictions: Path | None = None,
     threads: int | None = None,
+    library: Library | None = None,
 ) -> Ledger:
     """The cached ledger for this host and data, measured on a miss (never inside a timed
     region: callers run it after theirs), at ``threads`` intra-op threads (default: the ones
     the run's predict work ran at, ``serving_threads``), which the cache key records."""
     with intra_op_threads(threads if threads is not None else serving_threads(spec)):
-        return _ledger(spec, sources, device, fingerprint, orchestration, remeasure, predictions)
+        return _ledger(spec, sources, device, fingerprint, orchestration, remeasure, predictions, library)
 
 
 def _ledger(
@@ -443,6 +447,7 @@ def _ledger(
     orchestration: Callable[[Clock], Floor] | None,
     remeasure: bool,
     predictions: Path | None,
+    library: Library | None,
 ) -> Ledger:
     key = f"{fingerprint}|{data_key(spec, sources, device)}"
     path = cache_file()
@@ -453,7 +458,7 @@ def _ledger(
     hit = cache.get(key)
     if not remeasure and hit is not None and (orchestration is None or "orchestration" in hit["floors"]):
         return Ledger.from_json(hit, cached=True)
-    led = measure(spec, sources, device, key, orchestration, predictions)
+    led = measure(spec, sources, device, key, orchestration, predictions, library)
     if led.other_cpu_fraction > BUSY_HOST_FRACTION:
         return led  # a busy host's floors: this run only, measured again next time
     cache[key] = led.to_json()

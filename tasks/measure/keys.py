@@ -139,6 +139,23 @@ ENCODE_CELLS_PER_S = "encode.cells_per_s"
 # chunk once, not each cell: its own keys, never data.text_cells / encode.cells_per_s
 DATA_STRINGS_ENCODED = "data.strings_encoded"
 ENCODE_STRINGS_PER_S = "encode.strings_per_s"
+# relational-transformers' text through relational-transformers-utils' CachedEncoder
+# (model.rt.context.builder rt_utils): distinct strings asked for that were / were not cached
+ENCODE_TEXT_CACHE_HITS = "encode.text_cache_hits"
+ENCODE_TEXT_CACHE_MISSES = "encode.text_cache_misses"
+# model.rt.context.builder rt_utils (tasks/libraries/relational_transformers/graph_contexts.py):
+# the encode step's seconds by bucket, summed over every encode call of the run, and the contexts
+RT_CONTEXT_STORE_SECONDS = "rt.context.store_seconds"
+RT_CONTEXT_ASSEMBLY_SECONDS = "rt.context.assembly_seconds"
+RT_CONTEXT_CELLS_SECONDS = "rt.context.cells_seconds"
+RT_CONTEXT_TEXT_SECONDS = "rt.context.text_seconds"
+RT_CONTEXT_CONTEXTS = "rt.context.contexts"
+RT_CONTEXT_BUDGET_FULL = "rt.context.budget_full"
+RT_CONTEXT_FUTURE_CELLS_DROPPED = "rt.context.future_cells_dropped"
+RT_CONTEXT_LABEL_CELLS_WITHHELD = "rt.context.label_cells_withheld"
+RT_CONTEXT_CELLS_MEAN = "rt.context.cells_mean"
+RT_CONTEXT_CELLS_P50 = "rt.context.cells_p50"
+RT_CONTEXT_CELLS_MAX = "rt.context.cells_max"
 
 
 def overflow_dropped(branch: str) -> str:
@@ -790,6 +807,39 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "category/text value and each column name of a chunk once, summed over chunks), not cells",
     ),
     (ENCODE_STRINGS_PER_S, "relational-transformers: data.strings_encoded's strings / second of its encode step"),
+    (
+        ENCODE_TEXT_CACHE_HITS,
+        "relational-transformers with model.rt.context.builder rt_utils: distinct strings (values and column "
+        "names, per encode call) relational-transformers-utils' CachedEncoder already held, over the run",
+    ),
+    (ENCODE_TEXT_CACHE_MISSES, "the same: strings it had to encode (hashing_encoder), over the run"),
+    (
+        RT_CONTEXT_STORE_SECONDS,
+        "rt_utils builder: seconds reading the graph's tables and building relational-transformers-utils' "
+        "ColumnarStore and ContextGraph (once, inside the first encode step)",
+    ),
+    (
+        RT_CONTEXT_ASSEMBLY_SECONDS,
+        "rt_utils builder: seconds in the library's ColumnarTraversal.traverse, every context of every encode "
+        "call (timed stages, calibration fit and untimed passes alike)",
+    ),
+    (RT_CONTEXT_CELLS_SECONDS, "rt_utils builder: seconds turning the emitted node ids into cells, the same calls"),
+    (RT_CONTEXT_TEXT_SECONDS, "rt_utils builder: seconds in the CachedEncoder (hits and misses), the same calls"),
+    (RT_CONTEXT_CONTEXTS, "rt_utils builder: contexts the library assembled over the run"),
+    (RT_CONTEXT_BUDGET_FULL, "rt_utils builder: of them, contexts that reached model.rt.context.max_context_cells"),
+    (
+        RT_CONTEXT_FUTURE_CELLS_DROPPED,
+        "rt_utils builder: cells of rows after the context's seed time that the library emitted (it admits a "
+        "row's foreign-key parents whatever their time) and the harness left out",
+    ),
+    (
+        RT_CONTEXT_LABEL_CELLS_WITHHELD,
+        "rt_utils builder: earlier task rows' labels the library emitted whose window (the task's timedelta) "
+        "ends after the context's seed time, left out",
+    ),
+    (RT_CONTEXT_CELLS_MEAN, "rt_utils builder: present cells per context (target included), predict-pass contexts"),
+    (RT_CONTEXT_CELLS_P50, "rt_utils builder: the median of the same"),
+    (RT_CONTEXT_CELLS_MAX, "rt_utils builder: the largest of the same"),
     (INPUT_WAIT_FRACTION, "share of compute-stage wall time spent waiting for input (loader worker start-up excluded)"),
     (WORKER_STARTUP_SECONDS, "seconds starting DataLoader workers (run.loader.num_workers > 0)"),
     (

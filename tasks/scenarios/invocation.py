@@ -59,7 +59,7 @@ class Invocation:
     @property
     def quality_meaningful(self) -> bool:
         trained = self.plan.checkpoint is not None or (  # a library's checkpoint is its own to load
-            self.spec.model.library != "reference" and self.spec.run.checkpoint is not None
+            self.plan.library.own_checkpoint and self.spec.run.checkpoint is not None
         )
         return self.spec.run.mode == "train+predict" or trained
 

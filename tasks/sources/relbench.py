@@ -192,7 +192,7 @@ def _with_entity_columns(
     if pkey is None:
         raise UserError(f"entity table '{folder.entity_table}' has no pkey in manifest.yaml; add its key column.")
     read = [pkey, *cols, *([ent_time] if ent_time and ent_time not in cols else [])]
-    attrs = _read_all(entity, read)
+    attrs = read_all(entity, read)
     attrs = attrs.with_columns(pl.col(pkey).cast(rows.schema[ent_col])).unique(pkey, keep="first")
     out = rows.join(attrs.rename({pkey: ent_col}), on=ent_col, how="left", maintain_order="left")
     if ent_time:  # an entity that appears after the seed time: its columns are not known yet
@@ -203,7 +203,8 @@ def _with_entity_columns(
     return out
 
 
-def _read_all(src: Table, columns: list[str]) -> pl.DataFrame:
+def read_all(src: Table, columns: list[str]) -> pl.DataFrame:
+    """Every row of ``src``'s ``columns`` (files or a database table)."""
     if isinstance(src, DatabaseTable):
         keys, _ = src.distinct(columns[0])
         table, _ = src.read(columns, columns[0], keys)

@@ -42,7 +42,7 @@ from tasks.spec.source import (
     SourceFormat,
     TpchSource,
 )
-from tasks.spec.task import ModelSize, Task
+from tasks.spec.task import ContextBuilder, ModelSize, RTContext, RTSettings, Task
 from tasks.spec.workload import Spec
 
 __all__ = [
@@ -60,6 +60,9 @@ __all__ = [
     "Generate",
     "Loader",
     "ModelSize",
+    "RTContext",
+    "RTSettings",
+    "ContextBuilder",
     "OnnxRuntime",
     "OrderBy",
     "RelBench",

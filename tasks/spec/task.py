@@ -32,14 +32,17 @@ class Task(Strict):
         return v
 
 
-LibraryName = Literal["reference", "relflow", "relational_transformers"]
-"""The model under test (tasks/libraries): our reference model in model/, or a real library."""
+LibraryName = str
+"""The model under test: a name registered in tasks/libraries (``LIBRARIES``, one line per library),
+checked with the library's own refusals before work (an unknown name: exit 2 listing them)."""
 
 
 class ModelSize(Strict):
     library: LibraryName = Field(
         "reference",
-        description="the model under test: reference (model/), relflow, relational_transformers (tasks/libraries)",
+        min_length=1,
+        description="the model under test, a library registered in tasks/libraries (reference = model/, relflow, "
+        "relational_transformers, lightgbm)",
     )
     d_model: int = Field(64, gt=0)
     layers: int = Field(2, ge=1)

@@ -83,7 +83,7 @@ class Spec(Strict):
         ``model.library: reference`` (the default) is left out, so every spec written before
         the key existed keeps its hash (history and compare group runs by it)."""
         d = self.to_dict()
-        if d["model"]["library"] == "reference":
+        if d["model"]["library"] == ModelSize.model_fields["library"].default:
             del d["model"]["library"]
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

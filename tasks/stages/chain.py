@@ -33,7 +33,7 @@ import torch
 from model.arrow import Encoding
 from model.schema import ModelSchema
 from tasks.backends import Backend
-from tasks.libraries import library_for
+from tasks.libraries import Library, library_for
 from tasks.libraries.base import ModelSide
 from tasks.measure.clock import Clock
 from tasks.measure.records import EncodeUnit
@@ -133,6 +133,7 @@ class Chain:
         schema: ModelSchema | None = None,
         weights: Weights | None = None,
         run_stage: StageRunner = run_directly,
+        library: Library | None = None,
     ) -> None:
         self.spec, self.sources, self.device = spec, sources, device
         self.clock = clock or Clock(device)
@@ -144,8 +145,10 @@ class Chain:
         self.calibration = CalibrationQuality(spec.task.kind, self.temperature)
         self.outputs = tuple(spec.task.outputs)
         # A library under test (model.library) brings its own tensorize step and engine; the
-        # reference model's are tasks/stages/tensorize.py and compute.py, run from here.
-        self.side: ModelSide | None = library_for(spec).model_side(spec, device)
+        # reference model's are tasks/stages/tensorize.py and compute.py, run from here. A run
+        # hands down the library its plan found (``Plan.library``); scripts and tests look it up.
+        self.library = library if library is not None else library_for(spec)
+        self.side: ModelSide | None = self.library.model_side(spec, device)
         if self.side is not None:
             self.has_text = self.side.encodes
         self.engine: EngineBase | None = None

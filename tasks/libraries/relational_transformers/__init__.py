@@ -85,7 +85,11 @@ class RelationalTransformers:
 
     name = LIBRARY
     distribution: str | None = "relational-transformers"
+    packages: tuple[str, ...] = ("relational-transformers",)
     model_floors = False
+    own_checkpoint = True  # RTDriver.from_spec(checkpoint=): the library's config + safetensors folder
+    weight_formats: tuple[str, ...] = ("fp16", "fp8", "int8", "int4")  # formats.py
+    formats_module: str | None = "tasks.libraries.relational_transformers.formats"
 
     def check(self, spec: Spec) -> None:
         check(spec)

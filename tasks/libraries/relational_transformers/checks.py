@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tasks.libraries.base import Unsupported
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 
@@ -22,6 +22,7 @@ LIBRARY = "relational_transformers"
 D_TEXT = 384  # RT-J's d_text (relational_transformers: the published models' cell-vector width)
 MAX_PARENTS = 5  # relational_transformers.constants.MAX_F2P: parent node ids per cell
 LinkMode = Literal["parent", "ancestors"]
+Refusal = Unsupported  # the one type of a refused setting (tasks/libraries/base.py); the old name, re-exported
 
 
 def device_type(spec: Spec) -> str:
@@ -36,19 +37,6 @@ def device_type(spec: Spec) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """One spec setting this library cannot honour (the message shape of tasks.libraries.base)."""
-
-    key: str
-    value: object
-    why: str
-    fix: str
-
-    def message(self) -> str:
-        return f"model.library {LIBRARY} cannot honour {self.key}={self.value!r}: {self.why}; {self.fix}."
-
-
 def _checkpoint_blocks(path: str) -> int | None:
     """The block count in a local checkpoint's config; None when there is no such checkpoint."""
     folder = Path(path).expanduser()
@@ -61,7 +49,7 @@ def _checkpoint_blocks(path: str) -> int | None:
     return None
 
 
-def refusals(spec: Spec, *, links: LinkMode = "parent") -> list[Refusal]:
+def refusals(spec: Spec, *, links: LinkMode = "parent") -> list[Unsupported]:
     """Every setting of ``spec`` this library cannot honour, each with why and the fix.
     Reads only the spec and the local files it names (a checkpoint's config.json)."""
     checkpoints, blocks = _checkpoint_refusals(spec)
@@ -73,17 +61,70 @@ def refusals(spec: Spec, *, links: LinkMode = "parent") -> list[Refusal]:
         *_run_refusals(spec),
         *_text_refusals(spec),
         *checkpoints,
-        *_depth_refusals(spec, links, blocks),
+        *_context_refusals(spec),
+        # the nested layout's hops; the rt_utils builder's contexts follow the foreign-key graph
+        *(_depth_refusals(spec, links, blocks) if spec.model.rt.context.builder == "nested" else []),
     ]
 
 
-def _task_refusals(spec: Spec) -> list[Refusal]:
-    """What the task asks that one target cell per root-row context cannot answer."""
+BUDGET_KEYS = (
+    "max_context_cells",
+    "local_context_cells",
+    "bfs_width",
+    "num_walks",
+    "walk_length",
+    "prefer_latest",
+    "seed",
+)
+
+
+def _context_refusals(spec: Spec) -> list[Refusal]:
+    """``model.rt.context``: rt_utils needs a RelBench folder's files; the budget is rt_utils'."""
+    c = spec.model.rt.context
+    if c.builder == "nested":
+        # a budget key under nested would be ignored without a word: refused instead
+        return [
+            Refusal(
+                f"model.rt.context.{k}",
+                getattr(c, k),
+                "the cell budget is read by the rt_utils builder only; the nested builder's contexts are the "
+                "nested row (branches' max_length and overflow)",
+                "set model.rt.context.builder: rt_utils, or remove the key",
+            )
+            for k in BUDGET_KEYS
+            if k in c.model_fields_set
+        ]
     out: list[Refusal] = []
+    if spec.source.relbench is None:
+        out.append(
+            Refusal(
+                "model.rt.context.builder",
+                c.builder,
+                "relational-transformers-utils' contexts are built here over a RelBench folder's foreign-key graph "
+                "(its manifest's keys and time columns, the task's rows as targets); the spec-schema path (root + "
+                "branches over source.tables) is not built",
+                "use source.relbench: {path, task}, or model.rt.context.builder: nested",
+            )
+        )
+    elif spec.source.database is not None:
+        out.append(
+            Refusal(
+                "model.rt.context.builder",
+                c.builder,
+                "the rt_utils builder reads every table of the graph from the RelBench folder's db/ files",
+                "remove source.database, or use model.rt.context.builder: nested",
+            )
+        )
+    return out
+
+
+def _task_refusals(spec: Spec) -> list[Unsupported]:
+    """What the task asks that one target cell per root-row context cannot answer."""
+    out: list[Unsupported] = []
     task = spec.task
     if task.branch is not None:
         out.append(
-            Refusal(
+            Unsupported(
                 "task.branch",
                 task.branch,
                 "a context holds exactly one target cell and one context is built per root row; a per-branch-row "
@@ -94,7 +135,7 @@ def _task_refusals(spec: Spec) -> list[Refusal]:
     extra = [o for o in task.outputs if o.partition(":")[0] not in ("prediction", "topk")]
     if extra:
         out.append(
-            Refusal(
+            Unsupported(
                 "task.outputs",
                 extra,
                 "RT-J serves one score (or class logits) per context; it has no pooled root, branch or leaf outputs",
@@ -103,7 +144,7 @@ def _task_refusals(spec: Spec) -> list[Refusal]:
         )
     if task.target in spec.schema_.root.columns:
         out.append(
-            Refusal(
+            Unsupported(
                 f"schema.root.columns.{task.target}",
                 spec.schema_.root.columns[task.target],
                 "the target column would also be an input cell, so its value would leak into its own context",
@@ -113,9 +154,9 @@ def _task_refusals(spec: Spec) -> list[Refusal]:
     return out
 
 
-def _triton_refusals(spec: Spec) -> list[Refusal]:
+def _triton_refusals(spec: Spec) -> list[Unsupported]:
     """run.backend triton, on any device."""
-    out: list[Refusal] = []
+    out: list[Unsupported] = []
     run = spec.run
     if run.backend == "triton":
         device = device_type(spec)
@@ -127,19 +168,19 @@ def _triton_refusals(spec: Spec) -> list[Refusal]:
             "serves binary scores only; this harness has not wired it (it was built without a GPU)"
         )
         fix = "use run.backend pytorch or onnxruntime" + (" on this host" if device != "cuda" else "")
-        out.append(Refusal("run.backend", "triton", why, fix))
+        out.append(Unsupported("run.backend", "triton", why, fix))
     return out
 
 
-def _onnx_refusals(spec: Spec) -> list[Refusal]:
+def _onnx_refusals(spec: Spec) -> list[Unsupported]:
     """The ONNX Runtime settings the library's ONNX backend lacks."""
-    out: list[Refusal] = []
+    out: list[Unsupported] = []
     run = spec.run
     if run.backend != "onnxruntime":
         return out
     if run.onnxruntime.quantization is not None:
         out.append(
-            Refusal(
+            Unsupported(
                 "run.onnxruntime.quantization",
                 run.onnxruntime.quantization,
                 "the library's ONNX backend serves the exported file as it is",
@@ -150,7 +191,7 @@ def _onnx_refusals(spec: Spec) -> list[Refusal]:
         p = Path(run.onnxruntime.model).expanduser()
         if not (p.is_file() or (p / "model.onnx").is_file()):
             out.append(
-                Refusal(
+                Unsupported(
                     "run.onnxruntime.model",
                     run.onnxruntime.model,
                     "no such ONNX file or folder holding model.onnx; the library would look the name up on "
@@ -161,13 +202,13 @@ def _onnx_refusals(spec: Spec) -> list[Refusal]:
     return out
 
 
-def _compile_refusals(spec: Spec) -> list[Refusal]:
+def _compile_refusals(spec: Spec) -> list[Unsupported]:
     """run.compile beyond the library's one switch (compile=True) and run.precision."""
-    out: list[Refusal] = []
+    out: list[Unsupported] = []
     c = spec.run.compile
     if c.encoders or c.pools:
         out.append(
-            Refusal(
+            Unsupported(
                 "run.compile.encoders/pools",
                 {"encoders": c.encoders, "pools": c.pools},
                 "RT-J has no separate encoder or pooling regions; the library compiles the whole model or nothing",
@@ -176,7 +217,7 @@ def _compile_refusals(spec: Spec) -> list[Refusal]:
         )
     if c.model and (c.backend != "inductor" or c.mode is not None or c.options or c.dynamic is False):
         out.append(
-            Refusal(
+            Unsupported(
                 "run.compile",
                 {"backend": c.backend, "mode": c.mode, "options": c.options, "dynamic": c.dynamic},
                 "the library's compile=True is torch.compile(model, dynamic=True) with nothing else to set",
@@ -185,7 +226,7 @@ def _compile_refusals(spec: Spec) -> list[Refusal]:
         )
     if spec.run.precision != "fp32":
         out.append(
-            Refusal(
+            Unsupported(
                 "run.precision",
                 spec.run.precision,
                 "the library's PyTorch backend always runs fp32: it builds the model in fp32 and loads any "
@@ -196,13 +237,13 @@ def _compile_refusals(spec: Spec) -> list[Refusal]:
     return out
 
 
-def _run_refusals(spec: Spec) -> list[Refusal]:
+def _run_refusals(spec: Spec) -> list[Unsupported]:
     """One process, contexts built here, no dropout."""
-    out: list[Refusal] = []
+    out: list[Unsupported] = []
     run = spec.run
     if run.distributed is not None:
         out.append(
-            Refusal(
+            Unsupported(
                 "run.distributed",
                 "set",
                 "the library trains in one process (its trainer has no data-parallel path)",
@@ -211,7 +252,7 @@ def _run_refusals(spec: Spec) -> list[Refusal]:
         )
     if run.loader.num_workers > 0:
         out.append(
-            Refusal(
+            Unsupported(
                 "run.loader.num_workers",
                 run.loader.num_workers,
                 "loader workers encode batches with the reference model's encoding; RT-J's contexts are "
@@ -220,19 +261,19 @@ def _run_refusals(spec: Spec) -> list[Refusal]:
             )
         )
     if spec.model.dropout > 0:
-        out.append(Refusal("model.dropout", spec.model.dropout, "RT-J has no dropout", "set model.dropout 0"))
+        out.append(Unsupported("model.dropout", spec.model.dropout, "RT-J has no dropout", "set model.dropout 0"))
     return out
 
 
-def _text_refusals(spec: Spec) -> list[Refusal]:
+def _text_refusals(spec: Spec) -> list[Unsupported]:
     """Cell vectors are this folder's 384-wide encode step."""
-    out: list[Refusal] = []
+    out: list[Unsupported] = []
     text = spec.run.text
     # the default width is the harness encoder's; any other value asks for a width RT-J cannot read
     # (fields_set would not do: a spec dumped and parsed again marks every default as set)
     if text.dim not in (type(text).model_fields["dim"].default, D_TEXT):
         out.append(
-            Refusal(
+            Unsupported(
                 "run.text.dim",
                 text.dim,
                 f"RT-J reads {D_TEXT}-wide cell vectors (its d_text)",
@@ -241,7 +282,7 @@ def _text_refusals(spec: Spec) -> list[Refusal]:
         )
     if text.encoder != "hashed":
         out.append(
-            Refusal(
+            Unsupported(
                 "run.text.encoder",
                 text.encoder,
                 f"this library's cells are encoded by its own encode step ({D_TEXT}-wide hashing encoder); "
@@ -252,10 +293,10 @@ def _text_refusals(spec: Spec) -> list[Refusal]:
     return out
 
 
-def _checkpoint_refusals(spec: Spec) -> tuple[list[Refusal], int]:
+def _checkpoint_refusals(spec: Spec) -> tuple[list[Unsupported], int]:
     """Checkpoints that are not local folders, and the model's block count (the checkpoint's
     own when run.checkpoint names one, else model.layers)."""
-    out: list[Refusal] = []
+    out: list[Unsupported] = []
     blocks = spec.model.layers
     for key in ("checkpoint", "reference_checkpoint"):
         value = getattr(spec.run, key)
@@ -264,7 +305,7 @@ def _checkpoint_refusals(spec: Spec) -> tuple[list[Refusal], int]:
         found = _checkpoint_blocks(value)
         if found is None:
             out.append(
-                Refusal(
+                Unsupported(
                     f"run.{key}",
                     value,
                     "no local checkpoint folder there (config.json, or classification/ or regression/ holding "
@@ -278,14 +319,14 @@ def _checkpoint_refusals(spec: Spec) -> tuple[list[Refusal], int]:
     return out, blocks
 
 
-def _depth_refusals(spec: Spec, links: LinkMode, blocks: int) -> list[Refusal]:
+def _depth_refusals(spec: Spec, links: LinkMode, blocks: int) -> list[Unsupported]:
     """Branches too deep: more parents than RT-J reads (ancestor links), or more foreign-key
     hops than blocks (parent links: their cells could never reach the prediction)."""
-    out: list[Refusal] = []
+    out: list[Unsupported] = []
     for name, depth in _branch_depths(spec).items():
         if links == "ancestors" and depth > MAX_PARENTS:
             out.append(
-                Refusal(
+                Unsupported(
                     f"branch '{name}' depth",
                     depth,
                     f"with ancestor links its rows carry {depth} parent node ids; RT-J reads at most {MAX_PARENTS}",
@@ -294,7 +335,7 @@ def _depth_refusals(spec: Spec, links: LinkMode, blocks: int) -> list[Refusal]:
             )
         elif links == "parent" and depth > blocks:
             out.append(
-                Refusal(
+                Unsupported(
                     f"branch '{name}' depth",
                     depth,
                     f"its rows are {depth} foreign-key hops from the target cell; RT-J moves information "
@@ -320,4 +361,4 @@ def check(spec: Spec, *, links: LinkMode = "parent") -> None:
     key, why, fix), before any data is read; None when it can run the spec as written."""
     found = refusals(spec, links=links)
     if found:
-        raise UserError(" ".join(r.message() for r in found))
+        raise UserError(" ".join(r.message(LIBRARY) for r in found))

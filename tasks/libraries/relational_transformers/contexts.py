@@ -331,6 +331,9 @@ class Contexts:
     labels: Floats  # [contexts]: class index (category), 0/1 (binary), normalised value; NaN = absent
     train: Bools  # [contexts]
     nodes_per_table: dict[str, int] = field(default_factory=dict)
+    # [cells] boolean values (RT's boolean channel): the rt_utils builder's earlier labels of a
+    # binary target (graph_contexts.py); None: no boolean cell carries a value (booleans are numbers)
+    boolean: npt.NDArray[np.float32] | None = None
 
     @property
     def count(self) -> int:
@@ -693,7 +696,9 @@ def collate(contexts: Contexts, encoded: Encoded, rows: Sequence[int] | Int64s) 
         is_targets=place(contexts.is_target[cell], False, torch.bool),
         number_values=place(contexts.number[cell][:, None], 0.0, torch.float32),
         datetime_values=place(contexts.datetime[cell][:, None], 0.0, torch.float32),
-        boolean_values=torch.zeros(b, s, 1),
+        boolean_values=torch.zeros(b, s, 1)
+        if contexts.boolean is None
+        else place(contexts.boolean[cell][:, None], 0.0, torch.float32),
         text_values=text_values.view(b, s, D_TEXT),
         col_name_values=col_values.view(b, s, D_TEXT),
     )

@@ -59,8 +59,18 @@ from tasks.libraries.relational_transformers.contexts import (
 )
 from tasks.libraries.relational_transformers.contexts import Encoded as CellVectors
 from tasks.libraries.relational_transformers.driver import OnnxDriver, RTDriver, first_cell
+from tasks.libraries.relational_transformers.graph_contexts import (
+    AssemblyFigures,
+    GraphStore,
+    TextCache,
+    graph_tables,
+    relbench_folder,
+    stats_for,
+)
 from tasks.measure import keys as K
-from tasks.measure.clock import Clock
+from tasks.measure.clock import Clock, wall_clock
+from tasks.sources.relbench import read_all
+from tasks.sources.tables import Sources
 from tasks.spec import Spec
 from tasks.stages.encode import Encoded
 from tasks.stages.engine import EngineBase, ModelFacts
@@ -68,6 +78,12 @@ from tasks.stages.preprocess import Preprocessed
 from tasks.stages.split import role_masks
 
 __all__ = ["RTSide"]
+
+
+def _rtu_version() -> str:
+    import importlib.metadata as md
+
+    return md.version("relational-transformers-utils")
 
 
 @dataclass
@@ -122,17 +138,56 @@ class RTSide:
         self.driver: RTDriver | None = None
         self.stats: Stats | None = None
         self.epoch = 0
+        # model.rt.context.builder rt_utils: the library's store over the sources (built on the
+        # first encode, inside that step's time), its figures and the text cache
+        self.builder = spec.model.rt.context.builder
+        self.sources: Sources | None = None
+        self.graph: GraphStore | None = None
+        self.figures = AssemblyFigures()
+        self.text = TextCache()
         if spec.run.checkpoint:  # a missing path is a UserError naming it (exit 2), before any work
             self.driver = RTDriver.from_spec(spec, checkpoint=spec.run.checkpoint, device=device)
             self.stats = self.driver.stats
 
+    def read_sources(self, sources: Sources) -> None:
+        self.sources = sources
+
+    def _graph(self) -> GraphStore:
+        if self.graph is None:
+            if self.sources is None:
+                raise RuntimeError("the rt_utils builder needs the run's sources (Chain.read_sources)")
+            t0 = wall_clock()
+            g = graph_tables(self.spec, relbench_folder(self.spec, self.sources), self._read)
+            self.figures.store_seconds += wall_clock() - t0  # reading the tables; the store adds its own
+            self.graph = GraphStore(self.spec, g, self.figures)
+        return self.graph
+
+    def _read(self, name: str, columns: list[str]) -> pa.Table:
+        assert self.sources is not None
+        return read_all(self.sources[name], columns).to_arrow()
+
     def encode(self, pre: Preprocessed, train: bool) -> Encoded:
+        if self.builder == "rt_utils":
+            return self._encode_graph(pre, train)
         if self.stats is None:  # the first chunk: the training split's statistics
             self.stats = fit_stats(pre.table, self.spec)
         table, rows = _rows_of_contexts(pre.table, train)
         contexts = build_contexts(table, self.spec, self.stats)
         vectors = encode(contexts)
         # it counts strings (each distinct value and column name once), not cells: its own keys
+        return Encoded(
+            pre, vectors.strings_encoded, _Encoding(contexts, vectors, rows), rows=int(rows.numel()), unit="strings"
+        )
+
+    def _encode_graph(self, pre: Preprocessed, train: bool) -> Encoded:
+        """The rt_utils builder: the library assembles each context over the whole graph, anchored
+        at the row's seed time; its text through the library's CachedEncoder."""
+        graph = self._graph()
+        if self.stats is None:  # the target's classes or scale from the first chunk, scales from the graph
+            self.stats = stats_for(fit_stats(pre.table, self.spec), graph)
+        table, rows = _rows_of_contexts(pre.table, train)
+        contexts = graph.contexts(table, self.stats, predict=not train)
+        vectors = encode(contexts, self.text)
         return Encoded(
             pre, vectors.strings_encoded, _Encoding(contexts, vectors, rows), rows=int(rows.numel()), unit="strings"
         )
@@ -177,6 +232,41 @@ class RTSide:
             inputs=_Collated(enc, plan, torch.sort(enc.rows).values),
             input_tensors=[torch.from_numpy(idx) for idx in plan],  # what tensorize produced: the plan
         )
+
+    def builder_tags(self) -> dict[str, str]:
+        c = self.spec.model.rt.context
+        if self.builder != "rt_utils":
+            return {"relflow.library_context_builder": "nested (the harness's nested row)"}
+        seed = c.seed if c.seed is not None else self.spec.run.seed
+        return {
+            "relflow.library_context_builder": f"rt_utils (relational-transformers-utils {_rtu_version()}, seed {seed})"
+        }
+
+    def builder_metrics(self) -> dict[str, float]:
+        """The rt_utils builder's figures (tasks/measure/keys.py RT_CONTEXT_*); none for nested."""
+        if self.builder != "rt_utils":
+            return {}
+        f = self.figures
+        cells = np.concatenate(f.cells) if f.cells else np.zeros(0, np.int64)
+        out = {
+            K.RT_CONTEXT_STORE_SECONDS: f.store_seconds,
+            K.RT_CONTEXT_ASSEMBLY_SECONDS: f.assembly_seconds,
+            K.RT_CONTEXT_CELLS_SECONDS: f.cells_seconds,
+            K.RT_CONTEXT_TEXT_SECONDS: self.text.seconds,
+            K.RT_CONTEXT_CONTEXTS: float(f.contexts),
+            K.RT_CONTEXT_BUDGET_FULL: float(f.budget_full),
+            K.RT_CONTEXT_FUTURE_CELLS_DROPPED: float(f.future_cells_dropped),
+            K.RT_CONTEXT_LABEL_CELLS_WITHHELD: float(f.label_cells_withheld),
+            K.ENCODE_TEXT_CACHE_HITS: float(self.text.hits),
+            K.ENCODE_TEXT_CACHE_MISSES: float(self.text.misses),
+        }
+        if cells.size:
+            out |= {
+                K.RT_CONTEXT_CELLS_MEAN: float(cells.mean()),
+                K.RT_CONTEXT_CELLS_P50: float(np.median(cells)),
+                K.RT_CONTEXT_CELLS_MAX: float(cells.max()),
+            }
+        return out
 
     def engine(self, clock: Clock) -> EngineBase | None:
         if self.driver is None:
@@ -351,7 +441,9 @@ class _Steps:
             else "none (the published scalar decoder)",
         }
         tags |= self._served
+        tags |= self.side.builder_tags()
         collate = {K.compute(phase, K.LIBRARY_COLLATE_SECONDS): s for phase, s in self.collate_seconds.items()}
+        collate |= self.side.builder_metrics()
         # per root row of the first predict batch, at its padded shape
         return ModelFacts(LIBRARY, self.driver.parameters(), per_row, reason, tags, collate, flop_model)
 

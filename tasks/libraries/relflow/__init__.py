@@ -31,7 +31,11 @@ class Relflow:
 
     name = LIBRARY
     distribution: str | None = "relflow"
+    packages: tuple[str, ...] = ("relflow", "lightning")
     model_floors = False
+    own_checkpoint = True  # RelflowDriver.load: relflow's own checkpoint
+    weight_formats: tuple[str, ...] = ()
+    formats_module: str | None = None
 
     def check(self, spec: Spec) -> None:
         check(spec)

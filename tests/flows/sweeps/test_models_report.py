@@ -300,7 +300,7 @@ def test_a_child_exiting_2_on_its_data_is_reported_as_a_data_error(tmp_path, sho
 
 def test_the_order_rotates_each_round():
     libs = list(LIBRARIES)
-    assert libs == ["reference", "relflow", "relational_transformers"]
+    assert libs == ["reference", "relflow", "relational_transformers"]  # the registry's order
     orders = [round_order(libs, r) for r in range(4)]
     assert orders[0] == libs
     assert orders[1] == ["relflow", "relational_transformers", "reference"]
