@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from tasks.spec import Spec
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from tasks.measure.clock import Clock
+    from tasks.sources.tables import Sources
     from tasks.stages.encode import Encoded
     from tasks.stages.engine import EngineBase
     from tasks.stages.preprocess import Preprocessed
@@ -102,6 +103,15 @@ class ModelSide(Protocol):
         ...
 
     def engine(self, clock: Clock) -> EngineBase | None: ...
+
+
+@runtime_checkable
+class ReadsSources(Protocol):
+    """A side that reads the source tables itself, beside the chain's chunks (relational-
+    transformers' ``rt_utils`` contexts span the whole foreign-key graph, not one chunk's nested
+    rows); the chain hands it the run's sources once, before any step."""
+
+    def read_sources(self, sources: Sources) -> None: ...
 
 
 def harness_problems(spec: Spec) -> list[Unsupported]:

@@ -34,7 +34,7 @@ from model.arrow import Encoding
 from model.schema import ModelSchema
 from tasks.backends import Backend
 from tasks.libraries import Library, library_for
-from tasks.libraries.base import ModelSide
+from tasks.libraries.base import ModelSide, ReadsSources
 from tasks.measure.clock import Clock
 from tasks.measure.records import EncodeUnit
 from tasks.runtime import progress
@@ -151,6 +151,8 @@ class Chain:
         self.side: ModelSide | None = self.library.model_side(spec, device)
         if self.side is not None:
             self.has_text = self.side.encodes
+        if isinstance(self.side, ReadsSources):  # contexts over whole tables (RT's rt_utils builder)
+            self.side.read_sources(sources)
         self.engine: EngineBase | None = None
         self.engine_setup_seconds = 0.0  # building the model: its own figure, not a stage
 
