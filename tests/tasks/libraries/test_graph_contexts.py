@@ -13,6 +13,7 @@ import datetime as dt
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from relational_transformers.constants import SEM_BOOLEAN, SEM_DATETIME, SEM_NUMBER
@@ -283,3 +284,103 @@ def test_figures_name_each_bucket():
     store.contexts(_chunk([_target_key()]), STATS, predict=True)
     assert figures.contexts == 1 and figures.store_seconds > 0 and figures.assembly_seconds > 0
     assert [c.tolist() for c in figures.cells] == [[10]]
+
+
+# --- through the harness: a RelBench folder, the chain and the flow ------------------------------
+
+GRAPH = (
+    "model: {{library: relational_transformers, d_model: 16, layers: 2, heads: 2,\n"
+    "        rt: {{context: {{builder: rt_utils, max_context_cells: {cells}, num_walks: 200, walk_length: 6}}}}}}\n"
+)
+RUN = (
+    "run: {epochs: 1, batch_size: 64, min_steady_batches: 1, min_steady_seconds: 0.001, system_metrics_interval_s: 0}\n"
+)
+
+
+@pytest.mark.slow
+def test_the_planted_labels_after_the_seed_time_never_reach_a_graph_context(tmp_path, monkeypatch):
+    """tests/tasks/relbench_folders.py ``planted``: each user's label sits in a signals row one day
+    after the user's seed time. Over every task row, through the harness's sources and chain, no
+    context holds a cell of a row after its seed time, and no planted row is emitted at all."""
+    import torch
+
+    from tasks.sources.open import open_sources
+    from tasks.spec import load_spec
+    from tasks.stages.chain import Chain
+    from tasks.stages.retrieve import list_root_keys
+    from tests.tasks.relbench_folders import planted, spec_file
+
+    monkeypatch.setenv("RELFLOW_DATA_DIR", str(tmp_path / "data"))
+    folder = planted(tmp_path / "planted", users=200)
+    spec = load_spec(spec_file(tmp_path, folder, "coin", extra=GRAPH.format(cells=48)))
+    chain = Chain(spec, open_sources(spec, tmp_path), torch.device("cpu"))
+    keys, _ = list_root_keys(spec, chain.sources)
+    tz = chain.prepare_untimed(keys)
+    side = chain.side
+    graph = side.graph
+    contexts = tz.inputs.encoding.contexts
+    assert contexts.count == 200
+    anchors = np.repeat(graph.task_ts[graph.targets(contexts.keys)], contexts.lengths)
+    ts = graph.store.node_ts[contexts.node]
+    assert not (ts > anchors).any()
+    # the planted rows: a user's signal one day after that user's own seed time
+    rows = graph.g.task_rows.to_pandas()
+    seed_of = dict(zip(rows["user_id"], rows["timestamp"], strict=True))
+    signals = graph.g.tables["signals"].to_pandas()
+    planted_rows = np.flatnonzero(signals["t"] == signals["user_id"].map(seed_of) + pd.Timedelta(days=1))
+    assert len(planted_rows) == 200
+    assert not np.isin(graph.store.base["signals"] + planted_rows, contexts.node).any()
+    assert side.figures.future_cells_dropped == 0
+
+
+def _flow(tmp_path, monkeypatch, cells: int):  # -> (summary, run)
+    from mlflow.tracking import MlflowClient
+
+    from flows.benchmark import benchmark
+    from tasks.spec import load_spec
+    from tests.tasks.relbench_folders import social, spec_file
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("RELFLOW_DATA_DIR", str(tmp_path / "data"))
+    folder = social(tmp_path / "social", users=40, posts=600)
+    path = spec_file(tmp_path, folder, "user-posts", name="rb-graph", extra=GRAPH.format(cells=cells) + RUN)
+    return benchmark, load_spec(path), MlflowClient(tracking_uri=uri)
+
+
+@pytest.mark.slow
+def test_a_run_with_the_rt_utils_builder_logs_its_figures(prefect_harness, tmp_path, monkeypatch):
+    benchmark, spec, client = _flow(tmp_path, monkeypatch, cells=48)
+    summary = benchmark(spec=spec.to_dict(), spec_dir=str(tmp_path))
+    run = client.get_run(summary["run_id"])
+    assert run.info.status == "FINISHED"
+    m, params, tags = run.data.metrics, run.data.params, run.data.tags
+    assert params["model.rt.context.builder"] == "rt_utils"
+    assert params["model.rt.context.max_context_cells"] == "48"
+    assert tags["relflow.library_context_builder"].startswith("rt_utils (relational-transformers-utils 0.1.0")
+    # the budget (overshot by at most the last row's cells: users 2, posts 4, likes 2)
+    assert 1 < m["rt.context.cells_mean"] <= m["rt.context.cells_max"] <= 48 + 4
+    # every pass re-encodes the column names and values: later calls hit the cache
+    assert m["encode.text_cache_hits"] > 0 and m["encode.text_cache_misses"] > 0
+    assert m["rt.context.contexts"] >= m["data.rows_predicted"]
+    assert m["rt.context.assembly_seconds"] > 0 and m["rt.context.store_seconds"] > 0
+    # the assembly is the encode stage's work: its predict seconds hold that pass's share
+    assert m["stage.encode.predict.seconds"] > 0
+
+
+@pytest.mark.slow
+def test_context_truncated_ends_the_run_failed_with_exit_2(prefect_harness, tmp_path, monkeypatch):
+    from relational_transformers_utils import ColumnarTraversal
+
+    def truncated(*args: Any, **kwargs: Any) -> Any:
+        raise ContextTruncated("context for node 0 filled the emitted-node buffer (3 of 3).")
+
+    monkeypatch.setattr(ColumnarTraversal, "traverse", truncated)
+    benchmark, spec, client = _flow(tmp_path, monkeypatch, cells=48)
+    with pytest.raises(UserError, match=r"lower model\.rt\.context\.max_context_cells") as err:
+        benchmark(spec=spec.to_dict(), spec_dir=str(tmp_path))
+    assert err.value.exit_code == 2
+    (experiment,) = [e for e in client.search_experiments() if e.name == "rb-graph"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FAILED"  # not left RUNNING
