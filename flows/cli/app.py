@@ -25,6 +25,7 @@ from rich.table import Table
 
 from flows.cli import temporary_server
 from flows.cli.backends import backends_report_cmd, export_cmd, models_report_cmd
+from flows.cli.budget import budget_cmd
 from flows.cli.common import (
     DEFAULT_SPEC,
     INTERRUPTED_EXIT,
@@ -525,6 +526,7 @@ app.command("quantize")(quantize_cmd)
 app.command("backends-report")(backends_report_cmd)
 app.command("models-report")(models_report_cmd)
 app.command("sweep")(sweep_cmd)
+app.command("budget")(budget_cmd)
 app.command("serve")(serve_cmd)
 app.command("peak-qps")(peak_qps_cmd)
 app.command("floors")(floors_cmd)

@@ -375,6 +375,20 @@ NOISE_RUNS = "noise.runs"
 # Headline figures whose between-run noise ``relflow-bench noise`` reports.
 NOISE_METRICS = (E2E_PREDICT_ROWS_PER_S, STEADY_ROWS_PER_S, TRAIN_STEADY_ROWS_PER_S)
 
+# relflow-bench budget (flows/sweeps/budget.py): per context size, logged on each point's child run.
+BUDGET_MS_PER_PREDICTION = "budget.ms_per_prediction"
+BUDGET_CELLS_PRESENT_PER_PREDICTION = "budget.cells_present_per_prediction"
+BUDGET_CELLS_PADDED_PER_PREDICTION = "budget.cells_padded_per_prediction"
+BUDGET_ON_FRONT = "budget.on_front"
+BUDGET_DOMINATED_BY = "budget.dominated_by"
+BUDGET_POINTS = "budget.points"  # on the budget's parent run
+BUDGET_FRONT_POINTS = "budget.front_points"
+
+
+def budget_stage_ms(stage: str) -> str:
+    """``budget.stage.<stage>.ms_per_prediction``: one stage's predict milliseconds per prediction."""
+    return f"budget.stage.{stage}.ms_per_prediction"
+
 
 def relbench(metric: str) -> str:
     """RelBench's own figure for a time-anchored task (``relbench.<metric>``: roc_auc, nmae, ...)."""
@@ -453,6 +467,34 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
         "with 80% power between two groups of noise.runs runs; not logged where such groups can mark "
         "nothing (2-3 runs; 4 with 2+ metrics tested; 5 with 7+)",
     ),
+    (
+        BUDGET_MS_PER_PREDICTION,
+        "relflow-bench budget, on each point's child run: end-to-end predict milliseconds per prediction "
+        "(1000 x e2e.predict.seconds / e2e.predict.rows); the cost axis of its Pareto front",
+    ),
+    (
+        "budget.stage.<stage>.ms_per_prediction",
+        "relflow-bench budget: one stage's predict milliseconds per prediction (1000 x "
+        "stage.<stage>.predict.seconds / e2e.predict.rows)",
+    ),
+    (
+        BUDGET_CELLS_PRESENT_PER_PREDICTION,
+        "relflow-bench budget: present cells per prediction (data.coords_present / data.rows_predicted)",
+    ),
+    (
+        BUDGET_CELLS_PADDED_PER_PREDICTION,
+        "relflow-bench budget: cells the predict batches materialised per prediction, padding included "
+        "(data.padded_coords / data.rows_predicted)",
+    ),
+    (
+        BUDGET_ON_FRONT,
+        "relflow-bench budget: 1 when the point is on the Pareto front (quality up, cost down; points whose "
+        "quality intervals overlap are not ranked against each other: tasks/measure/pareto.py), 0 when "
+        "dominated; absent for a point without quality or cost",
+    ),
+    (BUDGET_DOMINATED_BY, "relflow-bench budget: how many points dominate this one (0 on the front)"),
+    (BUDGET_POINTS, "relflow-bench budget, on its parent run: context sizes in the grid"),
+    (BUDGET_FRONT_POINTS, "relflow-bench budget, on its parent run: points on the Pareto front"),
     (
         "stage.<stage>.<phase>.seconds",
         "seconds in one stage, summed over chunks and over the phase's "

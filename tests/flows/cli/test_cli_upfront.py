@@ -22,6 +22,7 @@ COMMANDS = {
     "floors": [],
     "peak-qps": ["--bound-ms", "5"],
     "sweep": [],
+    "budget": [],
     "export": ["--checkpoint", "CKPT"],
     "backends-report": [],
     "serve": [],
