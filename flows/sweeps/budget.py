@@ -49,6 +49,8 @@ RT_DEFAULT_CELLS = [128, 256, 512, 1024, 2048]
 # the builder that reads the cell budget (the nested builder's context is its branches' max_length)
 RT_BUDGET_BUILDER = "rt_utils"
 BRANCH_CONTEXT_FIELDS = ("max_length", "overflow")
+# the predict stages, with the encode step (text columns; relational-transformers' strings) in its place
+STAGE_COLUMNS = ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
 REPORT_TAG = "relflow.report"
 REPORT = "budget"
 FRONT_TAG = "relflow.budget.front"  # on each child: front | dominated | not ranked
@@ -159,7 +161,7 @@ def figures(point: BudgetPoint, metrics: Mapping[str, float], h: Headline) -> Bu
     point.ms_per_prediction = per_prediction(metrics, K.E2E_PREDICT_SECONDS, K.E2E_PREDICT_ROWS, 1000.0)
     point.stage_ms_per_prediction = {
         s: v
-        for s in K.PHASE_STAGES["predict"]
+        for s in STAGE_COLUMNS
         if (v := per_prediction(metrics, K.stage_seconds(s, "predict"), K.E2E_PREDICT_ROWS, 1000.0)) is not None
     }
     # both counts cover the predict passes' root rows (data.rows_predicted, e2e.predict.rows)
@@ -217,9 +219,6 @@ def quality_text(p: BudgetPoint) -> str:
         else ""
     )
     return f"{p.quality:.4f}{ci}"
-
-
-STAGE_COLUMNS = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 
 
 def table_rows(points: Sequence[BudgetPoint]) -> tuple[list[str], list[list[str]]]:
