@@ -172,7 +172,7 @@ def compile_groups(runs: Sequence[StoredRun]) -> dict[tuple[str, ...], dict[str,
 
 def headline_quality(run: StoredRun) -> tuple[str, float] | None:
     name = K.HEADLINE_QUALITY.get(run.params.get("task.kind", "category"), "accuracy")
-    value = run.metrics.get(f"quality.{name}")
+    value = run.metrics.get(K.quality(name))
     return None if value is None else (name, value)
 
 

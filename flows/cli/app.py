@@ -238,7 +238,9 @@ def _early_stopping(m: dict[str, float]) -> str:
 def _vs_floor(m: dict[str, float], phase: str, stage: str, trusted: bool) -> str:
     """The predict stage's ``floor.<stage>.fraction`` (tasks/measure/floors.py), or blank;
     marked when the ledger is not to be trusted (the reasons follow the table)."""
-    value = m.get(f"floor.{stage}.fraction") if phase == "predict" else None
+    from tasks.measure import keys as K
+
+    value = m.get(K.floor_fraction(stage)) if phase == "predict" else None
     if value is None:
         return ""
     return f"{value:.1%}" if trusted else f"[yellow]{value:.1%}*"
