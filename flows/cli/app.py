@@ -13,15 +13,20 @@ import atexit
 import gc
 import json
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from flows.cli import temporary_server
 from flows.cli.backends import backends_report_cmd, export_cmd, models_report_cmd
@@ -48,6 +53,7 @@ from flows.cli.serve import serve_cmd
 from flows.cli.sweep import sweep_cmd
 from tasks.measure.clock import wall_clock
 from tasks.runtime.masking import mask_log_secrets
+from tasks.runtime.progress import Count
 
 app = typer.Typer(
     help="Benchmark relational (nested-schema) transformers over the complete workload: "
@@ -156,13 +162,69 @@ def _run_benchmark(
         )
 
 
+@dataclass
+class _Shown:
+    """What the progress line shows besides its description: the phase's count (read, never
+    written, by the render), when it began on the display's clock, and the latest projection."""
+
+    count: Count | None = None
+    began: float = 0.0
+    projection: str = ""
+    printers: list[threading.Thread] = field(default_factory=list)
+
+
+class _CountColumn(ProgressColumn):
+    """Batches (or requests) done of total, rows/s and time left of the open count, computed
+    when Rich redraws (its refresh thread), never on the thread that runs the batches."""
+
+    def __init__(self, shown: _Shown, now: Callable[[], float] = wall_clock) -> None:
+        super().__init__()
+        self.shown, self.now = shown, now
+
+    def render(self, task: Task) -> Text:
+        return Text(count_text(self.shown.count, self.now() - self.shown.began))
+
+
+def count_text(c: Count | None, elapsed: float) -> str:
+    """``120/~480 batches (train), 5,230 rows/s, 0:01:32 left``: ``~`` an estimated total,
+    ``>=`` a lower bound (single_stream runs until both of its minimums), ``?`` unknown."""
+    if c is None:
+        return ""
+    if c.total is None:
+        total = "?"
+    elif c.exact:
+        total = f"{c.total:,}"
+    else:
+        total = f"{'>=' if c.unit == 'requests' else '~'}{c.total:,}"
+    text = f"{c.done:,}/{total} {c.unit} ({c.phase})"
+    if elapsed > 0 and c.done:
+        text += f", {c.rows / elapsed:,.0f} rows/s"
+        if c.total is not None and c.total >= c.done:
+            left = (c.total - c.done) * elapsed / c.done
+            text += f", {'~' if not c.exact else ''}{timedelta(seconds=round(left))} left"
+    return text
+
+
 @contextmanager
-def _progress_line(name: str) -> Iterator[None]:
-    """A transient spinner on stderr naming the current phase, chunk, epoch and stage."""
+def _progress_line(name: str, shown_on: Console | None = None) -> Iterator[None]:
+    """A transient line on stderr naming the current phase, chunk, epoch and stage, with the
+    phase's count (batches or requests done of total, rows/s, time left) and, once made, the
+    run's projection, printed as it is made. Only on a terminal: elsewhere (a pipe, a log file,
+    CI) nothing is shown and nothing listens, so the run's loops count nothing."""
     from tasks.runtime import progress
 
+    con = shown_on or console
+    if not con.is_terminal:
+        yield
+        return
+    shown = _Shown()
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        _CountColumn(shown),
+        TimeElapsedColumn(),
+        console=con,
+        transient=True,
     ) as bar:
         job = bar.add_task(f"{name}: starting Prefect", total=None)
 
@@ -173,12 +235,22 @@ def _progress_line(name: str) -> Iterator[None]:
                 extra = f" ({info['phase']})" if "phase" in info else ""
                 epoch = f" epoch {info['epoch'] + 1}" if "epoch" in info else ""
                 bar.update(job, description=f"{name}: chunk {info['chunk'] + 1}{epoch} {info['name']}{extra}")
+            elif event == "count":
+                shown.count, shown.began = info["count"], wall_clock()
+            elif event == "projection":  # printed above the line by a thread of its own, off the loop's
+                shown.projection = str(info["text"])
+                line = f"[bold]{escape(name)}[/]: {escape(shown.projection)}"
+                printer = threading.Thread(target=bar.console.print, args=(line,), daemon=True)
+                printer.start()
+                shown.printers.append(printer)
 
         unsubscribe = progress.subscribe(show)
         try:
             yield
         finally:
             unsubscribe()
+            for printer in shown.printers:  # before the line goes: each projection stays printed
+                printer.join(timeout=5)
 
 
 def _latency_line(m: dict[str, float]) -> str:
@@ -369,6 +441,13 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         )
     if summary.get("checkpoint_path"):
         lines.append(f"checkpoint           {summary['checkpoint_path']}")
+    if K.RUN_PROJECTED_SECONDS in m:  # tasks/measure/projection.py
+        again = f", re-projected {m[K.RUN_REPROJECTED_SECONDS]:,.1f} s" if K.RUN_REPROJECTED_SECONDS in m else ""
+        lines.append(
+            f"projection           {m[K.RUN_PROJECTED_SECONDS]:,.1f} s of timed region projected "
+            f"{m[K.RUN_PROJECTED_AT_SECONDS]:,.1f} s in{'' if m.get(K.RUN_PROJECTED_EXACT) else ' (estimated counts)'}"
+            f"{again}; it took {m.get(K.HARNESS_REGION_SECONDS, 0.0):,.1f} s"
+        )
     lines += [
         f"harness start-up     {m[K.HARNESS_STARTUP_SECONDS]:.1f} s (not in e2e)",
         (

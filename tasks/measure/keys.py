@@ -114,6 +114,11 @@ def median_ci_level(key: str) -> str:
 
 
 REPEATS_MEASURED = "run.repeats_measured"
+# The run's projected duration (tasks/measure/projection.py), made after its first steady batches.
+RUN_PROJECTED_SECONDS = "run.projected_seconds"
+RUN_PROJECTED_AT_SECONDS = "run.projected_at_seconds"
+RUN_PROJECTED_EXACT = "run.projected_exact"
+RUN_REPROJECTED_SECONDS = "run.reprojected_seconds"
 
 DATA_ROOT_ROWS = "data.root_rows"
 DATA_ROWS_PREDICTED = "data.rows_predicted"
@@ -546,6 +551,26 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     ("<key>.median_ci_high", "high end of the same interval"),
     ("<key>.median_ci_level", "exact coverage of that interval (>= 0.95)"),
     (REPEATS_MEASURED, "predict passes in the repeat statistics: every pass after the first (run.repeats - 1)"),
+    (
+        RUN_PROJECTED_SECONDS,
+        "the timed region's projected seconds (compare harness.region_seconds), made after the run's first steady "
+        "batches (training's, else predict's, else a request run's first steady requests): the seconds so far plus, "
+        "for every phase left, its batches left x its mean steady batch seconds and its root rows left x its other "
+        "stages' seconds per row (predict before it runs: at training's, an over-estimate of compute; a request "
+        "run: at least its schedule's duration); the calibration fit and backend set-up are not priced; "
+        "run.max_minutes stops the run when it is over (tasks/measure/projection.py)",
+    ),
+    (RUN_PROJECTED_AT_SECONDS, "timed-region seconds at which run.projected_seconds was made"),
+    (
+        RUN_PROJECTED_EXACT,
+        "1 when every count run.projected_seconds used was exact, 0 when one was an estimate (a training epoch's "
+        "batches before every chunk was split into training and held-out rows)",
+    ),
+    (
+        RUN_REPROJECTED_SECONDS,
+        "the last re-projection of the timed region (made at the predict phase's or request run's own first "
+        "steady batches, priced by them); absent when only one projection was made",
+    ),
     ("compute.<what>", "predict-phase compute figures (same as compute.predict.<what>)"),
     (
         "compute.predict.<what>",

@@ -294,6 +294,7 @@ class RunResult:
     fp8_fallback: dict[str, float] = field(default_factory=dict)  # tasks/backends/served.py fp8_metrics
     reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/measure/reference.py quality_delta
     latency: Figures | None = None  # LatencyRecord: single_stream / server runs
+    projection: Figures | None = None  # Projections: run.projected_seconds (tasks/measure/projection.py)
     output_check: Figures | None = None  # OutputCheck: run.check_outputs (offline)
     harness: HarnessFigures | None = None
     model_figures: dict[str, float] = field(default_factory=dict)  # ModelFacts.metrics: the library's own
@@ -423,6 +424,8 @@ class RunResult:
         m.update(self.reference_quality)
         if self.latency is not None:
             m.update(self.latency.metrics())
+        if self.projection is not None:
+            m.update(self.projection.metrics())
         if self.output_check is not None:
             m.update(self.output_check.metrics())
         if self.harness is not None:

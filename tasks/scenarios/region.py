@@ -33,6 +33,7 @@ from tasks.measure import keys as K
 from tasks.measure.gcpauses import GcPauses, frozen_collector
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.offline import predict_repeat
+from tasks.scenarios.pricing import Pricing
 from tasks.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
 
@@ -98,24 +99,32 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
     region = Region(work)
     latency = None
     # The collect and freeze run before the region's clock starts (tasks/measure/gcpauses.py).
+    # The progress counts, the projection and run.max_minutes (tasks/scenarios/pricing.py): from
+    # the region's start, closed before anything after it (the output checks' untracked passes).
     with frozen_collector(work.chain.clock) as region.gc, work.chain.clock.measure() as span:
-        work.list_keys()
-        if train:
-            if steps.distributed:
-                with region.bucket("distributed_launch"):
+        work.pricing = pricing = Pricing(work, work.chain.clock)
+        try:
+            work.list_keys()
+            if train:
+                if steps.distributed:
+                    with region.bucket("distributed_launch"):
+                        steps.train()
+                else:
                     steps.train()
+                with region.bucket("calibration_fit"):
+                    work.fit_calibration()
+            with region.bucket("backend_setup"):
+                steps.serving_backend()
+            if steps.requests is not None:
+                latency = steps.requests()
+                region.named["request_wait"] += latency.wait_s
+                region.named["request_settle"] += latency.settle_s
             else:
-                steps.train()
-            with region.bucket("calibration_fit"):
-                work.fit_calibration()
-        with region.bucket("backend_setup"):
-            steps.serving_backend()
-        if steps.requests is not None:
-            latency = steps.requests()
-            region.named["request_wait"] += latency.wait_s
-            region.named["request_settle"] += latency.settle_s
-        else:
-            for repeat in range(repeats):
-                predict_repeat(work, steps.writer, repeat, repeats)
+                pricing.begin("predict")
+                for repeat in range(repeats):
+                    predict_repeat(work, steps.writer, repeat, repeats)
+        finally:
+            pricing.close()
+            work.pricing = None
     region.seconds = span.seconds
     return region, latency

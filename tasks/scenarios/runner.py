@@ -39,7 +39,11 @@ def _run_scenario(work: Workload, writer: PredictionWriter, max_requests: int | 
             "task.validation_fraction."
         )
     serve = RequestPath(work, writer)
+    pricing = work.pricing  # the progress count and the run's projection (tasks/scenarios/pricing.py)
+    on_served = pricing.requests_served if pricing is not None else (lambda requests, roots, elapsed: None)
     if spec.run.scenario == "single_stream":
+        if pricing is not None:
+            pricing.begin_requests(None, req.min_requests)
 
         def stream() -> Iterator[np.ndarray]:
             for block in count():  # deterministic: a fresh seeded draw per 1024 requests
@@ -54,11 +58,14 @@ def _run_scenario(work: Workload, writer: PredictionWriter, max_requests: int | 
             roots=req.roots,
             max_requests=max_requests,
             settle=serve.settle,
+            on_served=on_served,
         )
         rec.scored_keys, rec.served_outputs = serve.scored_keys, serve.outputs
         return rec
     arrivals = poisson_arrivals(req.target_qps, req.min_requests, req.min_duration_s, seed)
     keys_of = request_keys(pool, len(arrivals) + 1, req.roots, seed)
+    if pricing is not None:
+        pricing.begin_requests(float(arrivals[-1]), len(arrivals))
     rec = server.run(
         serve,
         arrivals,
@@ -69,6 +76,7 @@ def _run_scenario(work: Workload, writer: PredictionWriter, max_requests: int | 
         cold_keys=keys_of[0],
         target_qps=req.target_qps,
         settle=serve.settle,
+        on_served=on_served,
     )
     rec.scored_keys, rec.served_outputs = serve.scored_keys, serve.outputs
     return rec

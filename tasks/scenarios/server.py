@@ -61,12 +61,15 @@ def run(
     target_qps: float | None = None,
     settle: Settle = _no_bookkeeping,
     settle_calls: int = SETTLE_CALLS_PER_GAP,
+    on_served: Callable[[int, int, float], object] = lambda requests, roots, elapsed: None,
 ) -> LatencyRecord:
     """``arrivals[i]`` (s from start) asks for ``keys[i]`` (a row of root keys). ``settle``
     (the serving path's bookkeeping) runs after the cold request, while the server is idle
     (at most ``settle_calls`` calls' worth per gap, each begun before the next arrival is
     due), and for what is left at the end: never between a batch's requests and their
-    responses. Its seconds go to ``rec.settle_s``."""
+    responses. Its seconds go to ``rec.settle_s``. ``on_served(requests, roots, elapsed)``
+    after each served batch, outside every request's latency: the progress count and the run's
+    projection (tasks/scenarios/pricing.py)."""
     n = len(arrivals)
     rec = LatencyRecord("server", target_qps=target_qps, roots=keys.shape[1])
     if cold_keys is not None:
@@ -126,6 +129,7 @@ def run(
             queued[i] = start - arrivals[i]
             steps_of[i] = steps
         rec.batch_requests.append(len(batch))
+        on_served(len(batch), len(served), end)
     with clock.measure() as booked:  # what the gaps left
         settle()
     rec.settle_s += booked.seconds

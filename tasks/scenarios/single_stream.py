@@ -27,10 +27,13 @@ def run(
     roots: int = 1,
     max_requests: int | None = None,
     settle: Callable[[], object] = lambda: None,
+    on_served: Callable[[int, int, float], object] = lambda requests, roots, elapsed: None,
 ) -> LatencyRecord:
     """``settle`` runs after each request's span: the serving path's bookkeeping, which no
     request's latency includes (the scenario's duration does: it is wall time); its seconds
-    go to ``rec.settle_s`` (``harness.request_settle_seconds``)."""
+    go to ``rec.settle_s`` (``harness.request_settle_seconds``). ``on_served(requests, roots,
+    elapsed)`` after each steady request, outside its span: the progress count and the run's
+    projection (tasks/scenarios/pricing.py)."""
     rec = LatencyRecord("single_stream", roots=roots)
     with clock.measure() as cold:
         rec.first_steps_s = serve(next(keys))
@@ -55,5 +58,6 @@ def run(
             settle()
         rec.settle_s += booked.seconds
         elapsed = clock.read() - start
+        on_served(1, len(request), elapsed)
     rec.duration_s = elapsed
     return rec

@@ -12,6 +12,8 @@ so each pass is a full, comparable measurement of the serving path.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -21,6 +23,9 @@ from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature
 from tasks.stages.chain import Chain, Prepared, StageSink
 from tasks.stages.retrieve import list_root_keys
 from tasks.stages.tensorize import Chunk
+
+if TYPE_CHECKING:
+    from tasks.scenarios.pricing import Pricing
 
 
 def chunked(keys: np.ndarray, rows: int) -> list[np.ndarray]:
@@ -41,6 +46,7 @@ class Workload:
         self.encoded_per_pass = 0
         self.encode_unit: EncodeUnit | None = None  # from the first prepared chunk or request
         self.served_outputs: ServedOutputs | None = None  # run.check_outputs: the last pass's rows
+        self.pricing: Pricing | None = None  # inside the timed region: counts and the projection
         if chain.has_text:  # the application's text encoder: an extra timed step, before tensorize
             for phase, st in result.stages.items():
                 result.stages[phase] = (
@@ -116,11 +122,26 @@ class Workload:
         p = self.chain.prepare(self.chunks[i], self.sink(phase), {"chunk": i, "phase": phase})
         self.account(p, i, phase)
         self.add_bytes(p, phase)
-        # A library may learn while it encodes training rows, or draw masks per epoch
-        # (tasks/libraries): its training chunks are encoded again every epoch.
-        if phase == "train" and len(self.chunks) == 1 and self.chain.side is None:
+        if phase == "train" and self.keeps_training_tensors:
             self._kept[i] = p.tz
+        if self.pricing is not None:
+            self.pricing.chunk_ready(i, phase, p.tz)
         return p.tz
+
+    @property
+    def keeps_training_tensors(self) -> bool:
+        """Whether training keeps its tensors between epochs: one chunk, the reference model. A
+        library may learn while it encodes training rows, or draw masks per epoch
+        (tasks/libraries): its training chunks are encoded again every epoch."""
+        return len(self.chunks) == 1 and self.chain.side is None
+
+    def root_rows_to_prepare(self, phase: str) -> int:
+        """Root rows ``phase``'s stages take over the whole run: every row per epoch (once when
+        training keeps its tensors) or per predict pass."""
+        rows = sum(len(c) for c in self.chunks)
+        if phase == "train":
+            return rows if self.keeps_training_tensors else rows * self.spec.run.epochs
+        return rows * self.spec.run.repeats
 
     def add_bytes(self, p: Prepared, phase: str) -> None:
         """A prepared chunk's or request's stage bytes into ``phase``'s stage table."""
@@ -139,6 +160,8 @@ class Workload:
         chunk's compute through the chain; ``updates_per_epoch`` from the first. The one epoch
         loop: a DDP rank (tasks/distributed/rank.py) runs it over its shard."""
         sink = self.sink("train")
+        if self.pricing is not None:
+            self.pricing.begin("train")
         for epoch in range(self.spec.run.epochs):
             engine = self.chain.engine
             before = engine.train_timings.updates if engine else 0

@@ -198,6 +198,11 @@ class RunSettings(Strict):
         "(0.5 s window) and during the timed region (other work slows torch 10x+)",
     )
     chunk_rows: int = Field(50_000, gt=0, description="root rows per retrieve..write chunk")
+    max_minutes: float | None = Field(
+        None,
+        description="stop the run (exit 2, its MLflow run FAILED, its outputs removed) when the timed region's "
+        "projection after its first steady batches (run.projected_seconds) exceeds this many minutes; null: no limit",
+    )
     seed: int = 0
     system_metrics_interval_s: float = Field(
         5.0,
@@ -320,6 +325,16 @@ class RunSettings(Strict):
             raise ValueError(
                 f"{v} would let a run without any steady-state batch be VALID (its steady rows/s "
                 f"would be 0); set it to {fix}, default {cls.model_fields[str(info.field_name)].default}"
+            )
+        return v
+
+    @field_validator("max_minutes")
+    @classmethod
+    def _positive_minutes(cls, v: float | None) -> float | None:
+        if v is not None and not (v > 0 and v != float("inf")):  # also refuses NaN
+            raise ValueError(
+                f"{v} is not a time limit: set run.max_minutes to a number of minutes above 0 (e.g. 30), "
+                "or null for no limit"
             )
         return v
 

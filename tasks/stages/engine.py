@@ -133,6 +133,9 @@ class EngineBase:
         # steady predict batches' padding masks of a cell-context library, by reference: summed
         # when read (``steady_cells``), after the timed region, not per batch inside it
         self.steady_cell_masks: list[torch.Tensor] = []
+        # Called with (phase, root rows) after each timed batch (tasks/scenarios/pricing.py:
+        # the progress count and the run's projection); None outside a timed region.
+        self.after_batch: Callable[[str, int], None] | None = None
 
     def keep_layout(self, count: Callable[[], Layout]) -> None:
         """Inside the timed loop: one predict batch's layout, as a call over references to its
@@ -278,6 +281,8 @@ class EngineBase:
                 self.steady_batch(phase, item[0])
             else:
                 self.warmup_breaks[phase] += graph_breaks() - breaks
+            if self.after_batch is not None:  # outside the batch's span: a count, rarely a projection
+                self.after_batch(phase, item[1])
 
     def flush_throughput(self, logger: Logger) -> dict[str, float]:
         """Send each phase's callback estimate to ``logger`` (phases that ran steady batches);

@@ -85,3 +85,26 @@ def test_a_memory_sampler_that_cannot_start_ends_the_run_failed(
     runs = _runs(store)
     assert [r.info.status for r in runs] == ["FAILED"]
     assert "clear_refs" in runs[0].data.tags["relflow.error"]
+
+
+def test_a_run_projected_over_run_max_minutes_stops_with_exit_2_and_ends_failed(
+    prefect_harness, shop_spec, shop_files, tmp_path, store
+):
+    """run.max_minutes (issue 41 item 5): the first projection, after the first steady batches,
+    is over the limit, so the run stops there with a UserError (exit 2) naming the projection
+    and what drives it; its MLflow run is FAILED, never RUNNING, with the projection in
+    relflow.error, and no prediction file, checkpoint or temporary is left."""
+    import flows.benchmark as flow_module
+
+    spec = _predict_spec(shop_spec, tmp_path)  # 5 root rows: the first call, then 4 steady batches
+    spec["run"] = {**spec["run"], "batch_size": 1, "max_minutes": 1e-6}
+    with pytest.raises(UserError) as err:
+        flow_module.benchmark(spec=spec, spec_dir=str(shop_files))
+    assert err.value.exit_code == 2
+    msg = str(err.value)
+    assert "run.max_minutes is 1e-06" in msg and "projected" in msg and "run.batch_size 1" in msg
+    runs = _runs(store)
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert "run.max_minutes" in runs[0].data.tags["relflow.error"]
+    out = tmp_path / "out"
+    assert not out.exists() or not list(out.iterdir())  # no predictions, checkpoint or temporary
