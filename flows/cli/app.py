@@ -205,6 +205,23 @@ def count_text(c: Count | None, elapsed: float) -> str:
     return text
 
 
+REFRESH_PER_S = 4  # redraws a second (Rich's default is 10): bench_progress.py prices one
+
+
+def progress_bar(con: Console, shown: _Shown) -> Progress:
+    """The line's columns: spinner, what runs now, the count, elapsed; redrawn by Rich's
+    refresh thread ``REFRESH_PER_S`` times a second, off the thread that runs the batches."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        _CountColumn(shown),
+        TimeElapsedColumn(),
+        console=con,
+        transient=True,
+        refresh_per_second=REFRESH_PER_S,
+    )
+
+
 @contextmanager
 def _progress_line(name: str, shown_on: Console | None = None) -> Iterator[None]:
     """A transient line on stderr naming the current phase, chunk, epoch and stage, with the
@@ -218,14 +235,7 @@ def _progress_line(name: str, shown_on: Console | None = None) -> Iterator[None]
         yield
         return
     shown = _Shown()
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        _CountColumn(shown),
-        TimeElapsedColumn(),
-        console=con,
-        transient=True,
-    ) as bar:
+    with progress_bar(con, shown) as bar:
         job = bar.add_task(f"{name}: starting Prefect", total=None)
 
         def show(event: str, info: dict[str, Any]) -> None:

@@ -28,6 +28,8 @@ from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.scripted_time import ScriptedTime
 
+pytestmark = pytest.mark.slow  # each test trains and predicts the shop model (6-10 s here)
+
 # Dyadic seconds, so every sum is exact. compute's stage cost is its batches'.
 STAGE_COST = {"retrieve": 1.0, "preprocess": 2.0, "tensorize": 4.0, "compute": 0.0, "calibrate": 0.5, "write": 0.25}
 TRAIN_BATCH, PREDICT_BATCH = 0.5, 0.125
