@@ -38,6 +38,7 @@ LIBRARIES: dict[str, str] = {
     "reference": "tasks.libraries.reference:REFERENCE",
     "relflow": "tasks.libraries.relflow:RELFLOW",
     "relational_transformers": "tasks.libraries.relational_transformers:RELATIONAL_TRANSFORMERS",
+    "lightgbm": "tasks.libraries.lightgbm:LIGHTGBM",
 }
 DEFAULT_LIBRARY = "reference"  # model.library's default (tasks/spec/task.py): the model in model/
 

@@ -300,13 +300,13 @@ def test_a_child_exiting_2_on_its_data_is_reported_as_a_data_error(tmp_path, sho
 
 def test_the_order_rotates_each_round():
     libs = list(LIBRARIES)
-    assert libs == ["reference", "relflow", "relational_transformers"]  # the registry's order
-    orders = [round_order(libs, r) for r in range(4)]
+    assert libs == ["reference", "relflow", "relational_transformers", "lightgbm"]  # the registry's order
+    orders = [round_order(libs, r) for r in range(5)]
     assert orders[0] == libs
-    assert orders[1] == ["relflow", "relational_transformers", "reference"]
-    assert orders[2] == ["relational_transformers", "reference", "relflow"]
-    assert orders[3] == orders[0]
-    assert [o[0] for o in orders[:3]] == libs  # each library leads one round in three
+    assert orders[1] == ["relflow", "relational_transformers", "lightgbm", "reference"]
+    assert orders[2] == ["relational_transformers", "lightgbm", "reference", "relflow"]
+    assert orders[4] == orders[0]
+    assert [o[0] for o in orders[:4]] == libs  # each library leads one round in four
 
 
 def test_libraries_flag_parsing():

@@ -32,7 +32,7 @@ def test_an_unknown_name_is_a_user_error_listing_every_registered_library():
         check_library(spec)
     assert err.value.exit_code == 2
     assert "model.library 'lightgmb' is not a registered library" in str(err.value)
-    assert "choose from reference, relflow, relational_transformers" in str(err.value)
+    assert "choose from reference, relflow, relational_transformers, lightgbm" in str(err.value)
 
 
 def test_the_cli_exits_2_on_an_unknown_library_before_any_work(tmp_path):
@@ -53,7 +53,7 @@ def test_the_cli_exits_2_on_an_unknown_library_before_any_work(tmp_path):
 def test_naming_a_library_imports_neither_another_library_nor_its_package():
     probe = (
         "import sys; from tasks.libraries import library_named, library_packages\n"
-        "library_named('relational_transformers'); library_packages()\n"
+        "library_named('relational_transformers'); library_named('lightgbm'); library_packages()\n"
         "print(sorted(m for m in ('relflow', 'lightning', 'lightgbm', 'relational_transformers', 'torch') "
         "if m in sys.modules))\n"
     )
@@ -62,12 +62,12 @@ def test_naming_a_library_imports_neither_another_library_nor_its_package():
 
 
 def test_the_fingerprint_tags_every_registered_librarys_packages():
-    assert library_packages() == ["relflow", "lightning", "relational-transformers"]
+    assert library_packages() == ["relflow", "lightning", "relational-transformers", "lightgbm"]
     import torch
 
     from tasks.measure.environment import fingerprint
 
     tags = fingerprint(torch.device("cpu"), library_packages())
-    assert tags["relflow.relflow_version"] == "0.4.0"
+    assert tags["relflow.relflow_version"] == "0.4.0" and tags["relflow.lightgbm_version"] == "4.7.0"
     assert tags["relflow.relational_transformers_version"] == "0.1.0"
     assert "relflow.polars_version" in tags and "relflow.relflow_version" not in fingerprint(torch.device("cpu"))

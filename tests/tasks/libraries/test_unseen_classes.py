@@ -24,8 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CHURN = {1: "maybe", 2: "no", 3: "yes", 4: "other", 5: "maybe"}
 HELD_OUT = (1, 4)
 # 'other' is in no training row; 'maybe' is only in the second chunk's: relflow learns it,
-# the reference model and relational-transformers (classes from the first chunk) never do
-UNSEEN = {"reference": 2, "relflow": 1, "relational_transformers": 2}
+# the reference model, relational-transformers and LightGBM (classes from the first chunk) never do
+UNSEEN = {"reference": 2, "relflow": 1, "relational_transformers": 2, "lightgbm": 2}
 
 
 @pytest.fixture(autouse=True)
