@@ -80,7 +80,7 @@ BUDGET_KEYS = (
 
 def _context_refusals(spec: Spec) -> list[Refusal]:
     """``model.rt.context``: rt_utils needs a RelBench folder's files; the budget is rt_utils'."""
-    c = spec.model.rt.context
+    c, defaults = spec.model.rt.context, type(spec.model.rt.context)()
     if c.builder == "nested":
         # a budget key under nested would be ignored without a word: refused instead
         return [
@@ -92,7 +92,9 @@ def _context_refusals(spec: Spec) -> list[Refusal]:
                 "set model.rt.context.builder: rt_utils, or remove the key",
             )
             for k in BUDGET_KEYS
-            if k in c.model_fields_set
+            # against the defaults, not model_fields_set: a spec dumped and read back (the flow's
+            # to_dict, a sweep's child) sets every key
+            if getattr(c, k) != getattr(defaults, k)
         ]
     out: list[Refusal] = []
     if spec.source.relbench is None:

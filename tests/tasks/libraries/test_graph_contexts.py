@@ -384,3 +384,25 @@ def test_context_truncated_ends_the_run_failed_with_exit_2(prefect_harness, tmp_
     (experiment,) = [e for e in client.search_experiments() if e.name == "rb-graph"]
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FAILED"  # not left RUNNING
+
+
+# --- the checks before work -------------------------------------------------------------------------
+
+
+def _keys(spec: Spec) -> list[str]:
+    from tasks.libraries.relational_transformers.checks import refusals
+
+    return [r.key for r in refusals(spec)]
+
+
+def test_the_spec_schema_path_is_refused_naming_the_builder_key():
+    assert "model.rt.context.builder" in _keys(_spec())  # source.tables, no source.relbench
+
+
+def test_a_budget_key_under_the_nested_builder_is_refused_and_a_round_trip_is_not():
+    nested = _spec(builder="nested", max_context_cells=64)
+    assert _keys(nested) == ["model.rt.context.max_context_cells"]
+    # a spec dumped and read back sets every key (the flow's to_dict): defaults are no refusal
+    plain = Spec.model_validate(_spec(builder="nested").to_dict())
+    assert "max_context_cells" in plain.model.rt.context.model_fields_set
+    assert not [k for k in _keys(plain) if k.startswith("model.rt.")]
