@@ -17,11 +17,13 @@ contexts/s = rows / seconds of the warm call (and of the cold one). Rounds alter
 goes first; the ratio is rt_utils' median contexts/s over nested's (peers: same rows, same host,
 same rounds), each round's ratio beside it. Cells per context (present, the target included) say
 what each builder's contexts hold: nested's are the branches' max_length x overflow; rt_utils'
-the cell budget (``--set model.rt.context.max_context_cells=...`` and the other budget keys).
+the cell budget (``--rt-set model.rt.context.max_context_cells=...`` and the other budget keys: the
+nested builder refuses them).
 Why: an RT user's deployment cost is dominated by context assembly (issue 41), and the two
 builders assemble very different contexts; the forward pass is not timed here.
 
-    python benchmarks/bench_rt_contexts.py [--rows 500] [--rounds 3] [--set model.rt.context.max_context_cells=128]
+    python benchmarks/bench_rt_contexts.py [--rows 500] [--rounds 3] [--set orders.max_length=4]
+        [--rt-set model.rt.context.max_context_cells=96]   # --set: both builders; --rt-set: rt_utils only
 
 Prints a table (one row per process as it finishes), the ratio, then one JSON line.
 """
@@ -108,7 +110,8 @@ def measure(spec_path: Path, builder: str, rows: int, sets: Sequence[str], spec_
 
 def run_child(builder: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--builder", builder, "--rows", str(args.rows)]
-    cmd += [x for s in args.set for x in ("--set", s)] + ["--spec", str(args.spec)]
+    sets = [*args.set, *(args.rt_set if builder == "rt_utils" else [])]
+    cmd += [x for s in sets for x in ("--set", s)] + ["--spec", str(args.spec)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
     if done.returncode != 0:
@@ -166,6 +169,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=500, help="root keys (the first, sorted)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--set", action="append", default=[], help="spec overrides for both builders")
+    p.add_argument(
+        "--rt-set", action="append", default=[], help="overrides for rt_utils only (model.rt.context.*: its budget)"
+    )
     p.add_argument("--spec", type=Path, default=SPEC)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--builder", choices=BUILDERS, help=argparse.SUPPRESS)
@@ -182,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(table_line(rec), flush=True)
     s = summarise(records)
     print(ratio_line(s))
-    print(json.dumps({"bench": "rt_contexts", "rows": args.rows, "sets": args.set, "summary": s, "records": records}))
+    out = {"bench": "rt_contexts", "rows": args.rows, "sets": args.set, "rt_sets": args.rt_set}
+    print(json.dumps(out | {"summary": s, "records": records}))
 
 
 if __name__ == "__main__":
