@@ -3,6 +3,10 @@
 
 Before, the command died by the signal (exit 143) with ``index.html`` written and the PNGs
 missing or half-written; a signal while it logged the files left its MLflow run RUNNING.
+
+Named ``test_report_interrupt.py`` (tests/README.md): test_report.py is tasks/measure/report.py's
+(pytest needs unique basenames); one of three aspects of dashboards/report.py (browser, interrupt,
+no_browser).
 """
 
 from __future__ import annotations

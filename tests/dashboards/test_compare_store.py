@@ -1,5 +1,8 @@
 """``compare`` and ``history`` on a real MLflow store written by hand: parents of
-``relflow-bench noise`` stand for their child runs, and INVALID runs never make a history step."""
+``relflow-bench noise`` stand for their child runs, and INVALID runs never make a history step.
+
+Named ``test_compare_store.py`` (tests/README.md): test_compare.py holds compare's own unit tests;
+this file is one aspect (compare and history on a real MLflow store)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ died by the signal (143). A bad checkpoint is exit 2 for quantize as for run and
 with a reason that is not empty and does not suggest ``weights_only=False`` (quantize's and the
 loaders' reasons in-process: tests/tasks/backends/test_checkpoint_refusals.py; here export's
 exit through the real process).
+
+Named ``test_backends_checkpoints.py`` (tests/README.md): test_backends.py is tasks/backends'
+(pytest needs unique basenames); flows/cli/backends.py holds the export and quantize commands.
 """
 
 from __future__ import annotations

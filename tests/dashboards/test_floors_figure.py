@@ -1,4 +1,7 @@
-"""The dashboard's floor ledger: one bar per stage from the latest run's floor fractions."""
+"""The dashboard's floor ledger: one bar per stage from the latest run's floor fractions.
+
+Named ``test_floors_figure.py`` (tests/README.md): test_floors.py is tasks/measure/floors.py's
+(pytest needs unique basenames)."""
 
 from __future__ import annotations
 

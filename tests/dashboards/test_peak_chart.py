@@ -1,6 +1,9 @@
 """The ``peak-qps`` chart says what the search found: the figure it plots is the p99 of
 LoadGen's server rule, a peak is claimed only for a bracketed search (as ``server.peak_qps``
-is), and an INVALID probe is drawn as a failure even with its p99 within the bound."""
+is), and an INVALID probe is drawn as a failure even with its p99 within the bound.
+
+Named ``test_peak_chart.py`` (tests/README.md): test_peak.py is tasks/scenarios/peak.py's (pytest
+needs unique basenames)."""
 
 from __future__ import annotations
 

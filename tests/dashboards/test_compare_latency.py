@@ -1,5 +1,8 @@
 """compare / history / dashboard on request-scenario runs: latency keys compared lower-is-
-better, a latency rise is a history regression, and the dashboard draws a latency CDF."""
+better, a latency rise is a history regression, and the dashboard draws a latency CDF.
+
+Named ``test_compare_latency.py`` (tests/README.md): test_compare.py holds compare's own unit tests;
+this file is one aspect (request runs' latency keys, with history and the dashboard's CDF)."""
 
 from __future__ import annotations
 

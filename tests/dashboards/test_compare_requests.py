@@ -4,7 +4,10 @@ served (``stage.<stage>.predict.seconds``, ``quality.rows``), nor by ``e2e.predi
 (rows per second of service time with the cold call included, tasks/measure/keys.py), which is
 neither compare's first row nor a history series for them. Offline runs, and mixed groups, keep
 throughput first. Every comparison here has 6 runs a side, where a mark is reachable: a check
-that nothing is marked is a check that something could have been."""
+that nothing is marked is a check that something could have been.
+
+Named ``test_compare_requests.py`` (tests/README.md): test_compare.py holds compare's own unit
+tests; this file is one aspect (how compare and history judge request runs)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,10 @@ The page loads from a file URL; every console error and uncaught exception is co
 chart's div must hold a drawn plot (``.main-svg``), and the screenshot must be non-blank. A
 page with a deliberate error checks that errors are seen. The browser fixtures live in
 ``tests/conftest.py``.
+
+Named ``test_report_browser.py`` (tests/README.md): test_report.py is tasks/measure/report.py's
+(pytest needs unique basenames); one of three aspects of dashboards/report.py (browser, interrupt,
+no_browser).
 """
 
 from __future__ import annotations

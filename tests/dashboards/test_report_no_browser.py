@@ -5,6 +5,10 @@ No browser is simulated the way a user gets it wrong or has none: ``BROWSER_PATH
 at a file that does not exist (Kaleido reads that variable first), which works whether or
 not this machine has Chromium. Where no browser is installed at all (nothing on ``PATH``,
 no ``/usr/bin/chromium``), the second case runs Kaleido's own search and its failure.
+
+Named ``test_report_no_browser.py`` (tests/README.md): test_report.py is tasks/measure/report.py's
+(pytest needs unique basenames); one of three aspects of dashboards/report.py (browser, interrupt,
+no_browser).
 """
 
 from __future__ import annotations
