@@ -185,3 +185,54 @@ def test_without_a_listener_nothing_is_counted(stubbed):
     work = run()
     assert progress._count is None
     assert work.result.projection.made  # type: ignore[union-attr]  # the projection is the run's, listener or not
+
+
+def _request_pricing(ft: ScriptedTime, scenario: str, **request: Any) -> Any:
+    """A ``Pricing`` over a stand-in workload: a request run prices only from its requests."""
+    from types import SimpleNamespace
+
+    from tasks.scenarios.pricing import Pricing
+    from tasks.spec.run import RunSettings
+
+    run = RunSettings(scenario=scenario, mode="predict", request=request)  # type: ignore[arg-type]
+    work = SimpleNamespace(spec=SimpleNamespace(run=run), chain=SimpleNamespace(engine=None), result=RunResult())
+    return Pricing(work, ft.clock)  # type: ignore[arg-type]
+
+
+def test_a_single_stream_run_is_priced_from_its_first_steady_requests_with_a_scripted_clock():
+    from tasks.scenarios import single_stream
+
+    ft = ScriptedTime()
+    ft.t = 2.0  # the region so far: 2 s before the requests
+    pricing = _request_pricing(ft, "single_stream", min_requests=10, min_duration_s=1.0)
+
+    def serve(keys: Any) -> dict[str, float]:
+        ft.t += 0.25
+        return {"compute": 0.25}
+
+    keys = iter([[1]] * 20)
+    single_stream.run(
+        serve,
+        keys,
+        ft.clock,
+        min_requests=10,
+        min_duration_s=1.0,
+        on_served=pricing.requests_served,  # type: ignore[arg-type]
+    )
+    (p,) = pricing.projections.made
+    # priced after 3 steady requests (0.75 s into the schedule; the cold one before it): 7 more
+    # at 0.25 s, longer than the 0.25 s the minimum duration still needs
+    assert p.at == "single_stream" and p.elapsed_seconds == 2.0 - 2.0 + 0.25 + 0.75
+    assert p.phases[0].schedule_seconds == 7 * 0.25
+    assert p.total_seconds == ft.t - 2.0  # exact: the run took what was projected
+
+
+def test_a_server_run_is_priced_to_its_schedules_last_arrival():
+    ft = ScriptedTime()
+    pricing = _request_pricing(ft, "server", min_requests=8, min_duration_s=0.0, target_qps=4.0)
+    pricing.begin_requests(5.0, 8)
+    ft.t = 1.5
+    for elapsed in (0.5, 1.0, 1.5):
+        pricing.requests_served(1, 1, elapsed)
+    (p,) = pricing.projections.made
+    assert (p.elapsed_seconds, p.phases[0].schedule_seconds, p.total_seconds) == (1.5, 3.5, 5.0)
