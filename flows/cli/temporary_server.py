@@ -9,7 +9,7 @@ CancelledError traceback, and the events it has not consumed yet are dropped. Wi
 default of one SQLite transaction per event the recorder ran seconds behind a run on a busy
 2-core host, so a run ended with ~130 lines of tracebacks after its summary and Prefect's
 database lacked most of the run's last task runs (54 of 70: the floor ledger's no-op calls
-come last). Issue 35; tests/flows/cli/test_cli_temporary_server.py.
+come last). Issue 35; tests/flows/cli/test_temporary_server.py.
 
 - ``configure()``: the recorder writes what arrived each second in one transaction, so it
   keeps up (and the temporary server costs the measured host fewer commits); the event store

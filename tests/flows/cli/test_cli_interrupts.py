@@ -1,5 +1,5 @@
 """SIGTERM during the file-writing commands other than ``run``, ``quantize`` and ``export``
-(those are in test_lifecycle.py and test_cli_checkpoint_commands.py): exit 130 and nothing
+(those are in tests/flows/test_benchmark_lifecycle.py and test_backends_checkpoints.py): exit 130 and nothing
 temporary left, as ``run`` ends (tasks/runtime/interrupts.py, issue 24 item 3).
 
 Before, ``data tpch`` died by the signal (exit 143) and left its ``.sf<scale>-*`` folder of

@@ -5,7 +5,7 @@ three kinds of children the real CLI has: a subprocess (Prefect's temporary serv
 UI), a subprocess in a session of its own (torchrun, whose ranks start their own sessions)
 and a forked child that never execs (a DataLoader worker). Each ends the CLI by a different
 path; every child must be gone within seconds. The end-to-end case (a real ``run``, its
-Prefect server, SIGKILL) is tests/flows/cli/test_cli_secrets_and_orphans.py (slow).
+Prefect server, SIGKILL) is tests/flows/cli/test_app_secrets_and_orphans.py (slow).
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ errors (files, columns, keys, empty tables) stop before Prefect starts, in a few
 MLflow run began (15-30 s): it runs the default TPC-H workload with
 ``--set lineitem.max_length=2 --set lineitem.overflow=error``. All cases run once per
 module, the slow one beside the quick ones, and each test reads its own result.
+
+Named ``test_app_errors.py`` (tests/README.md): test_app.py holds the app's own tests; this file is
+one aspect of ``run``/``data`` (flows/cli/app.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 In-process and before Prefect or MLflow start: the run's settings checks refuse or fail on
 a tracking URI with secrets in it, and the CLI's error ending masks whatever a library's
-error quotes. (A whole run grepped for a secret: test_cli_secrets_and_orphans.py.)
+error quotes. (A whole run grepped for a secret: test_app_secrets_and_orphans.py.)
 """
 
 from __future__ import annotations

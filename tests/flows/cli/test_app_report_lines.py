@@ -1,4 +1,7 @@
-"""Lines of the run's closing report that are built from its metrics alone."""
+"""Lines of the run's closing report that are built from its metrics alone.
+
+Named ``test_app_report_lines.py`` (tests/README.md): test_app.py holds the app's own tests; this
+file is one aspect (the closing report's lines, flows/cli/app.py)."""
 
 from __future__ import annotations
 

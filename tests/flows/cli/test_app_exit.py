@@ -1,7 +1,10 @@
 """The CLI's exit: after every other exit handler (Prefect's server stop, MLflow's, those of
 libraries imported during the command), the objects left are frozen so the interpreter's
 teardown does not walk them (4.2 s of a tiny run's wall time after its last exit handler).
-A subprocess, so the real ``atexit`` order is what is checked."""
+A subprocess, so the real ``atexit`` order is what is checked.
+
+Named ``test_app_exit.py`` (tests/README.md): test_app.py holds the app's own tests; this file is
+one aspect (flows/cli/app.py's exit)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The run's closing latency line (flows/cli/app.py): every step that had a share is shown,
-encode only where a library owns it (relational_transformers), never invented elsewhere."""
+encode only where a library owns it (relational_transformers), never invented elsewhere.
+
+Named ``test_app_latency_line.py`` (tests/README.md): test_app.py holds the app's own tests; this
+file is one aspect (the closing latency line, flows/cli/app.py)."""
 
 from __future__ import annotations
 

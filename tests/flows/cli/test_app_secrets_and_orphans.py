@@ -6,6 +6,9 @@
   artifact) and no MLflow param, tag or metric: every place shows the masked URI.
 - SIGKILL of the CLI leaves no child behind: Prefect's temporary server used to stay alive
   as an orphan (tasks/runtime/watchdog.py).
+
+Named ``test_app_secrets_and_orphans.py`` (tests/README.md): test_app.py holds the app's own tests;
+this file is one aspect of ``run`` (flows/cli/app.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Database bad input through the real CLI: exit 2 before Prefect or MLflow start, the URL
-shown with its password masked, and the fix named."""
+shown with its password masked, and the fix named.
+
+Named ``test_app_database_errors.py`` (tests/README.md): test_app.py holds the app's own tests; this
+file is one aspect of ``run``/``data`` (flows/cli/app.py)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ or URI and the fix; no traceback, no MLflow run, no output file.
 Each case runs ``python -m flows.cli run SPEC`` in its own folder on the shop tables
 (tests/conftest.py), edited to break one thing. The shop has no validation rows at the
 default split, so cases about something else run in predict mode.
+
+Named ``test_app_hostile.py`` (tests/README.md): test_app.py holds the app's own tests; this file is
+one aspect of ``run``/``data`` (flows/cli/app.py).
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ naming the table, file, column, offending value and the ``source.csv`` key that 
 The workload is the kind users bring: ``;``-separated, R-style ``NA`` markers (read as nulls
 by default), and one ``?`` marker the defaults do not know. The fixed spec (``?`` added to
 ``source.csv.null_values``) then runs end to end (slow: Prefect's temporary server).
+
+Named ``test_app_csv.py`` (tests/README.md): test_app.py holds the app's own tests; this file is one
+aspect of ``run``/``data`` (flows/cli/app.py).
 """
 
 from __future__ import annotations
