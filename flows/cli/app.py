@@ -287,6 +287,19 @@ def _latency_line(m: dict[str, float]) -> str:
     )
 
 
+def _projection_line(m: dict[str, float]) -> str:
+    """The run's projected timed region (made after its first steady batches) beside what it took."""
+    from tasks.measure import keys as K
+
+    again = f", re-projected {m[K.RUN_REPROJECTED_SECONDS]:,.1f} s" if K.RUN_REPROJECTED_SECONDS in m else ""
+    estimated = "" if m.get(K.RUN_PROJECTED_EXACT) else " (estimated counts)"
+    return (
+        f"projection           {m[K.RUN_PROJECTED_SECONDS]:,.1f} s of timed region projected "
+        f"{m[K.RUN_PROJECTED_AT_SECONDS]:,.1f} s in{estimated}{again}; it took "
+        f"{m.get(K.HARNESS_REGION_SECONDS, 0.0):,.1f} s"
+    )
+
+
 def _first_call_line(m: dict[str, float]) -> str:
     """The first call, and whether its compiles came from the compiler's on-disk cache."""
     from tasks.measure import keys as K
@@ -452,12 +465,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("checkpoint_path"):
         lines.append(f"checkpoint           {summary['checkpoint_path']}")
     if K.RUN_PROJECTED_SECONDS in m:  # tasks/measure/projection.py
-        again = f", re-projected {m[K.RUN_REPROJECTED_SECONDS]:,.1f} s" if K.RUN_REPROJECTED_SECONDS in m else ""
-        lines.append(
-            f"projection           {m[K.RUN_PROJECTED_SECONDS]:,.1f} s of timed region projected "
-            f"{m[K.RUN_PROJECTED_AT_SECONDS]:,.1f} s in{'' if m.get(K.RUN_PROJECTED_EXACT) else ' (estimated counts)'}"
-            f"{again}; it took {m.get(K.HARNESS_REGION_SECONDS, 0.0):,.1f} s"
-        )
+        lines.append(_projection_line(m))
     lines += [
         f"harness start-up     {m[K.HARNESS_STARTUP_SECONDS]:.1f} s (not in e2e)",
         (

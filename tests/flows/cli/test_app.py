@@ -9,7 +9,8 @@ import re
 
 from rich.console import Console
 
-from flows.cli.app import _CountColumn, _progress_line, _Shown, count_text
+from flows.cli.app import _CountColumn, _progress_line, _projection_line, _Shown, count_text
+from tasks.measure import keys as K
 from tasks.runtime import progress
 
 
@@ -51,3 +52,11 @@ def test_the_count_column_says_done_of_total_rows_per_s_and_time_left():
     assert count_text(progress.Count("predict", None), 1.0) == "0/? batches (predict)"
     shown = _Shown(count=c, began=10.0)
     assert str(_CountColumn(shown, now=lambda: 70.0).render(None)) == count_text(c, 60.0)  # type: ignore[arg-type]
+
+
+def test_the_closing_report_puts_the_projection_beside_what_the_region_took():
+    m = {K.RUN_PROJECTED_SECONDS: 95.25, K.RUN_PROJECTED_AT_SECONDS: 3.5, K.RUN_PROJECTED_EXACT: 1.0}
+    m[K.HARNESS_REGION_SECONDS] = 90.0
+    assert _projection_line(m) == "projection           95.2 s of timed region projected 3.5 s in; it took 90.0 s"
+    m[K.RUN_PROJECTED_EXACT], m[K.RUN_REPROJECTED_SECONDS] = 0.0, 91.0
+    assert _projection_line(m).endswith("3.5 s in (estimated counts), re-projected 91.0 s; it took 90.0 s")
