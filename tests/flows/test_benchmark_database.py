@@ -2,7 +2,10 @@
 127.0.0.1 loaded with TPC-H (scale 0.01), offline and single_stream predict runs against it
 whose predictions equal the Parquet source's for the same keys; a server run whose tight
 latency bound makes it INVALID; calibration stored in the checkpoint and applied; the
-password never reaches MLflow. Slow: several flow runs."""
+password never reaches MLflow. Slow: several flow runs.
+
+Named ``test_benchmark_database.py`` (tests/README.md): test_benchmark.py holds the flow's main end-
+to-end test; this file is one aspect of a benchmark-flow run."""
 
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ The social folder (tests/tasks/relbench_folders.py), read and scored by relbench
   target's spread for NMAE), and the prediction file holds a probability for binary.
 
 Slow: each run imports its library (relflow brings Lightning) and runs a Prefect flow.
+
+Named ``test_benchmark_relbench_libraries.py`` (tests/README.md): test_benchmark.py holds the flow's
+main end-to-end test; this file is one aspect of a benchmark-flow run.
 """
 
 from __future__ import annotations

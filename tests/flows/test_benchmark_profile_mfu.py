@@ -1,5 +1,8 @@
 """A profiled train+predict flow run: MFU per phase, thread tags, the steady-window profile
-as artifacts, and the profiled tag that keeps it out of history by default."""
+as artifacts, and the profiled tag that keeps it out of history by default.
+
+Named ``test_benchmark_profile_mfu.py`` (tests/README.md): test_benchmark.py holds the flow's main
+end-to-end test; this file is one aspect of a benchmark-flow run."""
 
 from __future__ import annotations
 

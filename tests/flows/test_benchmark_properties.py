@@ -12,6 +12,9 @@ file in the output folder of a run that did not finish.
 The flow runs in-process under the session's Prefect harness (one start-up for all
 examples). Example counts are bounded for CI; failures hypothesis found are kept below as
 ``@example`` regression cases.
+
+Named ``test_benchmark_properties.py`` (tests/README.md): test_benchmark.py holds the flow's main
+end-to-end test; this file is one aspect of a benchmark-flow run.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Every path runs the one stage chain (tasks/stages/chain.py), so a text spec works wherever
 the offline scenario does: training over several chunks then the calibration fit (which once
 re-read chunks without the encode step and exited 1), and both request scenarios (whose
-request path once had no encode step and handed raw strings to tensorize). Slow: real flows."""
+request path once had no encode step and handed raw strings to tensorize). Slow: real flows.
+
+Named ``test_benchmark_chain_paths.py`` (tests/README.md): test_benchmark.py holds the flow's main
+end-to-end test; this file is one aspect of a benchmark-flow run."""
 
 from __future__ import annotations
 

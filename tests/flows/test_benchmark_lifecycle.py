@@ -1,6 +1,9 @@
 """Run lifecycle through the real CLI: SIGTERM or SIGINT, to the process or its group, end
 in exit 130 within 10 s with the MLflow run KILLED and no outputs left; a SIGKILLed run is
-ended KILLED by the next invocation; two concurrent runs never overlap their timed regions."""
+ended KILLED by the next invocation; two concurrent runs never overlap their timed regions.
+
+Named ``test_benchmark_lifecycle.py`` (tests/README.md): test_benchmark.py holds the flow's main
+end-to-end test; this file is one aspect of a benchmark-flow run."""
 
 from __future__ import annotations
 

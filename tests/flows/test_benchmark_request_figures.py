@@ -9,6 +9,9 @@ single_stream train+predict run under the session's Prefect harness:
   their steps directly): the count is recovered from the logged fraction, floor and seconds;
 - the predict phase is not held to the offline steady window (its compute seconds are a slice
   of each request's latency), while its steady seconds are below it.
+
+Named ``test_benchmark_request_figures.py`` (tests/README.md): test_benchmark.py holds the flow's
+main end-to-end test; this file is one aspect of a benchmark-flow run.
 """
 
 from __future__ import annotations
