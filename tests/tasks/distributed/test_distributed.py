@@ -113,7 +113,7 @@ def test_two_gloo_processes_train_like_one(tpch_small, tmp_path):
         "compute.train.mfu",  # rank 0's steady batch shapes (it read 0: the flow's engine trained nothing)
     ):
         assert m2[key] > 0, key
-    # which aggregate the train stages are is tested exactly in test_rank_totals.py; here the
+    # which aggregate the train stages are is tested exactly in test_launch_rank_totals.py; here the
     # ranks' mean is published beside the slowest rank's total
     assert m2["e2e.train.ranks_mean_seconds"] > 0
     # stage bytes are every rank's (they were 0): the shards' tensors add up to the whole

@@ -5,7 +5,10 @@ return, everything else is the real flow-side code on the shop workload).
 Once: the flow prepared chunk 0 itself and charged it to the train stages, then added the
 ranks' stage times on top; and each stage took the slowest rank's seconds, summed over stages,
 which is no rank's time at all. And ``compute.train.mfu`` read 0, because the flow's engine,
-which trained nothing, had no steady batch shapes."""
+which trained nothing, had no steady batch shapes.
+
+Named ``test_launch_rank_totals.py`` (tests/README.md): test_launch.py is flows/sweeps/launch.py's
+(pytest needs unique basenames)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Throughput callback, precision contexts and meta-device inspection."""
+"""Throughput callback, precision contexts and meta-device inspection.
+
+Named after the main module under test, model/throughput.py; also model/precision.py and
+model/meta.py, whose tests are a few lines each (tests/README.md)."""
 
 from __future__ import annotations
 

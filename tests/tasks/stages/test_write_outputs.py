@@ -1,5 +1,8 @@
 """Output selection end to end through the real model: only selected outputs are computed
-and written, branch outputs hold present rows only, and a larger selection costs bytes."""
+and written, branch outputs hold present rows only, and a larger selection costs bytes.
+
+Named ``test_write_outputs.py`` (tests/README.md): test_write.py holds the write stage's own tests;
+this file is one aspect (output selection through the real model)."""
 
 from __future__ import annotations
 
