@@ -11,7 +11,7 @@ from tasks.scenarios import server
 from tasks.scenarios.latency import LatencyRecord
 from tasks.scenarios.peak import Probe, check_args, search
 from tasks.scenarios.schedule import poisson_arrivals
-from tests.tasks.scenarios.test_timing import FakeTime, keys_for
+from tests.tasks.scenarios.test_latency import FakeTime, keys_for
 
 
 def stub(p99_of_rate):

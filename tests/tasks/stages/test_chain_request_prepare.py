@@ -2,7 +2,10 @@
 single-request speed-ups must not change what is served), read from Parquet and from DuckDB,
 with ties in ``order_by`` under every overflow rule: tied children keep the order they were
 read in, in a chunk as in a request (the lazy plan once reordered them in a chunk, by the
-Polars thread count)."""
+Polars thread count).
+
+Named ``test_chain_request_prepare.py`` (tests/README.md): test_chain.py holds the chain's own
+tests; this file is one aspect (a request's prepared tensors)."""
 
 from __future__ import annotations
 

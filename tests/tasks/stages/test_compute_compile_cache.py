@@ -1,4 +1,7 @@
-"""compute.compile_cache_hits / misses: what a compile took from the compiler's on-disk caches."""
+"""compute.compile_cache_hits / misses: what a compile took from the compiler's on-disk caches.
+
+Named ``test_compute_compile_cache.py`` (tests/README.md): test_compute.py holds the compute stage's
+own tests; this file is one aspect (compile caches)."""
 
 from __future__ import annotations
 

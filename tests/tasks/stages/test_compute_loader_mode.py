@@ -1,5 +1,8 @@
 """run.loader: with workers, ArrowDataModule encodes batch by batch from Arrow and gives the
-same batches, predictions and coordinate counts as the in-process path."""
+same batches, predictions and coordinate counts as the in-process path.
+
+Named ``test_compute_loader_mode.py`` (tests/README.md): test_compute.py holds the compute stage's
+own tests; this file is one aspect (run.loader)."""
 
 from __future__ import annotations
 
