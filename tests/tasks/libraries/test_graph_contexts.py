@@ -9,14 +9,16 @@ answer). The window (timedelta) is 10 days.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
-from relational_transformers.constants import SEM_BOOLEAN, SEM_DATETIME, SEM_NUMBER
+from relational_transformers.constants import SEM_BOOLEAN, SEM_DATETIME, SEM_NUMBER, SEM_TEXT
 from relational_transformers_utils import ContextTruncated, TemporalBound
 
 from tasks.libraries.relational_transformers.contexts import Stats, collate, encode
@@ -406,3 +408,29 @@ def test_a_budget_key_under_the_nested_builder_is_refused_and_a_round_trip_is_no
     plain = Spec.model_validate(_spec(builder="nested").to_dict())
     assert "max_context_cells" in plain.model.rt.context.model_fields_set
     assert not [k for k in _keys(plain) if k.startswith("model.rt.")]
+
+
+@pytest.mark.parametrize("kind", ["regression", "category"])
+def test_earlier_labels_are_the_target_column_in_its_kind(kind):
+    """The S - 20 days row's label (window closed) as the target's column: a number normalised
+    with the target's training mean and std (regression), the class's string (category)."""
+    g = _graph()
+    labels = pa.array(["lo", "hi", "hi", "hi"]) if kind == "category" else pa.array([4.0, 9.0, 9.0, 9.0])
+    order = pc.sort_indices(g.task_rows, [("seed_key", "ascending")])
+    g = dataclasses.replace(g, task_rows=g.task_rows.set_column(3, "label", labels.take(order)))
+    raw = _spec().to_dict()
+    raw["task"]["kind"] = kind
+    spec = Spec.model_validate(raw)
+    store = GraphStore(spec, g)
+    stats = Stats(scales={}, classes=("hi", "lo"), target_mean=2.0, target_std=4.0)
+    contexts = store.contexts(_chunk([_target_key()]), stats)
+    label_col = contexts.column_names.to_pylist().index("label of buys")
+    peer = (contexts.column == label_col) & ~contexts.is_target
+    assert int(peer.sum()) == 1
+    if kind == "regression":
+        assert contexts.sem[peer].tolist() == [SEM_NUMBER]
+        assert contexts.number[peer].tolist() == [pytest.approx((4.0 - 2.0) / 4.0)]
+    else:
+        assert contexts.sem[peer].tolist() == [SEM_TEXT]
+        assert contexts.strings[int(contexts.text[peer][0])].as_py() == "lo"
+        assert int(contexts.sem[contexts.is_target][0]) == SEM_TEXT
