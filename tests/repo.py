@@ -20,6 +20,12 @@ ONE_EPOCH = ["run.epochs=1", "run.batch_size=512", "run.device=cpu"]
 # Few, short rows: big batches of orders cut to two line items (predict runs of the tiny model).
 FEW_SHORT_BATCHES = ["run.batch_size=2048", "lineitem.max_length=2"]
 
+# The two runs the flow and CLI tests share; a test adds only what it is about (issue 42 item 5).
+# A small run: the small model's train+predict, one CPU epoch in batches of 512, in a few seconds.
+SMALL_RUN = [*SMALL_MODEL, *ONE_EPOCH]
+# A tiny run: the tiny model on few, short rows in big batches (servers, schedules, many processes).
+TINY_RUN = [*TINY_MODEL, *FEW_SHORT_BATCHES]
+
 
 def as_cli(overrides: list[str]) -> list[str]:
     """``["k=v", ...]`` as ``--set`` arguments of ``relflow-bench run``."""

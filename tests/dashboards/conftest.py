@@ -29,13 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.repo import ANY_STEADY, REPO, SMALL_MODEL
+from tests.repo import ANY_STEADY, REPO, SMALL_RUN
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-SMALL = [
-    *SMALL_MODEL,
-    "run.epochs=1",
-    "run.device=cpu",
+OVERRIDES = [
+    *SMALL_RUN,  # every run below sets its own run.batch_size
     "run.packing=off",
     "run.repeats=4",
     "run.mode=predict",
@@ -68,7 +66,7 @@ def bench_runs(prefect_harness, tmp_path_factory) -> BenchRuns:
         mp.chdir(folder)
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         for batch in (512, 512, 16):
-            spec = load_spec(DEFAULT_SPEC, [*SMALL, f"run.batch_size={batch}"])
+            spec = load_spec(DEFAULT_SPEC, [*OVERRIDES, f"run.batch_size={batch}"])
             ids.append(
                 benchmark(
                     spec=spec.to_dict(), spec_dir=str(DEFAULT_SPEC.parent), tags={"relflow.test_batch": str(batch)}
@@ -104,7 +102,7 @@ def trace_run(prefect_harness, tmp_path_factory) -> TraceRun:
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(folder)
         mp.setenv("MLFLOW_TRACKING_URI", uri)
-        spec = load_spec(DEFAULT_SPEC, [*SMALL, *requests])
+        spec = load_spec(DEFAULT_SPEC, [*OVERRIDES, *requests])
         run_id = benchmark(spec=spec.to_dict(), spec_dir=str(DEFAULT_SPEC.parent))["run_id"]
     return TraceRun(uri, folder, run_id)
 

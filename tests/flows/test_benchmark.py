@@ -18,13 +18,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec, parse_spec
-from tests.repo import ONE_EPOCH, REPO, SMALL_MODEL
+from tests.repo import REPO, SMALL_RUN
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
-SMALL = [
-    *SMALL_MODEL,
-    *ONE_EPOCH,
+OVERRIDES = [
+    *SMALL_RUN,
     "run.chunk_rows=10000",
     "run.packing=off",
     # issue 4: repeated predict passes (CIs) and a validity rule that must fail
@@ -60,7 +59,7 @@ def tpch_run(prefect_harness, tpch_small, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(folder)  # ./outputs lands in the temp folder
         mp.setenv("MLFLOW_TRACKING_URI", uri)
-        spec = load_spec(DEFAULT_SPEC, SMALL)
+        spec = load_spec(DEFAULT_SPEC, OVERRIDES)
         summary = benchmark(spec=spec.to_dict(), spec_dir=str(DEFAULT_SPEC.parent))
     run = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
     return summary, run, folder, uri
@@ -131,7 +130,7 @@ def test_exact_row_and_coordinate_counts(tpch_run, tpch_small):
     # than the data has (issue 9)
     assert m["data.observed_max_rows.lineitem"] == 7
     assert m["data.reserved_rows.lineitem"] == 7
-    spec = load_spec(DEFAULT_SPEC, SMALL)
+    spec = load_spec(DEFAULT_SPEC, OVERRIDES)
     root_cells = len(spec.schema_.root.columns) + 1
     line_cells = len(spec.schema_.branches[0].columns)
     assert m["data.coords_reserved"] == orders * (root_cells + 7 * line_cells)
@@ -178,7 +177,7 @@ def test_params_tags_and_artifacts(tpch_run):
     local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="spec.yaml", tracking_uri=uri)
     logged = parse_spec(yaml.safe_load(Path(local).read_text()))
     assert logged.spec_hash == tags["relflow.spec_hash"]
-    assert logged == load_spec(DEFAULT_SPEC, SMALL)
+    assert logged == load_spec(DEFAULT_SPEC, OVERRIDES)
     assert summary["experiment"] == "tpch-orders"
 
 

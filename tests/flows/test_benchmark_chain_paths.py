@@ -15,7 +15,7 @@ from tasks.spec import load_spec
 from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, SMALL_MODEL
 
 TEXT_SPEC = REPO / "benchmarks" / "tpch_orders_text_short.yaml"
-SMALL = [
+OVERRIDES = [
     *SMALL_MODEL,
     "run.epochs=2",
     "run.repeats=1",
@@ -55,7 +55,7 @@ def text_runs(prefect_harness, tpch_small, tmp_path_factory):
                 *REQUESTS,
             ],
         }.items():
-            spec = load_spec(TEXT_SPEC, SMALL + extra)
+            spec = load_spec(TEXT_SPEC, OVERRIDES + extra)
             summary = benchmark(spec=spec.to_dict(), spec_dir=str(TEXT_SPEC.parent))
             out[name] = (summary, client.get_run(summary["run_id"]))
     return out

@@ -16,11 +16,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec
-from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, ONE_EPOCH, REPO, SMALL_MODEL
+from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, SMALL_RUN
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
 STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
-SMALL = [*SMALL_MODEL, *ONE_EPOCH, *ANY_STEADY, *NO_SYSTEM_METRICS, "task.outputs=[prediction, 'topk:2']"]
+OVERRIDES = [*SMALL_RUN, *ANY_STEADY, *NO_SYSTEM_METRICS, "task.outputs=[prediction, 'topk:2']"]
 REQUESTS = ["run.request.min_duration_s=0", "run.request.roots=2"]
 # the fewest requests LoadGen's early stopping needs for each rule's percentile (p90, p99)
 SINGLE, SERVER = "run.request.min_requests=64", "run.request.min_requests=662"
@@ -43,7 +43,7 @@ def runs(prefect_harness, postgres_server, tpch_small, tmp_path_factory):
         mp.setenv("MLFLOW_TRACKING_URI", uri)
 
         def go(name: str, extra: list[str]) -> dict:
-            spec = load_spec(DEFAULT_SPEC, SMALL + extra)
+            spec = load_spec(DEFAULT_SPEC, OVERRIDES + extra)
             summary = benchmark(spec=spec.to_dict(), spec_dir=str(DEFAULT_SPEC.parent))
             out[name] = (summary, client.get_run(summary["run_id"]))
             return summary

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.repo import ANY_STEADY, SMALL_MODEL, as_cli
 
-SMALL = as_cli([*SMALL_MODEL, "run.batch_size=512", *ANY_STEADY])
+OVERRIDES = as_cli([*SMALL_MODEL, "run.batch_size=512", *ANY_STEADY])
 
 
 def _cli(args: list[str], cwd: Path, uri: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
@@ -43,7 +43,7 @@ def _runs(uri: str):
 
 
 CONTRACT_S = 10.0  # the README's promise for interrupts, not a speed claim
-LONG = [*SMALL, "--set", "run.epochs=300", "--set", "run.system_metrics_interval_s=0"]
+LONG = [*OVERRIDES, "--set", "run.epochs=300", "--set", "run.system_metrics_interval_s=0"]
 CASES = [(sig, group) for sig in (signal.SIGTERM, signal.SIGINT) for group in (False, True)]
 
 
@@ -134,7 +134,7 @@ def test_sigkilled_run_is_ended_killed_by_the_next_invocation(tpch_small, tmp_pa
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     assert [r.info.status for r in _runs(uri)] == ["RUNNING"]
-    nxt = _cli([*SMALL, "--set", "run.device=banana"], tmp_path, uri)
+    nxt = _cli([*OVERRIDES, "--set", "run.device=banana"], tmp_path, uri)
     _, err = nxt.communicate(timeout=300)
     assert nxt.returncode == 2, err[-2000:]
     (run,) = _runs(uri)
@@ -172,7 +172,7 @@ def test_concurrent_runs_never_overlap_timed_regions(tpch_small, tmp_path, monke
     hold_s = 2.0
     with host_lock():
         # predict mode (untrained weights): the lock and the regions are the subject, not training
-        procs = [_cli([*SMALL, "--set", "run.mode=predict"], d, uri) for d in dirs]
+        procs = [_cli([*OVERRIDES, "--set", "run.mode=predict"], d, uri) for d in dirs]
         deadline = time.monotonic() + 400
         while _lock_waiters(lock) < 2:
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "runs never waited"

@@ -12,11 +12,10 @@ from mlflow.tracking import MlflowClient
 from dashboards.history import select_history_runs
 from tasks.spec import load_spec
 from tasks.tracking.reader import search_runs
-from tests.repo import NO_SYSTEM_METRICS, ONE_EPOCH, REPO, SMALL_MODEL
+from tests.repo import NO_SYSTEM_METRICS, REPO, SMALL_RUN
 
-SMALL = [
-    *SMALL_MODEL,
-    *ONE_EPOCH,
+OVERRIDES = [
+    *SMALL_RUN,
     "run.profile=true",
     "run.profile_batches=2",
     "run.warmup_batches=1",
@@ -31,7 +30,7 @@ def test_profiled_run_logs_mfu_profile_and_thread_tags(prefect_harness, tpch_sma
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    spec = load_spec(REPO / "benchmarks" / "tpch_orders.yaml", SMALL)
+    spec = load_spec(REPO / "benchmarks" / "tpch_orders.yaml", OVERRIDES)
     summary = benchmark(spec=spec.to_dict(), spec_dir=str(REPO / "benchmarks"))
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(summary["run_id"])

@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from tasks.measure import keys as K
 from tasks.spec import load_spec
-from tests.repo import DEFAULT_SPEC, NO_SYSTEM_METRICS, ONE_EPOCH, SMALL_MODEL
+from tests.repo import DEFAULT_SPEC, NO_SYSTEM_METRICS, SMALL_RUN
 
 PROCESS_PEAK, REQUEST_PEAK = 4.0e12, 1.0e12  # FLOP/s, seeded: far above what the small model reaches
 
@@ -57,8 +57,7 @@ def request_run(prefect_harness, tpch_small, tmp_path_factory):
     folder = tmp_path_factory.mktemp("request_figures")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     overrides = [
-        *SMALL_MODEL,
-        *ONE_EPOCH,
+        *SMALL_RUN,
         *NO_SYSTEM_METRICS,
         "run.min_steady_batches=1",  # training's window: one steady batch (its rule is not the subject)
         "run.min_steady_seconds=1.0",  # the offline window the run failed on

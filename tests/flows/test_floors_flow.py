@@ -11,19 +11,10 @@ from mlflow.tracking import MlflowClient
 
 from tasks.measure import keys as K
 from tasks.spec import load_spec
-from tests.repo import REPO
+from tests.repo import REPO, SMALL_RUN
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-SMALL = [
-    "model.d_model=16",
-    "model.layers=1",
-    "model.heads=2",
-    "run.epochs=1",
-    "run.batch_size=512",
-    "run.chunk_rows=10000",
-    "run.device=cpu",
-    "run.repeats=2",
-]
+OVERRIDES = [*SMALL_RUN, "run.chunk_rows=10000", "run.repeats=2"]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +30,7 @@ def floors_run(prefect_harness, tpch_small, tmp_path_factory):
         # Every ledger counts as a busy host's for the trust verdict (not for caching), so the
         # run must carry the untrusted tag whatever else this host is doing.
         mp.setattr("tasks.measure.floor_trust.BUSY_HOST_FRACTION", -1.0)
-        summary = benchmark(spec=load_spec(DEFAULT_SPEC, SMALL).to_dict(), spec_dir=str(DEFAULT_SPEC.parent))
+        summary = benchmark(spec=load_spec(DEFAULT_SPEC, OVERRIDES).to_dict(), spec_dir=str(DEFAULT_SPEC.parent))
     data = MlflowClient(tracking_uri=uri).get_run(summary["run_id"]).data
     return summary, data.metrics, data.tags
 

@@ -24,10 +24,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.repo import ANY_STEADY, FEW_SHORT_BATCHES, REPO, TINY_MODEL
+from tests.repo import ANY_STEADY, REPO, TINY_RUN
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
-SMALL = [*TINY_MODEL, "run.mode=predict", "run.device=cpu", *FEW_SHORT_BATCHES, *ANY_STEADY]
+OVERRIDES = [*TINY_RUN, "run.mode=predict", "run.device=cpu", *ANY_STEADY]
 POOL = "relflow-test"
 CRON = "0 3 * * *"
 
@@ -103,7 +103,7 @@ def test_deployment_run_through_server_and_worker_lands_in_mlflow(tpch_small, tm
         ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"], env, server_log, tmp_path
     ):
         _wait_until(lambda: _healthy(api), 180, "the Prefect server", logs)
-        sets = [a for o in SMALL for a in ("--set", o)]
+        sets = [a for o in OVERRIDES for a in ("--set", o)]
         served = cli(sys.executable, "-m", "flows.cli", "serve", str(spec), "--pool", POOL, "--create-pool", *sets)
         assert served.returncode == 0, served.stdout + served.stderr
         deployment = f"benchmark/tpch-orders@{POOL}"

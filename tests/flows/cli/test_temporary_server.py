@@ -20,14 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.repo import ONE_EPOCH, SMALL_MODEL
+from tests.repo import SMALL_RUN
 
 pytestmark = pytest.mark.slow  # a real CLI run with Prefect's temporary server
 
 # The default TPC-H workload, small: a tiny model, one epoch, two chunks.
-SMALL = [
-    *SMALL_MODEL,
-    *ONE_EPOCH,
+OVERRIDES = [
+    *SMALL_RUN,
     "run.chunk_rows=10000",
     "run.packing=off",
     "run.max_host_load=null",  # other tests share this host's cores
@@ -56,7 +55,7 @@ def test_a_run_on_the_temporary_server_prints_no_error_after_its_summary_and_rec
         "COLUMNS": "100",
     }
     env.pop("PREFECT_API_URL", None)  # never the session's server: the temporary one
-    sets = [arg for item in SMALL for arg in ("--set", item)]
+    sets = [arg for item in OVERRIDES for arg in ("--set", item)]
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", *sets],
         cwd=tmp_path,

@@ -19,9 +19,15 @@ from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings
 from tasks.runtime.errors import UserError
 from tasks.spec import parse_spec
-from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, TINY_MODEL
+from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, TINY_RUN
 
-SMALL = [*TINY_MODEL, "run.batch_size=256", "lineitem.max_length=2", *ANY_STEADY, *NO_SYSTEM_METRICS, "run.epochs=2"]
+OVERRIDES = [
+    *TINY_RUN,
+    "run.batch_size=256",  # batches of 256 to shard
+    *ANY_STEADY,
+    *NO_SYSTEM_METRICS,
+    "run.epochs=2",
+]
 
 
 def test_shards_are_disjoint_cover_every_key_and_are_stable():
@@ -77,7 +83,7 @@ def _run(tmp: Path, name: str, *sets: str, spec: Path | None = None) -> dict:
             "flows.cli",
             "run",
             *([str(spec)] if spec else []),
-            *(a for o in [*SMALL, *sets] for a in ("--set", o)),
+            *(a for o in [*OVERRIDES, *sets] for a in ("--set", o)),
             "--json",
             str(work / "s.json"),
         ],

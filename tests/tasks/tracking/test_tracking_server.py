@@ -31,11 +31,10 @@ from mlflow.tracking import MlflowClient
 from pgserver import create_database, private_dir, running_mlflow_server, running_postgres, running_prefect_server
 
 from tasks.measure import keys as K
-from tests.repo import ANY_STEADY, FEW_SHORT_BATCHES, NO_SYSTEM_METRICS, REPO, TINY_MODEL
+from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, TINY_RUN
 
-SMALL = [
-    *TINY_MODEL,
-    *FEW_SHORT_BATCHES,
+OVERRIDES = [
+    *TINY_RUN,
     *ANY_STEADY,
     *NO_SYSTEM_METRICS,
     # four processes share 2 cores: each is "busy" by the host-load rule, and history leaves
@@ -74,7 +73,7 @@ def _env(tmp: Path, uri: str, name: str, **extra: str) -> dict[str, str]:
 
 
 def _bench_cmd(*more: str) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "run", *(a for o in SMALL for a in ("--set", o)), *more]
+    return [sys.executable, "-m", "flows.cli", "run", *(a for o in OVERRIDES for a in ("--set", o)), *more]
 
 
 @pytest.fixture(scope="module")
