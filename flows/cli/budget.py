@@ -125,11 +125,11 @@ def _run(
     console.print(
         f"budget of '{base.name}': {len(configs)} context sizes over {', '.join(full_grid)}; starting Prefect"
     )
-    from flows.cli.sweep import _show_sweep_event
+    from flows.cli.sweep import show_sweep_event
     from flows.sweeps.budget import run_budget
     from tasks.runtime import progress
 
-    unsubscribe = progress.subscribe(_show_sweep_event)
+    unsubscribe = progress.subscribe(show_sweep_event)
     try:
         return run_budget(base.to_dict(), full_grid, str(path.resolve().parent), tags, out_dir, png, say=console.print)
     finally:

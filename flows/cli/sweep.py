@@ -163,7 +163,7 @@ def _run_sweep(
     console.print(
         f"sweep of '{base.name}': {len(configs)} configurations over {', '.join(full_grid)}; starting Prefect"
     )
-    unsubscribe = progress.subscribe(_show_sweep_event)
+    unsubscribe = progress.subscribe(show_sweep_event)
     try:
         if pool:
             from flows.sweeps.pool import prepare, sweep_pool
@@ -188,7 +188,7 @@ def _run_sweep(
         unsubscribe()
 
 
-def _show_sweep_event(event: str, info: dict[str, Any]) -> None:
+def show_sweep_event(event: str, info: dict[str, Any]) -> None:
     """One stderr line per sweep event: parent run, skipped / started / finished configuration."""
     if event != "sweep":
         return
