@@ -18,6 +18,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tasks.spec import load_spec, parse_spec
+from tests.golden import check_golden
 from tests.repo import REPO, SMALL_RUN
 
 DEFAULT_SPEC = REPO / "benchmarks" / "tpch_orders.yaml"
@@ -103,6 +104,12 @@ def test_run_finishes_with_every_metric_key(tpch_run, tpch_small):
         *(("train", s) for s in STAGES[:4]),
         *(("predict", s) for s in STAGES),
     }
+
+
+@pytest.mark.slow
+def test_the_runs_names_are_the_golden_ones(tpch_run):
+    """Issue 42: a structural change keeps every metric, param and tag name (tests/golden.py)."""
+    check_golden("reference", tpch_run[1])
 
 
 @pytest.mark.slow

@@ -17,6 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.golden import check_golden
+
 STAGES = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
 
 
@@ -95,6 +97,7 @@ def test_a_relflow_run_records_every_stage_and_predicts_every_root_in_key_order(
     assert table["c_id"].to_pylist() == [1, 2, 3, 4, 5]
     assert set(table["prediction"].to_pylist()) <= {"yes", "no"}
     assert Path(summary["checkpoint_path"]).is_file()
+    check_golden("relflow", run)  # issue 42: a structural change keeps every name
 
 
 @pytest.mark.slow

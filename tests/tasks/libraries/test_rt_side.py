@@ -17,6 +17,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from tests.golden import check_golden
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 STAGES = ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
@@ -69,6 +71,7 @@ def test_a_run_through_the_flow_has_an_encode_row_and_predicts_every_root_in_key
     assert set(table["prediction"].to_pylist()) <= {"yes", "no"}
     saved = Path(summary["checkpoint_path"])
     assert (saved / "config.json").is_file() and (saved / "head" / "head_config.json").is_file()
+    check_golden("relational_transformers", run)  # issue 42: a structural change keeps every name
 
 
 def _prepared(spec_dict: dict[str, Any], folder: Path) -> Any:
