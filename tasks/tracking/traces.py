@@ -32,11 +32,28 @@ import numpy as np
 
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
-from tasks.scenarios.latency import LatencyRecord
 
 TRACE_SLOWEST = 10
 SAMPLE_SALT = 0x7ACE  # the sample's own seeded stream, apart from the schedule's and keys' draws
 STEP_ORDER = ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
+
+
+class RequestTimes(Protocol):
+    """What a trace is built from: a request scenario's per-request seconds (the scenarios'
+    ``LatencyRecord``, which sits above tracking and so is read through this shape)."""
+
+    @property
+    def scenario(self) -> str: ...
+    @property
+    def latency_s(self) -> list[float]: ...
+    @property
+    def queue_s(self) -> list[float]: ...
+    @property
+    def steps_s(self) -> dict[str, list[float]]: ...
+    @property
+    def start_s(self) -> list[float]: ...
+    @property
+    def start_unix(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +91,7 @@ def _ns(seconds: float) -> int:
     return round(seconds * 1e9)
 
 
-def request_traces(rec: LatencyRecord, rate: float, seed: int) -> list[RequestTrace]:
+def request_traces(rec: RequestTimes, rate: float, seed: int) -> list[RequestTrace]:
     """The sampled requests of ``rec`` as traces (see the module note for the layout)."""
     latency = np.asarray(rec.latency_s)
     slowest, drawn = sample_requests(latency, rate, seed)
@@ -126,7 +143,7 @@ class TraceStore(Protocol):
     def count_traces(self) -> int: ...
 
 
-def log_request_traces(tracker: TraceStore, rec: LatencyRecord, rate: float, seed: int) -> dict[str, float]:
+def log_request_traces(tracker: TraceStore, rec: RequestTimes, rate: float, seed: int) -> dict[str, float]:
     """Build and store the sampled requests' traces (after the timed region); returns
     ``requests.traces_logged`` (counted back from the store) and what logging cost."""
     start = wall_clock()
