@@ -134,12 +134,12 @@ def child(scale: float, n: int, most: int, chunk_rows: int, repeats: int, releas
     import numpy as np
     import pyarrow as pa
 
+    from tasks.datasets.relbench_tpch import ensure_rel_tpch
+    from tasks.datasets.tpch import ensure_tpch
     from tasks.measure.clock import Clock, process_cpu
     from tasks.scenarios.workload import chunked
     from tasks.sources.files import SourceTable
     from tasks.sources.open import data_home, open_relbench
-    from tasks.sources.relbench_tpch import ensure_rel_tpch
-    from tasks.sources.tpch import ensure_tpch
     from tasks.spec import load_spec
     from tasks.stages.preprocess import preprocess
     from tasks.stages.retrieve import list_root_keys, retrieve

@@ -37,9 +37,9 @@ import torch
 
 from model.arrow import Encoding
 from model.schema import ModelSchema
-from tasks.sources.tpch import ensure_tpch
+from tasks.datasets.tpch import ensure_tpch
+from tasks.libraries.reference.engine import Engine
 from tasks.spec import Spec, load_spec, parse_spec
-from tasks.stages.compute import Engine
 from tasks.stages.tensorize import Tensorized
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -27,9 +27,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
+from tasks.datasets.tpch import ensure_tpch
 from tasks.measure.clock import Clock
 from tasks.sources.open import open_sources
-from tasks.sources.tpch import ensure_tpch
 from tasks.spec import load_spec
 from tasks.stages.chain import Chain
 from tasks.stages.encode import load_encoder

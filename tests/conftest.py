@@ -123,7 +123,7 @@ def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(scope="session")
 def tpch_small() -> Path:
     """TPC-H Parquet at scale 0.01 in the session's data folder, generated once."""
-    from tasks.sources.tpch import ensure_tpch
+    from tasks.datasets.tpch import ensure_tpch
 
     folder, _ = ensure_tpch(SCALE)
     return folder

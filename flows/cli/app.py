@@ -590,7 +590,7 @@ def data_tpch(
 ) -> None:
     """Write TPC-H Parquet with tpchgen-cli into $RELFLOW_DATA_DIR (default ./data), once, and
     the RelBench folder rel-tpch next to it (two forecast tasks over customers)."""
-    from tasks.sources.tpch import ensure_tpch
+    from tasks.datasets.tpch import ensure_tpch
 
     install_interrupts("tpchgen-cli was stopped and the temporary data folder removed.")
     try:
@@ -598,7 +598,7 @@ def data_tpch(
         folder, generated = ensure_tpch(scale)
         verb = f"generated in {wall_clock() - t0:.1f} s" if generated else "already present"
         out.print(f"TPC-H scale {scale:g}: {folder} ({verb})")
-        from tasks.sources.relbench_tpch import ensure_rel_tpch, is_complete, rel_tpch_dir, summary
+        from tasks.datasets.relbench_tpch import ensure_rel_tpch, is_complete, rel_tpch_dir, summary
 
         t0, present = wall_clock(), is_complete(rel_tpch_dir(folder))
         rel = ensure_rel_tpch(folder)

@@ -1,6 +1,6 @@
 """``relflow-bench relbench-init``: a starter RelBench folder for a user's own tables.
 
-The logic is ``tasks/sources/relbench_starter.py``: it reads Parquet/CSV tables, infers
+The logic is ``tasks/datasets/relbench_starter.py``: it reads Parquet/CSV tables, infers
 primary keys, foreign keys and time columns, re-indexes keys as RelBench requires (with a key
 map back), and writes ``manifest.yaml`` and an example task for the user to finish.
 """
@@ -27,7 +27,7 @@ def relbench_init_cmd(
     """Write a starter RelBench folder (db/, manifest.yaml, an example task) from your tables."""
     install_interrupts("the temporary folder was removed; nothing was written at OUT.")
     try:
-        from tasks.sources.relbench_starter import describe, write_starter
+        from tasks.datasets.relbench_starter import describe, write_starter
 
         result = write_starter(out_dir, table_files, name)
     except Exception as err:  # noqa: BLE001

@@ -420,7 +420,7 @@ def load_postgresql(url: str, folder: Path, keys: dict[str, tuple[str, ...]] = T
 
 def load_tpch(scale: float, into: str) -> tuple[str, dict[str, int], float]:
     """``relflow-bench data tpch --into``: (shown target, rows per table, seconds)."""
-    from tasks.sources.tpch import ensure_tpch
+    from tasks.datasets.tpch import ensure_tpch
 
     folder, _ = ensure_tpch(scale)
     t0 = wall_clock()

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.datasets.tpch import ensure_tpch
 from tasks.sources.databases import DatabaseTable, kind_of, resolve_database
 from tasks.sources.files import resolve_sources
 from tasks.sources.relbench import db_tables, folder_of, task_rows
 from tasks.sources.tables import Sources
-from tasks.sources.tpch import ensure_tpch
 from tasks.spec import Spec
 
 

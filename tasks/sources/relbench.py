@@ -34,12 +34,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.datasets.tpch import data_dir
 from tasks.measure.clock import wall_clock
 from tasks.runtime.errors import UserError
 from tasks.sources.databases import DatabaseTable
 from tasks.sources.files import SourceTable
 from tasks.sources.tables import Sources, Table
-from tasks.sources.tpch import data_dir
 from tasks.spec import Spec
 from tasks.spec.relbench import SEED_KEY, SPLIT, SPLITS, Folder, open_folder, resolve_path
 

@@ -75,11 +75,11 @@ def resolve_path(source: dict[str, Any], spec_dir: Path) -> Path:
     generate = (source.get("generate") or {}).get("tpch")
     if generate is None:
         return (spec_dir / path).resolve()
-    from tasks.sources.tpch import ensure_tpch
+    from tasks.datasets.tpch import ensure_tpch
 
     home, _ = ensure_tpch(float(generate.get("scale", 0.01)))
     if path == Path("rel-tpch"):  # the shipped time-anchored workload, built from the generated TPC-H
-        from tasks.sources.relbench_tpch import ensure_rel_tpch
+        from tasks.datasets.relbench_tpch import ensure_rel_tpch
 
         return ensure_rel_tpch(home)
     return home / path

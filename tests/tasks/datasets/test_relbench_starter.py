@@ -19,14 +19,14 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from tasks.runtime.errors import UserError
-from tasks.sources.relbench_starter import (
+from tasks.datasets.relbench_starter import (
     EXAMPLE_TASK,
     TableKeys,
     describe,
     infer_pkey,
     write_starter,
 )
+from tasks.runtime.errors import UserError
 
 N_EVENTS = 400
 

@@ -17,7 +17,7 @@ import pandas as pd
 import polars as pl
 import pytest
 
-from tasks.sources.relbench_tpch import (
+from tasks.datasets.relbench_tpch import (
     TASKS,
     TEST_TIMESTAMP,
     VAL_TIMESTAMP,
@@ -25,7 +25,7 @@ from tasks.sources.relbench_tpch import (
     is_complete,
     rel_tpch_dir,
 )
-from tasks.sources.tpch import ensure_tpch
+from tasks.datasets.tpch import ensure_tpch
 
 pytestmark = pytest.mark.slow  # TPC-H generation and label SQL: about 5 s for the module
 

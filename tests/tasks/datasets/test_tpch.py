@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.datasets import tpch as data
+from tasks.datasets.tpch import TPCH_TABLES, data_dir, ensure_tpch, tpch_dir
 from tasks.runtime.errors import UserError
-from tasks.sources import tpch as data
-from tasks.sources.tpch import TPCH_TABLES, data_dir, ensure_tpch, tpch_dir
 
 
 def fake_generator(monkeypatch: pytest.MonkeyPatch, before_rename=None) -> list[list[str]]:
