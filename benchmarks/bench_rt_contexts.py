@@ -70,7 +70,6 @@ def measure(spec_path: Path, builder: str, rows: int, sets: Sequence[str], spec_
     keys = np.sort(keys)[:rows]
     pre = preprocess(spec, retrieve(spec, chain.sources, keys))
     side = chain.side
-    assert side is not None
     seconds = []
     for _ in range(2):
         t0 = wall_clock()

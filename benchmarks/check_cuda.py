@@ -54,8 +54,8 @@ def check_clock(results: dict) -> None:
 
 def engine_run(spec, schema, enc, tz, device, precision: str, weights: dict | None = None) -> dict:
     """Train then predict; with ``weights``, no training: predict with exactly those weights."""
+    from tasks.libraries.reference.engine import Engine
     from tasks.measure.clock import Clock
-    from tasks.stages.compute import Engine
 
     s = spec.model_copy(
         update={

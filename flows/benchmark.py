@@ -225,8 +225,6 @@ def chain_for(run: Invocation) -> Chain:
         p.spec,
         p.sources,
         p.device,
-        encoding=ck.encoding if ck else None,
-        schema=ck.schema if ck else None,
         weights=Weights.of(ck),
         run_stage=run_stage,
         library=p.library,

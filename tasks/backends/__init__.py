@@ -1,5 +1,5 @@
-"""Serving backends behind the compute stage: one small interface, so ``tasks/stages/compute.py``
-reads the same whatever runs the model.
+"""Serving backends behind the compute stage: one small interface, so the reference model's
+engine (``tasks/libraries/reference/engine.py``) reads the same whatever runs the model.
 
 A backend is created once per run (``load``: session creation, weight conversion; timed
 outside every stage), then ``step(batch, outputs)`` runs one predict batch and returns the

@@ -49,7 +49,7 @@ def optimizer_settings(spec: Spec) -> AdamW:
 
 
 class Trained(Protocol):
-    """What a checkpoint saves of the reference model's engine (tasks/stages/compute.py)."""
+    """What a checkpoint saves of the reference model's engine (tasks/libraries/reference/engine.py)."""
 
     @property
     def model(self) -> RelationalTransformer: ...

@@ -21,13 +21,13 @@ from tasks.backends.bundle import Bundle, export_bundle, read_bundle
 from tasks.backends.checkpoint import LoadedCheckpoint
 from tasks.backends.pytorch import PyTorchBackend
 from tasks.backends.served import model_bytes
+from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock, wall_clock
 from tasks.measure.records import BackendSetup, CheckpointLoad
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 from tasks.stages.chain import Chain
-from tasks.stages.compute import Engine
 from tasks.stages.split import check_split
 
 
@@ -202,9 +202,10 @@ def serving_backend(
     Runtime after training exports the run's own checkpoint, saved to ``trained_checkpoint``
     first. A library under test other than the reference serves through its own engine (it
     refused every other backend before work)."""
-    engine = chain.ensure_engine()  # its own figure, harness.engine_setup_seconds
+    chain.ensure_engine()  # its own figure, harness.engine_setup_seconds
     start = wall_clock()
-    if engine is None or not isinstance(engine, Engine):  # untrained, unfitted yet; or a library's own
+    engine = chain.side.reference_engine()
+    if engine is None:  # untrained, unfitted yet; or a library's own
         return Served()
     served, saved = (Path(spec.run.checkpoint) if spec.run.checkpoint else None), None
     if spec.run.mode == "train+predict" and spec.run.backend == "onnxruntime":

@@ -41,12 +41,12 @@ import numpy as np
 import polars as pl
 import torch
 
+from tasks.libraries.reference.engine import Engine
 from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings, RunResult
 from tasks.runtime.errors import UserError
 from tasks.scenarios.workload import Workload
 from tasks.spec import Spec
-from tasks.stages.compute import Engine
 
 HASH_SEED = 20_240_611  # fixed: the same key lands on the same rank in every run
 

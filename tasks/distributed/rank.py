@@ -27,13 +27,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from model.arrow import Encoding, model_schema
 from tasks.distributed.launch import RankReport, metrics, shapes_to_report, shard
+from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock, wall_clock
 from tasks.measure.records import RunResult
 from tasks.scenarios.workload import Workload
 from tasks.sources.open import open_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
-from tasks.stages.compute import Engine
+from tasks.stages.chain import Chain, Weights
 from tasks.stages.retrieve import list_root_keys
 from tasks.stages.tensorize import layout, target
 
@@ -76,8 +76,7 @@ def _rank_work(job: dict[str, Any], rank: int, world: int, local: int) -> tuple[
         open_sources(spec, Path(job["spec_dir"])),
         device,
         clock=Clock(device),
-        encoding=enc,
-        schema=model_schema(layout(spec), target(spec), enc),
+        weights=Weights(encoding=enc, schema=model_schema(layout(spec), target(spec), enc)),
     )
     keys, _ = list_root_keys(spec, chain.sources)
     work = Workload(chain, RunResult())

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import importlib.metadata as md
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tasks.spec import Spec
 
 if TYPE_CHECKING:
     import torch
 
+    from model.arrow import Encoding
+    from model.schema import ModelSchema
+    from tasks.libraries.reference.engine import Engine
     from tasks.measure.clock import Clock
     from tasks.sources.tables import Sources
     from tasks.stages.encode import Encoded
@@ -53,10 +56,10 @@ class Library(Protocol):
         ``spec`` this library cannot honour; called before any data is read."""
         ...
 
-    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
-        """This run's tensorize step and engine (from ``run.checkpoint`` when set, in the
-        library's own format); None for the reference model, whose steps the chain runs itself
-        (tasks/stages/tensorize.py, tasks/stages/compute.py)."""
+    def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
+        """This run's encode and tensorize steps and engine, starting from ``weights`` (the
+        harness's checkpoint or bundle) or, with ``own_checkpoint``, from ``run.checkpoint``
+        in the library's own format."""
         ...
 
 
@@ -67,6 +70,34 @@ def version_of(library: Library) -> str:
         return md.version(dist)
     except md.PackageNotFoundError:
         return "absent"
+
+
+class SavedWeights(Protocol):
+    """What a loaded checkpoint gives a run (tasks/backends/checkpoint.py ``LoadedCheckpoint``)."""
+
+    model: dict[str, Any] | None
+    optimizer: dict[str, Any] | None
+    temperature: float
+    encoding: Encoding
+    schema: ModelSchema
+
+
+@dataclass
+class Weights:
+    """Where a run's model starts: the harness's checkpoint or bundle, else fresh."""
+
+    model: dict[str, Any] | None = None  # state dict
+    optimizer: dict[str, Any] | None = None
+    temperature: float = 1.0  # output calibration (1.0 = none)
+    encoding: Encoding | None = None  # None: fitted on the first chunk
+    schema: ModelSchema | None = None
+
+    @staticmethod
+    def of(checkpoint: SavedWeights | None) -> Weights:
+        if checkpoint is None:
+            return Weights()
+        c = checkpoint
+        return Weights(c.model, c.optimizer, c.temperature, c.encoding, c.schema)
 
 
 @dataclass(frozen=True)
@@ -83,15 +114,15 @@ class Unsupported:
 
 
 class ModelSide(Protocol):
-    """A library's part of one run's chain: its tensorize step and its engine.
-
-    The chain (tasks/stages/chain.py) runs read -> preprocess -> (encode) for every library;
-    then ``tensorize`` turns the preprocessed nested rows into the library's inputs (fitting
-    what the library learns from data, e.g. vocabularies or normalisation, on the first chunk
-    that arrives, inside that step's time as for the reference model), and ``engine`` builds
-    the compute engine once that fit is done (None before)."""
+    """A library's part of one run's chain (tasks/stages/chain.py): read -> preprocess ->
+    (``encode``) -> ``tensorize`` -> the compute stage through ``engine``. Tensorize fits what
+    the model learns from data (a vocabulary, the encoding) on the first chunk, inside that
+    step's time; ``engine`` is None until then."""
 
     encodes: bool  # an encode step of its own (its stage row), before tensorize
+    # A training chunk's tensors hold every row of the chunk and serve every epoch: a one-chunk
+    # workload keeps them, and counts its data figures from them (tasks/scenarios/workload.py).
+    reuses_chunks: bool
 
     def encode(self, pre: Preprocessed, train: bool) -> Encoded:
         """The application's cell encoding, where the library leaves it to the application."""
@@ -103,6 +134,31 @@ class ModelSide(Protocol):
         ...
 
     def engine(self, clock: Clock) -> EngineBase | None: ...
+
+    def reference_inputs(self) -> tuple[Encoding, ModelSchema] | None:
+        """The encoding and schema of ``model/``'s inputs once fitted or loaded (what its .ckpt
+        saves; DDP ranks, the plain output-check pass and the floor ledger build on them);
+        None for a library with inputs of its own."""
+        ...
+
+    def reference_engine(self) -> Engine | None:
+        """The built engine where it is ``model/``'s: the paths only it has (serving through
+        tasks/backends, DDP, the output check, the MLflow model, fp8 fallbacks); None for a
+        library's own engine (``check`` refused those settings)."""
+        ...
+
+
+class OwnInputs:
+    """The ``ModelSide`` members of a library whose inputs and engine are its own, not
+    ``model/``'s: it encodes training rows per epoch, and has no reference-only path."""
+
+    reuses_chunks = False
+
+    def reference_inputs(self) -> None:
+        return None
+
+    def reference_engine(self) -> None:
+        return None
 
 
 @runtime_checkable

@@ -26,7 +26,6 @@ from tasks.measure.records import FlowSeconds, HarnessFigures
 from tasks.measure.reference import quality_delta
 from tasks.runtime.writes import named_write_errors
 from tasks.scenarios.invocation import Invocation
-from tasks.stages.compute import Engine
 from tasks.tracking.run_log import save_checkpoint
 
 
@@ -59,8 +58,9 @@ def _engine_part(run: Invocation) -> None:
         run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
     result.backend_setup = run.backend_setup
     result.checkpoint_load = run.plan.checkpoint.load if run.plan.checkpoint else None
-    if isinstance(engine, Engine):
-        result.fp8_fallback = fp8_metrics(engine.model)
+    reference = chain.side.reference_engine()
+    if reference is not None:  # model/'s weights, served natively in fp8 or not
+        result.fp8_fallback = fp8_metrics(reference.model)
     run.backend_tags = engine.backend_tags()  # after the passes: weights_native reads their fp8 fallbacks
 
 

@@ -3,8 +3,8 @@
 The flow (flows/benchmark.py) only orders the work: it calls these to turn what the model
 under test's engine recorded (``EngineBase``, any library) and what the harness measured
 around it (the timed region, host load, start-up) into the run's ``RunResult``. Figures only
-the reference model has (fp8 fallbacks, present-shape FLOPs) come through ``ModelFacts`` or
-are asked of the reference engine by name.
+the reference model has come through ``ModelFacts`` or ``EngineBase.present_flops``
+(present-shape FLOPs), or from ``ModelSide.reference_engine`` (fp8 fallbacks).
 """
 
 from __future__ import annotations
@@ -13,17 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from model.meta import inspect_on_meta
 from tasks.measure import keys as K
 from tasks.measure.environment import fingerprint
 from tasks.measure.peak_flops import peak_flops
-from tasks.measure.present_flops import flops_of_shapes
 from tasks.measure.records import PHASES, CompileCounters, PhaseTimings, RunResult, batch_coordinate_metrics
 from tasks.measure.utilisation import PhaseWork, mfu_metrics
 from tasks.spec import Spec
 from tasks.stages.calibrate import CALIBRATED_KINDS
 from tasks.stages.chain import Chain
-from tasks.stages.compute import Engine
 from tasks.stages.engine import EngineBase, ModelFacts, compile_cache_counts, compiled_frames
 
 
@@ -97,24 +94,23 @@ def utilisation(
     its MFU is against the peak at that count."""
     cells = engine.steady_cells if facts.flop_model is not None else None
     cell_library = cells is not None and cells.contexts > 0
-    if facts.flops_per_root_row is None or not (isinstance(engine, Engine) or cell_library):
+    # present-shape FLOPs: an engine that counts its batches' shapes (the reference model's)
+    predict = engine.present_flops("predict") if facts.flops_per_root_row is not None else None
+    if facts.flops_per_root_row is None or not (predict is not None or cell_library):
         return {}  # no count, or a library's per-row count that cannot tell present from reserved
     host = fingerprint(device)["relflow.host_fingerprint"]
     peak = peak_flops(host, device, spec.run.precision)
     phases: dict[str, PhaseWork] = {}
-    if isinstance(engine, Engine):  # present-shape FLOPs: the reference model's own count
-        config, outputs = engine.model.config, engine.needed_outputs(tuple(spec.task.outputs))
+    if predict is not None:
 
-        def work(t: PhaseTimings, reserved: float, outs: tuple[str, ...], phase: str) -> PhaseWork:
-            present = flops_of_shapes(engine.schema, config, outs, engine.steady_shapes[phase])
+        def work(t: PhaseTimings, flops: tuple[float, float]) -> PhaseWork:
+            reserved, present = flops
             return PhaseWork(reserved, t.steady_rows_per_s, present, float(sum(t.steady_seconds)))
 
-        phases["predict"] = work(engine.predict_timings, float(facts.flops_per_root_row), outputs, "predict")
-        if spec.run.mode == "train+predict":
-            train_shape = inspect_on_meta(engine.schema, config, outputs=("prediction",))
-            phases["train"] = work(
-                engine.train_timings, float(train_shape["flops_per_root_row"]), ("prediction",), "train"
-            )
+        phases["predict"] = work(engine.predict_timings, predict)
+        train = engine.present_flops("train") if spec.run.mode == "train+predict" else None
+        if train is not None:
+            phases["train"] = work(engine.train_timings, train)
     else:
         assert facts.flop_model is not None and cells is not None
         # a cell-context library (tasks/measure/cell_flops.py): the steady batches' FLOPs at

@@ -23,11 +23,11 @@ import torch
 from model.arrow import Encoding
 from tasks.backends.checkpoint import LoadedCheckpoint, load_run_checkpoint
 from tasks.backends.lengths import saved_lengths
+from tasks.libraries.reference.engine import Engine
 from tasks.measure import keys as K
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 from tasks.spec.derived import eager_spec
-from tasks.stages.compute import Engine
 from tasks.stages.tensorize import Tensorized
 
 

@@ -204,9 +204,12 @@ def check_offline_outputs(chain: Chain, served: ServedOutputs) -> OutputCheck:
         plain_spec(chain.spec),
         chain.sources,
         chain.device,
-        encoding=chain.encoding,
-        schema=chain.schema,
-        weights=Weights(model=engine.model.state_dict(), temperature=chain.temperature),
+        weights=Weights(
+            model=engine.model.state_dict(),
+            temperature=chain.temperature,
+            encoding=chain.encoding,
+            schema=chain.schema,
+        ),
     )
     try:
         return check_outputs(chain, served, chain.spec.run, reference=plain)

@@ -92,7 +92,7 @@ class Workload:
         self.encoded += p.encoded
         if chunk is not None and chunk in self._counted:
             return
-        if chunk is not None and phase == "train" and self.chain.side is not None:
+        if chunk is not None and phase == "train" and not self.chain.side.reuses_chunks:
             return  # a library's training encode holds the training rows only: count the predict one
         if chunk is not None:
             self._counted.add(chunk)
@@ -130,10 +130,10 @@ class Workload:
 
     @property
     def keeps_training_tensors(self) -> bool:
-        """Whether training keeps its tensors between epochs: one chunk, the reference model. A
-        library may learn while it encodes training rows, or draw masks per epoch
-        (tasks/libraries): its training chunks are encoded again every epoch."""
-        return len(self.chunks) == 1 and self.chain.side is None
+        """Whether training keeps its tensors between epochs: one chunk, a side that reuses
+        chunks (``ModelSide.reuses_chunks``). A library may learn while it encodes training rows,
+        or draw masks per epoch (tasks/libraries): its training chunks are encoded again every epoch."""
+        return len(self.chunks) == 1 and self.chain.side.reuses_chunks
 
     def root_rows_to_prepare(self, phase: str) -> int:
         """Root rows ``phase``'s stages take over the whole run: every row per epoch (once when
@@ -152,7 +152,7 @@ class Workload:
     def prepare_untimed(self, i: int) -> Chunk:
         """Chunk ``i`` outside every timing (kept training tensors are reused)."""
         # A library's training encode holds the training rows only (tasks/libraries): re-prepare.
-        reusable = i in self._kept and self.chain.side is None
+        reusable = i in self._kept and self.chain.side.reuses_chunks
         return self._kept[i] if reusable else self.chain.prepare_untimed(self.chunks[i])
 
     def train(self) -> None:

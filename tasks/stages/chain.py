@@ -32,9 +32,9 @@ import torch
 
 from model.arrow import Encoding
 from model.schema import ModelSchema
-from tasks.backends import Backend
 from tasks.libraries import Library, library_for
-from tasks.libraries.base import ModelSide, ReadsSources
+from tasks.libraries.base import ModelSide, ReadsSources, Weights
+from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock
 from tasks.measure.records import EncodeUnit
 from tasks.runtime import progress
@@ -42,13 +42,13 @@ from tasks.runtime.writes import named_write_errors
 from tasks.sources.tables import Sources
 from tasks.spec import Spec
 from tasks.stages.calibrate import CalibrationQuality, calibrate_outputs, report_mask
-from tasks.stages.compute import Engine
-from tasks.stages.encode import Encoded, encode, text_columns
 from tasks.stages.engine import EngineBase, PredictOutputs
 from tasks.stages.preprocess import Preprocessed, preprocess
 from tasks.stages.retrieve import retrieve
-from tasks.stages.tensorize import Chunk, fit, tensorize
+from tasks.stages.tensorize import Chunk
 from tasks.stages.write import PredictionWriter
+
+__all__ = ["Chain", "Prepared", "StageRunner", "StageSink", "Weights", "run_directly"]
 
 _T = TypeVar("_T")
 
@@ -91,36 +91,12 @@ class Prepared:
         return {"retrieve": self.bytes_read, "preprocess": self.arrow_bytes, "tensorize": self.tz.produced_bytes}
 
 
-class SavedWeights(Protocol):
-    """What a loaded checkpoint gives the chain (tasks/backends/checkpoint.py
-    ``LoadedCheckpoint``, which builds on the stages, so it is named by its fields here)."""
-
-    model: dict[str, Any] | None
-    optimizer: dict[str, Any] | None
-    temperature: float
-
-
-@dataclass
-class Weights:
-    """Where the engine's starting state comes from: a checkpoint or bundle, else fresh."""
-
-    model: dict[str, Any] | None = None  # state dict
-    optimizer: dict[str, Any] | None = None
-    temperature: float = 1.0  # output calibration (1.0 = none)
-
-    @staticmethod
-    def of(checkpoint: SavedWeights | None) -> Weights:
-        if checkpoint is None:
-            return Weights()
-        return Weights(checkpoint.model, checkpoint.optimizer, checkpoint.temperature)
-
-
 class Chain:
-    """The stage steps of one plan: its spec, sources, clock, encoding and engine.
+    """The stage steps of one plan: its spec, sources, clock, the library's side and engine.
 
-    The encoding and schema come from a checkpoint or bundle, or are fitted on the first chunk
-    that reaches tensorize (inside that step's time, as a first fit is real work of the run);
-    the engine is built as soon as the schema is known, with the backend it serves through."""
+    The side (``model.library``'s, tasks/libraries) starts from ``weights`` (a checkpoint or
+    bundle) or fits on the first chunk that reaches tensorize (inside that step's time, as a
+    first fit is real work of the run); the engine is built as soon as the side can build it."""
 
     def __init__(
         self,
@@ -129,28 +105,22 @@ class Chain:
         device: torch.device,
         *,
         clock: Clock | None = None,
-        encoding: Encoding | None = None,
-        schema: ModelSchema | None = None,
         weights: Weights | None = None,
         run_stage: StageRunner = run_directly,
         library: Library | None = None,
     ) -> None:
         self.spec, self.sources, self.device = spec, sources, device
         self.clock = clock or Clock(device)
-        self.encoding, self.schema = encoding, schema
         self.weights = weights or Weights()
         self.run_stage = run_stage
-        self.has_text = bool(text_columns(spec))  # an encode step (below: or the library's own)
         self.temperature = self.weights.temperature
         self.calibration = CalibrationQuality(spec.task.kind, self.temperature)
         self.outputs = tuple(spec.task.outputs)
-        # A library under test (model.library) brings its own tensorize step and engine; the
-        # reference model's are tasks/stages/tensorize.py and compute.py, run from here. A run
-        # hands down the library its plan found (``Plan.library``); scripts and tests look it up.
+        # The model under test (model.library) brings its encode and tensorize steps and engine.
+        # A run hands down the library its plan found (``Plan.library``); scripts and tests look it up.
         self.library = library if library is not None else library_for(spec)
-        self.side: ModelSide | None = self.library.model_side(spec, device)
-        if self.side is not None:
-            self.has_text = self.side.encodes
+        self.side: ModelSide = self.library.model_side(spec, device, self.weights)
+        self.has_text = self.side.encodes  # an encode step of its own (the stage table's row)
         if isinstance(self.side, ReadsSources):  # contexts over whole tables (RT's rt_utils builder)
             self.side.read_sources(sources)
         self.engine: EngineBase | None = None
@@ -170,10 +140,10 @@ class Chain:
         pre: Preprocessed = run("preprocess", lambda: preprocess(spec, r), lambda p: p.root_rows)
         count, encoded = 0, None
         unit: EncodeUnit = "cells"
-        if self.has_text:  # the application's encoder: the reference model's text cells, or a library's
-            encoded = run("encode", lambda: self._encode(pre, train), lambda e: e.encoded_rows)
+        if self.has_text:  # the application's encoder: text cells, or a library's strings
+            encoded = run("encode", lambda: self.side.encode(pre, train), lambda e: e.encoded_rows)
             pre, count, unit = encoded.pre, encoded.count, encoded.unit
-        tz: Chunk = run("tensorize", lambda: self._tensorize(pre, train, encoded), lambda t: t.tensorized_rows)
+        tz: Chunk = run("tensorize", lambda: self.side.tensorize(pre, train, encoded), lambda t: t.tensorized_rows)
         arrow_bytes = sum(t.nbytes for t in r.tables.values())
         return Prepared(
             tz, r.bytes_read, sum(r.rows_read.values()), dict(pre.overflow_dropped), count, arrow_bytes, unit
@@ -217,40 +187,16 @@ class Chain:
             outs = engine.predict(tz, self.outputs)
         return tz, calibrate_outputs(outs, self.temperature, self.spec.task.kind)
 
-    def _encode(self, pre: Preprocessed, train: bool) -> Encoded:
-        return self.side.encode(pre, train) if self.side is not None else encode(self.spec, pre)
-
-    def _tensorize(self, pre: Preprocessed, train: bool, encoded: Encoded | None) -> Chunk:
-        if self.side is not None:
-            return self.side.tensorize(pre, train, encoded)
-        if self.encoding is None or self.schema is None:  # no checkpoint: fit on this chunk
-            self.encoding, self.schema = fit(self.spec, pre)
-        return tensorize(self.spec, pre, self.encoding, self.schema)
-
     # -- the engine -------------------------------------------------------------------------
 
-    def ensure_engine(self, backend: Backend | None = None) -> EngineBase | None:
-        """The engine, built once the schema is known; ``backend`` None serves with PyTorch."""
-        if self.engine is None and self.side is not None:
+    def ensure_engine(self) -> EngineBase | None:
+        """The engine, built once the side can build it (after its fit, or from the weights)."""
+        if self.engine is None:
             with self.clock.measure() as span:
                 self.engine = self.side.engine(self.clock)
             if self.engine is not None:
                 self.engine.temperature = self.temperature
                 self.engine_setup_seconds += span.seconds
-        elif self.engine is None and self.schema is not None:
-            with self.clock.measure() as span:
-                self.engine = Engine(
-                    self.spec,
-                    self.schema,
-                    self.device,
-                    self.weights.model,
-                    self.clock,
-                    self.encoding,
-                    optimizer_state=self.weights.optimizer,
-                    backend=backend,
-                )
-            self.engine.temperature = self.temperature
-            self.engine_setup_seconds += span.seconds
         return self.engine
 
     def ready_engine(self, first_keys: np.ndarray) -> EngineBase:
@@ -270,11 +216,26 @@ class Chain:
             raise RuntimeError("compute before any chunk was prepared: the model's schema is unknown")
         return self.engine
 
+    @property
+    def encoding(self) -> Encoding | None:
+        """The reference model's encoding (``ModelSide.reference_inputs``); None before its fit
+        and for a library with inputs of its own."""
+        inputs = self.side.reference_inputs()
+        return inputs[0] if inputs is not None else None
+
+    @property
+    def schema(self) -> ModelSchema | None:
+        """The reference model's schema, as ``encoding``."""
+        inputs = self.side.reference_inputs()
+        return inputs[1] if inputs is not None else None
+
     def reference_engine(self) -> Engine:
-        """The engine of the reference model (paths only it has: ONNX/Triton serving, DDP,
-        its checkpoint format); ``check_library`` refused those settings for the others."""
-        engine = self._engine()
-        if not isinstance(engine, Engine):
+        """The engine of the reference model (paths only it has: DDP, the output check, its
+        checkpoint format: ``ModelSide.reference_engine``); ``check_library`` refused those
+        settings for the others."""
+        self._engine()
+        engine = self.side.reference_engine()
+        if engine is None:
             raise RuntimeError(f"model.library {self.spec.model.library} reached a path of the reference model only")
         return engine
 

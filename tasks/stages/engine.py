@@ -1,7 +1,7 @@
 """What every model under test's compute engine shares: the harness's bookkeeping.
 
-A library's engine (``tasks/stages/compute.py`` for the reference model, one per library under
-``tasks/libraries/``) supplies the model's own steps (batches, a train step, a predict step);
+A library's engine (one per library under ``tasks/libraries/``, the reference model's
+included) supplies the model's own steps (batches, a train step, a predict step);
 this base owns the figures those steps produce, so every library reports them the same way:
 per-phase batch timings split into first call, warm-up and steady state
 (``PhaseTimings``), the product's throughput estimate next to the exact rows, quality over
@@ -213,6 +213,12 @@ class EngineBase:
 
     def steady_batch(self, phase: str, part: Any) -> None:
         """Called for each steady batch after its step (outside its timed span)."""
+
+    def present_flops(self, phase: str) -> tuple[float, float] | None:
+        """``phase``'s forward FLOPs per root row at the reserved shapes, and its steady batches'
+        FLOPs at each root's present shape, for an engine that counts its batches' shapes (the
+        reference model's: ``compute.mfu`` per phase); None where it does not."""
+        return None
 
     # -- the harness's side ---------------------------------------------------------------
 

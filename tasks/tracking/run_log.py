@@ -21,7 +21,6 @@ from tasks.measure.floor_trust import UNTRUSTED_TAG, untrusted
 from tasks.measure.profiling import to_markdown as profile_markdown
 from tasks.runtime.masking import mask_uri
 from tasks.scenarios.invocation import Invocation
-from tasks.stages.compute import Engine
 from tasks.stages.engine import EngineBase, graph_break_reasons
 from tasks.tracking.datasets import model_interface
 from tasks.tracking.run_note import run_description
@@ -37,9 +36,12 @@ def save_checkpoint(run: Invocation) -> None:
         run.ckpt_path = run.output.with_suffix(".ckpt")
         engine.save_checkpoint(run.ckpt_path, s)
     run.tracker.log_artifact(run.ckpt_path, "checkpoint")
-    if isinstance(engine, Engine):
-        outputs = engine.needed_outputs(tuple(s.task.outputs))
-        run.tracker.log_model(engine.model, model_interface(s, p.sources, engine.schema, engine.model.config, outputs))
+    assert run.work is not None  # after the timed region
+    reference = run.work.chain.side.reference_engine()
+    if reference is not None:  # model/'s engine: its interface is the harness's
+        outputs = reference.needed_outputs(tuple(s.task.outputs))
+        model, config = reference.model, reference.model.config
+        run.tracker.log_model(model, model_interface(s, p.sources, reference.schema, config, outputs))
 
 
 def log_run(run: Invocation, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:

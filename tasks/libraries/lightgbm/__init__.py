@@ -20,7 +20,7 @@ from tasks.spec import Spec
 if TYPE_CHECKING:
     import torch
 
-    from tasks.libraries.base import ModelSide
+    from tasks.libraries.base import ModelSide, Weights
 
 __all__ = ["LIGHTGBM", "LightGBM"]
 
@@ -39,7 +39,7 @@ class LightGBM:
     def check(self, spec: Spec) -> None:
         check(spec)
 
-    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
+    def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
         from tasks.libraries.lightgbm.side import LightGBMSide  # imports lightgbm, Polars
 
         return LightGBMSide(spec, device)

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from tasks.libraries.base import OwnInputs
 from tasks.libraries.engine import LibraryChunk, LibraryEngine, binary_probability
 from tasks.libraries.lightgbm.booster import ROUNDS, Ensemble, Stage
 from tasks.libraries.lightgbm.checks import LIBRARY
@@ -55,7 +56,7 @@ class _Rows:
     rows: torch.Tensor
 
 
-class LightGBMSide:
+class LightGBMSide(OwnInputs):
     """The ``ModelSide`` (tasks/libraries/base.py) of one run over LightGBM."""
 
     encodes = False  # the flattening is its tensorize step

@@ -1,17 +1,20 @@
 """The reference model: our plain-PyTorch implementation of the product notes, in ``model/``.
 
-It honours every spec setting (the spec was written for it), so its check refuses nothing;
-its train/predict steps are ``tasks/stages/compute.py``'s ``Engine``."""
+It honours every spec setting (the spec was written for it), so its check refuses nothing.
+Its side (side.py) encodes text cells with the harness's encoder, fits the encoding on the
+first chunk and tensorizes (tasks/stages/encode.py, tensorize.py); its engine is engine.py."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tasks.libraries.base import ModelSide
+from tasks.libraries.base import ModelSide, Weights
 from tasks.spec import Spec
 
 if TYPE_CHECKING:
     import torch
+
+__all__ = ["REFERENCE", "Reference"]
 
 
 class Reference:
@@ -26,8 +29,10 @@ class Reference:
     def check(self, spec: Spec) -> None:
         return None
 
-    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
-        return None
+    def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
+        from tasks.libraries.reference.side import ReferenceSide  # the engine's imports: the backends
+
+        return ReferenceSide(spec, device, weights)
 
 
 REFERENCE = Reference()

@@ -1,4 +1,5 @@
-"""Stage 4, compute: train on the training split, then predict every root row.
+"""The reference model's engine (``model/``): train on the training split, then predict every
+root row. ``ReferenceSide.engine`` (side.py) builds it; the chain runs its steps as the compute stage.
 
 ``Engine`` holds the model, optimizer and per-phase timings for the whole run, so the
 first call (lazy compilation included) and warm-up batches are counted once per phase, not
@@ -33,33 +34,14 @@ from tasks.backends import Backend
 from tasks.backends.checkpoint import optimizer_settings, save_run_checkpoint
 from tasks.backends.pytorch import PyTorchBackend, whole_model
 from tasks.measure.clock import Clock
+from tasks.measure.present_flops import flops_of_shapes
 from tasks.measure.quality import Quality
-from tasks.runtime.errors import UserError
 from tasks.spec import Spec
-from tasks.stages.engine import (
-    EngineBase,
-    Layout,
-    ModelFacts,
-    PredictOutputs,
-    compile_cache_counts,
-    compiled_frames,
-    graph_break_reasons,
-    graph_breaks,
-)
+from tasks.stages.engine import EngineBase, Layout, ModelFacts, PredictOutputs
 from tasks.stages.tensorize import Chunk, Tensorized, layout
 from tasks.stages.write import to_table
 
-__all__ = [
-    "Engine",
-    "PredictOutputs",
-    "check_precision",
-    "compile_cache_counts",
-    "compiled_frames",
-    "graph_break_reasons",
-    "graph_breaks",
-    "optimizer_settings",
-    "resolve_device",
-]
+__all__ = ["Engine"]
 
 
 def _count_shapes(shapes: Counter[tuple[int, ...]], size: int, present: list[torch.Tensor]) -> None:
@@ -72,23 +54,6 @@ def _count_shapes(shapes: Counter[tuple[int, ...]], size: int, present: list[tor
     unique, counts = torch.unique(lengths, dim=0, return_counts=True)
     for shape, n in zip(unique.tolist(), counts.tolist(), strict=True):
         shapes[tuple(shape)] += n
-
-
-def resolve_device(spec: Spec) -> torch.device:
-    name = spec.run.device
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"run.device is '{name}' but CUDA is not available here; use run.device: cpu.")
-    return dev
-
-
-def check_precision(spec: Spec, device: torch.device) -> None:
-    if spec.run.precision == "fp16" and device.type == "cpu":
-        raise UserError(
-            "run.precision fp16 is not supported on CPU; use bf16 (supported on CPU) or fp32, or run on a CUDA device."
-        )
 
 
 class Engine(EngineBase):
@@ -153,6 +118,7 @@ class Engine(EngineBase):
         # host sync) inside the batch loop landed in compute seconds, e2e and every request's
         # latency. They cost one byte per slot of the batch's own (bucket-cut) shape meanwhile.
         self._pending_shapes: dict[str, list[tuple[int, list[torch.Tensor]]]] = {"train": [], "predict": []}
+        self._meta: dict[tuple[str, ...], dict[str, int]] = {}  # ``_on_meta``: a meta pass per outputs
 
     def new_quality(self) -> Quality:
         """Quality in the target's own units: regression errors are scaled back."""
@@ -438,7 +404,18 @@ class Engine(EngineBase):
         assert self.encoding is not None  # set with the schema
         save_run_checkpoint(path, self, self.encoding, spec)
 
+    def _on_meta(self, outputs: tuple[str, ...]) -> dict[str, int]:
+        """Parameters and reserved-shape FLOPs per root row of ``outputs`` (once per outputs)."""
+        if outputs not in self._meta:
+            self._meta[outputs] = inspect_on_meta(self.schema, self.model.config, outputs=outputs)
+        return self._meta[outputs]
+
     def facts(self) -> ModelFacts:
-        outputs = self.needed_outputs(tuple(self.spec.task.outputs))
-        shape = inspect_on_meta(self.schema, self.model.config, outputs=outputs)
+        shape = self._on_meta(self.needed_outputs(tuple(self.spec.task.outputs)))
         return ModelFacts("reference", int(shape["parameters"]), int(shape["flops_per_root_row"]))
+
+    def present_flops(self, phase: str) -> tuple[float, float]:
+        """Training computes the prediction head only; predict every needed output."""
+        outputs = self.needed_outputs(tuple(self.spec.task.outputs)) if phase == "predict" else ("prediction",)
+        reserved = float(self._on_meta(outputs)["flops_per_root_row"])
+        return reserved, flops_of_shapes(self.schema, self.model.config, outputs, self.steady_shapes[phase])

@@ -23,7 +23,7 @@ from tasks.spec import Spec
 if TYPE_CHECKING:
     import torch
 
-    from tasks.libraries.base import ModelSide
+    from tasks.libraries.base import ModelSide, Weights
     from tasks.libraries.relational_transformers.contexts import (
         D_TEXT,
         ContextConfig,
@@ -94,7 +94,7 @@ class RelationalTransformers:
     def check(self, spec: Spec) -> None:
         check(spec)
 
-    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
+    def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
         from tasks.libraries.relational_transformers.side import RTSide  # imports torch and the library
 
         return RTSide(spec, device)

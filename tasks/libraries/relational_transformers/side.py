@@ -43,6 +43,7 @@ import torch
 from relational_transformers import RelationalBatch
 
 from model.batch import UNSEEN_CLASS
+from tasks.libraries.base import OwnInputs
 from tasks.libraries.engine import LibraryChunk, LibraryEngine, binary_probability
 from tasks.libraries.relational_transformers.checks import LIBRARY
 from tasks.libraries.relational_transformers.contexts import (
@@ -128,7 +129,7 @@ def _rows_of_contexts(table: pa.Table, train: bool) -> tuple[pa.Table, torch.Ten
     return table.take(pa.array(rows)), torch.from_numpy(rows.astype(np.int64))
 
 
-class RTSide:
+class RTSide(OwnInputs):
     """The ``ModelSide`` (tasks/libraries/base.py) of one run over relational-transformers."""
 
     encodes = True  # the library never sees strings: the application's encode step, its own row

@@ -21,7 +21,7 @@ from tasks.spec import Spec
 if TYPE_CHECKING:
     import torch
 
-    from tasks.libraries.base import ModelSide
+    from tasks.libraries.base import ModelSide, Weights
 
 __all__ = ["RELFLOW", "Relflow"]
 
@@ -40,7 +40,7 @@ class Relflow:
     def check(self, spec: Spec) -> None:
         check(spec)
 
-    def model_side(self, spec: Spec, device: torch.device) -> ModelSide | None:
+    def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
         from pathlib import Path
 
         from tasks.libraries.relflow.side import RelflowSide  # imports relflow (and Lightning)

@@ -29,6 +29,7 @@ import pyarrow as pa
 import torch
 from tensordict import TensorDict
 
+from tasks.libraries.base import OwnInputs
 from tasks.libraries.engine import LibraryChunk, LibraryEngine, binary_probability
 from tasks.libraries.relflow.driver import CompiledCalls, OccupancyMasks, RelflowDriver
 from tasks.libraries.relflow.mapping import LIBRARY
@@ -53,7 +54,7 @@ class _Part:
     loss: float | None = None  # the training loss relflow returned for this batch
 
 
-class RelflowSide:
+class RelflowSide(OwnInputs):
     """The ``ModelSide`` (tasks/libraries/base.py) of one run over relflow."""
 
     def __init__(self, spec: Spec, device: torch.device, checkpoint: Path | None) -> None:

@@ -30,7 +30,7 @@ def _checkpoint(shop_spec, shop_files, prepare_chunk, folder: Path, **model: int
     """A run checkpoint of the shop workload (untrained weights: only its size matters here)
     and the predict-mode spec it matches."""
     from tasks.backends.checkpoint import save_run_checkpoint
-    from tasks.stages.compute import Engine
+    from tasks.libraries.reference.engine import Engine
 
     spec, enc, schema, _ = prepare_chunk({**shop_spec, "model": {**shop_spec.get("model", {}), **model}}, shop_files)
     engine = Engine(spec, schema, torch.device("cpu"), encoding=enc)

@@ -92,7 +92,7 @@ def test_quality_delta_and_drop_rule():
 def trained_ckpt(shop_spec, shop_files, prepare_chunk, tmp_path):
     """A checkpoint of the shop workload as a run writes it (weights + encoding)."""
     from tasks.backends.checkpoint import save_run_checkpoint
-    from tasks.stages.compute import Engine
+    from tasks.libraries.reference.engine import Engine
 
     spec, enc, schema, tz = prepare_chunk(shop_spec, shop_files)
     engine = Engine(spec, schema, torch.device("cpu"), encoding=enc)
@@ -133,8 +133,8 @@ def test_run_checkpoint_in_any_format_expands_and_reports_its_cost(trained_ckpt,
 def test_pytorch_backend_tags_fp8_as_expanded_off_supported_cuda(trained_ckpt, tmp_path):
     from tasks.backends.checkpoint import load_run_checkpoint
     from tasks.backends.setup import BackendPlan, start_backend
+    from tasks.libraries.reference.engine import Engine
     from tasks.measure.clock import Clock
-    from tasks.stages.compute import Engine
 
     spec, path = trained_ckpt
     quantize_checkpoint(path, tmp_path / "s.fp8.ckpt", "fp8")
@@ -163,8 +163,8 @@ def test_native_fp8_is_measured_as_served_and_tagged_native_only_without_fallbac
     from tasks.backends import setup
     from tasks.backends.checkpoint import load_run_checkpoint
     from tasks.backends.served import fp8_metrics
+    from tasks.libraries.reference.engine import Engine
     from tasks.measure.clock import Clock
-    from tasks.stages.compute import Engine
 
     spec, path = trained_ckpt
     _, _, _, tz = prepare_chunk(shop_spec, shop_files)

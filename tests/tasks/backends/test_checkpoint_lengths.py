@@ -89,8 +89,6 @@ def _predict(shop_spec: dict, sources, ckpt: Path, tmp_path: Path, **run: object
         spec,
         sources,
         torch.device("cpu"),
-        encoding=loaded.encoding,
-        schema=loaded.schema,
         weights=Weights.of(loaded),
     )
     engine = chain.ensure_engine()

@@ -256,8 +256,8 @@ def test_start_backend_serves_an_fp8_checkpoint_through_the_engine(shop_spec, sh
     from model.checkpoint import quantize_checkpoint
     from tasks.backends.checkpoint import load_run_checkpoint, save_run_checkpoint
     from tasks.backends.setup import BackendPlan, check_backend, start_backend
+    from tasks.libraries.reference.engine import Engine
     from tasks.measure.clock import Clock
-    from tasks.stages.compute import Engine
 
     spec, enc, schema, tz = prepare_chunk(shop_spec, shop_files)
     engine = Engine(spec, schema, CPU, encoding=enc)

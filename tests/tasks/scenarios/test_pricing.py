@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
@@ -23,7 +24,6 @@ from tasks.scenarios.region import RegionSteps, run_region
 from tasks.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages import chain as chain_mod
 from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.scripted_time import ScriptedTime
@@ -43,7 +43,7 @@ def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
     the clock. Returns ``run(spec_changes) -> workload`` after the whole timed region."""
     ft = ScriptedTime()
 
-    class Stubbed(chain_mod.Engine):
+    class Stubbed(reference_side.Engine):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             forward, step = self.forward, self.backend.step
@@ -59,7 +59,7 @@ def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
             self.forward = train_forward
             self.backend.step = predict_step  # type: ignore[method-assign]
 
-    monkeypatch.setattr(chain_mod, "Engine", Stubbed)
+    monkeypatch.setattr(reference_side, "Engine", Stubbed)
 
     def runner(stage: str, step: Callable[[], Any], clock: Clock) -> tuple[Any, float]:
         with clock.measure() as span:

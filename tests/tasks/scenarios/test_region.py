@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
@@ -21,7 +22,6 @@ from tasks.scenarios.runner import run_requests
 from tasks.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages import chain as chain_mod
 from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.scripted_time import ScriptedTime
@@ -56,12 +56,12 @@ def stubbed(monkeypatch, shop_spec, many_shop_files):
     """The shop workload on a fake clock, building the engine costing ``ENGINE`` seconds."""
     ft = FakeTime()
 
-    class SlowEngine(chain_mod.Engine):
+    class SlowEngine(reference_side.Engine):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             ft.t += ENGINE
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(chain_mod, "Engine", SlowEngine)
+    monkeypatch.setattr(reference_side, "Engine", SlowEngine)
 
     def workload(raw: dict[str, Any]) -> Workload:
         spec = parse_spec(raw)

@@ -57,7 +57,7 @@ def test_calibration_fits_and_reports_on_disjoint_held_out_rows(shop_spec, shop_
     scored on the other: together exactly the held-out labelled cells, never overlapping."""
     import pyarrow as pa
 
-    from tasks.stages.compute import Engine
+    from tasks.libraries.reference.engine import Engine
 
     n = 200  # the shop's customers, widened so both halves of the held-out rows are populated
     shop_tables["customers"] = pa.table(

@@ -1,4 +1,4 @@
-"""The quality compute accumulates over held-out rows (tasks/measure/quality.py, used by tasks/stages/compute.py)."""
+"""The quality compute accumulates over held-out rows (tasks/measure/quality.py, used by every engine)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ BATCHES = 3  # 5 shop customers in batches of 2
 
 # model.library -> the class and method that count one predict batch's layout
 COUNTERS = {
-    "reference": ("tasks.stages.compute", "Engine", "_count_batch"),
+    "reference": ("tasks.libraries.reference.engine", "Engine", "_count_batch"),
     "relational_transformers": ("tasks.libraries.relational_transformers.side", "_Steps", "layout"),
     "relflow": ("tasks.libraries.relflow.side", "_Steps", "layout"),
 }

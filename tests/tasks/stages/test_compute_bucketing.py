@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from model import bucketing
+from tasks.libraries.reference.engine import Engine
 from tasks.measure.records import batch_coordinate_metrics
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.compute import Engine, compiled_frames
+from tasks.stages.compute import compiled_frames
 from tasks.stages.preprocess import preprocess
 from tasks.stages.retrieve import list_root_keys, retrieve
 from tasks.stages.tensorize import fit, tensorize

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from tasks.stages.compute import Engine
+from tasks.libraries.reference.engine import Engine
 
 
 def _engine(prepare_chunk, spec_dict, folder, workers: int):

@@ -8,8 +8,8 @@ from collections import Counter
 import torch
 
 from model import bucketing
+from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock
-from tasks.stages.compute import Engine
 
 
 def test_steady_batches_are_counted_at_each_root_rows_present_shape(shop_spec, shop_files, prepare_chunk):

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from tasks.backends.checkpoint import load_run_checkpoint, save_run_checkpoint
+from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock
 from tasks.runtime.errors import UserError
 from tasks.spec import parse_spec
-from tasks.stages.compute import Engine
 from tasks.stages.preprocess import FIT, SCORED, TRAIN, preprocess
 from tasks.stages.retrieve import ROOT, Retrieved
 from tasks.stages.tensorize import Tensorized, fit, tensorize

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from tasks.stages.compute import Engine
+from tasks.libraries.reference.engine import Engine
 from tasks.stages.write import PredictionWriter, to_table
 
 ALL = ["prediction", "topk:2", "root_embedding", "branch_embedding:lines", "leaf:orders"]

@@ -12,11 +12,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from tasks.libraries.reference.engine import Engine
 from tasks.measure.records import STAGES
 from tasks.runtime.masking import mask_uri
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.compute import Engine
 from tasks.tracking.datasets import describe_sources, model_input_schema, model_interface
 from tasks.tracking.reader import runs_page
 from tasks.tracking.run_note import run_description
