@@ -149,6 +149,13 @@ def models_report_cmd(
         str | None,
         typer.Option(help="Comma-separated libraries (default: every registered one, tasks/libraries LIBRARIES)."),
     ] = None,
+    library_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--library-set",
+            help="Spec override for one library only, LIB:KEY=VALUE, after --set (e.g. lightgbm:run.repeats=16).",
+        ),
+    ] = None,
     scale: Annotated[float | None, typer.Option(help="TPC-H scale factor.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
@@ -160,13 +167,16 @@ def models_report_cmd(
     try:
         if rounds < 1:
             raise UserError("--rounds must be at least 1.")
-        from flows.sweeps.models_report import parse_libraries
+        from flows.sweeps.models_report import parse_libraries, parse_library_sets
 
         try:
             chosen = parse_libraries(libraries)
+            own = parse_library_sets(library_set, chosen)
         except ValueError as err:
             raise UserError(str(err)) from None
         load_spec(spec, overrides)  # before MLflow and the report's imports: a bad spec exits in a second
+        for lib, sets in own.items():
+            load_spec(spec, [*overrides, *sets, f"model.library={lib}"])  # a library's own bad key, as fast
         from flows.sweeps.models_report import run_report
 
         md = run_report(
@@ -175,6 +185,7 @@ def models_report_cmd(
             rounds,
             chosen,
             lambda line: console.print(line, markup=False, soft_wrap=True),
+            own,
         )
     except BaseException as err:  # noqa: BLE001
         handle_run_error(err, debug, "the running library's run and the report's parent MLflow run were ended.")

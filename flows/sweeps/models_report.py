@@ -34,21 +34,39 @@ cannot honour ...", the message shape of every library's check and of the harnes
 recorded the same way. A child that exits 2 for anything else (bad data, a missing file: input
 the user can fix, not a setting the library cannot honour) is a ``DATA ERROR`` row with its
 message, never "refused".
+
+A second table is the **cost per prediction** of the predict phase (medians over VALID rounds of
+each run's ``1000 x seconds / e2e.predict.rows``): end to end and per stage (retrieve,
+preprocess, encode, tensorize, compute, calibrate, write; ``-`` where the library has no such
+step), the predict MFU (``compute.mfu``, present coordinates) and the tensorize and compute
+stages against their floors (``floor.<stage>.fraction``, tasks/measure/floors.py). A figure that
+does not exist for a library says so instead of a number: ``none: no FLOPs`` where its runs tag
+``relflow.flops_note`` (relflow packs, LightGBM's trees compare; a note quotes each reason) and
+``none: no model floor`` where ``Library.model_floors`` is false (the floors are the reference
+model's tensors and GEMMs); a fraction whose floors are untrusted (tasks/measure/floor_trust.py)
+is starred, with a note.
+
+``--library-set LIB:KEY=VALUE`` gives one library overrides of its own, after ``--set`` (e.g. a
+library too fast for the steady window in one pass: ``lightgbm:run.repeats=16``); a note names
+them, and another says when the libraries' runs made different numbers of predict passes
+(``e2e.predict.passes``: each run's e2e figures are over all of its passes).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
 from tasks.libraries import DEFAULT_LIBRARY
 from tasks.libraries import LIBRARIES as REGISTERED
 from tasks.measure import keys as K
+from tasks.measure.floor_trust import untrusted as floors_untrusted
 from tasks.measure.report import Cell, Group, Sample, interval_text, markdown_table, ratio_interval
 from tasks.measure.report import summarize as summarize_groups
+from tasks.measure.stats import median_interval
 
 LIBRARIES: tuple[str, ...] = tuple(REGISTERED)  # every registered library, in the registry's order
 REFERENCE_LIBRARY = DEFAULT_LIBRARY  # the denominator of "e2e vs reference": the model in model/
@@ -65,6 +83,13 @@ BASELINE = {"category": "majority_rate", "binary": "majority_rate", "regression"
 RELBENCH_METRIC = {"binary": "roc_auc", "regression": "nmae"}
 RELBENCH_HIGHER_IS_BETTER = {"roc_auc": True, "nmae": False}
 VALID = "VALID"
+# The predict stages of the cost table, with an encode step (text columns; relational-transformers'
+# cell vectors) in its place: the stage columns of the budget's table (flows/sweeps/budget.py).
+PREDICT_STAGES = ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
+MODEL_FLOOR_STAGES = ("tensorize", "compute")  # the floors a library has when Library.model_floors
+FLOPS_NOTE_TAG = "relflow.flops_note"  # why a library's runs publish no FLOPs (so no MFU)
+NO_FLOPS = "none: no FLOPs"
+NO_MODEL_FLOOR = "none: no model floor"
 
 
 @dataclass(frozen=True)
@@ -124,6 +149,23 @@ def parse_libraries(text: str | None) -> list[str]:
     return names
 
 
+def parse_library_sets(texts: Sequence[str] | None, libraries: Sequence[str]) -> dict[str, list[str]]:
+    """``--library-set LIB:KEY=VALUE`` (repeatable) -> each library's own overrides, in the order
+    given; ValueError naming the problem (no ``LIB:``, no ``KEY=VALUE``, a library not run)."""
+    out: dict[str, list[str]] = {}
+    for text in texts or []:
+        lib, sep, override = text.partition(":")
+        lib = lib.strip()
+        if not sep or "=" not in override or not override.partition("=")[0].strip():
+            raise ValueError(f"--library-set {text!r} is not LIB:KEY=VALUE (e.g. lightgbm:run.repeats=16).")
+        if lib not in libraries:
+            raise ValueError(
+                f"--library-set {text!r}: {lib!r} is not a library this report runs ({', '.join(libraries)})."
+            )
+        out.setdefault(lib, []).append(override.strip())
+    return out
+
+
 def round_order(libraries: Sequence[str], r: int) -> list[str]:
     """Round ``r``'s order: rotated by one per round, so no library always runs first."""
     k = r % len(libraries) if libraries else 0
@@ -141,6 +183,25 @@ def valid_only(g: Group) -> Group:
     return Group(g.key, tuple(s for s in g.samples if s.validity == VALID))
 
 
+def ms_per_prediction(m: Mapping[str, float], seconds_key: str) -> float | None:
+    """``1000 x m[seconds_key] / e2e.predict.rows``: a predict figure's milliseconds per
+    prediction; None when the run has no such figure (a stage the library does not run)."""
+    seconds, rows = m.get(seconds_key), m.get(K.E2E_PREDICT_ROWS)
+    if seconds is None or math.isnan(seconds) or not rows:
+        return None
+    return 1000.0 * seconds / rows
+
+
+def has_model_floors(library: str) -> bool:
+    """Whether ``library`` has the tensorize and compute floors (``Library.model_floors``;
+    its light module only). A name not registered: True, so its absent figures read ``-``."""
+    if library not in REGISTERED:
+        return True
+    from tasks.libraries import library_named
+
+    return library_named(library).model_floors
+
+
 def summarize(
     samples: Sequence[Sample],
     kind: str,
@@ -148,16 +209,19 @@ def summarize(
     parameters: Mapping[str, float] | None = None,
     data_errors: Mapping[str, str] | None = None,
     relbench: bool = False,
+    library_overrides: Mapping[str, Sequence[str]] | None = None,
 ) -> list[dict[str, Cell]]:
     """One row per library: medians over its VALID rounds; a refused library's row holds its
     reason, as does a library whose child exited 2 on bad input (``data_errors``).
 
     ``parameters``: ``model.parameters`` by child run id (a param, not in the run's summary);
-    ``relbench``: the spec is a RelBench task (its quality cell is ``relbench.<metric>``)."""
+    ``relbench``: the spec is a RelBench task (its quality cell is ``relbench.<metric>``);
+    ``library_overrides``: each library's own ``--library-set`` overrides (kept in its row)."""
     h = headline(kind, relbench)
     refused = dict(refused or {})
     data_errors = dict(data_errors or {})
     parameters = dict(parameters or {})
+    overrides = {lib: list(o) for lib, o in (library_overrides or {}).items()}
 
     def e2e_by_round(of: Sequence[Sample]) -> dict[int, float]:
         return {
@@ -196,6 +260,26 @@ def summarize(
     def v(key: str) -> Callable[[Group], float]:
         return lambda g: valid_only(g).median(key)
 
+    def ms(key: str) -> Callable[[Group], float]:
+        """The median over VALID rounds of each run's milliseconds per prediction of ``key``."""
+
+        def of(g: Group) -> float:
+            vals = [x for r in valid_only(g).reports if (x := ms_per_prediction(r.metrics, key)) is not None]
+            return median_interval(vals).median if vals else math.nan
+
+        return of
+
+    def flops_note(g: Group) -> str:
+        """Why the library's VALID runs publish no FLOPs (their ``relflow.flops_note``), if they say."""
+        return next((n for r in valid_only(g).reports if (n := r.tags.get(FLOPS_NOTE_TAG))), "")
+
+    def floors_untrusted_reasons(g: Group) -> list[str]:
+        seen: dict[str, None] = {}
+        for r in valid_only(g).reports:
+            if any(K.floor_fraction(st) in r.metrics for st in MODEL_FLOOR_STAGES):
+                seen |= dict.fromkeys(floors_untrusted(r.metrics))
+        return list(seen)
+
     ran = [s for s in samples if s.variant not in refused and s.variant not in data_errors]
     rows = summarize_groups(
         ran,
@@ -224,6 +308,15 @@ def summarize(
             "batch_p99_ms": v(K.compute("predict", "batch_ms.p99")),
             "peak_rss_mib": lambda g: valid_only(g).median(K.HOST_PEAK_BYTES) / 2**20,  # median of each run's peak
             "parameters": params,
+            "predict_passes": v(K.E2E_PREDICT_PASSES),
+            "e2e_ms_per_prediction": ms(K.E2E_PREDICT_SECONDS),
+            **{f"{st}_ms_per_prediction": ms(K.stage_seconds(st, "predict")) for st in PREDICT_STAGES},
+            "mfu": v(K.compute("predict", K.MFU)),
+            "flops_note": flops_note,
+            **{f"floor_{st}": v(K.floor_fraction(st)) for st in MODEL_FLOOR_STAGES},
+            "model_floors": lambda g: has_model_floors(g.key[0]),
+            "floors_untrusted": floors_untrusted_reasons,
+            "overrides": lambda g: overrides.get(g.key[0], []),
             "validity": lambda g: ",".join(sorted({s.validity for s in g.samples})),
             "invalid_reasons": invalid_reasons,
             "reason": lambda g: "",
@@ -236,8 +329,14 @@ def summarize(
     if len(seen) > 1:
         for r in rows:
             r["quality_compared"] = False
-    rows += [{"variant": lib, "rounds": 0, "validity": REFUSED, "reason": why} for lib, why in refused.items()]
-    rows += [{"variant": lib, "rounds": 0, "validity": DATA_ERROR, "reason": why} for lib, why in data_errors.items()]
+    rows += [
+        {"variant": lib, "rounds": 0, "validity": REFUSED, "reason": why, "overrides": overrides.get(lib, [])}
+        for lib, why in refused.items()
+    ]
+    rows += [
+        {"variant": lib, "rounds": 0, "validity": DATA_ERROR, "reason": why, "overrides": overrides.get(lib, [])}
+        for lib, why in data_errors.items()
+    ]
     return rows
 
 
@@ -282,10 +381,65 @@ def _rows_range(r: Mapping[str, Cell]) -> str:
     return low if low == high else f"{low}-{high}"
 
 
+def _percent(v: Cell) -> str:
+    return "-" if not isinstance(v, int | float) or math.isnan(v) else f"{100 * v:.1f}%"
+
+
+def _mfu_text(r: Mapping[str, Cell]) -> str:
+    """The predict MFU; ``none: no FLOPs`` where the library's runs say why they have none."""
+    text = _percent(r.get("mfu"))
+    return NO_FLOPS if text == "-" and r.get("flops_note") else text
+
+
+def _floor_text(r: Mapping[str, Cell], stage: str) -> str:
+    """``floor.<stage>.fraction`` as a percentage (starred on untrusted floors); ``none: no
+    model floor`` for a library without the model floors."""
+    if r.get("model_floors") is False:
+        return NO_MODEL_FLOOR
+    text = _percent(r.get(f"floor_{stage}"))
+    return f"{text}*" if text != "-" and r.get("floors_untrusted") else text
+
+
+def cost_table(rows: Sequence[Mapping[str, Cell]]) -> str:
+    """The predict phase's cost per prediction: end to end, per stage, MFU and the model floors
+    (the libraries that ran; a refused one's row in the first table says why)."""
+    header = [
+        "library",
+        "e2e ms/pred",
+        *[f"{st} ms/pred" for st in PREDICT_STAGES],
+        "MFU (predict)",
+        *[f"{st} vs floor" for st in MODEL_FLOOR_STAGES],
+    ]
+    lines = [
+        [
+            str(r["variant"]),
+            _num(r.get("e2e_ms_per_prediction"), ".4f"),
+            *[_num(r.get(f"{st}_ms_per_prediction"), ".4f") for st in PREDICT_STAGES],
+            _mfu_text(r),
+            *[_floor_text(r, st) for st in MODEL_FLOOR_STAGES],
+        ]
+        for r in rows
+        if r.get("validity") not in (REFUSED, DATA_ERROR)
+    ]
+    return markdown_table(header, lines)
+
+
+COST_CAPTION = (
+    "Cost per prediction, predict phase (ms = 1000 x seconds / e2e.predict.rows, each run's, the median over "
+    "its VALID rounds; a stage's `-`: the library has no such step, or no VALID round):"
+)
+
+
 def notes(rows: Sequence[Mapping[str, Cell]]) -> list[str]:
-    """What the table cannot say in a cell: quality rows that differ (not compared), and the
-    libraries whose figures leave out INVALID or FAILED rounds."""
+    """What the tables cannot say in a cell: quality rows that differ (not compared), the
+    libraries whose figures leave out INVALID or FAILED rounds, a library's own overrides,
+    predict passes that differ, and why a library has no MFU or no model floors."""
     out = []
+    for r in rows:
+        if own := cast(list[str], r.get("overrides") or []):
+            out.append(
+                f"Note: {r['variant']} ran with overrides of its own after --set (--library-set): {', '.join(own)}."
+            )
     ran = [r for r in rows if r.get("validity") not in (REFUSED, DATA_ERROR)]
     if any(r.get("quality_compared") is False for r in ran):
         scored = "; ".join(f"{r['variant']} {_rows_range(r)}" for r in ran)
@@ -304,11 +458,29 @@ def notes(rows: Sequence[Mapping[str, Cell]]) -> list[str]:
             why.append(f"{r['failed_rounds']} FAILED")
         figures = "its figures are medians over those only" if valid else "no figures"
         out.append(f"Note: {r['variant']}: {valid} of {total} rounds VALID, {figures} ({'; '.join(why)}).")
+    passes = {str(r["variant"]): _num(r.get("predict_passes"), ".0f") for r in ran}
+    if len({p for p in passes.values() if p != "-"}) > 1:
+        each = ", ".join(f"{lib} {p}" for lib, p in passes.items())
+        out.append(
+            f"Note: the libraries' runs made different numbers of predict passes (e2e.predict.passes: {each}); "
+            "each run's e2e figures are over all of its passes, the first (first call, cold caches) included."
+        )
+    for r in ran:
+        if _mfu_text(r) == NO_FLOPS:
+            out.append(f"Note: no MFU for {r['variant']}: {r['flops_note']}.")
+    if none := [str(r["variant"]) for r in ran if r.get("model_floors") is False]:
+        out.append(
+            "Note: the tensorize and compute floors are the reference model's work (its tensors and GEMMs, "
+            f"Library.model_floors); {', '.join(none)} {'has' if len(none) == 1 else 'have'} none."
+        )
+    for r in ran:
+        if untrusted := cast(list[str], r.get("floors_untrusted") or []):
+            out.append(f"Note: {r['variant']}'s floor fractions (*) stand on untrusted floors: {'; '.join(untrusted)}.")
     return out
 
 
 def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str, relbench: bool = False) -> str:
-    """The table, then its notes (``notes``)."""
+    """The table, the cost per prediction (``cost_table``), then the notes (``notes``)."""
     h = headline(kind, relbench)
     header = [
         "library",
@@ -348,7 +520,7 @@ def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str, relbench: bool = 
                 str(r["validity"]),
             ]
         )
-    return "\n\n".join([markdown_table(header, lines), *notes(rows)])
+    return "\n\n".join([markdown_table(header, lines), COST_CAPTION, cost_table(rows), *notes(rows)])
 
 
 @dataclass
@@ -360,18 +532,30 @@ class Launch:
     parent: str
     workdir: Path
     tracking_uri: str
+    library_overrides: Mapping[str, Sequence[str]] = field(default_factory=dict)  # --library-set, after overrides
+
+    def overrides_for(self, library: str) -> list[str]:
+        """The overrides one library's child runs with: ``--set``'s, its own, its name."""
+        return [*self.overrides, *self.library_overrides.get(library, []), f"model.library={library}"]
 
 
-def refusals(spec_path: Path, overrides: list[str], libraries: Sequence[str]) -> dict[str, str]:
-    """Each library's check on the spec (no library is imported): the refused ones, with why."""
+def refusals(
+    spec_path: Path,
+    overrides: list[str],
+    libraries: Sequence[str],
+    library_overrides: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, str]:
+    """Each library's check on the spec with its overrides (no library is imported): the
+    refused ones, with why."""
     from tasks.libraries import check_library
     from tasks.runtime.errors import UserError
     from tasks.spec import load_spec
 
+    own = library_overrides or {}
     out = {}
     for lib in libraries:
         try:
-            check_library(load_spec(spec_path, [*overrides, f"model.library={lib}"]))
+            check_library(load_spec(spec_path, [*overrides, *own.get(lib, []), f"model.library={lib}"]))
         except UserError as err:
             out[lib] = " ".join(str(err).split())
     return out
@@ -400,7 +584,7 @@ def collect(
             if lib in refused or lib in data_errors:
                 continue
             name = f"{lib}-{r}"
-            spec = load_spec(launch.spec_path, [*launch.overrides, f"model.library={lib}"])
+            spec = load_spec(launch.spec_path, launch.overrides_for(lib))
             done = launch_local(
                 spec.to_dict(),
                 name=name,
@@ -438,7 +622,12 @@ def collect(
 
 
 def run_report(
-    spec_path: Path, overrides: list[str], rounds: int, libraries: list[str], say: Callable[[str], None]
+    spec_path: Path,
+    overrides: list[str],
+    rounds: int,
+    libraries: list[str],
+    say: Callable[[str], None],
+    library_overrides: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     from tasks.runtime.errors import UserError
     from tasks.spec import load_spec
@@ -447,7 +636,8 @@ def run_report(
     if rounds < 1:
         raise UserError("--rounds must be at least 1.")
     s = load_spec(spec_path, overrides)
-    refused = refusals(spec_path, overrides, libraries)
+    own = {lib: list(o) for lib, o in (library_overrides or {}).items()}
+    refused = refusals(spec_path, overrides, libraries, own)
     for lib, why in refused.items():
         say(f"  {lib}: refused by its check, not run: {why}")
     tracker = Tracker(s.name)
@@ -456,13 +646,20 @@ def run_report(
     try:
         workdir = Path(s.run.output_dir).resolve() / f"models-{parent[:12]}"
         workdir.mkdir(parents=True, exist_ok=True)
-        launch = Launch(spec_path, overrides, parent, workdir, tracker.uri)
+        launch = Launch(spec_path, overrides, parent, workdir, tracker.uri, own)
         data_errors: dict[str, str] = {}
         samples, parameters = collect(launch, rounds, libraries, refused, say, data_errors)
         relbench = s.source.relbench is not None
-        rows = summarize(samples, s.task.kind, refused, parameters, data_errors, relbench)
+        rows = summarize(samples, s.task.kind, refused, parameters, data_errors, relbench, own)
         md = to_markdown(rows, s.task.kind, relbench)
-        report = {"rows": rows, "libraries": libraries, "rounds": rounds, "notes": notes(rows)}
+        report = {
+            "rows": rows,
+            "libraries": libraries,
+            "rounds": rounds,
+            "overrides": overrides,
+            "library_overrides": own,
+            "notes": notes(rows),
+        }
         tracker.log_dict(report, "models_report.json")
         tracker.log_text(md, "models_report.md")
         tracker.finish()

@@ -21,6 +21,7 @@ from flows.sweeps.models_report import (
     REFUSED,
     is_refusal,
     parse_libraries,
+    parse_library_sets,
     round_order,
     summarize,
     to_markdown,
@@ -67,7 +68,7 @@ def test_half_the_references_rows_per_s_every_round_is_0_5_with_a_0_5_interval()
         "| relflow | 0.8000 (0.6000) | 100 | 0.7500 -> 0.5000 | 175 | 0.50x [0.50, 0.50] | 700 | 0.50 | 9.0 "
         "| 1,024 | 250,000 | 6/6 | VALID |" in md
     )
-    assert "Note:" not in md  # every round VALID, one set of rows
+    assert "rounds VALID" not in md and "not compared" not in md  # every round VALID, one set of rows
 
 
 def test_peak_rss_is_the_median_of_each_runs_peak_not_the_largest():
@@ -222,7 +223,7 @@ def test_a_refused_library_is_a_row_saying_why():
     assert [r["variant"] for r in rows] == ["reference", "relational_transformers"]
     assert rows[1]["validity"] == REFUSED and rows[1]["reason"] == why
     md = to_markdown(rows, "category")
-    assert f"| relational_transformers | refused: {why} |" in md and md.rstrip().endswith("| 0 | REFUSED |")
+    assert f"| relational_transformers | refused: {why} |" in md and md.split("\n\n")[0].endswith("| 0 | REFUSED |")
     # a library without the reference beside it has no ratio: "-", not a crash
     assert "| - |" in to_markdown(summarize([sample("relflow", 0, 5.0)], "binary"), "binary")
 
@@ -266,7 +267,9 @@ def test_a_data_error_is_its_own_row_never_refused():
     rows = summarize([sample("reference", 0, 100.0)], "category", data_errors={"relational_transformers": why})
     assert rows[1]["validity"] == DATA_ERROR and rows[1]["reason"] == why
     md = to_markdown(rows, "category")
-    assert f"| relational_transformers | data error: {why} |" in md and md.rstrip().endswith("| 0 | DATA ERROR |")
+    assert f"| relational_transformers | data error: {why} |" in md and md.split("\n\n")[0].endswith(
+        "| 0 | DATA ERROR |"
+    )
     assert REFUSED not in md
 
 
@@ -323,6 +326,9 @@ def test_libraries_flag_parsing():
         (["--libraries", "reference,bogus"], "bogus"),
         (["--rounds", "0"], "--rounds must be at least 1"),
         (["--set", "bogus=1"], "bogus"),
+        (["--library-set", "lightgbm"], "LIB:KEY=VALUE"),
+        (["--libraries", "reference", "--library-set", "lightgbm:run.repeats=2"], "not a library this report runs"),
+        (["--library-set", "lightgbm:run.bogus=1"], "bogus"),
     ],
 )
 def test_bad_flags_exit_2_before_any_run(args, says, tmp_path, shop_spec):
@@ -345,3 +351,125 @@ def test_bad_flags_exit_2_before_any_run(args, says, tmp_path, shop_spec):
     imported = {line.split("|")[-1].strip().split(".")[0] for line in lines if line.startswith("import time:")}
     assert not imported & {"torch", "mlflow", "prefect"}
     assert not (tmp_path / "m.db").exists()
+
+
+LGB_NOTE = "a tree ensemble: its work is comparisons down trees, not FLOPs (no MFU)"
+STAGE_SECONDS = {
+    "retrieve": 0.02,
+    "preprocess": 0.03,
+    "tensorize": 0.06,
+    "compute": 0.21,
+    "calibrate": 0.0,
+    "write": 0.01,
+}
+
+
+def costed(lib: str, r: int, e2e_seconds: float, tags: dict[str, str] | None = None, **extra: float) -> Sample:
+    """A round of ``lib`` over 15,000 predictions: its e2e and stage seconds, as a run logs them."""
+    rows = 15_000.0
+    m = {
+        **sample(lib, r, rows / e2e_seconds).metrics,
+        "e2e.predict.seconds": e2e_seconds,
+        "e2e.predict.rows": rows,
+        "e2e.predict.passes": 1.0,
+        **{f"stage.{st}.predict.seconds": secs for st, secs in STAGE_SECONDS.items()},
+        **extra,
+    }
+    return Sample(lib, r, RunSummary(f"id-{lib}-{r}", m, "VALID", tags=tags or {}))
+
+
+def test_the_cost_table_shows_ms_per_prediction_per_stage_and_says_plainly_what_a_library_lacks():
+    """LightGBM beside the transformers: its stage costs are figures like theirs, and where it has
+    none (no FLOPs so no MFU, no model floors) the cell says so and a note says why, never 0."""
+    floors = {"floor.tensorize.fraction": 0.25, "floor.compute.fraction": 0.5}
+    samples = []
+    for r in range(2):
+        samples += [
+            costed("reference", r, 3.0, **{"compute.mfu": 0.04}, **floors),
+            costed("relational_transformers", r, 20.0, **{"compute.mfu": 0.155, "stage.encode.predict.seconds": 0.036}),
+            costed("lightgbm", r, 0.3 + 0.03 * r, {"relflow.flops_note": LGB_NOTE}),
+        ]
+    rows = {row["variant"]: row for row in summarize(samples, "category")}
+    lgb = rows["lightgbm"]
+    assert lgb["e2e_ms_per_prediction"] == pytest.approx(1000 * 0.315 / 15_000)  # the median of each run's
+    assert lgb["compute_ms_per_prediction"] == pytest.approx(1000 * 0.21 / 15_000)
+    assert math.isnan(lgb["encode_ms_per_prediction"]) and math.isnan(lgb["mfu"])
+    assert lgb["model_floors"] is False and rows["reference"]["model_floors"] is True
+    md = to_markdown(list(rows.values()), "category")
+    tables = md.split("\n\n")
+    assert tables[1].startswith("Cost per prediction, predict phase")
+    cost = tables[2].splitlines()
+    assert cost[0] == (
+        "| library | e2e ms/pred | retrieve ms/pred | preprocess ms/pred | encode ms/pred | tensorize ms/pred | "
+        "compute ms/pred | calibrate ms/pred | write ms/pred | MFU (predict) | tensorize vs floor | compute vs floor |"
+    )
+    assert (
+        "| reference | 0.2000 | 0.0013 | 0.0020 | - | 0.0040 | 0.0140 | 0.0000 | 0.0007 | 4.0% | 25.0% | 50.0% |"
+        in cost
+    )
+    assert (
+        "| relational_transformers | 1.3333 | 0.0013 | 0.0020 | 0.0024 | 0.0040 | 0.0140 | 0.0000 | 0.0007 | 15.5% "
+        "| none: no model floor | none: no model floor |" in cost
+    )
+    assert (
+        "| lightgbm | 0.0210 | 0.0013 | 0.0020 | - | 0.0040 | 0.0140 | 0.0000 | 0.0007 | none: no FLOPs "
+        "| none: no model floor | none: no model floor |" in cost
+    )
+    assert f"Note: no MFU for lightgbm: {LGB_NOTE}." in md
+    assert (
+        "Note: the tensorize and compute floors are the reference model's work (its tensors and GEMMs, "
+        "Library.model_floors); relational_transformers, lightgbm have none." in md
+    )
+    # its quality and cost are in the first table as the others' are
+    assert "| lightgbm | 0.8000 (0.6000) | 100 | 0.7500 -> 0.5000 | 47,727 | 9.55x [n=2<6, no CI] |" in md
+
+
+def test_a_missing_figure_without_a_reason_is_a_dash_and_untrusted_floors_are_starred():
+    """No MFU and no flops note (a run that logged neither): '-', not "no FLOPs"; floors measured
+    on a busy host: the fraction starred and a note with floor_trust's reason."""
+    busy_floors = {"floor.compute.fraction": 0.5, "floor.other_cpu_fraction": 0.6}
+    (row,) = summarize([costed("reference", 0, 3.0, **busy_floors)], "category")
+    cost = to_markdown([row], "category").split("\n\n")[2]
+    assert cost.splitlines()[2].endswith("| - | - | 50.0%* |")
+    assert "Note: reference's floor fractions (*) stand on untrusted floors: floor.other_cpu_fraction 0.60 > 0.1" in (
+        to_markdown([row], "category")
+    )
+
+
+def test_a_librarys_own_overrides_and_its_other_pass_count_are_noted():
+    samples = [
+        costed("reference", 0, 3.0),
+        costed("lightgbm", 0, 4.8, {"relflow.flops_note": LGB_NOTE}, **{"e2e.predict.passes": 16.0}),
+    ]
+    own = {"lightgbm": ["run.repeats=16", "run.mode=predict"]}
+    rows = summarize(samples, "category", library_overrides=own)
+    assert rows[1]["overrides"] == ["run.repeats=16", "run.mode=predict"] and rows[0]["overrides"] == []
+    md = to_markdown(rows, "category")
+    assert (
+        "Note: lightgbm ran with overrides of its own after --set (--library-set): run.repeats=16, run.mode=predict."
+        in md
+    )
+    assert (
+        "Note: the libraries' runs made different numbers of predict passes "
+        "(e2e.predict.passes: reference 1, lightgbm 16)" in md
+    )
+    # a refused library keeps its overrides in its row and the note
+    rows = summarize(samples[:1], "category", refused={"lightgbm": "no"}, library_overrides=own)
+    assert rows[1]["overrides"] == own["lightgbm"] and "Note: lightgbm ran with overrides" in to_markdown(
+        rows, "category"
+    )
+
+
+def test_library_set_flag_parsing():
+    libs = ["reference", "lightgbm"]
+    assert parse_library_sets(None, libs) == {}
+    got = parse_library_sets(["lightgbm:run.repeats=16", "lightgbm: run.mode=predict", "reference:run.seed=1"], libs)
+    assert got == {"lightgbm": ["run.repeats=16", "run.mode=predict"], "reference": ["run.seed=1"]}
+    for bad, says in (
+        ("lightgbm", "LIB:KEY=VALUE"),
+        ("lightgbm:run.repeats", "LIB:KEY=VALUE"),
+        ("lightgbm:=3", "LIB:KEY=VALUE"),
+        ("relflow:run.repeats=2", "not a library this report runs"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            parse_library_sets([bad], libs)
