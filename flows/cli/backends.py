@@ -32,7 +32,7 @@ def export_cmd(
         folder = out_dir or Path(s.run.output_dir) / "bundles"
         with interrupted_removes(lambda: _remove_export_temps(folder, s.name)):
             from tasks.backends.bundle import export_bundle
-            from tasks.backends.setup import needed_outputs
+            from tasks.run.backend_setup import needed_outputs
 
             bundle = export_bundle(checkpoint, s, needed_outputs(s), folder)
     except BaseException as err:  # noqa: BLE001
@@ -156,6 +156,13 @@ def models_report_cmd(
             help="Spec override for one library only, LIB:KEY=VALUE, after --set (e.g. lightgbm:run.repeats=16).",
         ),
     ] = None,
+    include_busy_host: Annotated[
+        bool,
+        typer.Option(
+            "--include-busy-host",
+            help="Also take the figures of rounds INVALID only for the host's load (noted; never for claims).",
+        ),
+    ] = False,
     scale: Annotated[float | None, typer.Option(help="TPC-H scale factor.")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
 ) -> None:
@@ -186,6 +193,7 @@ def models_report_cmd(
             chosen,
             lambda line: console.print(line, markup=False, soft_wrap=True),
             own,
+            include_busy_host,
         )
     except BaseException as err:  # noqa: BLE001
         handle_run_error(err, debug, "the running library's run and the report's parent MLflow run were ended.")

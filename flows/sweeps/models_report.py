@@ -13,7 +13,7 @@ rows otherwise, tasks/measure/quality.py; with several rounds, the median of eac
 them) next to its baseline (``quality.majority_rate`` for category and binary,
 ``quality.mae_of_mean`` for regression). A RelBench task's binary or regression quality is
 RelBench's own figure instead (``relbench.<metric>`` with ``relbench.<metric>.ci_low|ci_high``,
-tasks/measure/relbench_scores.py) next to the stronger of its two baselines
+tasks/run/record/relbench_scores.py) next to the stronger of its two baselines
 (``quality.baseline.train_mean|previous.<metric>``). Then ``quality.rows`` (the held-out rows
 scored: the same rows for every library, as a class one library never learned counts as a wrong
 prediction; when the libraries' rows differ anyway, quality is not compared: the cell says so
@@ -39,12 +39,19 @@ A second table is the **cost per prediction** of the predict phase (medians over
 each run's ``1000 x seconds / e2e.predict.rows``): end to end and per stage (retrieve,
 preprocess, encode, tensorize, compute, calibrate, write; ``-`` where the library has no such
 step), the predict MFU (``compute.mfu``, present coordinates) and the tensorize and compute
-stages against their floors (``floor.<stage>.fraction``, tasks/measure/floors.py). A figure that
+stages against their floors (``floor.<stage>.fraction``, tasks/run/floors.py). A figure that
 does not exist for a library says so instead of a number: ``none: no FLOPs`` where its runs tag
 ``relflow.flops_note`` (relflow packs, LightGBM's trees compare; a note quotes each reason) and
 ``none: no model floor`` where ``Library.model_floors`` is false (the floors are the reference
 model's tensors and GEMMs); a fraction whose floors are untrusted (tasks/measure/floor_trust.py)
 is starred, with a note.
+
+``--include-busy-host`` also takes the figures of rounds INVALID *only* because other processes
+used the cores (every reason ``host.other_cpu_fraction[_before] > run.max_host_load``: the run's
+own work was measured as a VALID one's, on a loaded host): on a shared host they are the only
+figures there are. Such rounds stay INVALID in the table (``VALID rounds`` counts VALID ones
+only), and a note says how many of each library's figures stand on them; a round INVALID for
+anything else (a short steady window, a recompile, quality) never counts.
 
 ``--library-set LIB:KEY=VALUE`` gives one library overrides of its own, after ``--set`` (e.g. a
 library too fast for the steady window in one pass: ``lightgbm:run.repeats=16``); a note names
@@ -78,11 +85,14 @@ DATA_ERROR = "DATA ERROR"  # a child's exit 2 that is not a refusal: bad input t
 # The headline quality's baseline: what a model that learned nothing scores.
 BASELINE = {"category": "majority_rate", "binary": "majority_rate", "regression": "mae_of_mean"}
 # A RelBench task's own metric per task kind (relbench scores binary and regression only) and
-# its direction (tasks/measure/relbench_scores.py HIGHER_IS_BETTER, repeated: that module
+# its direction (tasks/run/record/relbench_scores.py HIGHER_IS_BETTER, repeated: that module
 # imports pandas and polars, this one stays light for the CLI's flag checks).
 RELBENCH_METRIC = {"binary": "roc_auc", "regression": "nmae"}
 RELBENCH_HIGHER_IS_BETTER = {"roc_auc": True, "nmae": False}
 VALID = "VALID"
+INVALID = "INVALID"
+# The validity rule of the host's load (tasks/run/record/validity.py): the keys its reasons start with.
+HOST_LOAD_KEYS = (K.HOST_OTHER_CPU_FRACTION_BEFORE, K.HOST_OTHER_CPU_FRACTION)
 # The predict stages of the cost table, with an encode step (text columns; relational-transformers'
 # cell vectors) in its place: the stage columns of the budget's table (flows/sweeps/budget.py).
 PREDICT_STAGES = ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
@@ -183,6 +193,14 @@ def valid_only(g: Group) -> Group:
     return Group(g.key, tuple(s for s in g.samples if s.validity == VALID))
 
 
+def busy_host_only(s: Sample) -> bool:
+    """An INVALID round whose every reason is the host's load (``host.other_cpu_fraction[_before]
+    > run.max_host_load``): other processes used the cores, its own work was measured."""
+    if s.validity != INVALID or s.report is None or not s.report.invalid_reasons:
+        return False
+    return all(reason.split(" ", 1)[0] in HOST_LOAD_KEYS for reason in s.report.invalid_reasons)
+
+
 def ms_per_prediction(m: Mapping[str, float], seconds_key: str) -> float | None:
     """``1000 x m[seconds_key] / e2e.predict.rows``: a predict figure's milliseconds per
     prediction; None when the run has no such figure (a stage the library does not run)."""
@@ -210,24 +228,33 @@ def summarize(
     data_errors: Mapping[str, str] | None = None,
     relbench: bool = False,
     library_overrides: Mapping[str, Sequence[str]] | None = None,
+    include_busy_host: bool = False,
 ) -> list[dict[str, Cell]]:
     """One row per library: medians over its VALID rounds; a refused library's row holds its
     reason, as does a library whose child exited 2 on bad input (``data_errors``).
 
     ``parameters``: ``model.parameters`` by child run id (a param, not in the run's summary);
     ``relbench``: the spec is a RelBench task (its quality cell is ``relbench.<metric>``);
-    ``library_overrides``: each library's own ``--library-set`` overrides (kept in its row)."""
+    ``library_overrides``: each library's own ``--library-set`` overrides (kept in its row);
+    ``include_busy_host``: the rounds INVALID only for the host's load count too (``busy_host_only``)."""
     h = headline(kind, relbench)
     refused = dict(refused or {})
     data_errors = dict(data_errors or {})
     parameters = dict(parameters or {})
     overrides = {lib: list(o) for lib, o in (library_overrides or {}).items()}
 
+    def counts(s: Sample) -> bool:
+        """Whether the round's figures count: VALID, or (include_busy_host) INVALID only for load."""
+        return s.validity == VALID or (include_busy_host and busy_host_only(s))
+
+    def counted(g: Group) -> Group:
+        return Group(g.key, tuple(s for s in g.samples if counts(s)))
+
     def e2e_by_round(of: Sequence[Sample]) -> dict[int, float]:
         return {
             s.round: s.metrics[K.E2E_PREDICT_ROWS_PER_S]
             for s in of
-            if s.round >= 0 and s.validity == VALID and K.E2E_PREDICT_ROWS_PER_S in s.metrics
+            if s.round >= 0 and counts(s) and K.E2E_PREDICT_ROWS_PER_S in s.metrics
         }
 
     ref_e2e = e2e_by_round([s for s in samples if s.variant == REFERENCE_LIBRARY])
@@ -239,12 +266,12 @@ def summarize(
         return getattr(ri, field)
 
     def params(g: Group) -> float:
-        vals = sorted(parameters[r.run_id] for r in valid_only(g).reports if r.run_id in parameters)
+        vals = sorted(parameters[r.run_id] for r in counted(g).reports if r.run_id in parameters)
         return vals[len(vals) // 2] if vals else math.nan
 
     def baseline(g: Group) -> tuple[str, float]:
-        """The stronger baseline (its median over VALID rounds), and its name."""
-        got = [(name, valid_only(g).median(key)) for name, key in h.baselines.items()]
+        """The stronger baseline (its median over its counted rounds), and its name."""
+        got = [(name, counted(g).median(key)) for name, key in h.baselines.items()]
         got = [(n, v) for n, v in got if not math.isnan(v)]
         if not got:
             return next(iter(h.baselines)), math.nan
@@ -258,24 +285,24 @@ def summarize(
         return list(seen)
 
     def v(key: str) -> Callable[[Group], float]:
-        return lambda g: valid_only(g).median(key)
+        return lambda g: counted(g).median(key)
 
     def ms(key: str) -> Callable[[Group], float]:
-        """The median over VALID rounds of each run's milliseconds per prediction of ``key``."""
+        """The median over its counted rounds of each run's milliseconds per prediction of ``key``."""
 
         def of(g: Group) -> float:
-            vals = [x for r in valid_only(g).reports if (x := ms_per_prediction(r.metrics, key)) is not None]
+            vals = [x for r in counted(g).reports if (x := ms_per_prediction(r.metrics, key)) is not None]
             return median_interval(vals).median if vals else math.nan
 
         return of
 
     def flops_note(g: Group) -> str:
-        """Why the library's VALID runs publish no FLOPs (their ``relflow.flops_note``), if they say."""
-        return next((n for r in valid_only(g).reports if (n := r.tags.get(FLOPS_NOTE_TAG))), "")
+        """Why the library's counted runs publish no FLOPs (their ``relflow.flops_note``), if they say."""
+        return next((n for r in counted(g).reports if (n := r.tags.get(FLOPS_NOTE_TAG))), "")
 
     def floors_untrusted_reasons(g: Group) -> list[str]:
         seen: dict[str, None] = {}
-        for r in valid_only(g).reports:
+        for r in counted(g).reports:
             if any(K.floor_fraction(st) in r.metrics for st in MODEL_FLOOR_STAGES):
                 seen |= dict.fromkeys(floors_untrusted(r.metrics))
         return list(seen)
@@ -286,6 +313,7 @@ def summarize(
         {
             "rounds": lambda g: len(g.samples),
             "valid_rounds": lambda g: len(valid_only(g).samples),
+            "busy_rounds_counted": lambda g: len(counted(g).samples) - len(valid_only(g).samples),
             "failed_rounds": lambda g: len(g.samples) - len(g.reports),
             "quality": v(h.key),
             "quality_ci_low": v(h.low),
@@ -293,8 +321,8 @@ def summarize(
             "baseline": lambda g: baseline(g)[1],
             "baseline_name": lambda g: baseline(g)[0],
             "quality_rows": v(K.QUALITY_ROWS),
-            "quality_rows_min": lambda g: min(valid_only(g).values(K.QUALITY_ROWS), default=math.nan),
-            "quality_rows_max": lambda g: valid_only(g).max(K.QUALITY_ROWS),
+            "quality_rows_min": lambda g: min(counted(g).values(K.QUALITY_ROWS), default=math.nan),
+            "quality_rows_max": lambda g: counted(g).max(K.QUALITY_ROWS),
             "quality_compared": lambda g: True,
             "nll_uncalibrated": v(K.quality("uncalibrated.nll")),
             "nll": v(K.quality("nll")),
@@ -306,7 +334,7 @@ def summarize(
             "steady_rows_per_s": v(K.STEADY_ROWS_PER_S),
             "first_call_s": v(K.FIRST_CALL_SECONDS),
             "batch_p99_ms": v(K.compute("predict", "batch_ms.p99")),
-            "peak_rss_mib": lambda g: valid_only(g).median(K.HOST_PEAK_BYTES) / 2**20,  # median of each run's peak
+            "peak_rss_mib": lambda g: counted(g).median(K.HOST_PEAK_BYTES) / 2**20,  # median of each run's peak
             "parameters": params,
             "predict_passes": v(K.E2E_PREDICT_PASSES),
             "e2e_ms_per_prediction": ms(K.E2E_PREDICT_SECONDS),
@@ -325,7 +353,7 @@ def summarize(
     )
     # One set of held-out rows or no comparison: every VALID round of every library scored the
     # same number of rows (a library that dropped rows, or scored others, is not comparable).
-    seen = {s.metrics[K.QUALITY_ROWS] for s in ran if s.validity == VALID and K.QUALITY_ROWS in s.metrics}
+    seen = {s.metrics[K.QUALITY_ROWS] for s in ran if counts(s) and K.QUALITY_ROWS in s.metrics}
     if len(seen) > 1:
         for r in rows:
             r["quality_compared"] = False
@@ -428,6 +456,11 @@ COST_CAPTION = (
     "Cost per prediction, predict phase (ms = 1000 x seconds / e2e.predict.rows, each run's, the median over "
     "its VALID rounds; a stage's `-`: the library has no such step, or no VALID round):"
 )
+BUSY_HOST_NOTE = (
+    "Note: --include-busy-host: figures include rounds INVALID only because other processes used the cores "
+    "(host.other_cpu_fraction[_before] > run.max_host_load); they are this loaded host's figures, to read as "
+    "indicative, not as claims."
+)
 
 
 def notes(rows: Sequence[Mapping[str, Cell]]) -> list[str]:
@@ -441,6 +474,8 @@ def notes(rows: Sequence[Mapping[str, Cell]]) -> list[str]:
                 f"Note: {r['variant']} ran with overrides of its own after --set (--library-set): {', '.join(own)}."
             )
     ran = [r for r in rows if r.get("validity") not in (REFUSED, DATA_ERROR)]
+    if any(r.get("busy_rounds_counted") for r in ran):
+        out.append(BUSY_HOST_NOTE)
     if any(r.get("quality_compared") is False for r in ran):
         scored = "; ".join(f"{r['variant']} {_rows_range(r)}" for r in ran)
         out.append(
@@ -456,7 +491,11 @@ def notes(rows: Sequence[Mapping[str, Cell]]) -> list[str]:
             why.append(f"not VALID: {reasons}")
         if r.get("failed_rounds"):
             why.append(f"{r['failed_rounds']} FAILED")
-        figures = "its figures are medians over those only" if valid else "no figures"
+        busy = r.get("busy_rounds_counted") or 0
+        if busy:
+            figures = f"its figures are medians over those and {busy} INVALID only for the host's load"
+        else:
+            figures = "its figures are medians over those only" if valid else "no figures"
         out.append(f"Note: {r['variant']}: {valid} of {total} rounds VALID, {figures} ({'; '.join(why)}).")
     passes = {str(r["variant"]): _num(r.get("predict_passes"), ".0f") for r in ran}
     if len({p for p in passes.values() if p != "-"}) > 1:
@@ -520,7 +559,9 @@ def to_markdown(rows: Sequence[Mapping[str, Cell]], kind: str, relbench: bool = 
                 str(r["validity"]),
             ]
         )
-    return "\n\n".join([markdown_table(header, lines), COST_CAPTION, cost_table(rows), *notes(rows)])
+    ran = any(r.get("validity") not in (REFUSED, DATA_ERROR) for r in rows)
+    cost = [COST_CAPTION, cost_table(rows)] if ran else []  # no library ran: no cost to show
+    return "\n\n".join([markdown_table(header, lines), *cost, *notes(rows)])
 
 
 @dataclass
@@ -628,6 +669,7 @@ def run_report(
     libraries: list[str],
     say: Callable[[str], None],
     library_overrides: Mapping[str, Sequence[str]] | None = None,
+    include_busy_host: bool = False,
 ) -> str:
     from tasks.runtime.errors import UserError
     from tasks.spec import load_spec
@@ -650,7 +692,7 @@ def run_report(
         data_errors: dict[str, str] = {}
         samples, parameters = collect(launch, rounds, libraries, refused, say, data_errors)
         relbench = s.source.relbench is not None
-        rows = summarize(samples, s.task.kind, refused, parameters, data_errors, relbench, own)
+        rows = summarize(samples, s.task.kind, refused, parameters, data_errors, relbench, own, include_busy_host)
         md = to_markdown(rows, s.task.kind, relbench)
         report = {
             "rows": rows,
@@ -658,6 +700,7 @@ def run_report(
             "rounds": rounds,
             "overrides": overrides,
             "library_overrides": own,
+            "include_busy_host": include_busy_host,
             "notes": notes(rows),
         }
         tracker.log_dict(report, "models_report.json")

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from flows.sweeps.models_report import (
+    BUSY_HOST_NOTE,
     DATA_ERROR,
     LIBRARIES,
     REFUSED,
@@ -162,7 +163,7 @@ def test_a_relbench_task_shows_relbenchs_figure_beside_its_stronger_baseline(
 
 def test_the_reports_relbench_metrics_and_directions_are_relbench_scores():
     from flows.sweeps.models_report import RELBENCH_HIGHER_IS_BETTER, RELBENCH_METRIC
-    from tasks.measure.relbench_scores import HIGHER_IS_BETTER
+    from tasks.run.record.relbench_scores import HIGHER_IS_BETTER
 
     assert RELBENCH_HIGHER_IS_BETTER == HIGHER_IS_BETTER
     assert set(RELBENCH_METRIC.values()) == set(HIGHER_IS_BETTER)
@@ -473,3 +474,33 @@ def test_library_set_flag_parsing():
     ):
         with pytest.raises(ValueError, match=says):
             parse_library_sets([bad], libs)
+
+
+def test_include_busy_host_counts_rounds_invalid_only_for_the_hosts_load_and_says_so():
+    """With --include-busy-host a round INVALID only because other processes used the cores
+    counts (its own work was measured); one INVALID for a short steady window as well never
+    does. Without the flag neither counts. The rounds stay INVALID in the table."""
+    load = "host.other_cpu_fraction_before 0.61 > run.max_host_load 0.5 (other processes used the cores)"
+    load_during = "host.other_cpu_fraction 0.52 > run.max_host_load 0.5 (other processes used the cores)"
+    window = "compute.steady_seconds 0.118 < run.min_steady_seconds 1.0"
+    samples = [
+        sample("reference", 0, 100.0),
+        sample("reference", 1, 80.0, "INVALID", (load, load_during)),
+        sample("lightgbm", 0, 1000.0, "INVALID", (load,)),
+        sample("lightgbm", 1, 5000.0, "INVALID", (window, load)),
+    ]
+    strict = {r["variant"]: r for r in summarize(samples, "category")}
+    assert strict["reference"]["e2e_predict_rows_per_s"] == 100.0 and strict["reference"]["busy_rounds_counted"] == 0
+    assert math.isnan(strict["lightgbm"]["e2e_predict_rows_per_s"])
+    assert BUSY_HOST_NOTE not in to_markdown(list(strict.values()), "category")
+    rows = {r["variant"]: r for r in summarize(samples, "category", include_busy_host=True)}
+    ref, lgb = rows["reference"], rows["lightgbm"]
+    assert ref["e2e_predict_rows_per_s"] == 90.0 and (ref["valid_rounds"], ref["busy_rounds_counted"]) == (1, 1)
+    assert lgb["e2e_predict_rows_per_s"] == 1000.0 and (lgb["valid_rounds"], lgb["busy_rounds_counted"]) == (0, 1)
+    assert (lgb["e2e_vs_reference"], lgb["e2e_vs_reference_rounds"]) == (10.0, 1)  # round 0 alone counts for both
+    md = to_markdown(list(rows.values()), "category")
+    assert BUSY_HOST_NOTE in md and "| 0/2 | INVALID |" in md
+    assert (
+        "Note: lightgbm: 0 of 2 rounds VALID, its figures are medians over those and 1 INVALID only for the host's load"
+        in md
+    )

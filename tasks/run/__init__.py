@@ -1,0 +1,1 @@
+"""The composition layer: a run's steps put together (tasks/run/README.md)."""
