@@ -1,7 +1,7 @@
 """Real batches of a benchmark spec, built by the harness's own stage functions.
 
 Shared by the micro-benchmarks that time the model outside the harness (threads,
-cross-check): the harness's own stage chain (tasks/stages/chain.py), untimed, every root row
+cross-check): the harness's own stage chain (tasks/run/chain.py), untimed, every root row
 in key order, sliced into ``run.batch_size`` batches exactly as the compute stage slices them.
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from model import ModelConfig, RelationalTransformer
+from tasks.run.chain import Chain
 from tasks.sources.open import open_sources
 from tasks.spec import Spec, load_spec
-from tasks.stages.chain import Chain
 from tasks.stages.retrieve import list_root_keys
 
 

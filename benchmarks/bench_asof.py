@@ -137,7 +137,7 @@ def child(scale: float, n: int, most: int, chunk_rows: int, repeats: int, releas
     from tasks.datasets.relbench_tpch import ensure_rel_tpch
     from tasks.datasets.tpch import ensure_tpch
     from tasks.measure.clock import Clock, process_cpu
-    from tasks.scenarios.workload import chunked
+    from tasks.run.scenarios.workload import chunked
     from tasks.sources.files import SourceTable
     from tasks.sources.open import data_home, open_relbench
     from tasks.spec import load_spec

@@ -34,9 +34,9 @@ import torch
 from model.batch import Batch
 from model.schema import NULL_INDEX, RESERVED_CATEGORY_SLOTS, UNKNOWN_INDEX
 from tasks.measure.clock import Clock
+from tasks.run.chain import Chain
 from tasks.sources.open import open_sources
 from tasks.spec import load_spec
-from tasks.stages.chain import Chain
 from tasks.stages.preprocess import preprocess
 from tasks.stages.retrieve import ROOT, list_root_keys, retrieve
 from tasks.stages.tensorize import tensorize

@@ -112,10 +112,10 @@ def bare(spec_path: Path, threads: int | None, frozen: bool) -> float:
     from tasks.libraries.engine import LibraryEngine
     from tasks.measure.clock import Clock
     from tasks.measure.gcpauses import frozen_collector
+    from tasks.run.chain import Chain
     from tasks.sources.files import resolve_sources
     from tasks.sources.open import data_home
     from tasks.spec import load_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.retrieve import list_root_keys
 
     spec = load_spec(spec_path, ["run.mode=predict"])

@@ -51,10 +51,10 @@ def steady_predict(spec_path: Path, rows: int, setting: str) -> dict[str, float]
         torch.set_num_threads(int(setting))
     from tasks.libraries.engine import LibraryEngine
     from tasks.measure.clock import Clock
+    from tasks.run.chain import Chain
     from tasks.sources.files import resolve_sources
     from tasks.sources.open import data_home
     from tasks.spec import load_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.retrieve import list_root_keys
 
     spec = load_spec(spec_path, ["run.mode=predict"])

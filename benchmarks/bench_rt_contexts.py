@@ -57,9 +57,9 @@ def measure(spec_path: Path, builder: str, rows: int, sets: Sequence[str], spec_
     import torch
 
     from tasks.measure.clock import wall_clock
+    from tasks.run.chain import Chain
     from tasks.sources.open import open_sources
     from tasks.spec import load_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.preprocess import preprocess
     from tasks.stages.retrieve import list_root_keys, retrieve
 

@@ -3,7 +3,7 @@ checkout of the code, each side in fresh processes, interleaved.
 
 What: on the spec's chunks (every root key, cut at run.chunk_rows), the harness's retrieve
 (tasks/stages/retrieve.py) against the retrieve floor's plainest reader of the same columns
-(``tasks.measure.floors._plain_read``: ``pyarrow.parquet.read_table``, DuckDB's ``SELECT``),
+(``tasks.run.floors._plain_read``: ``pyarrow.parquet.read_table``, DuckDB's ``SELECT``),
 and tensorize (tasks/stages/tensorize.py) against a memcpy (``torch.empty_like(t).copy_``)
 of the tensors it produced, and preprocess (no floor of its own, timed so that a change that
 moves work between stages shows: ``data`` is the three together). Each round times each step once, in alternating order,
@@ -56,11 +56,11 @@ def child(spec_path: Path, scale: float, rounds: int, overrides: list[str]) -> d
     import numpy as np
     import torch
 
-    from tasks.measure.floors import _plain_read
-    from tasks.scenarios.workload import chunked
+    from tasks.run.chain import Chain
+    from tasks.run.floors import _plain_read
+    from tasks.run.scenarios.workload import chunked
     from tasks.sources.open import open_sources
     from tasks.spec import load_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.preprocess import preprocess
     from tasks.stages.retrieve import ROOT, list_root_keys, node_columns, retrieve
     from tasks.stages.tensorize import tensorize

@@ -29,9 +29,9 @@ import torch
 
 from tasks.datasets.tpch import ensure_tpch
 from tasks.measure.clock import Clock
+from tasks.run.chain import Chain
 from tasks.sources.open import open_sources
 from tasks.spec import load_spec
-from tasks.stages.chain import Chain
 from tasks.stages.encode import load_encoder
 from tasks.stages.retrieve import list_root_keys
 

@@ -178,7 +178,7 @@ def check_compile(results: dict) -> None:
 
 
 def check_peak(results: dict) -> None:
-    from tasks.measure.peak_flops import measure
+    from tasks.run.peak_flops import measure
 
     dev = torch.device("cuda")
     results["peak"] = {d: measure(dev, d).flops_per_s / 1e12 for d in ("fp32", "bf16")}

@@ -1,10 +1,10 @@
 """The floor ledger as a figure: one bar per stage, the stage's rate over its floor's.
 
 Draws the latest benchmark run that logged ``floor.<stage>.fraction``
-(tasks/measure/floors.py): 1.0 (the dashed line) is the plainest way this host does the same
+(tasks/run/floors.py): 1.0 (the dashed line) is the plainest way this host does the same
 work, so a short bar is where the serving path leaves the most on the table. Preprocess has no
 single floor; its input rate and share are in the title. Fractions against an untrusted ledger
-(``tasks.measure.floors.untrusted``: a busy host's floors, a stage faster than its floor) are
+(``tasks.run.floors.untrusted``: a busy host's floors, a stage faster than its floor) are
 drawn grey and hatched, with the reasons in the title.
 """
 

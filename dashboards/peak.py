@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from tasks.scenarios.peak import PeakResult
+from tasks.run.scenarios.peak import PeakResult
 
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=70))
 TITLE = "Peak-QPS search: p99 under LoadGen's server rule against Poisson rate"

@@ -4,14 +4,14 @@
 
 This file is the order of work and nothing else. The flow reads as its steps:
 
-    plan (tasks/checks/plan.py) -> start_run -> timed_body (tasks/scenarios/region.py)
-        -> collect (tasks/measure/assemble.py) -> floor fractions (flows/floors.py)
-        -> judge (tasks/measure/judge.py) -> log_run (tasks/tracking/run_log.py)
+    plan (tasks/run/checks/plan.py) -> start_run -> timed_body (tasks/run/scenarios/region.py)
+        -> collect (tasks/run/record/assemble.py) -> floor fractions (flows/floors.py)
+        -> judge (tasks/run/record/judge.py) -> log_run (tasks/run/record/run_log.py)
 
-The state handed between them is an ``Invocation`` (tasks/scenarios/invocation.py). The work
-itself is not here: the plan's stage chain (tasks/stages/chain.py) owns the order of steps,
-the workload (tasks/scenarios/workload.py) its chunks, training epochs and calibration fit,
-and the scenarios (tasks/scenarios: offline passes, single_stream, server) the predict phase.
+The state handed between them is an ``Invocation`` (tasks/run/scenarios/invocation.py). The work
+itself is not here: the plan's stage chain (tasks/run/chain.py) owns the order of steps,
+the workload (tasks/run/scenarios/workload.py) its chunks, training epochs and calibration fit,
+and the scenarios (tasks/run/scenarios: offline passes, single_stream, server) the predict phase.
 The flow hands the chain a runner that makes each step a Prefect task (``NO_CACHE``: hashing
 tables costs seconds), timed inside the task with the shared clock, never with Prefect's
 records, and counts those calls (the orchestration floor's). Training epochs and predict
@@ -33,39 +33,39 @@ from prefect.utilities.annotations import quote
 
 from flows.artifacts import publish_run_artifact
 from flows.floors import run_floor_metrics
-from tasks.backends.setup import serving_backend
-from tasks.checks.plan import Plan, plan
-from tasks.distributed import launch as distributed
 from tasks.libraries import library_packages, library_tags
 from tasks.measure import keys as K
-from tasks.measure import relbench_scores
-from tasks.measure.assemble import collect
 from tasks.measure.clock import Clock, unix_time, wall_clock
-from tasks.measure.collect import Region
 from tasks.measure.environment import fingerprint, host_load_per_core
 from tasks.measure.host_env import CpuTicks, steal_fraction
 from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
-from tasks.measure.judge import judge
 from tasks.measure.memory import PeakMemory
 from tasks.measure.records import RunResult
-from tasks.measure.reference import reference_quality
 from tasks.measure.stats import CI_METHOD
+from tasks.run.backend_setup import serving_backend
+from tasks.run.chain import Chain, Weights
+from tasks.run.checks.plan import Plan, plan
+from tasks.run.distributed import launch as distributed
+from tasks.run.record import relbench_scores
+from tasks.run.record.assemble import collect
+from tasks.run.record.collect import Region
+from tasks.run.record.judge import judge
+from tasks.run.record.run_log import log_run
+from tasks.run.reference_pass import reference_quality
+from tasks.run.scenarios.invocation import Invocation
+from tasks.run.scenarios.latency import LatencyRecord
+from tasks.run.scenarios.outputs import check_offline_outputs, check_outputs
+from tasks.run.scenarios.region import RegionSteps, run_region
+from tasks.run.scenarios.runner import run_requests
+from tasks.run.scenarios.workload import Workload
 from tasks.runtime import interrupts, progress
 from tasks.runtime.hostlock import host_lock, lock_path
 from tasks.runtime.threads import apply_threads
-from tasks.scenarios.invocation import Invocation
-from tasks.scenarios.latency import LatencyRecord
-from tasks.scenarios.outputs import check_offline_outputs, check_outputs
-from tasks.scenarios.region import RegionSteps, run_region
-from tasks.scenarios.runner import run_requests
-from tasks.scenarios.workload import Workload
 from tasks.sources.databases import close_all as close_databases
 from tasks.sources.relbench import folder_of
 from tasks.spec import Spec, parse_spec
-from tasks.stages.chain import Chain, Weights
 from tasks.stages.write import PredictionWriter
 from tasks.tracking.datasets import describe_sources
-from tasks.tracking.run_log import log_run
 from tasks.tracking.writer import Tracker, flatten
 
 _T = TypeVar("_T")
@@ -83,7 +83,7 @@ def _run_step(step: Callable[[], Any], clock: Clock) -> tuple[Any, float]:
 
 
 # One Prefect task per chain step (retrieve, preprocess, encode, tensorize, compute,
-# calibrate, write): the chain (tasks/stages/chain.py) decides the order, Prefect records it.
+# calibrate, write): the chain (tasks/run/chain.py) decides the order, Prefect records it.
 _STAGE_TASKS = {
     name: task(name=name, **STAGE_TASK)(_run_step)
     for name in ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
@@ -98,7 +98,7 @@ def run_as_prefect_task(stage: str, step: Callable[[], _T], clock: Clock) -> tup
 
 @task(name="requests", **STAGE_TASK)
 def requests_task(work: Workload, writer: PredictionWriter) -> LatencyRecord:
-    """single_stream / server: timed requests (tasks/scenarios)."""
+    """single_stream / server: timed requests (tasks/run/scenarios)."""
     return run_requests(work, writer)
 
 
@@ -174,7 +174,7 @@ def timed_body(run: Invocation) -> None:
             distributed=s.run.distributed is not None,
             serving_backend=lambda: serve_backend(run),  # outside every stage (not in e2e)
             requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
-            writer=run.writer,  # offline: predict passes (tasks/scenarios/offline.py)
+            writer=run.writer,  # offline: predict passes (tasks/run/scenarios/offline.py)
         )
         region, run.latency = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
         region_end_unix = unix_time()
@@ -232,7 +232,7 @@ def chain_for(run: Invocation) -> Chain:
 
 
 def serve_backend(run: Invocation) -> float:
-    """The serving backend (tasks/backends/setup.py), its set-up recorded on the run."""
+    """The serving backend (tasks/run/backend_setup.py), its set-up recorded on the run."""
     assert run.work is not None
     load = run.plan.checkpoint.load if run.plan.checkpoint else None
     served = serving_backend(run.spec, run.work.chain, run.plan.backend, load, run.output.with_suffix(".ckpt"))
@@ -267,7 +267,7 @@ def benchmark(
     try:
         run.memory.start()  # inside: a sampler that cannot start must not leave the run RUNNING
         timed_body(run)
-        metrics = collect(run)  # tasks/measure/assemble.py
+        metrics = collect(run)  # tasks/run/record/assemble.py
         # offline: the committed file is one row per root key in key order, the write floor's table
         predictions = run.output if s.run.scenario == "offline" else None
         # at the threads the predict compute ran at: an ONNX Runtime session's own, or the requests'
@@ -276,7 +276,7 @@ def benchmark(
         )
         metrics.update(floors)
         metrics.update(relbench_figures(run, p, predictions))
-        summary = log_run(run, metrics, judge(run, metrics))  # tasks/measure/judge.py, tasks/tracking/run_log.py
+        summary = log_run(run, metrics, judge(run, metrics))  # tasks/run/record/judge.py, tasks/run/record/run_log.py
     except BaseException as err:
         try:
             run.memory.stop()
@@ -295,7 +295,7 @@ def benchmark(
 
 
 def relbench_figures(run: Invocation, p: Plan, predictions: Path | None) -> dict[str, float]:
-    """A RelBench task's own figures and baselines (tasks/measure/relbench_scores.py), after the
+    """A RelBench task's own figures and baselines (tasks/run/record/relbench_scores.py), after the
     region: the prediction table beside the predictions, tagged ``relflow.relbench_predictions``.
     Only an offline run predicts every test row; a request run's file holds the rows it served."""
     s = run.spec

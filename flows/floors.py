@@ -1,7 +1,7 @@
 """The floor ledger in the flow: the orchestration floor (a no-op Prefect task call, which
 ``tasks/`` cannot measure since it never imports Prefect) and a run's ``floor.*`` metrics.
 
-The floors themselves are measured in ``tasks/measure/floors.py``, after the timed region.
+The floors themselves are measured in ``tasks/run/floors.py``, after the timed region.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.libraries import Library
 from tasks.measure.clock import Clock
 from tasks.measure.environment import fingerprint
-from tasks.measure.floors import Floor, best_seconds, fractions, ledger
+from tasks.run.floors import Floor, best_seconds, fractions, ledger
 from tasks.sources.tables import Sources
 from tasks.spec import Spec
 

@@ -344,12 +344,12 @@ def shop_files(write_tables, shop_tables) -> Path:
 @pytest.fixture
 def prepare_chunk():
     """``prepare_chunk(spec_dict, folder) -> (spec, encoding, schema, tensorized)``: every root
-    key as one chunk through the harness's chain (tasks/stages/chain.py), untimed, no Prefect."""
+    key as one chunk through the harness's chain (tasks/run/chain.py), untimed, no Prefect."""
     import torch
 
+    from tasks.run.chain import Chain
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.retrieve import list_root_keys
 
     def prepare(spec_dict: dict[str, Any], folder: Path):

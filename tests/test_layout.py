@@ -44,7 +44,7 @@ PENDING = {
     "tasks/libraries/test_rt_side.py": "test_relational_transformers_side.py (test_session_threads imports it)",
     "tasks/libraries/test_rt_quantizer.py": "test_relational_transformers_formats.py",
     "tasks/libraries/test_unseen_classes.py": "test_libraries_unseen_classes.py",
-    "tasks/scenarios/test_session_threads.py": "test_runner_session_threads.py",
+    "tasks/run/scenarios/test_session_threads.py": "test_runner_session_threads.py",
 }
 
 

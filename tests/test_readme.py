@@ -16,7 +16,7 @@ MAX_LINES = 250
 # Folders whose code folders must all appear in the tree (tests/: its top level only).
 CODE_ROOTS = ("flows", "tasks", "model", "dashboards", "benchmarks")
 # Files a newcomer must find first: the one stage chain and the offline passes.
-KEY_FILES = {"tasks/stages/chain.py", "tasks/scenarios/offline.py", "tasks/scenarios/workload.py"}
+KEY_FILES = {"tasks/run/chain.py", "tasks/run/scenarios/offline.py", "tasks/run/scenarios/workload.py"}
 INDENT = 4
 # One tree line: indentation, a name (folders end in "/"), at least two spaces, the comment.
 TREE_LINE = re.compile(r"^(?P<indent> *)(?P<name>\S+)(?: {2,}(?P<comment>\S.*))?$")

@@ -134,7 +134,7 @@ def _run_benchmark(
 ) -> dict[str, Any]:
     """Check every input (and generate data) before Prefect starts, then run the flow with a
     progress line; returns the flow's summary."""
-    from tasks.checks.preflight import check_settings
+    from tasks.run.checks.preflight import check_settings
     from tasks.spec import load_spec
 
     # Spec and settings first, before torch, Prefect and MLflow are imported (10+ s): bad
@@ -143,7 +143,7 @@ def _run_benchmark(
     check_settings(s)
     temporary_server.configure()  # before the flow's first Prefect call starts that server
     from flows.benchmark import benchmark
-    from tasks.checks.plan import plan
+    from tasks.run.checks.plan import plan
 
     mask_log_secrets()  # with --debug too: Prefect's and MLflow's log lines show URIs masked
     if not debug:
@@ -331,7 +331,7 @@ def _early_stopping(m: dict[str, float]) -> str:
 
 
 def _vs_floor(m: dict[str, float], phase: str, stage: str, trusted: bool) -> str:
-    """The predict stage's ``floor.<stage>.fraction`` (tasks/measure/floors.py), or blank;
+    """The predict stage's ``floor.<stage>.fraction`` (tasks/run/floors.py), or blank;
     marked when the ledger is not to be trusted (the reasons follow the table)."""
     from tasks.measure import keys as K
 
@@ -453,7 +453,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"the cores just before the timed region, {m.get(K.HOST_OTHER_CPU_FRACTION, 0):.0%} during it",
         f"predictions          {summary['output_path']} ({int(m[K.OUTPUT_BYTES]):,} bytes)",
     ]
-    if K.LATENCY_REQUESTS in m:  # single_stream / server (tasks/scenarios)
+    if K.LATENCY_REQUESTS in m:  # single_stream / server (tasks/run/scenarios)
         lines.append(_latency_line(m))
     if K.quality("nll") in m:
         lines.append(
@@ -556,7 +556,7 @@ def peak_cmd(
 
     from tasks.measure.environment import fingerprint
     from tasks.measure.hostload import BUSY_HOST_FRACTION
-    from tasks.measure.peak_flops import DTYPES, cache_file, peak_flops
+    from tasks.run.peak_flops import DTYPES, cache_file, peak_flops
     from tasks.runtime.errors import UserError
 
     if precision not in DTYPES:

@@ -96,7 +96,7 @@ def _run(
     from tasks.spec.sections import load_spec_and_sections
 
     base, sections = load_spec_and_sections(path, overrides)
-    from tasks.checks.preflight import check_settings
+    from tasks.run.checks.preflight import check_settings
 
     check_settings(base)
     full_grid: dict[str, list[Any]] = dict(sections.sweep.grid) if sections.sweep else {}
@@ -117,7 +117,7 @@ def _run(
             check_library(parse_spec(c.spec, f"(budget point {c.label})"))
         except UserError as err:
             raise UserError(f"budget point {c.label}: {err}") from None
-    from tasks.checks.plan import plan
+    from tasks.run.checks.plan import plan
 
     checked = plan(base, path.resolve().parent)
     if checked.generated:

@@ -1,4 +1,4 @@
-"""``relflow-bench floors``: the floor ledger of a spec's data on this host (tasks/measure/floors.py).
+"""``relflow-bench floors``: the floor ledger of a spec's data on this host (tasks/run/floors.py).
 
 Measured once per host fingerprint and data, cached like ``peak``; ``--remeasure`` refreshes
 it. A ledger measured while other processes held more than 10% of the cores is shown and not
@@ -35,10 +35,10 @@ def floors_cmd(
 
         s = load_spec(spec, overrides)  # before torch, Prefect and MLflow (10+ s): a bad spec exits in a second
         from flows.floors import orchestration_floor
-        from tasks.checks.plan import plan
         from tasks.measure.environment import fingerprint
-        from tasks.measure.floors import ledger
         from tasks.measure.hostload import BUSY_HOST_FRACTION
+        from tasks.run.checks.plan import plan
+        from tasks.run.floors import ledger
 
         checked = plan(s, spec.resolve().parent)
         if checked.generated:
@@ -58,6 +58,6 @@ def floors_cmd(
     how = "cached" if led.cached else "measured now"
     if not led.cached and led.other_cpu_fraction > BUSY_HOST_FRACTION:
         how += f", NOT cached: other processes used {led.other_cpu_fraction:.0%} of the cores"
-    from tasks.measure.floors import cache_file
+    from tasks.run.floors import cache_file
 
     out.print(f"ledger {how}; host {host}; key {led.key}; cache {cache_file()}")

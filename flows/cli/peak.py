@@ -2,7 +2,7 @@
 latency bound (LoadGen's server rule, p99).
 
 Registered on the main Typer app in ``flows/cli/app.py``; the flow is ``flows/sweeps/peak.py``,
-the search ``tasks/scenarios/peak.py``. Exit codes as every command's (``flows/cli/common.py``),
+the search ``tasks/run/scenarios/peak.py``. Exit codes as every command's (``flows/cli/common.py``),
 plus 1 when the search found no peak: no probed rate passed, or every one did (a lower bound
 only).
 """
@@ -150,13 +150,13 @@ def _run(
     tag: list[str] | None,
 ) -> dict[str, Any]:
     """Validate the spec and flags and make the data before Prefect starts, then the flow."""
-    from tasks.scenarios.peak import check_args
+    from tasks.run.scenarios.peak import check_args
     from tasks.spec import load_spec
 
     check_args(bound_ms, probe_requests, probe_seconds, tolerance)  # before the heavy imports
     base = load_spec(path, overrides)
     from flows.sweeps.peak import peak_qps
-    from tasks.checks.plan import plan
+    from tasks.run.checks.plan import plan
 
     checked = plan(base, path.resolve().parent)
     if checked.generated:

@@ -143,13 +143,13 @@ def _run_sweep(
     from tasks.spec.sections import load_spec_and_sections
 
     base, sections = load_spec_and_sections(path, overrides)
-    from tasks.checks.preflight import check_settings
+    from tasks.run.checks.preflight import check_settings
 
     check_settings(base)  # tracking store, output folder, lock file: before the heavy imports
     full_grid = dict(sections.sweep.grid) if sections.sweep else {}
     full_grid.update(parse_grid(grid))
     from flows.sweeps.grid import expand, sweep
-    from tasks.checks.plan import plan
+    from tasks.run.checks.plan import plan
 
     configs = expand(base, full_grid)  # every configuration validated before Prefect starts
     from flows.sweeps.pool import check_pool_args

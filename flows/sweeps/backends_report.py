@@ -113,8 +113,8 @@ def prepare_files(launch: Launch, say: Callable[[str], None]) -> dict[str, str]:
     from model.checkpoint import quantize_checkpoint
     from tasks.backends.bundle import export_bundle
     from tasks.backends.onnxruntime import dynamic_int8
-    from tasks.backends.setup import needed_outputs
     from tasks.measure.clock import Clock
+    from tasks.run.backend_setup import needed_outputs
     from tasks.spec import load_spec
 
     train = _run(launch, ["run.mode=train+predict"], "train", {"relflow.variant": "train"})

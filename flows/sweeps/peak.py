@@ -4,7 +4,7 @@ server rule at the latency bound included.
     relflow-bench peak-qps SPEC --bound-ms 50
 
 LoadGen's FindPeakPerformance for the server scenario. The search itself is
-``tasks/scenarios/peak.py`` (double or halve, then bisect until the bracket is within 5%);
+``tasks/run/scenarios/peak.py`` (double or halve, then bisect until the bracket is within 5%);
 here each probe is a fresh-process ``relflow-bench run`` of the spec as a server run at the
 probe's rate (``flows/sweeps/launch.py``, as a sweep's configurations are), a child MLflow
 run of one parent run. A probe passes only when its run is VALID: LoadGen's server rule at
@@ -38,10 +38,10 @@ from prefect.cache_policies import NO_CACHE
 from dashboards.peak import peak_qps_figure
 from flows.sweeps.launch import Launched, launch_local, prefect_api_url
 from tasks.measure import keys as K
+from tasks.run.scenarios.peak import PeakResult, Probe, check_args, search
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
-from tasks.scenarios.peak import PeakResult, Probe, check_args, search
 from tasks.spec import Spec, apply_overrides, parse_spec
 from tasks.tracking.writer import Tracker
 

@@ -124,7 +124,7 @@ def export_bundle(
     from tasks.backends.checkpoint import check_matches_spec
 
     check_matches_spec(ckpt.model.schema, ckpt.model.config, spec, f"checkpoint '{checkpoint}'")
-    # a bundle without a matching split record could never be served (tasks/backends/setup.py)
+    # a bundle without a matching split record could never be served (tasks/run/backend_setup.py)
     check_split(ckpt.extra.get("split"), spec, f"checkpoint '{checkpoint}'")
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(spec.name), dir=out_dir))

@@ -137,7 +137,7 @@ def check_matches_spec(schema: ModelSchema, config: ModelConfig, spec: Spec, wha
 @dataclass
 class LoadedCheckpoint:
     """A run checkpoint as the plan holds it (or an ONNX bundle standing in for one:
-    tasks/backends/setup.py), for the chain's starting weights and the run record."""
+    tasks/run/backend_setup.py), for the chain's starting weights and the run record."""
 
     model: dict[str, torch.Tensor] | None  # state dict; None: ONNX Runtime serves a bundle
     schema: ModelSchema

@@ -1,7 +1,7 @@
 """Reserved lengths: the one rule every path that runs or loads a model applies.
 
 A training run reserves ``min(max_length, observed rows per parent)`` rows in each branch
-(at least 1; tasks/checks/memory_budget.py), so its checkpoint, and every bundle exported
+(at least 1; tasks/run/checks/memory_budget.py), so its checkpoint, and every bundle exported
 from it, can hold lengths below the spec's ``max_length``. A saved model fixes its lengths
 (its row-position embeddings have that size): where the saved length is at most the spec's
 ``max_length`` it is the length, on every path (plan's data checks, ``run.checkpoint``,

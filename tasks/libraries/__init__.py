@@ -70,7 +70,7 @@ def library_packages() -> list[str]:
 
 def library_for(spec: Spec) -> Library:
     """The library ``spec`` names (``model.library``). A run asks once, in its plan
-    (tasks/checks/plan.py ``Plan.library``), and hands the ``Library`` down."""
+    (tasks/run/checks/plan.py ``Plan.library``), and hands the ``Library`` down."""
     return library_named(spec.model.library)
 
 

@@ -39,7 +39,7 @@ class Library(Protocol):
     # library: its own and what it stands on (tasks/measure/environment.py).
     packages: tuple[str, ...]
     # Whether the floor ledger's tensorize and compute floors (a memcpy of the reference model's
-    # tensors, GEMMs at its shapes: tasks/measure/floors.py) describe this library's work; a
+    # tensors, GEMMs at its shapes: tasks/run/floors.py) describe this library's work; a
     # library with other tensors and kernels publishes no floor for those stages.
     model_floors: bool
     # Whether its ModelSide loads ``run.checkpoint`` in the library's own format; False: the
@@ -114,14 +114,14 @@ class Unsupported:
 
 
 class ModelSide(Protocol):
-    """A library's part of one run's chain (tasks/stages/chain.py): read -> preprocess ->
+    """A library's part of one run's chain (tasks/run/chain.py): read -> preprocess ->
     (``encode``) -> ``tensorize`` -> the compute stage through ``engine``. Tensorize fits what
     the model learns from data (a vocabulary, the encoding) on the first chunk, inside that
     step's time; ``engine`` is None until then."""
 
     encodes: bool  # an encode step of its own (its stage row), before tensorize
     # A training chunk's tensors hold every row of the chunk and serve every epoch: a one-chunk
-    # workload keeps them, and counts its data figures from them (tasks/scenarios/workload.py).
+    # workload keeps them, and counts its data figures from them (tasks/run/scenarios/workload.py).
     reuses_chunks: bool
 
     def encode(self, pre: Preprocessed, train: bool) -> Encoded:

@@ -1,6 +1,6 @@
 """Whether a run's floor fractions can be read as they are.
 
-``floor.<stage>.fraction`` (tasks/measure/floors.py) is a stage's rate over its floor's. A
+``floor.<stage>.fraction`` (tasks/run/floors.py) is a stage's rate over its floor's. A
 ledger measured while other work held the cores ran slower than this host can, so every
 fraction against it reads too high; a stage faster than its floor (fraction above 1) means the
 floor, not the stage, is wrong. Either way the run's own stage figures stay right (the floors

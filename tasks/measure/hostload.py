@@ -27,7 +27,7 @@ import psutil
 from tasks.measure.clock import wall_clock
 
 # Above this share of the cores taken by other work, a measured peak or floor ledger is not
-# cached (tasks/measure/peak_flops.py, floors.py) and a run's floor fractions are untrusted.
+# cached (tasks/run/peak_flops.py, floors.py) and a run's floor fractions are untrusted.
 BUSY_HOST_FRACTION = 0.1
 
 

@@ -167,7 +167,7 @@ def overflow_dropped(branch: str) -> str:
     return f"{DATA_OVERFLOW_DROPPED}.{branch}"
 
 
-# Data checks before any work (tasks/checks/data.py) and the memory budget (tasks/checks/memory_budget.py).
+# Data checks before any work (tasks/run/checks/data.py) and the memory budget (tasks/run/checks/memory_budget.py).
 DATA_DUPLICATE_ROOT_KEYS = "data.duplicate_root_keys"
 DATA_LABELLED_ROWS = "data.labelled_rows"
 MEMORY_ESTIMATED_CHUNK_BYTES = "memory.estimated_chunk_bytes"
@@ -241,7 +241,7 @@ HARNESS_STARTUP_SECONDS = "harness.startup_seconds"
 HARNESS_MLFLOW_STARTUP_SECONDS = "harness.mlflow_startup_seconds"
 HARNESS_ORCHESTRATION_SECONDS = "harness.orchestration_seconds"
 HARNESS_ENGINE_SETUP_SECONDS = "harness.engine_setup_seconds"
-# The timed region split into named buckets that add up to it exactly (tasks/scenarios/region.py).
+# The timed region split into named buckets that add up to it exactly (tasks/run/scenarios/region.py).
 HARNESS_REGION_SECONDS = "harness.region_seconds"
 HARNESS_STAGE_SECONDS = "harness.stage_seconds"
 HARNESS_BACKEND_SETUP_SECONDS = "harness.backend_setup_seconds"
@@ -272,7 +272,7 @@ MFU_RESERVED = "mfu_reserved"  # compute(phase, MFU_RESERVED): over the schema's
 MODEL_FLOPS_PER_S_RESERVED = "model_flops_per_s_reserved"  # compute(phase, ...)
 
 
-# Distributed training (run.distributed, tasks/distributed/launch.py); rank 0 logs them.
+# Distributed training (run.distributed, tasks/run/distributed/launch.py); rank 0 logs them.
 def ddp_rank_rows_per_s(rank: int) -> str:
     return f"compute.train.rank{rank}.rows_per_s"
 
@@ -303,14 +303,14 @@ BACKEND_MODEL_BYTES = "backend.model_bytes"
 BACKEND_FP8_FALLBACK_CALLS = "backend.fp8_fallback_calls"
 GRAPH_BREAKS_WARMUP = "graph_breaks_warmup"  # compute(phase, GRAPH_BREAKS_WARMUP)
 QUALITY_DELTA_VS_REFERENCE = "quality.delta_vs_reference"
-# Request scenarios: the same steady rows over two different times (tasks/scenarios/latency.py).
+# Request scenarios: the same steady rows over two different times (tasks/run/scenarios/latency.py).
 LATENCY_ROWS_PER_SERVICE_S = "latency.rows_per_service_s"
 LATENCY_ROWS_PER_WALL_S = "latency.rows_per_wall_s"
 LATENCY_SERVICE_SECONDS = "latency.service_seconds"
 LATENCY_INTRA_OP_THREADS = "latency.intra_op_threads"
-# server: the lowest bound LoadGen's server rule passes (tasks/scenarios/early_stopping.py).
+# server: the lowest bound LoadGen's server rule passes (tasks/run/scenarios/early_stopping.py).
 LATENCY_P99_SERVER_RULE = "latency.request_ms.p99_server_rule"
-# The rest of a request scenario's record (tasks/scenarios/latency.py; CATALOGUE's latency.<what>).
+# The rest of a request scenario's record (tasks/run/scenarios/latency.py; CATALOGUE's latency.<what>).
 LATENCY_PREFIX = "latency."  # every request-scenario key starts so
 LATENCY_REQUESTS = "latency.requests"
 LATENCY_ROOTS_PER_REQUEST = "latency.roots_per_request"
@@ -357,7 +357,7 @@ def latency_step_share(step: str) -> str:
 
 QUALITY_DROP_VS_REFERENCE = "quality.drop_vs_reference"
 # Request scenarios: served outputs vs an offline pass over the same keys, and repeated keys
-# (tasks/scenarios/outputs.py).
+# (tasks/run/scenarios/outputs.py).
 REQUESTS_OUTPUTS_MAX_ABS_DIFF = "requests.outputs_max_abs_diff"
 REQUESTS_OUTPUTS_MISMATCHED_ROOTS = "requests.outputs_mismatched_roots"
 REQUESTS_OUTPUTS_ROOTS_CHECKED = "requests.outputs_roots_checked"
@@ -402,7 +402,7 @@ def relbench(metric: str) -> str:
 
 def relbench_ci(metric: str, bound: str) -> str:
     """``relbench.<metric>.ci_low|ci_high``: a bound of ``relbench.<metric>``'s bootstrap interval
-    over the test entities (tasks/measure/relbench_scores.py; ``bound`` from QUALITY_CI_BOUNDS)."""
+    over the test entities (tasks/run/record/relbench_scores.py; ``bound`` from QUALITY_CI_BOUNDS)."""
     return f"{relbench(metric)}.{bound}"
 
 
@@ -410,7 +410,7 @@ BASELINES = ("train_mean", "previous")
 
 
 def quality_baseline(baseline: str, metric: str) -> str:
-    """A baseline's RelBench figure on the same test rows (tasks/measure/relbench_scores.py)."""
+    """A baseline's RelBench figure on the same test rows (tasks/run/record/relbench_scores.py)."""
     return f"quality.baseline.{baseline}.{metric}"
 
 
@@ -423,11 +423,11 @@ def quality_reference(name: str) -> str:
     return f"quality.reference.{name}"
 
 
-# The floor ledger (tasks/measure/floors.py): each stage against the plainest way to do its work.
+# The floor ledger (tasks/run/floors.py): each stage against the plainest way to do its work.
 FLOOR_STAGES = ("retrieve", "preprocess", "tensorize", "compute", "write", "orchestration")
 FLOOR_UNITS = {
     "retrieve": "bytes_per_s",
-    "preprocess": "rows_per_s",  # time-anchored roots only: the as-of join (tasks/measure/floors.py)
+    "preprocess": "rows_per_s",  # time-anchored roots only: the as-of join (tasks/run/floors.py)
     "tensorize": "bytes_per_s",
     "compute": "flops_per_s",
     "write": "bytes_per_s",
@@ -1111,7 +1111,7 @@ CATALOGUE: tuple[tuple[str, str], ...] = (
     (
         "floor.<stage>.fraction",
         "the predict stage's own warm rate over its floor's, a warm best of 5 (1.0 = at the floor; "
-        "tasks/measure/floors.py): retrieve and tensorize bytes/s from stage.<stage>.predict.warm_bytes|"
+        "tasks/run/floors.py): retrieve and tensorize bytes/s from stage.<stage>.predict.warm_bytes|"
         "warm_seconds, write output.bytes x (passes - 1) over its warm_seconds (offline runs with "
         "run.repeats >= 2 only: one pass has no warm figure, so no fraction); compute is "
         "compute.model_flops_per_s (present-coordinate FLOP/s of the steady batches, any scenario) over a "

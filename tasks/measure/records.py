@@ -124,8 +124,8 @@ class PhaseTimings:
 
 
 class Figures(Protocol):
-    """A record that keys its own figures (tasks/measure/collect.py ``Region``,
-    tasks/scenarios/latency.py ``LatencyRecord``, tasks/scenarios/outputs.py ``OutputCheck``):
+    """A record that keys its own figures (tasks/run/record/collect.py ``Region``,
+    tasks/run/scenarios/latency.py ``LatencyRecord``, tasks/run/scenarios/outputs.py ``OutputCheck``):
     those modules build on this one, so it names what it calls, not their types."""
 
     def metrics(self) -> dict[str, float]: ...
@@ -148,8 +148,8 @@ class WarmStage:
 
 @dataclass
 class CalibrationFacts:
-    """The temperature fit (tasks/scenarios/workload.py) and the temperature the run served
-    with (tasks/measure/collect.py); a figure not recorded is not logged."""
+    """The temperature fit (tasks/run/scenarios/workload.py) and the temperature the run served
+    with (tasks/run/record/collect.py); a figure not recorded is not logged."""
 
     fit_seconds: float | None = None
     fit_rows: int | None = None
@@ -216,12 +216,12 @@ class EncodeCounts:
 
 @dataclass(frozen=True)
 class HarnessFigures:
-    """What the harness measured around the work (tasks/measure/assemble.py)."""
+    """What the harness measured around the work (tasks/run/record/assemble.py)."""
 
     data_seconds: float
     startup_seconds: float  # launch + MLflow start
     mlflow_startup_seconds: float
-    region_buckets: dict[str, float]  # the timed region by bucket (tasks/scenarios/region.py)
+    region_buckets: dict[str, float]  # the timed region by bucket (tasks/run/scenarios/region.py)
     gc_pauses: dict[str, float]  # collector pauses inside the region (tasks/measure/gcpauses.py)
     region: Figures  # collect.Region: lock wait, region bounds, host load
 
@@ -281,7 +281,7 @@ class RunResult:
     repeat_predict_rows_per_s: list[float] = field(default_factory=list)  # one per predict pass
     updates_per_epoch: int = 0
     # The flow's other figures, in the order its steps record them; ``metrics()`` keys them.
-    data_checks: dict[str, float] = field(default_factory=dict)  # tasks/checks/data.py counts (plan)
+    data_checks: dict[str, float] = field(default_factory=dict)  # tasks/run/checks/data.py counts (plan)
     rows_read: int | None = None  # source rows, every table, summed over chunks/requests/ranks
     calibration: CalibrationFacts = field(default_factory=CalibrationFacts)
     warm_stages: dict[str, WarmStage] = field(default_factory=dict)  # predict stage -> warm passes
@@ -292,13 +292,13 @@ class RunResult:
     backend_setup: BackendSetup | None = None
     checkpoint_load: CheckpointLoad | None = None  # run.checkpoint
     fp8_fallback: dict[str, float] = field(default_factory=dict)  # tasks/backends/served.py fp8_metrics
-    reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/measure/reference.py quality_delta
+    reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/run/reference_pass.py quality_delta
     latency: Figures | None = None  # LatencyRecord: single_stream / server runs
     projection: Figures | None = None  # Projections: run.projected_seconds (tasks/measure/projection.py)
     output_check: Figures | None = None  # OutputCheck: run.check_outputs (offline)
     harness: HarnessFigures | None = None
     model_figures: dict[str, float] = field(default_factory=dict)  # ModelFacts.metrics: the library's own
-    utilisation: dict[str, float] = field(default_factory=dict)  # tasks/measure/collect.py utilisation
+    utilisation: dict[str, float] = field(default_factory=dict)  # tasks/run/record/collect.py utilisation
     flow_seconds: FlowSeconds | None = None
 
     def e2e_seconds(self, phase: str) -> float:

@@ -5,7 +5,7 @@ Percentiles are **nearest rank** (LoadGen's definition): the ``q``-th percentile
 values is the value at rank ``ceil(q/100 * n)`` of the sorted values, always a measured
 value, never an interpolation between two (numpy's ``inverted_cdf``). Batch times
 (``compute.batch_ms.p50|p95|p99``) read ``nearest_rank``; request latencies
-(tasks/scenarios/latency.py ``nearest_rank_ms``) use the same definition, and
+(tasks/run/scenarios/latency.py ``nearest_rank_ms``) use the same definition, and
 tests/tasks/measure/test_records.py holds the two equal.
 
 The interval is the order-statistic (sign-test) interval ``[x_(k), x_(n-k+1)]``: for any

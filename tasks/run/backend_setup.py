@@ -24,10 +24,10 @@ from tasks.backends.served import model_bytes
 from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock, wall_clock
 from tasks.measure.records import BackendSetup, CheckpointLoad
+from tasks.run.chain import Chain
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
-from tasks.stages.chain import Chain
 from tasks.stages.split import check_split
 
 

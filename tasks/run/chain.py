@@ -15,10 +15,10 @@ chooses (the run's stage table, one request's step times, a DDP rank's totals). 
 sink (``prepare_untimed``) a step is called directly and nothing is recorded: fitting and
 reference passes are never stage time.
 
-Who drives it: the workload (tasks/scenarios/workload.py: root keys in chunks, training epochs,
+Who drives it: the workload (tasks/run/scenarios/workload.py: root keys in chunks, training epochs,
 the calibration fit; DDP ranks run its epoch loop too) inside the timed region
-(tasks/scenarios/region.py: list keys -> train -> fit -> serving backend -> offline passes,
-tasks/scenarios/offline.py, or requests, tasks/scenarios/request.py).
+(tasks/run/scenarios/region.py: list keys -> train -> fit -> serving backend -> offline passes,
+tasks/run/scenarios/offline.py, or requests, tasks/run/scenarios/request.py).
 """
 
 from __future__ import annotations

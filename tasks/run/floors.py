@@ -70,12 +70,12 @@ from tasks.libraries import Library, library_for
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock, unix_time
 from tasks.measure.hostload import BUSY_HOST_FRACTION, OtherCpu
-from tasks.measure.peak_flops import DTYPES, save_cache
+from tasks.run.chain import Chain
+from tasks.run.peak_flops import DTYPES, save_cache
 from tasks.runtime.threads import intra_op_threads
 from tasks.sources.databases import DatabaseTable, quote
 from tasks.sources.tables import Sources, Table
 from tasks.spec import CompileSettings, Spec
-from tasks.stages.chain import Chain
 from tasks.stages.retrieve import ROOT, category_columns, dictionary_columns, list_root_keys, node_columns, retrieve
 from tasks.stages.tensorize import Chunk
 from tasks.stages.write import PredictionWriter

@@ -1,6 +1,6 @@
 """Specs derived from a run's spec for a second pass over the same data after the timed
-region: the reference pass (tasks/measure/reference.py) and the output check's plain pass
-(tasks/scenarios/outputs.py). One place, so both leave out the same run-only settings."""
+region: the reference pass (tasks/run/reference_pass.py) and the output check's plain pass
+(tasks/run/scenarios/outputs.py). One place, so both leave out the same run-only settings."""
 
 from __future__ import annotations
 

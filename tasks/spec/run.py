@@ -67,7 +67,7 @@ class Loader(Strict):
 
 
 class Distributed(Strict):
-    """Data-parallel training with PyTorch DDP, launched by torchrun (``tasks/distributed/launch.py``)."""
+    """Data-parallel training with PyTorch DDP, launched by torchrun (``tasks/run/distributed/launch.py``)."""
 
     processes: int = Field(2, ge=1, description="training processes (ranks) on this host")
     backend: Literal["gloo", "nccl"] = Field("gloo", description="gloo (CPU) or nccl (one CUDA device per rank)")
@@ -116,7 +116,7 @@ class Request(Strict):
         100.0,
         gt=0,
         description="server: the p99 bound of LoadGen's server rule (latency.request_ms.p99_server_rule above it "
-        "is INVALID; tasks/scenarios/README.md)",
+        "is INVALID; tasks/run/scenarios/README.md)",
     )
     intra_op_threads: int | None = Field(
         1,
@@ -124,7 +124,7 @@ class Request(Strict):
         description="torch intra-op threads while requests are served (cold request included), restored "
         "after; null = the run's own setting (run.threads.intra_op or torch's). One by default: a request's "
         "ops are too small to split, and every split waits for a second thread the host may not give "
-        "(tasks/scenarios/README.md, Low load)",
+        "(tasks/run/scenarios/README.md, Low load)",
     )
     min_duration_s: float = Field(60.0, ge=0, description="shorter runs are INVALID")
     min_requests: int = Field(1024, ge=1, description="fewer requests are INVALID")
@@ -228,7 +228,7 @@ class RunSettings(Strict):
         None,
         gt=0,
         description="refuse a run whose estimated chunk memory exceeds this "
-        "(default: half of the memory available at start; tasks/checks/memory_budget.py)",
+        "(default: half of the memory available at start; tasks/run/checks/memory_budget.py)",
     )
     distributed: Distributed | None = Field(None, description="train with DDP over several processes")
     backend: Literal["pytorch", "onnxruntime", "triton"] = Field(

@@ -133,7 +133,7 @@ class EngineBase:
         # steady predict batches' padding masks of a cell-context library, by reference: summed
         # when read (``steady_cells``), after the timed region, not per batch inside it
         self.steady_cell_masks: list[torch.Tensor] = []
-        # Called with (phase, root rows) after each timed batch (tasks/scenarios/pricing.py:
+        # Called with (phase, root rows) after each timed batch (tasks/run/scenarios/pricing.py:
         # the progress count and the run's projection); None outside a timed region.
         self.after_batch: Callable[[str, int], None] | None = None
 

@@ -1,7 +1,7 @@
 """Ending stale runs: RUNNING runs whose process on this host is gone (SIGKILL, out of memory).
 
 Every run is tagged with its process (``tasks/runtime/liveness.py``); any invocation that
-reaches the store sweeps first (``tasks/checks/preflight.py``)."""
+reaches the store sweeps first (``tasks/run/checks/preflight.py``)."""
 
 from __future__ import annotations
 

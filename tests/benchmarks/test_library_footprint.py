@@ -32,10 +32,10 @@ def test_the_bare_loop_calls_the_librarys_own_api_and_gets_the_harness_step_s_sc
     from bench_library_footprint import library_call
 
     from tasks.measure.records import RunResult
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
 
     if library == "relflow":
         pytest.importorskip("lightning.pytorch")

@@ -1,6 +1,6 @@
 """The dashboard's floor ledger: one bar per stage from the latest run's floor fractions.
 
-Named ``test_floors_figure.py`` (tests/README.md): test_floors.py is tasks/measure/floors.py's
+Named ``test_floors_figure.py`` (tests/README.md): test_floors.py is tasks/run/floors.py's
 (pytest needs unique basenames)."""
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 LoadGen's server rule, a peak is claimed only for a bracketed search (as ``server.peak_qps``
 is), and an INVALID probe is drawn as a failure even with its p99 within the bound.
 
-Named ``test_peak_chart.py`` (tests/README.md): test_peak.py is tasks/scenarios/peak.py's (pytest
+Named ``test_peak_chart.py`` (tests/README.md): test_peak.py is tasks/run/scenarios/peak.py's (pytest
 needs unique basenames)."""
 
 from __future__ import annotations
 
 from dashboards.peak import FAILED, PASSED, peak_qps_figure
-from tasks.scenarios.peak import PeakResult, Probe
+from tasks.run.scenarios.peak import PeakResult, Probe
 
 LATE = "latency.issue_lateness_ms.p99 9.00 > 5% of run.request.latency_bound_ms 100.0"
 

@@ -61,7 +61,7 @@ def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp
     )
     s = parse_spec(raw)
     # the floor ledger's thread count (issue 43 item 3): what the run asks it at
-    from tasks.measure import floors
+    from tasks.run import floors
 
     ledger_threads: list[int] = []
     measured = floors._ledger

@@ -78,7 +78,7 @@ def test_run_finishes_with_every_metric_key(tpch_run, tpch_small):
     assert "stage.write.train.seconds" not in metrics  # training writes nothing
     # e2e = the sum of the stages is the definition itself (RunResult sums them): it is tested
     # where the answer is known, on stub stages with scripted seconds
-    # (tests/tasks/scenarios/test_region.py), not restated on a real run here.
+    # (tests/tasks/run/scenarios/test_region.py), not restated on a real run here.
     # rows/s over rows known without the code: three passes over the 15,000 orders
     assert metrics["data.rows_predicted"] == 3 * 15_000
     assert metrics["e2e.train.rows"] == metrics["stage.compute.train.rows"]

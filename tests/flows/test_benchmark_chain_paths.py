@@ -1,4 +1,4 @@
-"""Every path runs the one stage chain (tasks/stages/chain.py), so a text spec works wherever
+"""Every path runs the one stage chain (tasks/run/chain.py), so a text spec works wherever
 the offline scenario does: training over several chunks then the calibration fit (which once
 re-read chunks without the encode step and exited 1), and both request scenarios (whose
 request path once had no encode step and handed raw strings to tensorize). Slow: real flows.

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from tasks.measure.records import RunResult
-from tasks.scenarios.offline import predict_pass
-from tasks.scenarios.workload import Workload
+from tasks.run.chain import Chain
+from tasks.run.scenarios.offline import predict_pass
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.open import open_sources
 from tasks.spec import load_spec
 from tasks.stages import asof
-from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.tasks.relbench_folders import planted, spec_file
 

@@ -1,7 +1,7 @@
 """What relational-transformers 0.1.0 cannot honour in a spec, decided before any work.
 
 Imports neither torch nor the library: ``relflow-bench run`` calls ``check`` before torch is
-imported (tasks/checks/preflight.py), and a refused setting must exit in about a second. The
+imported (tasks/run/checks/preflight.py), and a refused setting must exit in about a second. The
 two library constants it needs are repeated here (a test holds them equal to the library's).
 """
 

@@ -1,6 +1,6 @@
 """What relflow 0.4.0 cannot honour in a spec, decided from the spec alone.
 
-Imported by the checks before work (``tasks/checks/preflight.py``), before torch, Prefect or
+Imported by the checks before work (``tasks/run/checks/preflight.py``), before torch, Prefect or
 relflow are (``import relflow`` brings Lightning: seconds): so nothing here imports them.
 """
 

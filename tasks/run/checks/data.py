@@ -355,7 +355,7 @@ def check_data_before_work(spec: Spec, sources: Sources) -> tuple[Spec, dict[str
     Returns the spec the run uses (each branch reserving at most the data's observed
     maximum rows per parent), the ``data.*``/``memory.*`` counts to log, and warnings."""
     from tasks.backends.lengths import with_lengths
-    from tasks.checks import memory_budget
+    from tasks.run.checks import memory_budget
 
     facts = check_data(spec, sources)
     lengths = memory_budget.reserved_lengths(spec, facts.observed_max_rows, _checkpoint_lengths(spec))

@@ -15,13 +15,13 @@ from typing import cast
 import torch
 
 from tasks.backends.checkpoint import LoadedCheckpoint, load_run_checkpoint
-from tasks.backends.setup import BackendPlan, check_backend, check_backend_settings
-from tasks.checks.data import check_data_before_work, check_files, check_table_folders
-from tasks.checks.preflight import check_before_work
-from tasks.distributed import launch as distributed
 from tasks.libraries import Library, check_library
 from tasks.measure.clock import wall_clock
-from tasks.measure.reference import check_reference
+from tasks.run.backend_setup import BackendPlan, check_backend, check_backend_settings
+from tasks.run.checks.data import check_data_before_work, check_files, check_table_folders
+from tasks.run.checks.preflight import check_before_work
+from tasks.run.distributed import launch as distributed
+from tasks.run.reference_pass import check_reference
 from tasks.sources.files import SourceTable, check_sources, resolve_sources
 from tasks.sources.open import data_home, open_database, open_relbench
 from tasks.sources.tables import Sources
@@ -42,7 +42,7 @@ class Plan:
     data_seconds: float
     generated: bool
     spec_dir: Path = Path(".")  # where relative source paths resolve (DDP ranks re-plan from it)
-    data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/checks/data.py counts
+    data_metrics: dict[str, float] = field(default_factory=dict)  # tasks/run/checks/data.py counts
     warnings: list[str] = field(default_factory=list)
     backend: BackendPlan = field(default_factory=BackendPlan)  # run.backend (tasks/backends)
     reference: LoadedCheckpoint | None = None  # run.reference_checkpoint, loaded and checked
@@ -53,7 +53,7 @@ def plan(spec: Spec, spec_dir: Path) -> Plan:
     """Validate inputs and make the data available; raises ``UserError`` before any work.
 
     The returned ``Plan.spec`` reserves at most the data's observed rows per parent in each
-    branch (tasks/checks/data.py); the run's params and spec hash stay the configured spec's."""
+    branch (tasks/run/checks/data.py); the run's params and spec hash stay the configured spec's."""
     t0 = wall_clock()
     library = check_library(spec)  # what it cannot honour, before anything else (exit 2)
     notes = check_before_work(spec)  # tracking store, output folder, device name, stale runs

@@ -144,7 +144,7 @@ def check_before_work(spec: Spec) -> list[str]:
     """Where the run writes and which device it names; then end this host's stale runs.
 
     Returns notes for the user (stale runs that were ended)."""
-    from tasks.checks.data import check_device_name
+    from tasks.run.checks.data import check_device_name
     from tasks.runtime.hostlock import check_lock_file
     from tasks.tracking.stale_runs import end_stale_runs
     from tasks.tracking.uri import tracking_uri

@@ -1,7 +1,7 @@
 """Distributed training: ``run.distributed`` trains with PyTorch DDP over several processes.
 
 The flow stays one process; for the train phase it launches ``torchrun`` (``python -m
-torch.distributed.run --standalone``) with ``tasks.distributed.rank`` as the entry. The flow
+torch.distributed.run --standalone``) with ``tasks.run.distributed.rank`` as the entry. The flow
 first fits the encoding on the first chunk (as a single-process run does), so every rank
 encodes the same way; each rank then takes its **shard of root keys** (a hash of the key, so
 a rank retrieves whole neighbourhoods: a root row with every branch row under it), runs
@@ -44,8 +44,8 @@ import torch
 from tasks.libraries.reference.engine import Engine
 from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings, RunResult
+from tasks.run.scenarios.workload import Workload
 from tasks.runtime.errors import UserError
-from tasks.scenarios.workload import Workload
 from tasks.spec import Spec
 
 HASH_SEED = 20_240_611  # fixed: the same key lands on the same rank in every run
@@ -222,7 +222,7 @@ def launch(job: dict[str, Any], processes: int, threads: int, workdir: Path) -> 
         "--standalone",
         f"--nproc-per-node={processes}",
         "-m",
-        "tasks.distributed.rank",
+        "tasks.run.distributed.rank",
         str(job_file),
     ]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -252,7 +252,7 @@ def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking
     assert d is not None  # the flow calls this only with run.distributed set
     # The encoding is fitted on the first chunk (as a 1-process run does) outside the stage
     # table: the ranks prepare every chunk again, and their seconds are the train stages'.
-    # This fit lands in harness.distributed_launch_seconds (tasks/scenarios/region.py).
+    # This fit lands in harness.distributed_launch_seconds (tasks/run/scenarios/region.py).
     work.chain.prepare_untimed(work.chunks[0])
     engine, enc = work.chain.reference_engine(), work.chain.encoding  # DDP: the reference model's
     assert enc is not None  # set by the first chunk

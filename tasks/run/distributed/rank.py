@@ -1,9 +1,9 @@
-"""One DDP rank of a distributed training job: the ``torchrun`` entry (see ``tasks/distributed/launch.py``).
+"""One DDP rank of a distributed training job: the ``torchrun`` entry (see ``tasks/run/distributed/launch.py``).
 
-    python -m torch.distributed.run --standalone --nproc-per-node=N -m tasks.distributed.rank JOB.json
+    python -m torch.distributed.run --standalone --nproc-per-node=N -m tasks.run.distributed.rank JOB.json
 
 Each rank reads its shard of root keys (whole neighbourhoods) and trains on it through the
-same ``Workload.train`` as a one-process run (tasks/scenarios/workload.py: the same chunks,
+same ``Workload.train`` as a one-process run (tasks/run/scenarios/workload.py: the same chunks,
 one-chunk cache and epoch loop; retrieve -> preprocess -> tensorize with the flow's encoding,
 then the same ``Engine`` step, per-batch timing, warm-up apart), the model wrapped in
 ``DistributedDataParallel``. ``ddp.join()`` lets ranks with fewer batches finish without hanging
@@ -26,14 +26,14 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from model.arrow import Encoding, model_schema
-from tasks.distributed.launch import RankReport, metrics, shapes_to_report, shard
 from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock, wall_clock
 from tasks.measure.records import RunResult
-from tasks.scenarios.workload import Workload
+from tasks.run.chain import Chain, Weights
+from tasks.run.distributed.launch import RankReport, metrics, shapes_to_report, shard
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.open import open_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain, Weights
 from tasks.stages.retrieve import list_root_keys
 from tasks.stages.tensorize import layout, target
 

@@ -6,7 +6,7 @@ After the region (flows/benchmark.py orders the steps), in this order:
 2. the engine closed, the prediction file committed, the memory sampler stopped;
 3. what the harness measured around the work: quality against the reference, the request
    record, the output check, start-up, the region's buckets and the host;
-4. the checkpoint saved (train+predict; tasks/tracking/run_log.py);
+4. the checkpoint saved (train+predict; tasks/run/record/run_log.py);
 5. the model's facts and MFU (at the thread count each phase ran at);
 6. ``harness.flow_seconds`` up to here, and ``RunResult.metrics()``.
 
@@ -21,12 +21,12 @@ import torch
 from tasks.backends.served import fp8_metrics
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
-from tasks.measure.collect import engine_figures, utilisation
 from tasks.measure.records import FlowSeconds, HarnessFigures
-from tasks.measure.reference import quality_delta
+from tasks.run.record.collect import engine_figures, utilisation
+from tasks.run.record.run_log import save_checkpoint
+from tasks.run.reference_pass import quality_delta
+from tasks.run.scenarios.invocation import Invocation
 from tasks.runtime.writes import named_write_errors
-from tasks.scenarios.invocation import Invocation
-from tasks.tracking.run_log import save_checkpoint
 
 
 def collect(run: Invocation) -> dict[str, float]:
@@ -91,7 +91,7 @@ def _harness_part(run: Invocation) -> None:
         run.plan.data_seconds,
         run.launch_seconds + run.mlflow_seconds,
         run.mlflow_seconds,
-        run.buckets,  # harness.region_seconds and its buckets (tasks/scenarios/region.py)
+        run.buckets,  # harness.region_seconds and its buckets (tasks/run/scenarios/region.py)
         run.gc_pauses,  # tasks/measure/gcpauses.py
         run.region,
     )

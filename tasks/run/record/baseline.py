@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from tasks.measure import keys as K
-from tasks.measure.relbench_scores import no_better_than_baselines
+from tasks.run.record.relbench_scores import no_better_than_baselines
 
 
 def _nan_reasons(metrics: dict[str, float], names: tuple[str, ...]) -> list[str]:
@@ -29,7 +29,7 @@ def _nan_reasons(metrics: dict[str, float], names: tuple[str, ...]) -> list[str]
 
 def no_better_than_baseline(metrics: dict[str, float]) -> list[str]:
     """The reason the model did not beat the trivial predictor, or nothing. A RelBench task is held
-    to the stronger of its two baselines on its own metrics (tasks/measure/relbench_scores.py)."""
+    to the stronger of its two baselines on its own metrics (tasks/run/record/relbench_scores.py)."""
     relbench = no_better_than_baselines(metrics)
     if relbench is not None:
         return relbench

@@ -15,12 +15,12 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.environment import fingerprint
-from tasks.measure.peak_flops import peak_flops
 from tasks.measure.records import PHASES, CompileCounters, PhaseTimings, RunResult, batch_coordinate_metrics
 from tasks.measure.utilisation import PhaseWork, mfu_metrics
+from tasks.run.chain import Chain
+from tasks.run.peak_flops import peak_flops
 from tasks.spec import Spec
 from tasks.stages.calibrate import CALIBRATED_KINDS
-from tasks.stages.chain import Chain
 from tasks.stages.engine import EngineBase, ModelFacts, compile_cache_counts, compiled_frames
 
 

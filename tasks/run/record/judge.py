@@ -4,7 +4,7 @@ Empty means VALID. The rules by what they judge:
 
 - the offline validity rules (validity.py: steady windows, recompiles, host load, quality);
   a request run is not held to the predict phase's offline steady window;
-- a request run's LoadGen rules (tasks/scenarios/latency.py: request count, early stopping,
+- a request run's LoadGen rules (tasks/run/scenarios/latency.py: request count, early stopping,
   duration, the server's bound, issue lateness) and its output check;
 - quality against the majority-class / mean baseline, where the weights were trained;
 - an offline run's output check (run.check_outputs);
@@ -13,12 +13,12 @@ Empty means VALID. The rules by what they judge:
 
 from __future__ import annotations
 
-from tasks.measure.baseline import no_better_than_baseline
-from tasks.measure.reference import drop_reasons
 from tasks.measure.utilisation import utilisation_reasons
-from tasks.measure.validity import verdict
-from tasks.scenarios.invocation import Invocation
-from tasks.scenarios.latency import verdict as latency_verdict
+from tasks.run.record.baseline import no_better_than_baseline
+from tasks.run.record.validity import verdict
+from tasks.run.reference_pass import drop_reasons
+from tasks.run.scenarios.invocation import Invocation
+from tasks.run.scenarios.latency import verdict as latency_verdict
 
 
 def judge(run: Invocation, metrics: dict[str, float]) -> list[str]:

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 from tasks.measure import keys as K
 from tasks.measure.floor_trust import UNTRUSTED_TAG, untrusted
 from tasks.measure.profiling import to_markdown as profile_markdown
+from tasks.run.scenarios.invocation import Invocation
 from tasks.runtime.masking import mask_uri
-from tasks.scenarios.invocation import Invocation
 from tasks.stages.engine import EngineBase, graph_break_reasons
 from tasks.tracking.datasets import model_interface
 from tasks.tracking.run_note import run_description

@@ -5,7 +5,7 @@ which rule failed and why.
 
 A request run (single_stream, server) measures requests, not a throughput pass: LoadGen's
 rules judge that part (request count, early stopping, duration, the server's bound and issue
-lateness: ``tasks/scenarios/latency.py``), so the offline steady window of the predict phase
+lateness: ``tasks/run/scenarios/latency.py``), so the offline steady window of the predict phase
 (``run.min_steady_batches``, ``run.min_steady_seconds`` over the compute stage's steady
 batches) does not apply to it: its "batches" are the served calls, and their compute seconds
 are a slice of each request's latency (64 requests over 2 s had 0.4 s of compute). Training

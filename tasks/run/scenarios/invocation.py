@@ -4,8 +4,8 @@
 -> judge -> log); each step reads and fills this record: the plan and the spec, the MLflow run,
 the prediction file, the workload and its timed region, the request scenario's record, the
 serving backend's set-up. The steps themselves live where a reader expects them:
-``tasks/measure/assemble.py`` (collect), ``tasks/measure/judge.py`` (judge),
-``tasks/tracking/run_log.py`` (log).
+``tasks/run/record/assemble.py`` (collect), ``tasks/run/record/judge.py`` (judge),
+``tasks/run/record/run_log.py`` (log).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.checks.plan import Plan
-from tasks.measure.collect import Region
 from tasks.measure.memory import PeakMemory
 from tasks.measure.records import BackendSetup, RunResult
-from tasks.scenarios.latency import LatencyRecord
-from tasks.scenarios.outputs import OutputCheck
-from tasks.scenarios.workload import Workload
+from tasks.run.checks.plan import Plan
+from tasks.run.record.collect import Region
+from tasks.run.scenarios.latency import LatencyRecord
+from tasks.run.scenarios.outputs import OutputCheck
+from tasks.run.scenarios.workload import Workload
 from tasks.spec import Spec
 from tasks.stages.engine import EngineBase
 from tasks.stages.write import PredictionWriter

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tasks.measure import keys as K
-from tasks.scenarios import early_stopping
-from tasks.scenarios.outputs import OutputCheck, ServedOutputs, repeat_key_speedup
+from tasks.run.scenarios import early_stopping
+from tasks.run.scenarios.outputs import OutputCheck, ServedOutputs, repeat_key_speedup
 from tasks.spec import Request
 
 STEPS = ("retrieve", "preprocess", "tensorize", "compute", "calibrate", "write")
@@ -62,12 +62,12 @@ class LatencyRecord:
     service_s: float = 0.0
     rows: int = 0
     # Root keys of every served call in order, the cold one included: the rows request quality
-    # scored, which the reference pass scores too (tasks/measure/reference.py).
+    # scored, which the reference pass scores too (tasks/run/reference_pass.py).
     scored_keys: list[np.ndarray] = field(default_factory=list)
     # Root keys of each steady request, aligned with latency_s (requests.repeat_key_speedup).
     request_keys: list[np.ndarray] = field(default_factory=list)
     # run.request.check_outputs: what the served calls wrote, and its comparison with an
-    # offline pass after the timed region (tasks/scenarios/outputs.py).
+    # offline pass after the timed region (tasks/run/scenarios/outputs.py).
     served_outputs: ServedOutputs | None = None
     output_check: OutputCheck | None = None
 

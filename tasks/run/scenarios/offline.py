@@ -9,7 +9,7 @@ passes after the first add their stage seconds and bytes to
 run's prediction file, the others a file of their own that is removed after the pass.
 
 One offline batch: ``run_region`` (region.py) -> ``predict_repeat`` -> ``predict_pass`` ->
-``Workload.prepare`` (workload.py) -> ``Chain.prepare`` (tasks/stages/chain.py: read ->
+``Workload.prepare`` (workload.py) -> ``Chain.prepare`` (tasks/run/chain.py: read ->
 preprocess -> (encode) -> tensorize, each step through the flow's runner, a Prefect task) ->
 ``Chain.serve`` (compute -> calibrate -> write).
 """
@@ -17,8 +17,8 @@ preprocess -> (encode) -> tensorize, each step through the flow's runner, a Pref
 from __future__ import annotations
 
 from tasks.measure.records import WarmStage
-from tasks.scenarios.outputs import ServedOutputs
-from tasks.scenarios.workload import Workload
+from tasks.run.scenarios.outputs import ServedOutputs
+from tasks.run.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
 
 

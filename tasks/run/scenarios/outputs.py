@@ -38,10 +38,10 @@ import pyarrow as pa
 import torch
 
 from tasks.measure import keys as K
+from tasks.run.chain import Chain, Weights
 from tasks.spec import RunSettings, Spec
 from tasks.spec.derived import eager_spec
 from tasks.spec.tolerance import output_tolerance
-from tasks.stages.chain import Chain, Weights
 from tasks.stages.engine import PredictOutputs
 
 

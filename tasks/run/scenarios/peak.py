@@ -35,8 +35,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tasks.run.scenarios.early_stopping import requests_needed
 from tasks.runtime.errors import UserError
-from tasks.scenarios.early_stopping import requests_needed
 
 FLOOR_RATIO = 0.9  # p99 at half the rate above this share of the p99 at the rate: no load effect
 KEPT_UP = 0.8  # achieved / target QPS of a probe that kept up (a Poisson run of 662 requests varies ~4%)

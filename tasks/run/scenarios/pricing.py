@@ -32,7 +32,7 @@ from tasks.spec import Spec
 from tasks.spec.schema import Branch
 
 if TYPE_CHECKING:
-    from tasks.scenarios.workload import Workload
+    from tasks.run.scenarios.workload import Workload
     from tasks.stages.tensorize import Chunk
 
 STEADY_TO_PRICE = 3  # steady batches (or steady requests) of a phase before it is priced

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 from tasks.measure import keys as K
 from tasks.measure.gcpauses import GcPauses, frozen_collector
-from tasks.scenarios.latency import LatencyRecord
-from tasks.scenarios.offline import predict_repeat
-from tasks.scenarios.pricing import Pricing
-from tasks.scenarios.workload import Workload
+from tasks.run.scenarios.latency import LatencyRecord
+from tasks.run.scenarios.offline import predict_repeat
+from tasks.run.scenarios.pricing import Pricing
+from tasks.run.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
 
 BUCKETS = ("calibration_fit", "backend_setup", "request_wait", "request_settle", "distributed_launch")
@@ -85,7 +85,7 @@ class Region:
 class RegionSteps:
     """The region's steps that the caller (the flow) supplies: how training runs (here or DDP),
     how the serving backend starts, and the request scenario as a Prefect task (None: offline,
-    whose predict passes run from here, tasks/scenarios/offline.py, into ``writer``)."""
+    whose predict passes run from here, tasks/run/scenarios/offline.py, into ``writer``)."""
 
     train: Callable[[], object]
     distributed: bool
@@ -99,7 +99,7 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
     region = Region(work)
     latency = None
     # The collect and freeze run before the region's clock starts (tasks/measure/gcpauses.py).
-    # The progress counts, the projection and run.max_minutes (tasks/scenarios/pricing.py): from
+    # The progress counts, the projection and run.max_minutes (tasks/run/scenarios/pricing.py): from
     # the region's start, closed before anything after it (the output checks' untracked passes).
     with frozen_collector(work.chain.clock) as region.gc, work.chain.clock.measure() as span:
         work.pricing = pricing = Pricing(work, work.chain.clock)

@@ -2,12 +2,12 @@
 
     retrieve (by key) -> preprocess -> (encode) -> tensorize -> compute -> calibrate -> write
 
-The workload's own chain (tasks/stages/chain.py), run directly: a Prefect task per request
+The workload's own chain (tasks/run/chain.py), run directly: a Prefect task per request
 would add orchestration to every request's latency. Step times also add into the run's stage
 table; held-out labels feed the calibration quality outside the timing. What a call counts
 (figures, stage table, quality; ``report_mask`` hashes its keys) runs in ``settle``, which
 the scenarios call outside every request's latency span, a call's worth at a time when asked
-(the server settles a bounded amount per idle gap: tasks/scenarios/server.py).
+(the server settles a bounded amount per idle gap: tasks/run/scenarios/server.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tasks.scenarios.outputs import ServedOutputs
-from tasks.scenarios.workload import Workload
-from tasks.stages.chain import Prepared, run_directly
+from tasks.run.chain import Prepared, run_directly
+from tasks.run.scenarios.outputs import ServedOutputs
+from tasks.run.scenarios.workload import Workload
 from tasks.stages.engine import PredictOutputs
 from tasks.stages.write import PredictionWriter
 

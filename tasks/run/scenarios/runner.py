@@ -7,13 +7,13 @@ from itertools import count
 
 import numpy as np
 
+from tasks.run.scenarios import server, single_stream
+from tasks.run.scenarios.latency import LatencyRecord
+from tasks.run.scenarios.request import RequestPath
+from tasks.run.scenarios.schedule import poisson_arrivals, request_keys, validation_keys
+from tasks.run.scenarios.workload import Workload
 from tasks.runtime.errors import UserError
 from tasks.runtime.threads import intra_op_threads
-from tasks.scenarios import server, single_stream
-from tasks.scenarios.latency import LatencyRecord
-from tasks.scenarios.request import RequestPath
-from tasks.scenarios.schedule import poisson_arrivals, request_keys, validation_keys
-from tasks.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
 
 
@@ -39,7 +39,7 @@ def _run_scenario(work: Workload, writer: PredictionWriter, max_requests: int | 
             "task.validation_fraction."
         )
     serve = RequestPath(work, writer)
-    pricing = work.pricing  # the progress count and the run's projection (tasks/scenarios/pricing.py)
+    pricing = work.pricing  # the progress count and the run's projection (tasks/run/scenarios/pricing.py)
     on_served = pricing.requests_served if pricing is not None else (lambda requests, roots, elapsed: None)
     if spec.run.scenario == "single_stream":
         if pricing is not None:

@@ -13,7 +13,7 @@ been noticed that was: after its arrival, or after the batch that was being serv
 arrived ended. A request arriving during a batch is queued by the schedule, not late (its
 latency counts from the arrival anyway); a late wake from sleeping is the generator's delay.
 
-Bookkeeping (``settle``: what a served call counts, tasks/scenarios/request.py) runs while the
+Bookkeeping (``settle``: what a served call counts, tasks/run/scenarios/request.py) runs while the
 server is idle, bounded per idle gap: at most ``settle_calls`` served calls' worth
 (``SETTLE_CALLS_PER_GAP``), each begun only before the next arrival is due. Settling the whole
 backlog in the first gap after a busy spell made the next arrivals queue behind it near
@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from tasks.measure.clock import Clock, unix_time
-from tasks.scenarios.latency import LatencyRecord
+from tasks.run.scenarios.latency import LatencyRecord
 
 Serve = Callable[[np.ndarray], dict[str, float]]
 SETTLE_CALLS_PER_GAP = 2  # served calls' bookkeeping settled at most per idle gap
@@ -69,7 +69,7 @@ def run(
     due), and for what is left at the end: never between a batch's requests and their
     responses. Its seconds go to ``rec.settle_s``. ``on_served(requests, roots, elapsed)``
     after each served batch, outside every request's latency: the progress count and the run's
-    projection (tasks/scenarios/pricing.py)."""
+    projection (tasks/run/scenarios/pricing.py)."""
     n = len(arrivals)
     rec = LatencyRecord("server", target_qps=target_qps, roots=keys.shape[1])
     if cold_keys is not None:

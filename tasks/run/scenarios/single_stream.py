@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from tasks.measure.clock import Clock, unix_time
-from tasks.scenarios.latency import LatencyRecord
+from tasks.run.scenarios.latency import LatencyRecord
 
 Serve = Callable[[np.ndarray], dict[str, float]]
 
@@ -33,7 +33,7 @@ def run(
     request's latency includes (the scenario's duration does: it is wall time); its seconds
     go to ``rec.settle_s`` (``harness.request_settle_seconds``). ``on_served(requests, roots,
     elapsed)`` after each steady request, outside its span: the progress count and the run's
-    projection (tasks/scenarios/pricing.py)."""
+    projection (tasks/run/scenarios/pricing.py)."""
     rec = LatencyRecord("single_stream", roots=roots)
     with clock.measure() as cold:
         rec.first_steps_s = serve(next(keys))

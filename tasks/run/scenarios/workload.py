@@ -1,7 +1,7 @@
 """One run's work over its root keys: chunks, training epochs, the calibration fit.
 
 A ``Workload`` lists the root keys once (charged to predict's retrieve), cuts them into
-``run.chunk_rows`` chunks, and drives the plan's ``Chain`` (tasks/stages/chain.py) over them:
+``run.chunk_rows`` chunks, and drives the plan's ``Chain`` (tasks/run/chain.py) over them:
 training epochs here, predict passes in the scenarios (offline.py, runner.py). Every stage
 second is charged to the phase that spent it, and lands in the run's ``RunResult``.
 
@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from tasks.measure.records import EncodeCounts, EncodeUnit, RunResult, StageTiming
-from tasks.scenarios.outputs import ServedOutputs
+from tasks.run.chain import Chain, Prepared, StageSink
+from tasks.run.scenarios.outputs import ServedOutputs
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature, validation_logits
-from tasks.stages.chain import Chain, Prepared, StageSink
 from tasks.stages.retrieve import list_root_keys
 from tasks.stages.tensorize import Chunk
 
 if TYPE_CHECKING:
-    from tasks.scenarios.pricing import Pricing
+    from tasks.run.scenarios.pricing import Pricing
 
 
 def chunked(keys: np.ndarray, rows: int) -> list[np.ndarray]:
@@ -158,7 +158,7 @@ class Workload:
     def train(self) -> None:
         """``run.epochs`` epochs over every chunk (a one-chunk workload keeps its tensors), each
         chunk's compute through the chain; ``updates_per_epoch`` from the first. The one epoch
-        loop: a DDP rank (tasks/distributed/rank.py) runs it over its shard."""
+        loop: a DDP rank (tasks/run/distributed/rank.py) runs it over its shard."""
         sink = self.sink("train")
         if self.pricing is not None:
             self.pricing.begin("train")

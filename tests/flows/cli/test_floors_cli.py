@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # a Prefect server and a floor ledger measured fo
 
 def test_floors_prints_every_stage_and_caches_the_ledger(prefect_harness, shop_spec, shop_files, monkeypatch):
     monkeypatch.setenv("RELFLOW_CACHE_DIR", str(shop_files / "cache"))
-    monkeypatch.setattr("tasks.measure.floors.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
+    monkeypatch.setattr("tasks.run.floors.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
     shop_spec["run"]["output_dir"] = str(shop_files / "outputs")
     shop_spec["run"]["mode"] = "predict"  # 5 labelled rows are too few to train on; floors need none
     spec = shop_files / "shop.yaml"

@@ -91,7 +91,7 @@ def test_each_child_compiles_in_empty_compiler_caches_removed_after_it(tmp_path,
 
 
 def test_compiler_cache_state_names_where_a_runs_graphs_came_from():
-    from tasks.measure.collect import compiler_cache_state
+    from tasks.run.record.collect import compiler_cache_state
 
     assert compiler_cache_state(0, 0) == "none"
     assert compiler_cache_state(0, 3) == "cold"

@@ -19,7 +19,7 @@ from flows.sweeps.launch import Launched
 from flows.sweeps.peak import log_result, probe_from
 from tasks.measure import keys as K
 from tasks.measure.report import RunSummary
-from tasks.scenarios.peak import PeakResult, Probe, search
+from tasks.run.scenarios.peak import PeakResult, Probe, search
 
 REPO = Path(__file__).resolve().parents[3]
 SPEC = REPO / "benchmarks" / "tpch_orders.yaml"

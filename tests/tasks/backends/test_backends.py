@@ -66,7 +66,7 @@ def test_predict_with_onnxruntime_needs_weights(shop_spec, shop_files):
 
 
 def test_quality_delta_and_drop_rule():
-    from tasks.measure.reference import drop_reasons, quality_delta
+    from tasks.run.reference_pass import drop_reasons, quality_delta
 
     acc = quality_delta("accuracy", {"accuracy": 0.80}, {"accuracy": 0.85})
     assert acc["quality.delta_vs_reference"] == pytest.approx(-0.05)
@@ -132,9 +132,9 @@ def test_run_checkpoint_in_any_format_expands_and_reports_its_cost(trained_ckpt,
 
 def test_pytorch_backend_tags_fp8_as_expanded_off_supported_cuda(trained_ckpt, tmp_path):
     from tasks.backends.checkpoint import load_run_checkpoint
-    from tasks.backends.setup import BackendPlan, start_backend
     from tasks.libraries.reference.engine import Engine
     from tasks.measure.clock import Clock
+    from tasks.run.backend_setup import BackendPlan, start_backend
 
     spec, path = trained_ckpt
     quantize_checkpoint(path, tmp_path / "s.fp8.ckpt", "fp8")
@@ -160,11 +160,11 @@ def test_native_fp8_is_measured_as_served_and_tagged_native_only_without_fallbac
     counted and take the native tag away. Native fp8 needs CUDA 8.9+; this torch also runs
     ``torch._scaled_mm`` on CPU, so the capability gate (and only it) is opened here."""
     from model.quantize import Fp8Linear
-    from tasks.backends import setup
     from tasks.backends.checkpoint import load_run_checkpoint
     from tasks.backends.served import fp8_metrics
     from tasks.libraries.reference.engine import Engine
     from tasks.measure.clock import Clock
+    from tasks.run import backend_setup as setup
 
     spec, path = trained_ckpt
     _, _, _, tz = prepare_chunk(shop_spec, shop_files)

@@ -50,9 +50,9 @@ def shop_plus(shop_tables, write_tables) -> Path:
 def own_checkpoint(shop_spec, shop_plus, tmp_path):
     """A train+predict run's checkpoint: trained under the lengths the data checks reserve."""
     from tasks.backends.checkpoint import save_run_checkpoint
-    from tasks.checks.data import check_data_before_work
+    from tasks.run.chain import Chain
+    from tasks.run.checks.data import check_data_before_work
     from tasks.sources.files import resolve_sources
-    from tasks.stages.chain import Chain
     from tasks.stages.retrieve import list_root_keys
 
     configured = parse_spec(_configured(shop_spec, output_dir=str(tmp_path / "out")))
@@ -73,9 +73,9 @@ def own_checkpoint(shop_spec, shop_plus, tmp_path):
 def _predict(shop_spec: dict, sources, ckpt: Path, tmp_path: Path, **run: object) -> dict[str, torch.Tensor]:
     """The flow's predict path (plan's checks and loads, then the backend) without Prefect."""
     from tasks.backends.checkpoint import load_run_checkpoint
-    from tasks.backends.setup import check_backend, start_backend
-    from tasks.checks.data import check_data_before_work
-    from tasks.stages.chain import Chain, Weights
+    from tasks.run.backend_setup import check_backend, start_backend
+    from tasks.run.chain import Chain, Weights
+    from tasks.run.checks.data import check_data_before_work
     from tasks.stages.retrieve import list_root_keys
 
     configured = parse_spec(
@@ -161,7 +161,7 @@ def test_a_reference_must_reserve_the_runs_lengths(own_checkpoint, shop_spec):
     """The reference scores rows the run's chain tensorized: the rule that accepts a saved
     length below max_length must not let a shorter reference through to fail after the run."""
     from tasks.backends.lengths import with_lengths
-    from tasks.measure.reference import check_reference
+    from tasks.run.reference_pass import check_reference
 
     ckpt, _ = own_checkpoint
     configured = parse_spec(_configured(shop_spec, mode="predict", reference_checkpoint=str(ckpt)))

@@ -224,7 +224,7 @@ def _spec(shop_spec, **run):
 
 
 def test_triton_off_cuda_without_interpreter_is_refused_before_work(shop_spec, monkeypatch):
-    from tasks.backends.setup import check_backend_settings
+    from tasks.run.backend_setup import check_backend_settings
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     s = parse_spec(_spec(shop_spec, device="cpu"))
@@ -255,9 +255,9 @@ def test_start_backend_serves_an_fp8_checkpoint_through_the_engine(shop_spec, sh
     the Triton backend's predictions equal to the PyTorch backend's over the same weights."""
     from model.checkpoint import quantize_checkpoint
     from tasks.backends.checkpoint import load_run_checkpoint, save_run_checkpoint
-    from tasks.backends.setup import BackendPlan, check_backend, start_backend
     from tasks.libraries.reference.engine import Engine
     from tasks.measure.clock import Clock
+    from tasks.run.backend_setup import BackendPlan, check_backend, start_backend
 
     spec, enc, schema, tz = prepare_chunk(shop_spec, shop_files)
     engine = Engine(spec, schema, CPU, encoding=enc)

@@ -306,9 +306,9 @@ def test_the_planted_labels_after_the_seed_time_never_reach_a_graph_context(tmp_
     context holds a cell of a row after its seed time, and no planted row is emitted at all."""
     import torch
 
+    from tasks.run.chain import Chain
     from tasks.sources.open import open_sources
     from tasks.spec import load_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.retrieve import list_root_keys
     from tests.tasks.relbench_folders import planted, spec_file
 

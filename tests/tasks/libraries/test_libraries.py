@@ -54,9 +54,9 @@ def shop_two_classes(shop_tables, write_tables) -> Any:
 def _run_tags(spec_dict: dict[str, Any], folder: Any) -> dict[str, str]:
     """The tags a run logs about what served it: the engine's backend tags (run_log) and the
     model's facts (assemble), after one predict pass over every shop customer."""
+    from tasks.run.chain import Chain
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.retrieve import list_root_keys
 
     spec = parse_spec(spec_dict)

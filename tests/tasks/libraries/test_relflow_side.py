@@ -33,9 +33,9 @@ def relflow_spec(shop_spec: dict[str, Any], **run: Any) -> dict[str, Any]:
 
 
 def _chain(spec_dict: dict[str, Any], folder: Any) -> Any:
+    from tasks.run.chain import Chain
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
 
     spec = parse_spec(spec_dict)
     return Chain(spec, resolve_sources(spec, folder), torch.device("cpu"))

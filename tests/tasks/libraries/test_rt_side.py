@@ -78,9 +78,9 @@ def _prepared(spec_dict: dict[str, Any], folder: Path) -> Any:
     """Every shop customer as one chunk through the side's chain, untimed; (engine, chunk)."""
     import torch
 
+    from tasks.run.chain import Chain
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.retrieve import list_root_keys
 
     spec = parse_spec(spec_dict)
@@ -253,11 +253,11 @@ def test_each_request_carries_the_notes_steps_with_their_own_seconds(
     from tasks.measure import keys as K
     from tasks.measure.clock import Clock
     from tasks.measure.records import RunResult
-    from tasks.scenarios.runner import run_requests
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.runner import run_requests
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.write import PredictionWriter
 
     folder = write_tables(_many_shop(shop_tables))
@@ -347,9 +347,9 @@ def test_train_encode_and_tensorize_report_the_rows_they_built_contexts_for(shop
     rows count those, retrieve and preprocess every row; a predict chunk counts every row."""
     import torch
 
+    from tasks.run.chain import Chain
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.retrieve import list_root_keys
 
     raw = rt_spec(shop_spec)
@@ -374,7 +374,7 @@ def test_mfu_counts_the_steady_batches_present_and_padded_flops(shop_spec, shop_
     import torch
 
     from tasks.measure import keys as K
-    from tasks.measure.collect import utilisation
+    from tasks.run.record.collect import utilisation
 
     engine, tz = _prepared(rt_spec(shop_spec, batch_size=2, warmup_batches=0), shop_files)
     engine.predict(tz, ("prediction",))

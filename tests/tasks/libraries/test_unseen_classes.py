@@ -48,10 +48,10 @@ def _spec(shop_spec: dict[str, Any], library: str) -> dict[str, Any]:
 @pytest.mark.parametrize("library", list(UNSEEN))
 def test_a_held_out_class_never_learned_is_scored_wrong_not_dropped(library, shop_spec, shop_tables, write_tables):
     from tasks.measure.records import RunResult
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
 
     c = shop_tables["customers"]
     churn = pa.array([CHURN[k] for k in c["c_id"].to_pylist()], pa.string())

@@ -9,7 +9,6 @@ import pytest
 
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.measure.collect import Region
 from tasks.measure.records import (
     BackendSetup,
     CalibrationFacts,
@@ -23,7 +22,8 @@ from tasks.measure.records import (
     WarmStage,
     describe_repeats,
 )
-from tasks.measure.validity import verdict
+from tasks.run.record.collect import Region
+from tasks.run.record.validity import verdict
 from tasks.spec import parse_spec
 
 
@@ -56,8 +56,8 @@ def test_batch_percentiles_are_nearest_rank_as_request_latencies():
     assert m["compute.batch_ms.p50"] == pytest.approx(10.0)
     assert m["compute.batch_ms.p95"] == pytest.approx(19.0)
     assert m["compute.batch_ms.p99"] == pytest.approx(20.0)
-    # the one definition request latencies use (tasks/scenarios/latency.py)
-    from tasks.scenarios.latency import nearest_rank_ms
+    # the one definition request latencies use (tasks/run/scenarios/latency.py)
+    from tasks.run.scenarios.latency import nearest_rank_ms
 
     for q in (50, 95, 99):
         assert m[f"compute.batch_ms.p{q}"] == pytest.approx(float(nearest_rank_ms(np.asarray(batches), q)))

@@ -10,9 +10,9 @@ import torch
 from model import ColumnDef, ModelConfig, ModelSchema, NodeDef, TargetDef
 from model.meta import inspect_on_meta
 from tasks.measure.clock import Clock
-from tasks.measure.peak_flops import Peak, measure, peak_flops
 from tasks.measure.present_flops import cut, flops_of_shapes
 from tasks.measure.utilisation import PhaseWork, mfu_metrics, utilisation_reasons
+from tasks.run.peak_flops import Peak, measure, peak_flops
 
 
 def test_flops_per_root_row_matches_a_hand_count():
@@ -36,7 +36,7 @@ def test_the_peak_is_the_best_of_its_timed_matmuls_at_2_n_cubed_flops(monkeypatc
     # Three timed 64 x 64 x 64 matmuls on a scripted clock: 0.5, 0.25 and 0.4 s. The peak is
     # the best one's rate, 2 * 64**3 FLOPs in 0.25 s (not the mean, not n**3 FLOPs).
     ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.4])
-    monkeypatch.setattr("tasks.measure.peak_flops.Clock", lambda device: Clock(None, now=lambda: next(ticks)))
+    monkeypatch.setattr("tasks.run.peak_flops.Clock", lambda device: Clock(None, now=lambda: next(ticks)))
     peak = measure(torch.device("cpu"), "fp32", size=64, reps=3)
     assert peak.flops_per_s == 2 * 64**3 / 0.25
     assert (peak.size, peak.threads, peak.device, peak.dtype) == (64, torch.get_num_threads(), "cpu", "fp32")
@@ -48,14 +48,14 @@ def test_the_peak_is_the_best_of_its_timed_matmuls_at_2_n_cubed_flops(monkeypatc
 
 def test_a_measured_peak_is_cached_per_host_device_and_dtype(tmp_path, monkeypatch):
     monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("tasks.measure.peak_flops.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
+    monkeypatch.setattr("tasks.run.peak_flops.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
     measured: list[float] = []
 
     def scripted_measure(device: torch.device, dtype: str, size: int | None = None, reps: int = 8) -> Peak:
         measured.append(100.0 * (len(measured) + 1))  # each measurement a new figure: 100, 200, ...
         return Peak(measured[-1], str(device), dtype, torch.get_num_threads(), 8, 0.0)
 
-    monkeypatch.setattr("tasks.measure.peak_flops.measure", scripted_measure)
+    monkeypatch.setattr("tasks.run.peak_flops.measure", scripted_measure)
     cpu = torch.device("cpu")
     peak = peak_flops("fp-test", cpu, "fp32")
     assert (peak.cached, peak.flops_per_s) == (False, 100.0)
@@ -159,7 +159,7 @@ def test_ddp_train_mfu_is_against_the_peak_at_the_ranks_thread_count():
 
 def test_a_peak_at_another_thread_count_is_measured_there_and_threads_restored(tmp_path, monkeypatch):
     monkeypatch.setenv("RELFLOW_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("tasks.measure.peak_flops.BUSY_HOST_FRACTION", 1.0)
+    monkeypatch.setattr("tasks.run.peak_flops.BUSY_HOST_FRACTION", 1.0)
     before = torch.get_num_threads()
     one = peak_flops("fp-threads", torch.device("cpu"), "fp32", threads=1)
     assert one.threads == 1 and torch.get_num_threads() == before

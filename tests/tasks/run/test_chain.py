@@ -13,11 +13,11 @@ import torch
 
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
-from tasks.scenarios.request import RequestPath
-from tasks.scenarios.workload import Workload
+from tasks.run.chain import Chain
+from tasks.run.scenarios.request import RequestPath
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 from tasks.stages.retrieve import list_root_keys
 from tasks.stages.write import PredictionWriter
 

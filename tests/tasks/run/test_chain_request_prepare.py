@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from model.batch import Batch
+from tasks.run.chain import Chain
 from tasks.sources import databases
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 from tasks.stages.preprocess import preprocess
 from tasks.stages.retrieve import list_root_keys, retrieve
 

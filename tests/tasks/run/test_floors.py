@@ -1,4 +1,4 @@
-"""The floor ledger (tasks/measure/floors.py): floors of known work, fractions, the cache."""
+"""The floor ledger (tasks/run/floors.py): floors of known work, fractions, the cache."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.measure.floors import (
+from tasks.run.floors import (
     Floor,
     Ledger,
     _plain_read,
@@ -237,7 +237,7 @@ def test_the_ledger_is_cached_per_host_and_never_from_a_busy_host(shop_spec, sho
     shop_spec["run"]["output_dir"] = str(tmp_path / "outputs")
     spec = parse_spec(shop_spec)
     sources = resolve_sources(spec, shop_files)
-    monkeypatch.setattr("tasks.measure.floors.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
+    monkeypatch.setattr("tasks.run.floors.BUSY_HOST_FRACTION", 1.0)  # caching itself, whatever else runs
     first = ledger(spec, sources, CPU, "fp-test")
     assert not first.cached and set(first.floors) == {"retrieve", "tensorize", "compute", "write"}
     assert all(f.rate > 0 for f in first.floors.values())
@@ -245,7 +245,7 @@ def test_the_ledger_is_cached_per_host_and_never_from_a_busy_host(shop_spec, sho
     assert again.cached and again.floors == first.floors
     assert not ledger(spec, sources, CPU, "other-host").cached  # per host fingerprint
     assert not ledger(spec, sources, CPU, "fp-test", remeasure=True).cached
-    monkeypatch.setattr("tasks.measure.floors.BUSY_HOST_FRACTION", -1.0)  # every host is busy now
+    monkeypatch.setattr("tasks.run.floors.BUSY_HOST_FRACTION", -1.0)  # every host is busy now
     busy = ledger(spec, sources, CPU, "busy-host")
     assert not busy.cached and not ledger(spec, sources, CPU, "busy-host").cached
 
@@ -269,7 +269,7 @@ def test_after_a_run_the_write_floor_writes_its_predictions_without_a_forward_pa
     """A finished run's prediction file is the write floor's table: no chunk is served with
     fresh weights only to make one (seconds of every small run); a file with fewer rows than
     the sample (a request scenario's) is not used."""
-    from tasks.stages.chain import Chain
+    from tasks.run.chain import Chain
     from tasks.stages.retrieve import list_root_keys
 
     shop_spec["run"]["output_dir"] = str(tmp_path / "outputs")
@@ -299,7 +299,7 @@ def test_a_library_gets_no_reference_model_floors_and_its_own_cache_entry(shop_s
     """relational-transformers' tensors are plan indices and its kernels are not the reference
     model's GEMMs: its ledger has no tensorize or compute floor (none is better than a wrong
     one), and it never reuses the reference run's cached ledger (issue 43 item 5)."""
-    from tasks.measure.floors import data_key
+    from tasks.run.floors import data_key
 
     shop_spec["run"]["output_dir"] = str(tmp_path / "outputs")
     reference = parse_spec(shop_spec)

@@ -90,7 +90,7 @@ def test_log_lines_and_their_tracebacks_show_uris_masked():
 
 
 def test_there_is_one_uri_masker():
-    import tasks.checks.preflight as preflight
+    import tasks.run.checks.preflight as preflight
     import tasks.tracking.datasets as datasets
 
     assert not hasattr(datasets, "redact_url")

@@ -24,7 +24,7 @@ def test_no_space_while_writing_predictions_names_the_path_and_cleans_up(tmp_pat
     writer.tmp.symlink_to(FULL)  # the writer's temporary file is on a full "disk"
     table = pa.table({"c_id": pa.array(range(50_000), pa.int64()), "score": pa.array([0.5] * 50_000)})
     with pytest.raises(UserError) as err, named_write_errors(writer.path, "predictions", "run.output_dir"):
-        writer.write(table)  # a chunk's write, as tasks/stages/chain.py does it
+        writer.write(table)  # a chunk's write, as tasks/run/chain.py does it
         writer.commit()  # the rest of the file: flows/benchmark.py's collect
     msg = str(err.value)
     assert "\n" not in msg  # one line: the CLI prints it as the whole story

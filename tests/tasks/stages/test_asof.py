@@ -125,7 +125,7 @@ def test_the_split_column_decides_train_fit_and_scored_rows():
 def test_the_as_of_floor_keeps_the_rows_preprocess_keeps():
     import duckdb
 
-    from tasks.measure.floors import asof_sql
+    from tasks.run.floors import asof_sql
 
     for max_length in (8, 1):
         s = spec(max_length=max_length)

@@ -24,10 +24,10 @@ import torch
 from model.arrow import coordinate_counts
 from tasks.measure.quality import Quality
 from tasks.measure.records import RunResult
-from tasks.scenarios.workload import Workload
+from tasks.run.chain import Chain
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.scripted_time import ScriptedTime
 

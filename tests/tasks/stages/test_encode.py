@@ -16,10 +16,10 @@ import torch
 import yaml
 
 from tasks.libraries.reference.engine import Engine
+from tasks.run.chain import Chain
 from tasks.runtime.errors import UserError
 from tasks.sources.files import check_sources, resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 from tasks.stages.encode import encode_column, hashed, load_encoder
 from tasks.stages.retrieve import list_root_keys
 from tests.reference_hashes import M64, splitmix64

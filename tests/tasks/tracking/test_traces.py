@@ -9,8 +9,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.measure import keys as K
-from tasks.scenarios import server, single_stream
-from tasks.scenarios.latency import LatencyRecord
+from tasks.run.scenarios import server, single_stream
+from tasks.run.scenarios.latency import LatencyRecord
 from tasks.tracking.traces import TRACE_SLOWEST, log_request_traces, request_traces, sample_requests
 from tasks.tracking.writer import Tracker
 from tests.scripted_time import ScriptedTime

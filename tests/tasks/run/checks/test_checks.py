@@ -1,4 +1,4 @@
-"""Data checks before any work (tasks/checks/data.py) on the hand-checkable shop tables.
+"""Data checks before any work (tasks/run/checks/data.py) on the hand-checkable shop tables.
 
 Shop facts: customers 1..5; orders hang under 1, 1, 1, 2, 4, 4, 5 and an orphan 99
 (customer 3 has none); lines hang under orders 10 (x4), 11, 12 (x2), 20, 41 (x2) and 99
@@ -11,7 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.checks.data import check_data, check_data_before_work, check_device_name, check_files, check_table_folders
+from tasks.run.checks.data import (
+    check_data,
+    check_data_before_work,
+    check_device_name,
+    check_files,
+    check_table_folders,
+)
 from tasks.runtime.errors import UserError
 from tasks.sources.files import check_sources, resolve_sources
 from tasks.spec import parse_spec

@@ -1,4 +1,4 @@
-"""Up-front checks of where a run writes (tasks/checks/preflight.py): each fails in seconds, names
+"""Up-front checks of where a run writes (tasks/run/checks/preflight.py): each fails in seconds, names
 the URI (credentials masked) or folder and the fix."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tasks.checks.preflight import check_output_dir, check_tracking_store, mask_uri
+from tasks.run.checks.preflight import check_output_dir, check_tracking_store, mask_uri
 from tasks.runtime.errors import UserError
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.distributed import launch as distributed
-from tasks.distributed.launch import RankReport, merge_into, train_stages
 from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings, RunResult
+from tasks.run.distributed import launch as distributed
+from tasks.run.distributed.launch import RankReport, merge_into, train_stages
 from tasks.spec import parse_spec
 
 # rank 0: 7.5 s in all; rank 1: 9.5 s (the slowest). Per-stage maxima would sum to 10.5 s.
@@ -87,9 +87,9 @@ def test_the_flows_own_fit_is_not_a_train_stage_and_mfu_counts_rank0s_batches(
 ):
     from tasks.measure.present_flops import flops_of_shapes
     from tasks.measure.utilisation import PhaseWork, mfu_metrics
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
-    from tasks.stages.chain import Chain
 
     shop_spec["run"]["distributed"] = {"processes": 2, "reference": False}
     spec = parse_spec(shop_spec)

@@ -1,6 +1,6 @@
 """The validity rule that a trained model must beat the trivial predictor."""
 
-from tasks.measure.baseline import no_better_than_baseline
+from tasks.run.record.baseline import no_better_than_baseline
 
 
 def test_accuracy_at_or_below_the_majority_rate_is_invalid():

@@ -1,4 +1,4 @@
-"""RelBench's own figures and the two baselines (tasks/measure/relbench_scores.py), on a folder the
+"""RelBench's own figures and the two baselines (tasks/run/record/relbench_scores.py), on a folder the
 test writes, scored by relbench's real classes and checked against sums done by hand."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from sklearn.metrics import mean_absolute_error, roc_auc_score
 
 from tasks.measure import keys as K
-from tasks.measure.relbench_scores import no_better_than_baselines, score, seed_keys
+from tasks.run.record.relbench_scores import no_better_than_baselines, score, seed_keys
 from tasks.spec.relbench import SEED_KEY, open_folder
 from tests.tasks.relbench_folders import social
 

@@ -1,6 +1,6 @@
 """Which of the offline validity floors judge a request run (single_stream, server).
 
-A request run is judged by LoadGen's rules (tasks/scenarios/latency.py: request count, early
+A request run is judged by LoadGen's rules (tasks/run/scenarios/latency.py: request count, early
 stopping, duration, the server's bound and issue lateness). The offline steady-state window
 (``run.min_steady_batches``, ``run.min_steady_seconds`` on the predict phase) measures a
 throughput pass and does not apply to it; the rules on what it did measure still do: a
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.measure.validity import verdict
+from tasks.run.record.validity import verdict
 from tasks.spec import parse_spec
 
 

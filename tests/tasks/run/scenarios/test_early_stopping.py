@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from tasks.scenarios import early_stopping as es
+from tasks.run.scenarios import early_stopping as es
 
 
 @cache

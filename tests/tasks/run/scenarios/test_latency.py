@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from tasks.measure.clock import Clock
-from tasks.scenarios import server, single_stream
-from tasks.scenarios.latency import STEPS, LatencyRecord, verdict
-from tasks.scenarios.schedule import poisson_arrivals, request_keys
+from tasks.run.scenarios import server, single_stream
+from tasks.run.scenarios.latency import STEPS, LatencyRecord, verdict
+from tasks.run.scenarios.schedule import poisson_arrivals, request_keys
 from tasks.spec import Request
-from tests.tasks.scenarios.test_early_stopping import SERVER_CASES, scipy_server_passes
+from tests.tasks.run.scenarios.test_early_stopping import SERVER_CASES, scipy_server_passes
 
 
 class FakeTime:

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from tasks.measure.records import RunResult
-from tasks.scenarios.offline import predict_pass
-from tasks.scenarios.workload import Workload
+from tasks.run.chain import Chain
+from tasks.run.scenarios.offline import predict_pass
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
 from tasks.stages import compute as compute_stage
-from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 
 pytestmark = pytest.mark.slow  # a real compile of the calibration fit and the first predict

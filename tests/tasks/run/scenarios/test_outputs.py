@@ -18,8 +18,8 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.scenarios import server, single_stream
-from tasks.scenarios.outputs import check_outputs, repeat_key_speedup
+from tasks.run.scenarios import server, single_stream
+from tasks.run.scenarios.outputs import check_outputs, repeat_key_speedup
 from tasks.spec import parse_spec
 from tasks.spec.tolerance import OUTPUT_TOLERANCE, output_tolerance
 
@@ -50,10 +50,10 @@ def trained_once(shop_kit, many_shop_folder):
     """A trained tiny engine with a fitted-looking temperature (once per module: every test
     puts back the backend it swaps), and the held-out keys to ask for."""
     from tasks.measure.records import RunResult
-    from tasks.scenarios.schedule import validation_keys
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.schedule import validation_keys
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
-    from tasks.stages.chain import Chain
 
     shop_spec = shop_kit.spec()
     shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
@@ -75,7 +75,7 @@ def trained(trained_once, tmp_path):
 
 
 def _single_stream(work, pool, tmp_path):
-    from tasks.scenarios.request import RequestPath
+    from tasks.run.scenarios.request import RequestPath
     from tasks.stages.write import PredictionWriter
 
     writer = PredictionWriter(tmp_path / "requests.parquet")
@@ -105,7 +105,7 @@ def test_served_outputs_equal_the_offline_pass(trained):
 
 def test_server_batches_equal_the_offline_pass(trained):
     """A server batch serves several roots in one call: each root is compared on its own."""
-    from tasks.scenarios.request import RequestPath
+    from tasks.run.scenarios.request import RequestPath
     from tasks.stages.write import PredictionWriter
 
     spec, work, pool, tmp_path = trained
@@ -184,10 +184,10 @@ def test_a_stale_repeated_key_is_the_worst_root(trained):
 
 def test_check_outputs_off_keeps_nothing(shop_spec, many_shop_files, tmp_path):
     from tasks.measure.records import RunResult
-    from tasks.scenarios.request import RequestPath
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.request import RequestPath
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
-    from tasks.stages.chain import Chain
     from tasks.stages.write import PredictionWriter
 
     shop_spec["run"]["scenario"] = "single_stream"
@@ -263,11 +263,11 @@ def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files,
     """A per-order target: cells of absent orders (padding) are not outputs, so a backend that
     writes anything there matches; one that moves a present cell does not."""
     from tasks.measure.records import RunResult
-    from tasks.scenarios.request import RequestPath
-    from tasks.scenarios.schedule import validation_keys
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.request import RequestPath
+    from tasks.run.scenarios.schedule import validation_keys
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
-    from tasks.stages.chain import Chain
     from tasks.stages.write import PredictionWriter
 
     shop_spec["task"] = {"target": "o_status", "branch": "orders", "kind": "category"}
@@ -319,9 +319,9 @@ def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files,
 def bucketed_once(shop_kit, many_shop_folder):
     """A trained tiny engine serving offline passes bucketed by length, packed (run.check_outputs)."""
     from tasks.measure.records import RunResult
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
-    from tasks.stages.chain import Chain
 
     shop_spec = shop_kit.spec()
     shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
@@ -335,7 +335,7 @@ def bucketed_once(shop_kit, many_shop_folder):
 
 
 def _offline_pass(work, tmp_path):
-    from tasks.scenarios.offline import predict_pass
+    from tasks.run.scenarios.offline import predict_pass
     from tasks.stages.write import PredictionWriter
 
     writer = PredictionWriter(tmp_path / "offline.parquet")
@@ -346,7 +346,7 @@ def _offline_pass(work, tmp_path):
 
 
 def test_offline_bucketed_packed_pass_equals_the_plain_pass(bucketed_once, tmp_path):
-    from tasks.scenarios.outputs import check_offline_outputs
+    from tasks.run.scenarios.outputs import check_offline_outputs
 
     spec, work = bucketed_once
     check = check_offline_outputs(work.chain, _offline_pass(work, tmp_path))
@@ -363,7 +363,7 @@ def test_offline_bucketed_packed_pass_equals_the_plain_pass(bucketed_once, tmp_p
 
 
 def test_offline_perturbed_backend_is_invalid_against_the_plain_pass(bucketed_once, tmp_path):
-    from tasks.scenarios.outputs import check_offline_outputs
+    from tasks.run.scenarios.outputs import check_offline_outputs
 
     spec, work = bucketed_once
     engine = work.chain.engine
@@ -390,7 +390,7 @@ def test_the_tolerance_is_absolute_near_zero_and_relative_for_large_values():
     """|a - b| / max(1, |b|) per cell, the worst cell per row; the absolute max is reported apart.
     A fixed absolute tolerance marked float32 rounding of a calibrated logit near 483 (4 ulps
     there) as a wrong serving path (tests/flows/test_backends_flow.py, ONNX Runtime vs eager)."""
-    from tasks.scenarios.outputs import _per_root_diff
+    from tasks.run.scenarios.outputs import _per_root_diff
 
     ref = torch.tensor([[0.5, 483.0], [0.5, 2.0], [0.5, -300.0]], dtype=torch.float64)
     served = ref + torch.tensor([[0.0, 1.2e-4], [5e-5, 0.0], [0.0, 0.0]], dtype=torch.float64)

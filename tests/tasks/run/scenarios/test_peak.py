@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tasks.run.scenarios import server
+from tasks.run.scenarios.latency import LatencyRecord
+from tasks.run.scenarios.peak import Probe, check_args, search
+from tasks.run.scenarios.schedule import poisson_arrivals
 from tasks.runtime.errors import UserError
-from tasks.scenarios import server
-from tasks.scenarios.latency import LatencyRecord
-from tasks.scenarios.peak import Probe, check_args, search
-from tasks.scenarios.schedule import poisson_arrivals
-from tests.tasks.scenarios.test_latency import FakeTime, keys_for
+from tests.tasks.run.scenarios.test_latency import FakeTime, keys_for
 
 
 def stub(p99_of_rate):

@@ -1,5 +1,5 @@
 """Know the price before paying it (issue 41 item 5), on a scripted clock: stub stages and
-batches with known seconds give the projection exactly (tasks/scenarios/pricing.py over
+batches with known seconds give the projection exactly (tasks/run/scenarios/pricing.py over
 tasks/measure/projection.py), ``run.max_minutes`` stops the run at the first projection, before
 the work it prices is spent, and the progress count sees every batch against a total known
 before the phase starts."""
@@ -17,14 +17,14 @@ from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
+from tasks.run.chain import Chain
+from tasks.run.scenarios.pricing import STEADY_TO_PRICE
+from tasks.run.scenarios.region import RegionSteps, run_region
+from tasks.run.scenarios.workload import Workload
 from tasks.runtime import progress
 from tasks.runtime.errors import UserError
-from tasks.scenarios.pricing import STEADY_TO_PRICE
-from tasks.scenarios.region import RegionSteps, run_region
-from tasks.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.scripted_time import ScriptedTime
 
@@ -191,7 +191,7 @@ def _request_pricing(ft: ScriptedTime, scenario: str, **request: Any) -> Any:
     """A ``Pricing`` over a stand-in workload: a request run prices only from its requests."""
     from types import SimpleNamespace
 
-    from tasks.scenarios.pricing import Pricing
+    from tasks.run.scenarios.pricing import Pricing
     from tasks.spec.run import RunSettings
 
     run = RunSettings(scenario=scenario, mode="predict", request=request)  # type: ignore[arg-type]
@@ -200,7 +200,7 @@ def _request_pricing(ft: ScriptedTime, scenario: str, **request: Any) -> Any:
 
 
 def test_a_single_stream_run_is_priced_from_its_first_steady_requests_with_a_scripted_clock():
-    from tasks.scenarios import single_stream
+    from tasks.run.scenarios import single_stream
 
     ft = ScriptedTime()
     ft.t = 2.0  # the region so far: 2 s before the requests

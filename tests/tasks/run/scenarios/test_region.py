@@ -15,14 +15,14 @@ from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
-from tasks.scenarios import region as region_module
-from tasks.scenarios import request as request_mod
-from tasks.scenarios.region import RegionSteps, run_region
-from tasks.scenarios.runner import run_requests
-from tasks.scenarios.workload import Workload
+from tasks.run.chain import Chain
+from tasks.run.scenarios import region as region_module
+from tasks.run.scenarios import request as request_mod
+from tasks.run.scenarios.region import RegionSteps, run_region
+from tasks.run.scenarios.runner import run_requests
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.scripted_time import ScriptedTime
 

@@ -17,7 +17,7 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.scenarios import server, single_stream
+from tasks.run.scenarios import server, single_stream
 
 pytestmark = pytest.mark.slow  # a real request path over the shop workload per test
 
@@ -76,12 +76,12 @@ def served(shop_spec, many_shop_files, tmp_path):
     """A trained tiny engine and a single_stream scenario over the real request path: a cold
     request, then the same held-out key asked for again and again, then two others."""
     from tasks.measure.records import RunResult
-    from tasks.scenarios.request import RequestPath
-    from tasks.scenarios.schedule import validation_keys
-    from tasks.scenarios.workload import Workload
+    from tasks.run.chain import Chain
+    from tasks.run.scenarios.request import RequestPath
+    from tasks.run.scenarios.schedule import validation_keys
+    from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
     from tasks.spec import parse_spec
-    from tasks.stages.chain import Chain
     from tasks.stages.write import PredictionWriter
 
     shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
@@ -116,7 +116,7 @@ def test_padded_coords_are_per_served_request(served):
 
 def test_delta_vs_reference_compares_the_rows_the_requests_scored(served):
     from tasks.backends.checkpoint import LoadedCheckpoint
-    from tasks.measure.reference import quality_delta, reference_quality
+    from tasks.run.reference_pass import quality_delta, reference_quality
 
     spec, work, rec = served
     engine, chain = work.chain.engine, work.chain

@@ -16,12 +16,12 @@ import torch
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
-from tasks.scenarios.runner import run_requests
-from tasks.scenarios.workload import Workload
+from tasks.run import chain as chain_module
+from tasks.run.chain import Chain
+from tasks.run.scenarios.runner import run_requests
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages import chain as chain_module
-from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 
 pytestmark = pytest.mark.slow  # a trained engine and a real request path per test

@@ -1,6 +1,6 @@
 """The serving thread policy (run.request.intra_op_threads): requests are served with the
 policy's torch intra-op thread count, the cold request included, and the run's own count is
-back afterwards. Two intra-op threads made the server's low-load latency (tasks/scenarios/
+back afterwards. Two intra-op threads made the server's low-load latency (tasks/run/scenarios/
 README.md, Low load); before the policy the requests ran with whatever the run had."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.records import RunResult
+from tasks.run.chain import Chain
+from tasks.run.scenarios.runner import run_requests
+from tasks.run.scenarios.workload import Workload
 from tasks.runtime.threads import intra_op_threads
-from tasks.scenarios.runner import run_requests
-from tasks.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.scripted_time import ScriptedTime
 
@@ -72,6 +72,6 @@ def test_requests_are_served_with_the_policy_and_the_run_gets_its_threads_back(
     assert len(seen) == 5 and set(seen) == {serving}  # the cold request and the four steady ones
     assert rec.metrics()[K.LATENCY_INTRA_OP_THREADS] == serving
     assert torch.get_num_threads() == 2
-    # the heap is frozen by the timed region around the requests (tests/tasks/scenarios/test_region.py),
+    # the heap is frozen by the timed region around the requests (tests/tasks/run/scenarios/test_region.py),
     # not by the requests themselves: one collect-and-freeze, before the region's clock starts
     assert set(frozen) == {0}

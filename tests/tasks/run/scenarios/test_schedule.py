@@ -1,11 +1,11 @@
-"""Which keys requests are drawn from (tasks/scenarios/schedule.py): the scored rows."""
+"""Which keys requests are drawn from (tasks/run/scenarios/schedule.py): the scored rows."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from tasks.scenarios.schedule import validation_keys
+from tasks.run.scenarios.schedule import validation_keys
 from tasks.sources.open import open_sources
 from tasks.spec import load_spec
 from tasks.stages.retrieve import list_root_keys

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.scenarios import server
-from tests.tasks.scenarios.test_latency import FakeTime, keys_for
+from tasks.run.scenarios import server
+from tests.tasks.run.scenarios.test_latency import FakeTime, keys_for
 
 SERVE, BOOK = 1.0, 0.25  # seconds per served call and per call's bookkeeping (dyadic: exact sums)
 

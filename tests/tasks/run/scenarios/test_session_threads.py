@@ -21,12 +21,12 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.records import RunResult
-from tasks.scenarios.invocation import Invocation
-from tasks.scenarios.runner import run_requests
-from tasks.scenarios.workload import Workload
+from tasks.run.chain import Chain
+from tasks.run.scenarios.invocation import Invocation
+from tasks.run.scenarios.runner import run_requests
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 from tasks.stages.write import PredictionWriter
 from tests.tasks.libraries.test_rt_side import rt_spec
 
@@ -106,8 +106,8 @@ def _invocation(work: Workload, latency: Any) -> Invocation:
 def test_the_reference_models_onnxruntime_requests_are_judged_at_the_sessions_threads(
     two_threads, seeded_peaks, shop_spec, many_shop_files, tmp_path
 ):
-    from tasks.backends.setup import BackendPlan, serving_backend
-    from tasks.measure.collect import utilisation
+    from tasks.run.backend_setup import BackendPlan, serving_backend
+    from tasks.run.record.collect import utilisation
 
     shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
     work = _workload(shop_spec, many_shop_files)

@@ -22,10 +22,10 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.records import RunResult
-from tasks.scenarios.workload import Workload
+from tasks.run.chain import Chain
+from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
-from tasks.stages.chain import Chain
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
