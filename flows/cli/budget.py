@@ -104,7 +104,7 @@ def _run(
     from flows.sweeps.budget import check_context_keys, default_grid
 
     if not full_grid:
-        full_grid = default_grid(base.to_dict())
+        full_grid = default_grid(base)
     check_context_keys(full_grid)
     from flows.sweeps.grid import expand
     from tasks.libraries import check_library

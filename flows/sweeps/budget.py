@@ -36,18 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from flows.sweeps.models_report import Headline, headline
+from tasks.libraries import library_for
 from tasks.measure import keys as K
 from tasks.measure.pareto import Point, Ranked, front
 from tasks.measure.report import markdown_table
 from tasks.runtime.errors import UserError
+from tasks.spec import Spec
 
 # relational-transformers' context budget keys (model.rt.context.*) and the default grid of its
 # cell budget; every other library's context is its branches' max_length and overflow.
 RT_CONTEXT_PREFIX = "model.rt.context."
 RT_MAX_CELLS = "model.rt.context.max_context_cells"
-RT_DEFAULT_CELLS = [128, 256, 512, 1024, 2048]
-# the builder that reads the cell budget (the nested builder's context is its branches' max_length)
-RT_BUDGET_BUILDER = "rt_utils"
 BRANCH_CONTEXT_FIELDS = ("max_length", "overflow")
 # the predict stages, with the encode step (text columns; relational-transformers' strings) in its place
 STAGE_COLUMNS = ("retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write")
@@ -79,32 +78,19 @@ def check_context_keys(grid: Mapping[str, list[Any]]) -> None:
         raise UserError("a budget needs at least two context sizes: give a --grid key two or more values.")
 
 
-def has_key(spec: Mapping[str, Any], dotted: str) -> bool:
-    node: Any = spec
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False
-        node = node[part]
-    return True
-
-
-def default_grid(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """The grid when none is given: RT's cell budget when the spec has it, else each top-level
+def default_grid(spec: Spec) -> dict[str, list[Any]]:
+    """The grid when none is given: the library's own context budget when it has one
+    (``Library.budget_grid``: RT's cell budget under the rt_utils builder), else each top-level
     branch's ``max_length`` at a quarter, a half and all of its value."""
-    model = spec.get("model", {})
-    builder = model.get("rt", {}).get("context", {}).get("builder")
-    if (
-        model.get("library") == "relational_transformers"
-        and has_key(spec, RT_MAX_CELLS)
-        and builder == RT_BUDGET_BUILDER
-    ):
-        return {RT_MAX_CELLS: list(RT_DEFAULT_CELLS)}
+    own = library_for(spec).budget_grid(spec)
+    if own is not None:
+        return dict(own)
     grid: dict[str, list[Any]] = {}
-    for b in spec.get("schema", {}).get("branches", []):
-        n = int(b["max_length"])
+    for b in spec.schema_.branches:
+        n = b.max_length
         values = sorted({max(1, n // 4), max(1, n // 2), n})
         if len(values) > 1:
-            grid[f"{b['name']}.max_length"] = values
+            grid[f"{b.name}.max_length"] = values
     if not grid:
         raise UserError("no default budget grid for this spec (no branch longer than 1): give --grid.")
     return grid

@@ -56,6 +56,11 @@ class Library(Protocol):
         ``spec`` this library cannot honour; called before any data is read."""
         ...
 
+    def budget_grid(self, spec: Spec) -> dict[str, list[int]] | None:
+        """``relflow-bench budget``'s default grid when this library has a context budget of its
+        own in ``spec`` (spec keys -> values); None: the grid is the branches' ``max_length``."""
+        ...
+
     def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
         """This run's encode and tensorize steps and engine, starting from ``weights`` (the
         harness's checkpoint or bundle) or, with ``own_checkpoint``, from ``run.checkpoint``

@@ -29,6 +29,9 @@ class Reference:
     def check(self, spec: Spec) -> None:
         return None
 
+    def budget_grid(self, spec: Spec) -> None:
+        return None  # its context is its branches' max_length and overflow
+
     def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
         from tasks.libraries.reference.side import ReferenceSide  # the engine's imports: the backends
 

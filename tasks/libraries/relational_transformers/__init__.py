@@ -94,6 +94,12 @@ class RelationalTransformers:
     def check(self, spec: Spec) -> None:
         check(spec)
 
+    def budget_grid(self, spec: Spec) -> dict[str, list[int]] | None:
+        # The rt_utils builder's cell budget; the nested builder's context is its branches'.
+        if spec.model.rt.context.builder != "rt_utils":
+            return None
+        return {"model.rt.context.max_context_cells": [128, 256, 512, 1024, 2048]}
+
     def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
         from tasks.libraries.relational_transformers.side import RTSide  # imports torch and the library
 

@@ -40,6 +40,9 @@ class Relflow:
     def check(self, spec: Spec) -> None:
         check(spec)
 
+    def budget_grid(self, spec: Spec) -> None:
+        return None  # its context is its branches' max_length and overflow
+
     def model_side(self, spec: Spec, device: torch.device, weights: Weights) -> ModelSide:
         from pathlib import Path
 

@@ -3,6 +3,8 @@ from its child's metrics (per prediction, RelBench or harness quality), ranking 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from flows.sweeps.budget import (
@@ -49,19 +51,20 @@ def test_a_grid_that_is_not_context_sizes_or_has_one_point_is_refused():
     check_context_keys({"orders.max_length": [4], "orders.overflow": ["keep_first", "keep_last"]})
 
 
-def test_default_grid_quarter_half_all_of_each_top_branch_or_rt_cells():
-    spec = {
-        "model": {"library": "reference"},
-        "schema": {"branches": [{"name": "orders", "max_length": 16}, {"name": "notes", "max_length": 1}]},
-    }
-    assert default_grid(spec) == {"orders.max_length": [4, 8, 16]}
-    context = {"builder": "rt_utils", "max_context_cells": 512}
-    spec["model"] = {"library": "relational_transformers", "rt": {"context": context}}
-    assert default_grid(spec) == {RT_MAX_CELLS: [128, 256, 512, 1024, 2048]}
-    context["builder"] = "nested"  # the nested builder's context is its branches'
-    assert default_grid(spec) == {"orders.max_length": [4, 8, 16]}
-    spec["model"] = {"library": "relational_transformers"}  # a spec without the key: its branches
-    assert default_grid(spec) == {"orders.max_length": [4, 8, 16]}
+def test_default_grid_quarter_half_all_of_each_top_branch_or_rt_cells(shop_spec):
+    from tasks.spec import parse_spec
+
+    raw = copy.deepcopy(shop_spec)
+    raw["schema"]["branches"][0]["max_length"] = 16  # orders; its nested lines are not top-level
+    assert default_grid(parse_spec(raw)) == {"orders.max_length": [4, 8, 16]}
+    raw["model"] = {**raw["model"], "library": "relational_transformers"}
+    raw["model"]["rt"] = {"context": {"builder": "rt_utils", "max_context_cells": 512}}
+    assert default_grid(parse_spec(raw)) == {RT_MAX_CELLS: [128, 256, 512, 1024, 2048]}  # Library.budget_grid
+    raw["model"]["rt"] = {"context": {"builder": "nested"}}  # the nested builder's context is its branches'
+    assert default_grid(parse_spec(raw)) == {"orders.max_length": [4, 8, 16]}
+    raw["schema"]["branches"][0]["max_length"] = 1
+    with pytest.raises(UserError, match="no default budget grid"):
+        default_grid(parse_spec(raw))
 
 
 METRICS = {
