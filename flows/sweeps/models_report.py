@@ -43,8 +43,9 @@ stages against their floors (``floor.<stage>.fraction``, tasks/run/floors.py). A
 does not exist for a library says so instead of a number: ``none: no FLOPs`` where its runs tag
 ``relflow.flops_note`` (relflow packs, LightGBM's trees compare; a note quotes each reason) and
 ``none: no model floor`` where ``Library.model_floors`` is false (the floors are the reference
-model's tensors and GEMMs); a fraction whose floors are untrusted (tasks/measure/floor_trust.py)
-is starred, with a note.
+model's tensors and GEMMs), ``none: one pass (no warm figure)`` for tensorize in runs of one
+predict pass (it is set against its floor by the passes after the first); a fraction whose
+floors are untrusted (tasks/measure/floor_trust.py) is starred, with a note.
 
 ``--include-busy-host`` also takes the figures of rounds INVALID *only* because other processes
 used the cores (every reason ``host.other_cpu_fraction[_before] > run.max_host_load``: the run's
@@ -100,6 +101,10 @@ MODEL_FLOOR_STAGES = ("tensorize", "compute")  # the floors a library has when L
 FLOPS_NOTE_TAG = "relflow.flops_note"  # why a library's runs publish no FLOPs (so no MFU)
 NO_FLOPS = "none: no FLOPs"
 NO_MODEL_FLOOR = "none: no model floor"
+# tensorize is set against its floor by the warm passes' bytes and seconds (tasks/run/floors.py):
+# a run of one predict pass has no warm figure, so no fraction
+WARM_FLOOR_STAGES = ("tensorize",)
+NO_WARM_PASS = "none: one pass (no warm figure)"
 
 
 @dataclass(frozen=True)
@@ -425,6 +430,8 @@ def _floor_text(r: Mapping[str, Cell], stage: str) -> str:
     if r.get("model_floors") is False:
         return NO_MODEL_FLOOR
     text = _percent(r.get(f"floor_{stage}"))
+    if text == "-" and stage in WARM_FLOOR_STAGES and r.get("predict_passes") == 1:
+        return NO_WARM_PASS
     return f"{text}*" if text != "-" and r.get("floors_untrusted") else text
 
 

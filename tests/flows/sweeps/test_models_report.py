@@ -427,11 +427,14 @@ def test_the_cost_table_shows_ms_per_prediction_per_stage_and_says_plainly_what_
 
 def test_a_missing_figure_without_a_reason_is_a_dash_and_untrusted_floors_are_starred():
     """No MFU and no flops note (a run that logged neither): '-', not "no FLOPs"; floors measured
-    on a busy host: the fraction starred and a note with floor_trust's reason."""
+    on a busy host: the fraction starred and a note with floor_trust's reason. No tensorize
+    fraction in runs of one predict pass (no warm figure): said so; with more passes: '-'."""
     busy_floors = {"floor.compute.fraction": 0.5, "floor.other_cpu_fraction": 0.6}
     (row,) = summarize([costed("reference", 0, 3.0, **busy_floors)], "category")
     cost = to_markdown([row], "category").split("\n\n")[2]
-    assert cost.splitlines()[2].endswith("| - | - | 50.0%* |")
+    assert cost.splitlines()[2].endswith("| - | none: one pass (no warm figure) | 50.0%* |")
+    (three,) = summarize([costed("reference", 0, 3.0, **{"e2e.predict.passes": 3.0})], "category")
+    assert to_markdown([three], "category").split("\n\n")[2].splitlines()[2].endswith("| - | - | - |")
     assert "Note: reference's floor fractions (*) stand on untrusted floors: floor.other_cpu_fraction 0.60 > 0.1" in (
         to_markdown([row], "category")
     )
