@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from tasks.datasets.tpch import data_dir
 from tasks.measure.clock import wall_clock
 from tasks.runtime.errors import UserError
-from tasks.sources.databases import DatabaseTable
+from tasks.sources.databases import DatabaseTable, quote
 from tasks.sources.files import SourceTable
 from tasks.sources.tables import Sources, Table
 from tasks.spec import Spec
@@ -204,10 +204,10 @@ def _with_entity_columns(
 
 
 def read_all(src: Table, columns: list[str]) -> pl.DataFrame:
-    """Every row of ``src``'s ``columns`` (files or a database table)."""
+    """Every row of ``src``'s ``columns`` (files or a database table: one scan, so a row whose
+    first column is null is read too)."""
     if isinstance(src, DatabaseTable):
-        keys, _ = src.distinct(columns[0])
-        table, _ = src.read(columns, columns[0], keys)
+        table = src.conform(src.db.query(f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(src.name)}"))
         return cast(pl.DataFrame, pl.from_arrow(table))
     if src.format == "csv":
         return pl.concat([src.scan_csv(p).select(columns) for p in src.files]).collect()

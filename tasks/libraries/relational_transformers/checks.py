@@ -16,7 +16,17 @@ from tasks.libraries.base import Unsupported
 from tasks.runtime.errors import UserError
 from tasks.spec import Spec
 
-__all__ = ["D_TEXT", "LIBRARY", "MAX_PARENTS", "LinkMode", "Refusal", "check", "device_type", "refusals"]
+__all__ = [
+    "D_TEXT",
+    "LIBRARY",
+    "MAX_PARENTS",
+    "LinkMode",
+    "Refusal",
+    "check",
+    "device_type",
+    "refusals",
+    "spec_graph_refusals",
+]
 
 LIBRARY = "relational_transformers"
 D_TEXT = 384  # RT-J's d_text (relational_transformers: the published models' cell-vector width)
@@ -79,7 +89,7 @@ BUDGET_KEYS = (
 
 
 def _context_refusals(spec: Spec) -> list[Refusal]:
-    """``model.rt.context``: rt_utils needs a RelBench folder's files; the budget is rt_utils'."""
+    """``model.rt.context``: what rt_utils cannot make a graph of; the budget is rt_utils'."""
     c, defaults = spec.model.rt.context, type(spec.model.rt.context)()
     if c.builder == "nested":
         # a budget key under nested would be ignored without a word: refused instead
@@ -96,27 +106,86 @@ def _context_refusals(spec: Spec) -> list[Refusal]:
             # to_dict, a sweep's child) sets every key
             if getattr(c, k) != getattr(defaults, k)
         ]
-    out: list[Refusal] = []
     if spec.source.relbench is None:
-        out.append(
+        return spec_graph_refusals(spec)  # the spec's own schema as the graph
+    if spec.source.database is not None:
+        return [
             Refusal(
                 "model.rt.context.builder",
                 c.builder,
-                "relational-transformers-utils' contexts are built here over a RelBench folder's foreign-key graph "
-                "(its manifest's keys and time columns, the task's rows as targets); the spec-schema path (root + "
-                "branches over source.tables) is not built",
-                "use source.relbench: {path, task}, or model.rt.context.builder: nested",
-            )
-        )
-    elif spec.source.database is not None:
-        out.append(
-            Refusal(
-                "model.rt.context.builder",
-                c.builder,
-                "the rt_utils builder reads every table of the graph from the RelBench folder's db/ files",
+                "over a RelBench folder the rt_utils builder reads the folder's manifest (keys, time columns, the "
+                "task's window) beside its db/ files, and a run over source.database does not know the folder",
                 "remove source.database, or use model.rt.context.builder: nested",
             )
-        )
+        ]
+    return []
+
+
+def spec_graph_refusals(spec: Spec) -> list[Refusal]:
+    """What the rt_utils builder cannot make a foreign-key graph of, in a spec's own schema: a
+    key that is also an input (the library keeps keys as identity, never a cell), a branch over
+    the root's own table, and two branches over one table that disagree on its key, time or a
+    foreign key's parent (one table is one set of nodes in the graph)."""
+    root = spec.schema_.root
+    out: list[Refusal] = []
+    fix_nested = "or use model.rt.context.builder: nested"
+    for key in dict.fromkeys(k for k in (root.key, root.entity) if k is not None):
+        if key in root.columns:
+            out.append(
+                Refusal(
+                    f"schema.root.columns.{key}",
+                    root.columns[key],
+                    "the rt_utils builder links the root's rows by this key; the library keeps a key as the row's "
+                    "identity, never as a cell",
+                    f"remove '{key}' from schema.root.columns, {fix_nested}",
+                )
+            )
+    seen: dict[str, tuple[str, str | None, str | None]] = {}  # table -> (branch, key, time)
+    parents: dict[tuple[str, str], str] = {}  # (table, parent_key) -> the parent's table
+    for b, parent in spec.schema_.walk():
+        if b.table == root.table:
+            out.append(
+                Refusal(
+                    f"{b.name}.table",
+                    b.table,
+                    "the rt_utils builder makes the root's table the task's rows; a branch over that same table "
+                    "would make one row two nodes",
+                    f"read the branch from a copy of the table under another name, {fix_nested}",
+                )
+            )
+        if b.key is not None and b.key in b.columns:
+            out.append(
+                Refusal(
+                    f"{b.name}.columns.{b.key}",
+                    b.columns[b.key],
+                    "the branch's key links its nested branches' rows; the library keeps a key as the row's "
+                    "identity, never as a cell",
+                    f"remove '{b.key}' from the branch's columns, {fix_nested}",
+                )
+            )
+        up = root.table if parent is None else next(x.table for x, _ in spec.schema_.walk() if x.name == parent)
+        if parents.setdefault((b.table, b.parent_key), up) != up:
+            out.append(
+                Refusal(
+                    f"{b.name}.parent_key",
+                    b.parent_key,
+                    f"another branch over table '{b.table}' makes '{b.parent_key}' point at table "
+                    f"'{parents[(b.table, b.parent_key)]}', this one at '{up}': one column is one foreign key",
+                    f"give one of the branches its own copy of the table, {fix_nested}",
+                )
+            )
+        first = seen.setdefault(b.table, (b.name, b.key, b.time))
+        for what, mine, theirs in (("key", b.key, first[1]), ("time", b.time, first[2])):
+            if mine is not None and theirs is not None and mine != theirs:
+                out.append(
+                    Refusal(
+                        f"{b.name}.{what}",
+                        mine,
+                        f"branch '{first[0]}' reads the same table '{b.table}' with {what} '{theirs}'; in the graph "
+                        "a table has one key and one time column",
+                        f"set the same {what} on both branches, {fix_nested}",
+                    )
+                )
     return out
 
 

@@ -67,6 +67,7 @@ from relational_transformers_utils import (
     ValueType,
 )
 
+from tasks.libraries.relational_transformers.checks import LIBRARY, spec_graph_refusals
 from tasks.libraries.relational_transformers.contexts import (
     D_TEXT,
     Contexts,
@@ -93,6 +94,7 @@ __all__ = [
     "TextCache",
     "graph_tables",
     "policy_of",
+    "spec_graph_tables",
 ]
 
 Floats = npt.NDArray[np.float64]
@@ -151,7 +153,13 @@ class GraphTables:
     train_bound: float  # the last training seed time, epoch seconds (statistics go up to it)
     specs: dict[str, TableSpec]
     tables: dict[str, pa.Table]
-    task_rows: pa.Table  # key, entity, seed time, target: every split's rows, sorted by key
+    task_rows: pa.Table  # key, entity, seed time, target (+ task_columns): every split's rows, sorted by key
+    # the spec's schema: the root's input columns, carried by the task rows (RelBench: the entity table's)
+    task_columns: dict[str, str] = field(default_factory=dict)
+    # False: the root has no seed time; ``seed_time`` is then one constant (NO_ANCHOR) the library
+    # needs to find a task row, never a cell and never a cut
+    anchored: bool = True
+    task_train: Bools | None = None  # the spec's schema: the task rows' split (statistics of root columns)
 
 
 def graph_tables(spec: Spec, folder: Any, read: Callable[[str, list[str]], pa.Table]) -> GraphTables:
@@ -160,7 +168,7 @@ def graph_tables(spec: Spec, folder: Any, read: Callable[[str, list[str]], pa.Ta
     manifest between them, and the task's rows. ``read(table, columns) -> pa.Table`` reads a
     whole table (the harness's sources); ``folder`` is the opened ``tasks.spec.relbench.Folder``."""
     if spec.source.relbench is None:
-        raise UserError(spec_schema_refusal())
+        raise _no_folder()
     tables, tm = folder.manifest.tables, folder.task_manifest
     root = spec.schema_.root
     declared: dict[str, dict[str, str]] = {folder.entity_table: dict(root.columns)}
@@ -203,12 +211,147 @@ def graph_tables(spec: Spec, folder: Any, read: Callable[[str, list[str]], pa.Ta
     )
 
 
-def spec_schema_refusal() -> str:
-    return (
-        f"{KEY}.builder rt_utils builds contexts over a RelBench folder's foreign-key graph (its manifest's "
-        "primary and foreign keys and time columns, the task's rows as targets); a spec's own schema (root + "
-        f"branches) is not read by it. Use source.relbench, or set {KEY}.builder: nested"
+def _no_folder() -> RuntimeError:
+    return RuntimeError("a spec without source.relbench has no RelBench folder: its graph is spec_graph_tables'")
+
+
+# The task rows' one time when the root has no seed time: the library finds a target by (entity,
+# anchor) and a missing time never matches (NaN keys), so every row stands at the epoch; no table
+# has a time column then (branches[].time needs schema.root.seed_time), so the cut-off admits all.
+NO_ANCHOR = "__anchor"
+
+
+def spec_graph_tables(
+    spec: Spec,
+    read: Callable[[str, list[str]], pa.Table],
+    train_of: Callable[[pa.Table], Bools],
+) -> GraphTables:
+    """The graph of the spec's own schema: an entity table (the distinct values of
+    ``schema.root.entity``, else of the root key: keys only, no cell), the root's rows as the
+    library's task table (entity, seed time, the root's columns, the target), and every branch's
+    table with its declared columns (and its ``time``), linked by ``parent_key`` to its parent's
+    table, at any depth. ``read(table, columns)`` reads a whole table through the run's sources;
+    ``train_of(root rows)`` is the harness's split: only training rows' labels are given to the
+    library (held-out labels never enter any context, as another row's peer label either)."""
+    problems = spec_graph_refusals(spec)
+    if problems:
+        raise UserError(" ".join(p.message(LIBRARY) for p in problems))
+    root, target = spec.schema_.root, spec.task.target
+    entity_col = root.entity or root.key
+    anchored = root.seed_time is not None
+    entity = f"{root.table}.{entity_col}"  # the entity table's name: never a branch's table
+    table_of: dict[str | None, str] = {None: entity}
+    specs: dict[str, TableSpec] = {entity: TableSpec(entity_col, None, {}, {})}
+    for b, parent in spec.schema_.walk():
+        table_of[b.name] = b.table
+        time = b.time if anchored else None
+        old = specs.get(b.table, TableSpec(None, None, {}, {}))
+        columns = {**old.columns, **b.columns}
+        if time is not None and time not in columns:
+            columns[time] = "timestamp"  # the library emits a row's time as a cell: declared
+        specs[b.table] = TableSpec(
+            b.key or old.pkey, time or old.time, columns, {**old.fkeys, b.parent_key: table_of[parent]}
+        )
+    arrow: dict[str, pa.Table] = {}
+    for name, s in specs.items():
+        if name == entity:
+            continue
+        wanted = list(dict.fromkeys([*([s.pkey] if s.pkey else []), *s.fkeys, *s.columns]))
+        t = _plain(read(name, wanted))
+        if s.time is not None:  # the as-of rule (tasks/stages/asof.py): a row without a time never enters
+            t = t.filter(pc.is_valid(t[s.time]))
+        arrow[name] = _sorted(t)
+
+    inputs: dict[str, str] = {c: k for c, k in root.columns.items() if c != target}
+    wanted = [root.key, entity_col, *([root.seed_time] if root.seed_time else []), target]
+    wanted += [*([root.split] if root.split else []), *inputs]
+    rows = _plain(read(root.table, list(dict.fromkeys(wanted))))
+    _check_root_rows(rows, spec, entity_col)
+    train = np.asarray(train_of(rows), dtype=bool)
+    seed_time = root.seed_time or NO_ANCHOR
+    if root.seed_time is None:
+        rows = rows.append_column(NO_ANCHOR, pa.array(np.zeros(rows.num_rows, "datetime64[us]"), pa.timestamp("us")))
+    labels = _table_column(rows, target)
+    held_out = pa.array(~train)
+    rows = rows.set_column(
+        rows.schema.get_field_index(target), target, pc.if_else(held_out, pa.nulls(len(labels), labels.type), labels)
     )
+    rows = rows.append_column("__train_row", pa.array(train))
+    rows = rows.sort_by(root.key)
+    train = np.asarray(rows["__train_row"].to_numpy(), dtype=bool)
+    entities = pc.unique(_table_column(rows, entity_col))
+    entities = entities.take(pc.sort_indices(entities))
+    arrow[entity] = pa.table({entity_col: entities})
+    times = _seconds(_table_column(rows, seed_time), f"{root.table}.{seed_time}")[0]
+    bound = float(times[train].max()) if anchored and train.any() else float("inf")
+    return GraphTables(
+        entity=entity,
+        task=root.table,
+        entity_col=entity_col,
+        seed_time=seed_time,
+        target=target,
+        key=root.key,
+        window_seconds=0.0,
+        train_bound=bound,
+        specs={entity: specs[entity], **{k: v for k, v in specs.items() if k != entity}},
+        tables=arrow,
+        task_rows=rows.select(list(dict.fromkeys([root.key, entity_col, seed_time, target, *inputs]))),
+        task_columns=inputs,
+        anchored=anchored,
+        task_train=train,
+    )
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary columns as their values (what a file and a database table both give)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
+    return table
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    """Rows in the order of all their values: the store numbers nodes by row position and the
+    library seeds its draws with node ids, so the same rows give the same contexts whatever order
+    the source returned them in (files, or a database's scan)."""
+    return table.sort_by([(c, "ascending") for c in table.column_names]) if table.num_rows else table
+
+
+def _check_root_rows(rows: pa.Table, spec: Spec, entity_col: str) -> None:
+    """Every root row must be one task row the library can find: an entity, a seed time when the
+    schema has one, and no two rows at the same (entity, seed time)."""
+    root = spec.schema_.root
+    where = "schema.root.entity" if root.entity else "schema.root.key"
+    nulls = _table_column(rows, entity_col).null_count
+    if nulls:
+        raise UserError(
+            f"{KEY}.builder rt_utils: {nulls} row(s) of table '{root.table}' have no {entity_col} ({where}), so no "
+            f"entity to link them to; drop or fill them, or set {KEY}.builder: nested"
+        )
+    cols = [entity_col]
+    if root.seed_time is not None:
+        cols.append(root.seed_time)
+        nulls = _table_column(rows, root.seed_time).null_count
+        if nulls:
+            raise UserError(
+                f"{KEY}.builder rt_utils: {nulls} row(s) of table '{root.table}' have no seed time "
+                f"(schema.root.seed_time '{root.seed_time}'), and the library anchors each context at its row's "
+                f"time; drop or fill them, or set {KEY}.builder: nested"
+            )
+    groups = rows.select(cols).group_by(cols).aggregate([([], "count_all")])
+    repeated = pc.sum(pc.greater(groups["count_all"], 1)).as_py() or 0
+    if repeated:
+        what = f"({entity_col}, {root.seed_time})" if root.seed_time else entity_col
+        fix = (
+            "make each (entity, seed time) one row"
+            if root.seed_time
+            else "set schema.root.seed_time to the column that tells those rows apart"
+        )
+        raise UserError(
+            f"{KEY}.builder rt_utils: {repeated} value(s) of {what} repeat in table '{root.table}'; the library "
+            f"finds a context's target row by its entity and seed time, so each must name one row: {fix}, or set "
+            f"{KEY}.builder: nested"
+        )
 
 
 def _numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -284,13 +427,17 @@ class GraphStore:
         links = [LinkDef(name, fk, to) for name, s in g.specs.items() for fk, to in s.fkeys.items()]
         self.schema = Schema(tuple(defs), tuple(links))
         frames = {name: {c: _numpy(t.column(c)) for c in t.column_names} for name, t in g.tables.items()}
-        task_frame = {c: _numpy(g.task_rows.column(c)) for c in (g.entity_col, g.seed_time, g.target)}
+        task_cols = dict.fromkeys((g.entity_col, g.seed_time, *g.task_columns, g.target))
+        task_frame = {c: _numpy(g.task_rows.column(c)) for c in task_cols}
         self.store = ColumnarStore(
             self.schema,
             frames,
             task_frames={g.task: task_frame},
             task_links={g.task: (g.entity, g.entity_col, g.seed_time)},
         )
+        if not g.anchored:  # the constant anchor is no cell: out of the budget's count too
+            base = self.store.base[g.task]
+            self.store.node_cells[base : base + g.task_rows.num_rows] -= 1
         self.store.native_graph()
         self.f2p_off, self.f2p = self.store.f2p_offsets, self.store.f2p_parent
         if len(self.f2p_off) > 1 and int(np.diff(self.f2p_off).max()) > MAX_F2P:
@@ -305,7 +452,9 @@ class GraphStore:
         self.columns: list[tuple[str, str, str]] = []  # (table, column, kind)
         for name in self.order:
             if name == g.task:
-                self.columns += [(name, g.seed_time, "timestamp"), (name, g.target, "target")]
+                self.columns += [(name, g.seed_time, "timestamp")] if g.anchored else []
+                self.columns += [(name, c, k) for c, k in g.task_columns.items() if c != g.seed_time]
+                self.columns += [(name, g.target, "target")]
             else:
                 self.columns += [(name, c, k) for c, k in g.specs[name].columns.items()]
         self.column_names = pa.array([f"{c} of {t}" for t, c, _ in self.columns], pa.large_string())
@@ -326,6 +475,8 @@ class GraphStore:
             base = self.store.base[t]
             ts = self.store.node_ts[base : base + table.num_rows]
             known = np.isnan(ts) | (ts <= g.train_bound)
+            if t == g.task and g.task_train is not None:  # the root's columns: its training rows
+                known = g.task_train
             out[f"{t}.{c}"] = _mean_std(values[valid & known])
         return out
 
@@ -591,7 +742,7 @@ def relbench_folder(spec: Spec, sources: Mapping[str, Any]) -> Any:
 
     rb = spec.source.relbench
     if rb is None:
-        raise UserError(spec_schema_refusal())
+        raise _no_folder()
     for name, src in sources.items():
         if name != spec.schema_.root.table and isinstance(src, SourceTable) and src.files:
             path = Path(src.files[0]).parent.parent

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import torch
 from relational_transformers import RelationalBatch
@@ -66,6 +67,7 @@ from tasks.libraries.relational_transformers.graph_contexts import (
     TextCache,
     graph_tables,
     relbench_folder,
+    spec_graph_tables,
     stats_for,
 )
 from tasks.measure import keys as K
@@ -76,7 +78,7 @@ from tasks.spec import Spec
 from tasks.stages.encode import Encoded
 from tasks.stages.engine import EngineBase, ModelFacts
 from tasks.stages.preprocess import Preprocessed
-from tasks.stages.split import role_masks
+from tasks.stages.split import role_masks, split_roles
 
 __all__ = ["RTSide"]
 
@@ -158,7 +160,10 @@ class RTSide(OwnInputs):
             if self.sources is None:
                 raise RuntimeError("the rt_utils builder needs the run's sources (Chain.read_sources)")
             t0 = wall_clock()
-            g = graph_tables(self.spec, relbench_folder(self.spec, self.sources), self._read)
+            if self.spec.source.relbench is not None:
+                g = graph_tables(self.spec, relbench_folder(self.spec, self.sources), self._read)
+            else:  # the spec's own schema: root rows as the task, branches by their keys
+                g = spec_graph_tables(self.spec, self._read, self._train_of)
             self.figures.store_seconds += wall_clock() - t0  # reading the tables; the store adds its own
             self.graph = GraphStore(self.spec, g, self.figures)
         return self.graph
@@ -166,6 +171,11 @@ class RTSide(OwnInputs):
     def _read(self, name: str, columns: list[str]) -> pa.Table:
         assert self.sources is not None
         return read_all(self.sources[name], columns).to_arrow()
+
+    def _train_of(self, rows: pa.Table) -> np.ndarray:
+        """The harness's split of whole root rows (the chunks' ``__train``)."""
+        train = split_roles(self.spec, cast(pl.DataFrame, pl.from_arrow(rows)))[0]
+        return np.asarray(train.to_numpy(), dtype=bool)
 
     def encode(self, pre: Preprocessed, train: bool) -> Encoded:
         if self.builder == "rt_utils":
@@ -239,8 +249,11 @@ class RTSide(OwnInputs):
         if self.builder != "rt_utils":
             return {"relflow.library_context_builder": "nested (the harness's nested row)"}
         seed = c.seed if c.seed is not None else self.spec.run.seed
+        anchor = "each row's seed time" if self.spec.schema_.root.seed_time else "none: no seed time, every row"
         return {
-            "relflow.library_context_builder": f"rt_utils (relational-transformers-utils {_rtu_version()}, seed {seed})"
+            "relflow.library_context_builder": (
+                f"rt_utils (relational-transformers-utils {_rtu_version()}, seed {seed}, anchor {anchor})"
+            )
         }
 
     def builder_metrics(self) -> dict[str, float]:

@@ -397,8 +397,11 @@ def _keys(spec: Spec) -> list[str]:
     return [r.key for r in refusals(spec)]
 
 
-def test_the_spec_schema_path_is_refused_naming_the_builder_key():
-    assert "model.rt.context.builder" in _keys(_spec())  # source.tables, no source.relbench
+def test_the_spec_schema_is_built_and_a_relbench_folder_in_a_database_is_refused():
+    assert _keys(_spec()) == []  # source.tables: the spec's own schema (test_graph_contexts_spec.py)
+    raw = _spec().to_dict()
+    raw["source"] = {"relbench": {"path": "folder", "task": "buys"}, "database": {"url": "duckdb"}}
+    assert _keys(Spec.model_validate(raw)) == ["model.rt.context.builder"]
 
 
 def test_a_budget_key_under_the_nested_builder_is_refused_and_a_round_trip_is_not():
