@@ -44,7 +44,7 @@ class RTContext(Strict):
     """``model.rt.context``: how relational-transformers' contexts are built. ``nested`` (the
     default): from the harness's nested row (root, branches, one target cell). ``rt_utils``:
     relational-transformers-utils 0.1.0's ``ColumnarStore`` / ``ColumnarTraversal`` /
-    ``ContextGraph`` over a RelBench folder's tables and foreign keys, with this cell budget
+    ``ContextGraph`` over a RelBench folder's or the schema's tables and foreign keys, with this cell budget
     (its ``ContextPolicy``; the defaults are the library's). The budget keys are read by
     ``rt_utils`` only (RT's checks refuse them set with ``nested``)."""
 

@@ -1,5 +1,6 @@
-"""Contexts from relational-transformers-utils 0.1.0 over a RelBench folder's foreign-key graph
-(``model.rt.context.builder: rt_utils``).
+"""Contexts from relational-transformers-utils 0.1.0 over a foreign-key graph (``model.rt.context.
+builder: rt_utils``): a RelBench folder's (``graph_tables``) or the spec's own schema's
+(``spec_graph_tables``: the root's rows as the task, branches linked by ``parent_key``).
 
 The ``nested`` builder (contexts.py) turns the harness's nested row (one root, its branches as
 preprocess kept them) into one context. This module instead hands every table the spec reads,
