@@ -54,7 +54,8 @@ from tasks.run.record.run_log import log_run
 from tasks.run.reference_pass import reference_quality
 from tasks.run.scenarios.invocation import Invocation
 from tasks.run.scenarios.latency import LatencyRecord
-from tasks.run.scenarios.outputs import check_offline_outputs, check_outputs
+from tasks.run.scenarios.offline import OfflineRun
+from tasks.run.scenarios.outputs import ServedOutputs, check_offline_outputs, check_outputs
 from tasks.run.scenarios.region import RegionSteps, run_region
 from tasks.run.scenarios.runner import run_requests
 from tasks.run.scenarios.workload import Workload
@@ -176,28 +177,33 @@ def timed_body(run: Invocation) -> None:
             requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
             writer=run.writer,  # offline: predict passes (tasks/run/scenarios/offline.py)
         )
-        region, run.latency = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
+        region, report = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
         region_end_unix = unix_time()
         other_during = other.stop()
         stolen = steal_fraction(ticks_start, CpuTicks.now())
         run.tracker.stop_system_metrics()
-        untimed_checks(run, work)  # still under the host lock, after the region
+        # the scenario's report: the request record, or the offline passes' figures into the record
+        offline = report if isinstance(report, OfflineRun) else None
+        run.latency = report if isinstance(report, LatencyRecord) else None
+        run.result.offline = offline.report if offline is not None else None
+        untimed_checks(run, work, offline.served_outputs if offline is not None else None)  # still under the host lock
     run.buckets = region.metrics()
     run.gc_pauses = region.gc.metrics()
     run.region = Region(waited, region_start_unix, region_end_unix, load_start, other_before, other_during, stolen)
 
 
-def untimed_checks(run: Invocation, work: Workload) -> None:
-    """After the region, outside every timing: the output checks and the reference quality."""
+def untimed_checks(run: Invocation, work: Workload, served: ServedOutputs | None) -> None:
+    """After the region, outside every timing: the output checks (``served``: the last offline
+    pass's rows, run.check_outputs) and the reference quality."""
     s = run.spec
     if run.latency is not None and run.latency.served_outputs is not None:
         progress.emit("phase", name="output check (not timed)")
         run.latency.output_check = check_outputs(work.chain, run.latency.served_outputs, s.run)
         run.latency.served_outputs = None  # the served tensors are no longer needed
-    if work.served_outputs is not None:  # run.check_outputs (offline)
+    if served is not None:  # run.check_outputs (offline)
         progress.emit("phase", name="output check vs a plain pass (not timed)")
-        run.output_check = check_offline_outputs(work.chain, work.served_outputs)
-        work.served_outputs = None
+        run.output_check = check_offline_outputs(work.chain, served)
+        served.release()  # the served tensors are no longer needed (the OfflineRun still holds the record)
     if run.plan.reference is not None:
         progress.emit("phase", name="reference quality (not timed)")
         run.reference_quality = reference_quality(

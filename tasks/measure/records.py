@@ -2,7 +2,8 @@
 
 Stages add into one ``StageTiming`` per (phase, stage): training epochs and predict passes
 are different work and are never summed under one rows/s. The compute stage fills
-``PhaseTimings`` per phase. ``RunResult.metrics()`` is the public MLflow contract: every key
+``PhaseTimings`` per phase. A scenario returns its own report (``OfflineReport``: the offline
+passes), which the record holds. ``RunResult.metrics()`` is the public MLflow contract: every key
 carries its unit and is catalogued in ``tasks/measure/keys.py``.
 """
 
@@ -30,8 +31,11 @@ __all__ = [
     "EncodeUnit",
     "FlowSeconds",
     "HarnessFigures",
+    "OfflineReport",
+    "PassFigures",
     "PhaseTimings",
     "RunResult",
+    "StagePass",
     "StageTiming",
     "WarmStage",
     "describe_repeats",
@@ -131,7 +135,17 @@ class Figures(Protocol):
     def metrics(self) -> dict[str, float]: ...
 
 
-@dataclass
+@dataclass(frozen=True)
+class StagePass:
+    """One predict stage's table across one pass: its seconds and bytes before and after."""
+
+    seconds_before: float
+    bytes_before: int
+    seconds_after: float
+    bytes_after: int
+
+
+@dataclass(frozen=True)
 class WarmStage:
     """One predict stage over the passes after the first (pass 0 holds the first calls,
     compilation and cold caches; the floor ledger's stages are warm)."""
@@ -139,11 +153,76 @@ class WarmStage:
     seconds: float = 0.0
     bytes: int | None = None  # None: no warm pass moved bytes through the stage (no figure)
 
-    def add(self, stage: StageTiming, seconds_before: float, bytes_before: int) -> None:
-        """What ``stage`` added in one warm pass, since it stood at the ``*_before`` figures."""
-        self.seconds = self.seconds + stage.seconds - seconds_before  # (sum + now) - before: no reassociation
-        if stage.bytes > bytes_before:
-            self.bytes = (self.bytes or 0) + stage.bytes - bytes_before
+    def plus(self, stage: StagePass) -> WarmStage:
+        """With what ``stage`` added in one more warm pass."""
+        seconds = self.seconds + stage.seconds_after - stage.seconds_before  # (sum + now) - before: no reassociation
+        moved = stage.bytes_after > stage.bytes_before
+        return WarmStage(seconds, (self.bytes or 0) + stage.bytes_after - stage.bytes_before if moved else self.bytes)
+
+
+@dataclass(frozen=True)
+class PassFigures:
+    """One offline predict pass (tasks/run/scenarios/offline.py ``predict_pass``)."""
+
+    rows: int  # root rows predicted
+    rows_per_s: float  # end to end: rows over the pass's predict stage seconds
+    steady_rows_per_s: float | None  # its steady compute batches' (None: it had none)
+    stages: dict[str, StagePass]  # predict stage -> its table across the pass
+
+
+@dataclass(frozen=True)
+class OfflineReport:
+    """The offline scenario's passes (``run.repeats``), folded (``of``): what the record keys
+    from them besides the stage table. Pass 0 carries the first call (compilation, cold
+    caches): the repeat statistics and the warm stages start at pass 1."""
+
+    rows_predicted: int = 0  # summed over the passes
+    passes: int = 0
+    rows_per_s: tuple[float, ...] = ()  # end to end, one per pass
+    steady_rows_per_s: tuple[float, ...] = ()  # steady compute, one per pass that had steady batches
+    warm_stages: dict[str, WarmStage] = field(default_factory=dict)  # predict stage -> warm passes
+
+    @classmethod
+    def of(cls, passes: list[PassFigures]) -> OfflineReport:
+        warm: dict[str, WarmStage] = {}
+        for p in passes[1:]:
+            for name, stage in p.stages.items():
+                warm[name] = warm.get(name, WarmStage()).plus(stage)
+        return cls(
+            rows_predicted=sum(p.rows for p in passes),
+            passes=len(passes),
+            rows_per_s=tuple(p.rows_per_s for p in passes),
+            steady_rows_per_s=tuple(p.steady_rows_per_s for p in passes if p.steady_rows_per_s is not None),
+            warm_stages=warm,
+        )
+
+    def repeat_metrics(self) -> dict[str, float]:
+        """The medians over passes 1.. and, where the sample supports it, their intervals."""
+        m: dict[str, float] = {}
+        for key, passes in ((K.E2E_PREDICT_ROWS_PER_S, self.rows_per_s), (K.STEADY_ROWS_PER_S, self.steady_rows_per_s)):
+            samples = list(passes[1:])
+            if len(samples) < 2:
+                continue
+            iv = median_interval(samples)
+            m[K.median(key)] = iv.median
+            if iv.low is not None and iv.high is not None and iv.level is not None:
+                m[K.median_ci_low(key)] = iv.low
+                m[K.median_ci_high(key)] = iv.high
+                m[K.median_ci_level(key)] = iv.level
+        m[K.REPEATS_MEASURED] = float(max(len(self.rows_per_s) - 1, 0))
+        return m
+
+    def warm_metrics(self) -> dict[str, float]:
+        """``stage.<stage>.predict.warm_seconds`` and ``warm_bytes`` (a stage that moved bytes)."""
+        m: dict[str, float] = {}
+        for name, warm in self.warm_stages.items():
+            m[K.stage_warm_seconds(name)] = warm.seconds
+            if warm.bytes is not None:
+                m[K.stage_warm_bytes(name)] = float(warm.bytes)
+        return m
+
+
+NO_PASSES = OfflineReport()  # a request scenario's: no offline pass ran
 
 
 @dataclass
@@ -256,10 +335,9 @@ class RunResult:
     # phase -> stage -> timing; train has no write stage.
     stages: dict[str, dict[str, StageTiming]] = field(default_factory=_phase_stages)
     root_rows: int = 0  # distinct root rows of the workload
-    rows_predicted: int = 0  # summed over predict passes (run.repeats)
+    rows_served: int = 0  # a request scenario's root rows, the cold request included
     rows_written: int = 0  # rows in the kept prediction file
     train_epochs: int = 0
-    predict_passes: int = 0
     bytes_read: int = 0
     coords_present: int = 0
     coords_reserved: int | None = 0  # None: a model with no reserved layout (relational-transformers)
@@ -277,14 +355,11 @@ class RunResult:
     chunks: int = 0
     recompiles: dict[str, int] = field(default_factory=dict)  # phase -> in its steady window
     graph_breaks: dict[str, int] = field(default_factory=dict)
-    repeat_steady_rows_per_s: list[float] = field(default_factory=list)
-    repeat_predict_rows_per_s: list[float] = field(default_factory=list)  # one per predict pass
     updates_per_epoch: int = 0
     # The flow's other figures, in the order its steps record them; ``metrics()`` keys them.
     data_checks: dict[str, float] = field(default_factory=dict)  # tasks/run/checks/data.py counts (plan)
     rows_read: int | None = None  # source rows, every table, summed over chunks/requests/ranks
     calibration: CalibrationFacts = field(default_factory=CalibrationFacts)
-    warm_stages: dict[str, WarmStage] = field(default_factory=dict)  # predict stage -> warm passes
     train_ranks_mean_seconds: float | None = None  # distributed: the ranks' mean train stage seconds
     compile_counters: CompileCounters | None = None
     batch_coordinates: dict[str, float] = field(default_factory=dict)  # batch_coordinate_metrics
@@ -293,6 +368,7 @@ class RunResult:
     checkpoint_load: CheckpointLoad | None = None  # run.checkpoint
     fp8_fallback: dict[str, float] = field(default_factory=dict)  # tasks/backends/served.py fp8_metrics
     reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/run/reference_pass.py quality_delta
+    offline: OfflineReport | None = None  # the offline scenario's passes (tasks/run/scenarios/offline.py)
     latency: Figures | None = None  # LatencyRecord: single_stream / server runs
     projection: Figures | None = None  # Projections: run.projected_seconds (tasks/measure/projection.py)
     output_check: Figures | None = None  # OutputCheck: run.check_outputs (offline)
@@ -300,6 +376,11 @@ class RunResult:
     model_figures: dict[str, float] = field(default_factory=dict)  # ModelFacts.metrics: the library's own
     utilisation: dict[str, float] = field(default_factory=dict)  # tasks/run/record/collect.py utilisation
     flow_seconds: FlowSeconds | None = None
+
+    @property
+    def rows_predicted(self) -> int:
+        """Root rows predicted: the offline passes' (summed), or the served requests'."""
+        return self.offline.rows_predicted if self.offline is not None else self.rows_served
 
     def e2e_seconds(self, phase: str) -> float:
         return sum(s.seconds for s in self.stages[phase].values())
@@ -327,7 +408,7 @@ class RunResult:
             m[K.E2E_PREDICT_SECONDS] = sec
             m[K.E2E_PREDICT_ROWS] = float(self.rows_predicted)
             m[K.E2E_PREDICT_ROWS_PER_S] = self.rows_predicted / sec if sec > 0 else 0.0
-            m[K.E2E_PREDICT_PASSES] = float(self.predict_passes)
+            m[K.E2E_PREDICT_PASSES] = float((self.offline or NO_PASSES).passes)
         if self.ran("train"):
             sec = self.e2e_seconds("train")
             rows = self.stages["train"]["compute"].rows
@@ -335,24 +416,6 @@ class RunResult:
             m[K.E2E_TRAIN_ROWS] = float(rows)
             m[K.E2E_TRAIN_ROWS_PER_S] = rows / sec if sec > 0 else 0.0
             m[K.E2E_TRAIN_EPOCHS] = float(self.train_epochs)
-
-    def _repeat_metrics(self, m: dict[str, float]) -> None:
-        # Pass 0 carries the first call (compilation, cold caches): it is not a sample of the
-        # distribution the later passes draw from, so the repeat statistics start at pass 1.
-        for key, passes in (
-            (K.E2E_PREDICT_ROWS_PER_S, self.repeat_predict_rows_per_s),
-            (K.STEADY_ROWS_PER_S, self.repeat_steady_rows_per_s),
-        ):
-            samples = passes[1:]
-            if len(samples) < 2:
-                continue
-            iv = median_interval(samples)
-            m[K.median(key)] = iv.median
-            if iv.low is not None and iv.high is not None and iv.level is not None:
-                m[K.median_ci_low(key)] = iv.low
-                m[K.median_ci_high(key)] = iv.high
-                m[K.median_ci_level(key)] = iv.level
-        m[K.REPEATS_MEASURED] = float(max(len(self.repeat_predict_rows_per_s) - 1, 0))
 
     def metrics(self) -> dict[str, float]:
         m: dict[str, float] = {}
@@ -380,7 +443,7 @@ class RunResult:
                 m[key] = float(n)
             for key in {K.compute(phase, "graph_breaks"), K.compute_phase(phase, "graph_breaks")}:
                 m[key] = float(self.graph_breaks.get(phase, 0))
-        self._repeat_metrics(m)
+        m.update((self.offline or NO_PASSES).repeat_metrics())
         input_s = sum(p.input_seconds for p in (self.train, self.predict) if p is not None)
         m[K.INPUT_WAIT_FRACTION] = input_s / self.compute_seconds if self.compute_seconds else 0.0
         m[K.WORKER_STARTUP_SECONDS] = self.worker_startup_seconds
@@ -402,10 +465,7 @@ class RunResult:
         if self.rows_read is not None:
             m[K.DATA_ROWS_READ] = float(self.rows_read)
         m.update(self.calibration.metrics())
-        for name, warm in self.warm_stages.items():
-            m[K.stage_warm_seconds(name)] = warm.seconds
-            if warm.bytes is not None:
-                m[K.stage_warm_bytes(name)] = float(warm.bytes)
+        m.update((self.offline or NO_PASSES).warm_metrics())
         if self.train_ranks_mean_seconds is not None:
             m[K.E2E_TRAIN_RANKS_MEAN_SECONDS] = self.train_ranks_mean_seconds
         if self.compile_counters is not None:

@@ -220,14 +220,11 @@ def test_six_runs_a_side_survive_holm_over_two_metrics():
 
 
 def test_a_run_value_is_its_repeat_median_from_pass_1():
-    from tasks.measure.records import RunResult
+    from tasks.measure.records import OfflineReport
 
-    r = RunResult()
     # pass 0 carries the first call: 10x slower; the median must not see it
-    r.repeat_predict_rows_per_s = [10.0, 100.0, 102.0, 98.0]
-    r.repeat_steady_rows_per_s = [10.0, 200.0, 204.0, 196.0]
-    m: dict[str, float] = {}
-    r._repeat_metrics(m)
+    r = OfflineReport(rows_per_s=(10.0, 100.0, 102.0, 98.0), steady_rows_per_s=(10.0, 200.0, 204.0, 196.0))
+    m = r.repeat_metrics()
     assert m["e2e.predict.rows_per_s.median"] == 100.0
     assert m["compute.steady_rows_per_s.median"] == 200.0
     assert m["run.repeats_measured"] == 3

@@ -21,7 +21,7 @@ import torch
 from tasks.backends.served import fp8_metrics
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
-from tasks.measure.records import FlowSeconds, HarnessFigures
+from tasks.measure.records import FlowSeconds, HarnessFigures, RunResult
 from tasks.run.record.collect import engine_figures, utilisation
 from tasks.run.record.run_log import save_checkpoint
 from tasks.run.reference_pass import quality_delta
@@ -51,7 +51,7 @@ def _engine_part(run: Invocation) -> None:
     assert run.work is not None
     work, chain = run.work, run.work.chain
     # per predict pass that ran; a request scenario's batches are per served request
-    units = run.latency.served_requests if run.latency is not None else result.predict_passes
+    units = run.latency.served_requests if run.latency is not None else _passes(result)
     run.tracker.set_tags({"relflow.compiler_cache": engine_figures(result, chain, engine, units)})
     result.encode = work.encode_counts()
     for phase in K.PHASES:
@@ -64,6 +64,11 @@ def _engine_part(run: Invocation) -> None:
     run.backend_tags = engine.backend_tags()  # after the passes: weights_native reads their fp8 fallbacks
 
 
+def _passes(result: RunResult) -> int:
+    """The offline predict passes (0: a request scenario's run)."""
+    return result.offline.passes if result.offline is not None else 0
+
+
 def _commit_outputs(run: Invocation) -> None:
     """The engine closed, the kept prediction file committed, the memory peaks read."""
     result, engine = run.result, run.engine
@@ -73,7 +78,7 @@ def _commit_outputs(run: Invocation) -> None:
     with named_write_errors(run.writer.path, "predictions", "run.output_dir"):
         result.output_bytes = run.writer.commit()
     result.output_path = str(run.output)
-    result.stages["predict"]["write"].bytes = result.output_bytes * result.predict_passes
+    result.stages["predict"]["write"].bytes = result.output_bytes * _passes(result)
     run.memory.stop()
     result.host_peak_bytes = run.memory.host_peak_bytes
     result.host_peak_excluding_compiler_bytes = run.memory.host_peak_excluding_compiler_bytes

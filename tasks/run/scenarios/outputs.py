@@ -58,6 +58,11 @@ class ServedOutputs:
         self.keys.append(keys)
         self.outputs.append(outs)
 
+    def release(self) -> None:
+        """After the check: the references let go, whoever still holds this record."""
+        self.keys.clear()
+        self.outputs.clear()
+
 
 @dataclass
 class OutputCheck:

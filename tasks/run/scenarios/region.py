@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from tasks.measure import keys as K
 from tasks.measure.gcpauses import GcPauses, frozen_collector
 from tasks.run.scenarios.latency import LatencyRecord
-from tasks.run.scenarios.offline import predict_repeat
+from tasks.run.scenarios.offline import OfflineRun, run_offline
 from tasks.run.scenarios.pricing import Pricing
 from tasks.run.scenarios.workload import Workload
 from tasks.stages.write import PredictionWriter
@@ -85,7 +85,8 @@ class Region:
 class RegionSteps:
     """The region's steps that the caller (the flow) supplies: how training runs (here or DDP),
     how the serving backend starts, and the request scenario as a Prefect task (None: offline,
-    whose predict passes run from here, tasks/run/scenarios/offline.py, into ``writer``)."""
+    whose predict passes run from here, tasks/run/scenarios/offline.py ``run_offline``, into
+    ``writer``)."""
 
     train: Callable[[], object]
     distributed: bool
@@ -94,10 +95,13 @@ class RegionSteps:
     writer: PredictionWriter  # the run's prediction file (offline: the last pass writes it)
 
 
-def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int) -> tuple[Region, LatencyRecord | None]:
-    """Run the timed region over ``work``; returns its buckets and the request record."""
+def run_region(
+    work: Workload, steps: RegionSteps, *, train: bool, repeats: int
+) -> tuple[Region, LatencyRecord | OfflineRun]:
+    """Run the timed region over ``work``; returns its buckets and the scenario's report (the
+    request record, or the offline passes')."""
     region = Region(work)
-    latency = None
+    report: LatencyRecord | OfflineRun
     # The collect and freeze run before the region's clock starts (tasks/measure/gcpauses.py).
     # The progress counts, the projection and run.max_minutes (tasks/run/scenarios/pricing.py): from
     # the region's start, closed before anything after it (the output checks' untracked passes).
@@ -116,15 +120,14 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
             with region.bucket("backend_setup"):
                 steps.serving_backend()
             if steps.requests is not None:
-                latency = steps.requests()
-                region.named["request_wait"] += latency.wait_s
-                region.named["request_settle"] += latency.settle_s
+                report = steps.requests()
+                region.named["request_wait"] += report.wait_s
+                region.named["request_settle"] += report.settle_s
             else:
                 pricing.begin("predict")
-                for repeat in range(repeats):
-                    predict_repeat(work, steps.writer, repeat, repeats)
+                report = run_offline(work, steps.writer, repeats)
         finally:
             pricing.close()
             work.pricing = None
     region.seconds = span.seconds
-    return region, latency
+    return region, report

@@ -80,4 +80,4 @@ class RequestPath:
         stage_table = work.result.stages["predict"]
         for name, sec in steps.items():
             stage_table[name].add(sec, rows[name])
-        work.result.rows_predicted += p.tz.root_rows
+        work.result.rows_served += p.tz.root_rows

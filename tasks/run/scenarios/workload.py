@@ -3,7 +3,8 @@
 A ``Workload`` lists the root keys once (charged to predict's retrieve), cuts them into
 ``run.chunk_rows`` chunks, and drives the plan's ``Chain`` (tasks/run/chain.py) over them:
 training epochs here, predict passes in the scenarios (offline.py, runner.py). Every stage
-second is charged to the phase that spent it, and lands in the run's ``RunResult``.
+second is charged to the phase that spent it, and lands in the run's stage table
+(``RunResult.stages``); the scenarios return their own figures.
 
 With one chunk, training keeps its tensors between epochs (a streaming trainer re-reads
 chunks; a workload that fits in one chunk need not); predict passes always run every stage,
@@ -19,7 +20,6 @@ import torch
 
 from tasks.measure.records import EncodeCounts, EncodeUnit, RunResult, StageTiming
 from tasks.run.chain import Chain, Prepared, StageSink
-from tasks.run.scenarios.outputs import ServedOutputs
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature, validation_logits
 from tasks.stages.retrieve import list_root_keys
 from tasks.stages.tensorize import Chunk
@@ -45,7 +45,6 @@ class Workload:
         self.encoded = 0
         self.encoded_per_pass = 0
         self.encode_unit: EncodeUnit | None = None  # from the first prepared chunk or request
-        self.served_outputs: ServedOutputs | None = None  # run.check_outputs: the last pass's rows
         self.pricing: Pricing | None = None  # inside the timed region: counts and the projection
         if chain.has_text:  # the application's text encoder: an extra timed step, before tensorize
             for phase, st in result.stages.items():

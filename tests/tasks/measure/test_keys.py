@@ -23,7 +23,7 @@ if __name__ == "__main__":  # run as a script: make the checkout importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from tasks.measure import keys as K  # noqa: E402
-from tasks.measure.records import PhaseTimings, RunResult  # noqa: E402
+from tasks.measure.records import OfflineReport, PhaseTimings, RunResult  # noqa: E402
 from tests.repo import REPO  # noqa: E402
 
 CATALOGUE_README = REPO / "tasks" / "measure" / "README.md"
@@ -62,7 +62,9 @@ def full_result_metrics() -> dict[str, float]:
         for s in (2.0, 1.0, 1.0, 1.0):
             t.record(s, 4)
     r.recompiles, r.graph_breaks = {"train": 0, "predict": 1}, {"train": 0, "predict": 0}
-    r.repeat_predict_rows_per_s = r.repeat_steady_rows_per_s = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    r.offline = OfflineReport(
+        rows_per_s=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0), steady_rows_per_s=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+    )
     r.overflow_dropped = {"lineitem": 3}
     r.quality = {"rows": 4.0, "accuracy": 0.5, "majority_rate": 0.5}
     return r.metrics()

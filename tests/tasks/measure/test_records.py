@@ -16,9 +16,10 @@ from tasks.measure.records import (
     EncodeCounts,
     FlowSeconds,
     HarnessFigures,
+    OfflineReport,
     PhaseTimings,
     RunResult,
-    StageTiming,
+    StagePass,
     WarmStage,
     describe_repeats,
 )
@@ -78,7 +79,7 @@ def _two_phase_result() -> RunResult:
         stage.add(float(i + 1), 300 if stage.name != "compute" else 240)
     for i, stage in enumerate(r.stages["predict"].values()):  # 0.1..0.6 = 2.1 s (calibrate too)
         stage.add(0.1 * (i + 1), 100)
-    r.rows_predicted, r.predict_passes, r.train_epochs = 100, 1, 3
+    r.offline, r.train_epochs = OfflineReport(rows_predicted=100, passes=1), 3
     return r
 
 
@@ -111,7 +112,7 @@ def test_stage_table_shows_both_phases_with_shares_of_their_own_phase():
 def test_a_predict_only_run_has_no_train_figures():
     r = RunResult()
     r.stages["predict"]["retrieve"].add(0.5, 0)  # the key listing
-    r.rows_predicted = 10
+    r.offline = OfflineReport(rows_predicted=10)
     m = r.metrics()
     assert K.E2E_PREDICT_SECONDS in m and K.E2E_TRAIN_SECONDS not in m
     assert {row["phase"] for row in r.stage_table()} == {"predict"}
@@ -120,13 +121,13 @@ def test_a_predict_only_run_has_no_train_figures():
 def test_repeat_intervals_only_from_enough_passes():
     r = _two_phase_result()
     # pass 0 (the first call, here 100x slower) is left out: passes 1..3 are the samples
-    r.repeat_predict_rows_per_s = [0.06, 6.0, 7.0, 8.0]
+    r.offline = OfflineReport(rows_predicted=100, passes=4, rows_per_s=(0.06, 6.0, 7.0, 8.0))
     m = r.metrics()
     assert m[K.median(K.E2E_PREDICT_ROWS_PER_S)] == 7.0
     assert m[K.REPEATS_MEASURED] == 3
     assert K.median_ci_low(K.E2E_PREDICT_ROWS_PER_S) not in m  # 3 passes support no 95% CI
     assert "no 95% CI: needs run.repeats >= 7" in describe_repeats(m, K.E2E_PREDICT_ROWS_PER_S)
-    r.repeat_predict_rows_per_s = [0.06, 6.0, 7.0, 8.0, 9.0, 5.0, 7.5]
+    r.offline = OfflineReport(rows_predicted=100, passes=7, rows_per_s=(0.06, 6.0, 7.0, 8.0, 9.0, 5.0, 7.5))
     m = r.metrics()
     key = K.E2E_PREDICT_ROWS_PER_S
     assert (m[K.median_ci_low(key)], m[K.median_ci_high(key)]) == (5.0, 9.0)
@@ -139,14 +140,8 @@ def test_recorded_figures_land_under_their_own_keys():
     bare = RunResult().metrics()
     r = RunResult()
     # two warm passes through retrieve: 1.5 s then 0.25 s (summed), 64 bytes in the second only
-    st = StageTiming("retrieve")
-    warm = r.warm_stages.setdefault("retrieve", WarmStage())
-    st.add(1.5, 10)
-    warm.add(st, 0.0, 0)
-    st.add(0.25, 10)
-    st.bytes = 64
-    warm.add(st, 1.5, 0)
-    r.warm_stages["write"] = WarmStage(seconds=0.5)  # moved no bytes: no warm_bytes figure
+    retrieve = WarmStage().plus(StagePass(0.0, 0, 1.5, 0)).plus(StagePass(1.5, 0, 1.75, 64))
+    r.offline = OfflineReport(warm_stages={"retrieve": retrieve, "write": WarmStage(seconds=0.5)})  # write: no bytes
     r.data_checks = {K.DATA_LABELLED_ROWS: 3.0}
     r.rows_read = 12
     r.calibration = CalibrationFacts(fit_seconds=2.0, fit_rows=30, temperature=1.25, report_rows=11)

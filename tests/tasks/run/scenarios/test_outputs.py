@@ -339,10 +339,10 @@ def _offline_pass(work, tmp_path):
     from tasks.stages.write import PredictionWriter
 
     writer = PredictionWriter(tmp_path / "offline.parquet")
-    predict_pass(work, writer, 0)
+    _, kept = predict_pass(work, writer, 0)
     writer.abort()
-    assert work.served_outputs is not None and len(work.served_outputs.keys) == len(work.chunks) == 3
-    return work.served_outputs
+    assert kept is not None and len(kept.keys) == len(work.chunks) == 3
+    return kept
 
 
 def test_offline_bucketed_packed_pass_equals_the_plain_pass(bucketed_once, tmp_path):

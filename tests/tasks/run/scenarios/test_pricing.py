@@ -18,6 +18,7 @@ from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
 from tasks.run.chain import Chain
+from tasks.run.scenarios.offline import OfflineRun
 from tasks.run.scenarios.pricing import STEADY_TO_PRICE
 from tasks.run.scenarios.region import RegionSteps, run_region
 from tasks.run.scenarios.workload import Workload
@@ -80,9 +81,11 @@ def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
             train=work.train, distributed=False, serving_backend=lambda: None, requests=None, writer=writer
         )
         try:
-            run_region(work, steps, train=spec.run.mode == "train+predict", repeats=spec.run.repeats)
+            _, report = run_region(work, steps, train=spec.run.mode == "train+predict", repeats=spec.run.repeats)
         finally:
             writer.abort()
+        assert isinstance(report, OfflineRun)
+        work.result.offline = report.report  # into the record, as the flow does
         return work
 
     return ft, run
@@ -148,7 +151,7 @@ def test_max_minutes_stops_at_the_first_projection_before_the_work_it_prices(stu
 def test_a_limit_above_the_projection_lets_the_run_finish(stubbed):
     ft, run = stubbed
     work = run(max_minutes=10.0)
-    assert work.result.predict_passes == 2 and work.result.train_epochs == 2
+    assert work.result.offline is not None and work.result.offline.passes == 2 and work.result.train_epochs == 2
     assert work.result.projection.made[0].total_seconds < 600  # type: ignore[union-attr]
 
 

@@ -14,10 +14,12 @@ import torch
 from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.measure.records import RunResult
+from tasks.measure.records import OfflineReport, RunResult
 from tasks.run.chain import Chain
 from tasks.run.scenarios import region as region_module
 from tasks.run.scenarios import request as request_mod
+from tasks.run.scenarios.latency import LatencyRecord
+from tasks.run.scenarios.offline import OfflineRun
 from tasks.run.scenarios.region import RegionSteps, run_region
 from tasks.run.scenarios.runner import run_requests
 from tasks.run.scenarios.workload import Workload
@@ -91,13 +93,13 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
 
     writer = PredictionWriter(tmp_path / "p.parquet")
     steps = RegionSteps(train=work.train, distributed=False, serving_backend=backend, requests=None, writer=writer)
-    region, latency = run_region(work, steps, train=True, repeats=2)
+    region, report = run_region(work, steps, train=True, repeats=2)
     writer.abort()
     m = region.metrics()
     train = sum(STAGE_SECONDS[s] for s in ("retrieve", "preprocess", "tensorize", "compute"))  # one chunk, one epoch
     passes = 2 * sum(STAGE_SECONDS.values())
     calls = 4 + 2 * 6  # every step a (stub) Prefect task call
-    assert latency is None
+    assert isinstance(report, OfflineRun) and report.report.passes == 2
     assert m == {
         K.HARNESS_REGION_SECONDS: train + passes + ENGINE + FIT + BACKEND + calls * CALL_OVERHEAD,
         K.HARNESS_STAGE_SECONDS: train + passes,
@@ -154,7 +156,7 @@ def test_a_server_run_names_its_serving_its_idle_waits_and_its_untimed_encoding_
     region, latency = run_region(work, steps, train=False, repeats=1)
     writer.abort()
     moved = ft.t - t0
-    assert latency is not None and latency.requests == 6
+    assert isinstance(latency, LatencyRecord) and latency.requests == 6
     calls = served_steps.count("write")  # the cold request and every batch, each through every step
     assert calls >= 2 and served_steps == list(STAGE_SECONDS) * calls
     served = calls * sum(SERVE_SECONDS.values())
@@ -214,7 +216,7 @@ def test_a_request_runs_bookkeeping_is_its_own_bucket(stubbed, shop_spec, tmp_pa
     region, latency = run_region(work, steps, train=False, repeats=1)
     writer.abort()
     moved = ft.t - t0
-    assert latency is not None and latency.requests >= 6
+    assert isinstance(latency, LatencyRecord) and latency.requests >= 6
     calls = work.result.stages["predict"]["write"].calls  # every served call, the cold one included
     served = calls * sum(SERVE_SECONDS.values())
     m = region.metrics()
@@ -243,11 +245,12 @@ def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_froz
         if phase == "stop":  # before the region's own callback reads the clock
             ft.t += 0.5
 
-    def predict(work: object, writer: object, repeat: int, repeats: int) -> None:  # the pass: one collection
+    def predict(work: object, writer: object, repeats: int) -> OfflineRun:  # the passes: one collection
         frozen_inside.append(gc.get_freeze_count())
         gc.collect()
+        return OfflineRun(OfflineReport(), None)
 
-    monkeypatch.setattr(region_module, "predict_repeat", predict)
+    monkeypatch.setattr(region_module, "run_offline", predict)
     steps = RegionSteps(
         train=work.train,
         distributed=False,
