@@ -177,7 +177,7 @@ def timed_body(run: Invocation) -> None:
             requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
             writer=run.writer,  # offline: predict passes (tasks/run/scenarios/offline.py)
         )
-        region, report = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
+        run.timed, report = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
         region_end_unix = unix_time()
         other_during = other.stop()
         stolen = steal_fraction(ticks_start, CpuTicks.now())
@@ -187,8 +187,6 @@ def timed_body(run: Invocation) -> None:
         run.latency = report if isinstance(report, LatencyRecord) else None
         run.result.offline = offline.report if offline is not None else None
         untimed_checks(run, work, offline.served_outputs if offline is not None else None)  # still under the host lock
-    run.buckets = region.metrics()
-    run.gc_pauses = region.gc.metrics()
     run.region = Region(waited, region_start_unix, region_end_unix, load_start, other_before, other_during, stolen)
 
 

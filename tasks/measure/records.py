@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from tasks.measure import keys as K
+from tasks.measure.gcpauses import GcPauses
 from tasks.measure.keys import PHASE_STAGES, PHASES, STAGES
 from tasks.measure.noise import cv
 from tasks.measure.stats import MIN_CI_SAMPLES, median_interval, nearest_rank
@@ -34,6 +35,7 @@ __all__ = [
     "OfflineReport",
     "PassFigures",
     "PhaseTimings",
+    "RegionReport",
     "RunResult",
     "StagePass",
     "StageTiming",
@@ -294,14 +296,58 @@ class EncodeCounts:
 
 
 @dataclass(frozen=True)
+class RegionReport:
+    """The timed region (tasks/run/scenarios/region.py ``run_region``): its seconds by bucket,
+    which add up to ``seconds`` exactly (orchestration is what is left, never clamped), and the
+    collector's pauses inside it (tasks/measure/gcpauses.py: no bucket, they fall in whichever ran)."""
+
+    seconds: float
+    stage_seconds: float
+    engine_setup_seconds: float
+    calibration_fit_seconds: float = 0.0
+    backend_setup_seconds: float = 0.0
+    request_wait_seconds: float = 0.0
+    request_settle_seconds: float = 0.0
+    distributed_launch_seconds: float = 0.0
+    gc: GcPauses = field(default_factory=GcPauses)
+
+    @property
+    def orchestration_seconds(self) -> float:
+        named = (
+            self.calibration_fit_seconds,
+            self.backend_setup_seconds,
+            self.request_wait_seconds,
+            self.request_settle_seconds,
+            self.distributed_launch_seconds,
+        )
+        return self.seconds - (self.stage_seconds + self.engine_setup_seconds + sum(named))
+
+    def bucket_metrics(self) -> dict[str, float]:
+        """``harness.region_seconds`` and its buckets."""
+        return {
+            K.HARNESS_REGION_SECONDS: self.seconds,
+            K.HARNESS_STAGE_SECONDS: self.stage_seconds,
+            K.HARNESS_ENGINE_SETUP_SECONDS: self.engine_setup_seconds,
+            K.HARNESS_CALIBRATION_FIT_SECONDS: self.calibration_fit_seconds,
+            K.HARNESS_BACKEND_SETUP_SECONDS: self.backend_setup_seconds,
+            K.HARNESS_REQUEST_WAIT_SECONDS: self.request_wait_seconds,
+            K.HARNESS_REQUEST_SETTLE_SECONDS: self.request_settle_seconds,
+            K.HARNESS_DISTRIBUTED_LAUNCH_SECONDS: self.distributed_launch_seconds,
+            K.HARNESS_ORCHESTRATION_SECONDS: self.orchestration_seconds,
+        }
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.bucket_metrics(), **self.gc.metrics()}
+
+
+@dataclass(frozen=True)
 class HarnessFigures:
     """What the harness measured around the work (tasks/run/record/assemble.py)."""
 
     data_seconds: float
     startup_seconds: float  # launch + MLflow start
     mlflow_startup_seconds: float
-    region_buckets: dict[str, float]  # the timed region by bucket (tasks/run/scenarios/region.py)
-    gc_pauses: dict[str, float]  # collector pauses inside the region (tasks/measure/gcpauses.py)
+    timed: RegionReport  # the timed region by bucket, and the collector's pauses inside it
     region: Figures  # collect.Region: lock wait, region bounds, host load
 
     def metrics(self) -> dict[str, float]:
@@ -309,8 +355,7 @@ class HarnessFigures:
             K.HARNESS_DATA_SECONDS: self.data_seconds,
             K.HARNESS_STARTUP_SECONDS: self.startup_seconds,
             K.HARNESS_MLFLOW_STARTUP_SECONDS: self.mlflow_startup_seconds,
-            **self.region_buckets,
-            **self.gc_pauses,
+            **self.timed.metrics(),
             **self.region.metrics(),
         }
 

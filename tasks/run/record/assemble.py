@@ -88,7 +88,7 @@ def _commit_outputs(run: Invocation) -> None:
 def _harness_part(run: Invocation) -> None:
     """What the harness measured around the work."""
     result = run.result
-    assert run.region is not None  # after the timed body
+    assert run.region is not None and run.timed is not None  # after the timed body
     if run.reference_quality is not None:
         result.reference_quality = quality_delta(run.engine.quality.headline, result.quality, run.reference_quality)
     result.latency, result.output_check = run.latency, run.output_check
@@ -96,8 +96,7 @@ def _harness_part(run: Invocation) -> None:
         run.plan.data_seconds,
         run.launch_seconds + run.mlflow_seconds,
         run.mlflow_seconds,
-        run.buckets,  # harness.region_seconds and its buckets (tasks/run/scenarios/region.py)
-        run.gc_pauses,  # tasks/measure/gcpauses.py
+        run.timed,  # harness.region_seconds, its buckets and collector pauses (tasks/run/scenarios/region.py)
         run.region,
     )
 

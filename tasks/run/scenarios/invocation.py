@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.measure.memory import PeakMemory
-from tasks.measure.records import BackendSetup, RunResult
+from tasks.measure.records import BackendSetup, RegionReport, RunResult
 from tasks.run.checks.plan import Plan
 from tasks.run.record.collect import Region
 from tasks.run.scenarios.latency import LatencyRecord
@@ -42,9 +42,8 @@ class Invocation:
     launch_seconds: float  # from the CLI's launch to the flow's start (Prefect start-up)
     mlflow_seconds: float
     work: Workload | None = None
-    region: Region | None = None
-    buckets: dict[str, float] = field(default_factory=dict)  # the timed region by bucket (harness.*)
-    gc_pauses: dict[str, float] = field(default_factory=dict)  # collector pauses inside it (no bucket)
+    region: Region | None = None  # the host around the timed region (lock wait, bounds, load)
+    timed: RegionReport | None = None  # the timed region by bucket, and the collector's pauses inside it
     # Steps that went through a Prefect task (the flow's stage runner and the requests task):
     # the orchestration floor's calls. Requests run their steps directly, so the stage table's
     # call counts are not Prefect calls.

@@ -20,7 +20,8 @@ region's wall time into named buckets that add up to it exactly:
 
 A bucket's time is measured *exclusive* of the seconds other buckets name inside it, so
 nothing is counted twice; ``orchestration`` is what is left, never clamped (a negative one
-would show a double count instead of hiding it).
+would show a double count instead of hiding it). ``run_region`` returns them, with the
+collector's pauses inside the region, as a ``RegionReport`` (tasks/measure/records.py).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from tasks.measure import keys as K
 from tasks.measure.gcpauses import GcPauses, frozen_collector
+from tasks.measure.records import RegionReport
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.offline import OfflineRun, run_offline
 from tasks.run.scenarios.pricing import Pricing
@@ -42,7 +43,8 @@ BUCKETS = ("calibration_fit", "backend_setup", "request_wait", "request_settle",
 
 @dataclass
 class Region:
-    """The timed region's seconds by bucket (stage and engine seconds read from the workload)."""
+    """The timed region's seconds by bucket while it runs (stage and engine seconds read from
+    the workload); ``report`` is what it returns."""
 
     work: Workload
     seconds: float = 0.0
@@ -65,20 +67,19 @@ class Region:
             yield
         self.named[name] += span.seconds - (self._elsewhere() - before)
 
-    def metrics(self) -> dict[str, float]:
-        engine = self.work.chain.engine_setup_seconds
-        named = self.stage_seconds + engine + sum(self.named.values())
-        return {
-            K.HARNESS_REGION_SECONDS: self.seconds,
-            K.HARNESS_STAGE_SECONDS: self.stage_seconds,
-            K.HARNESS_ENGINE_SETUP_SECONDS: engine,
-            K.HARNESS_CALIBRATION_FIT_SECONDS: self.named["calibration_fit"],
-            K.HARNESS_BACKEND_SETUP_SECONDS: self.named["backend_setup"],
-            K.HARNESS_REQUEST_WAIT_SECONDS: self.named["request_wait"],
-            K.HARNESS_REQUEST_SETTLE_SECONDS: self.named["request_settle"],
-            K.HARNESS_DISTRIBUTED_LAUNCH_SECONDS: self.named["distributed_launch"],
-            K.HARNESS_ORCHESTRATION_SECONDS: self.seconds - named,
-        }
+    def report(self) -> RegionReport:
+        """The region's figures as they stand (run_region returns them when it ends)."""
+        return RegionReport(
+            seconds=self.seconds,
+            stage_seconds=self.stage_seconds,
+            engine_setup_seconds=self.work.chain.engine_setup_seconds,
+            calibration_fit_seconds=self.named["calibration_fit"],
+            backend_setup_seconds=self.named["backend_setup"],
+            request_wait_seconds=self.named["request_wait"],
+            request_settle_seconds=self.named["request_settle"],
+            distributed_launch_seconds=self.named["distributed_launch"],
+            gc=self.gc,
+        )
 
 
 @dataclass(kw_only=True)
@@ -97,9 +98,9 @@ class RegionSteps:
 
 def run_region(
     work: Workload, steps: RegionSteps, *, train: bool, repeats: int
-) -> tuple[Region, LatencyRecord | OfflineRun]:
-    """Run the timed region over ``work``; returns its buckets and the scenario's report (the
-    request record, or the offline passes')."""
+) -> tuple[RegionReport, LatencyRecord | OfflineRun]:
+    """Run the timed region over ``work``; returns its report (buckets, collector pauses) and
+    the scenario's (the request record, or the offline passes')."""
     region = Region(work)
     report: LatencyRecord | OfflineRun
     # The collect and freeze run before the region's clock starts (tasks/measure/gcpauses.py).
@@ -130,4 +131,4 @@ def run_region(
             pricing.close()
             work.pricing = None
     region.seconds = span.seconds
-    return region, report
+    return region.report(), report

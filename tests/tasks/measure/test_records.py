@@ -9,6 +9,7 @@ import pytest
 
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
+from tasks.measure.gcpauses import GcPauses
 from tasks.measure.records import (
     BackendSetup,
     CalibrationFacts,
@@ -18,6 +19,7 @@ from tasks.measure.records import (
     HarnessFigures,
     OfflineReport,
     PhaseTimings,
+    RegionReport,
     RunResult,
     StagePass,
     WarmStage,
@@ -151,7 +153,7 @@ def test_recorded_figures_land_under_their_own_keys():
     r.backend_setup = BackendSetup(load_seconds=0.5, model_bytes=100)
     region = Region(0.1, 100.0, 110.0, 0.2, 0.3, 0.4, 0.0)
     r.harness = HarnessFigures(
-        1.0, 2.0, 0.5, {K.HARNESS_REGION_SECONDS: 10.0}, {K.HARNESS_REGION_GC_SECONDS: 0.01}, region
+        1.0, 2.0, 0.5, RegionReport(10.0, 6.0, 1.0, calibration_fit_seconds=0.5, gc=GcPauses(2, 0.01)), region
     )
     r.utilisation = {K.HOST_PEAK_CACHED: 1.0}
     r.flow_seconds = FlowSeconds(20.0, 8.0)
@@ -178,8 +180,18 @@ def test_recorded_figures_land_under_their_own_keys():
         K.HARNESS_DATA_SECONDS: 1.0,
         K.HARNESS_STARTUP_SECONDS: 2.0,
         K.HARNESS_MLFLOW_STARTUP_SECONDS: 0.5,
+        # the region: 6 s of stages, 1 s engine set-up, 0.5 s calibration fit, the rest (2.5 s) orchestration
         K.HARNESS_REGION_SECONDS: 10.0,
+        K.HARNESS_STAGE_SECONDS: 6.0,
+        K.HARNESS_ENGINE_SETUP_SECONDS: 1.0,
+        K.HARNESS_CALIBRATION_FIT_SECONDS: 0.5,
+        K.HARNESS_BACKEND_SETUP_SECONDS: 0.0,
+        K.HARNESS_REQUEST_WAIT_SECONDS: 0.0,
+        K.HARNESS_REQUEST_SETTLE_SECONDS: 0.0,
+        K.HARNESS_DISTRIBUTED_LAUNCH_SECONDS: 0.0,
+        K.HARNESS_ORCHESTRATION_SECONDS: 2.5,
         K.HARNESS_REGION_GC_SECONDS: 0.01,
+        K.HARNESS_REGION_GC_COLLECTIONS: 2.0,
         **region.metrics(),
         K.HOST_PEAK_CACHED: 1.0,
         K.HARNESS_FLOW_SECONDS: 20.0,

@@ -95,7 +95,7 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
     steps = RegionSteps(train=work.train, distributed=False, serving_backend=backend, requests=None, writer=writer)
     region, report = run_region(work, steps, train=True, repeats=2)
     writer.abort()
-    m = region.metrics()
+    m = region.bucket_metrics()
     train = sum(STAGE_SECONDS[s] for s in ("retrieve", "preprocess", "tensorize", "compute"))  # one chunk, one epoch
     passes = 2 * sum(STAGE_SECONDS.values())
     calls = 4 + 2 * 6  # every step a (stub) Prefect task call
@@ -161,7 +161,7 @@ def test_a_server_run_names_its_serving_its_idle_waits_and_its_untimed_encoding_
     assert calls >= 2 and served_steps == list(STAGE_SECONDS) * calls
     served = calls * sum(SERVE_SECONDS.values())
     assert sum(slept) > 0  # at 5 QPS the server does wait for arrivals
-    m = region.metrics()
+    m = region.bucket_metrics()
     assert m[K.HARNESS_ENGINE_SETUP_SECONDS] == ENGINE
     assert m[K.HARNESS_STAGE_SECONDS] == pytest.approx(served, abs=1e-9)
     assert m[K.HARNESS_REQUEST_WAIT_SECONDS] == pytest.approx(sum(slept), abs=1e-9)
@@ -219,7 +219,7 @@ def test_a_request_runs_bookkeeping_is_its_own_bucket(stubbed, shop_spec, tmp_pa
     assert isinstance(latency, LatencyRecord) and latency.requests >= 6
     calls = work.result.stages["predict"]["write"].calls  # every served call, the cold one included
     served = calls * sum(SERVE_SECONDS.values())
-    m = region.metrics()
+    m = region.bucket_metrics()
     assert m[K.HARNESS_REQUEST_SETTLE_SECONDS] == pytest.approx(calls * BOOK_SECONDS, abs=1e-9)
     assert m[K.HARNESS_REQUEST_WAIT_SECONDS] == pytest.approx(sum(slept), abs=1e-9)
     assert m[K.HARNESS_STAGE_SECONDS] == pytest.approx(served, abs=1e-9)
@@ -271,6 +271,6 @@ def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_froz
     assert region.gc.collections == 1
     assert region.gc.seconds == 0.5
     assert region.gc.metrics() == {K.HARNESS_REGION_GC_SECONDS: 0.5, K.HARNESS_REGION_GC_COLLECTIONS: 1.0}
-    assert region.metrics()[K.HARNESS_ORCHESTRATION_SECONDS] == 0.5
+    assert region.orchestration_seconds == 0.5
     assert frozen_inside[0] > before + 1000  # the imports and the workload, frozen out of the pass
     assert gc.get_freeze_count() == before  # and thawed when the region ends
