@@ -344,7 +344,7 @@ def summarize(
             "predict_passes": v(K.E2E_PREDICT_PASSES),
             "e2e_ms_per_prediction": ms(K.E2E_PREDICT_SECONDS),
             **{f"{st}_ms_per_prediction": ms(K.stage_seconds(st, "predict")) for st in PREDICT_STAGES},
-            "mfu": v(K.compute("predict", K.MFU)),
+            K.MFU: v(K.compute("predict", K.MFU)),
             "flops_note": flops_note,
             **{f"floor_{st}": v(K.floor_fraction(st)) for st in MODEL_FLOOR_STAGES},
             "model_floors": lambda g: has_model_floors(g.key[0]),
@@ -420,7 +420,7 @@ def _percent(v: Cell) -> str:
 
 def _mfu_text(r: Mapping[str, Cell]) -> str:
     """The predict MFU; ``none: no FLOPs`` where the library's runs say why they have none."""
-    text = _percent(r.get("mfu"))
+    text = _percent(r.get(K.MFU))
     return NO_FLOPS if text == "-" and r.get("flops_note") else text
 
 
