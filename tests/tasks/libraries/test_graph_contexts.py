@@ -398,7 +398,7 @@ def _keys(spec: Spec) -> list[str]:
 
 
 def test_the_spec_schema_is_built_and_a_relbench_folder_in_a_database_is_refused():
-    assert _keys(_spec()) == []  # source.tables: the spec's own schema (test_relational_transformers_graph_contexts_spec.py)
+    assert _keys(_spec()) == []  # source.tables: the spec's own schema (its own test file, ..._graph_contexts_spec.py)
     raw = _spec().to_dict()
     raw["source"] = {"relbench": {"path": "folder", "task": "buys"}, "database": {"url": "duckdb"}}
     assert _keys(Spec.model_validate(raw)) == ["model.rt.context.builder"]
