@@ -33,7 +33,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -47,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's flows/ (the CLI's display), as bench_crosscheck does
 
 from flows.cli.app import REFRESH_PER_S, _progress_line, _Shown, progress_bar  # noqa: E402
+from tasks.measure.clock import wall_clock  # noqa: E402
 from tasks.measure.records import RunResult  # noqa: E402
 from tasks.run.chain import Chain  # noqa: E402
 from tasks.run.scenarios.pricing import Pricing  # noqa: E402
@@ -63,17 +63,17 @@ def per_call_seconds(call: Callable[[], object], n: int) -> float:
     """Median over 5 loops of ``n`` calls, per call."""
     times = []
     for _ in range(5):
-        start = time.perf_counter()
+        start = wall_clock()
         for _ in range(n):
             call()
-        times.append((time.perf_counter() - start) / n)
+        times.append((wall_clock() - start) / n)
     return statistics.median(times)
 
 
 def redraw_seconds(count: progress.Count) -> float:
     """One redraw of ``run``'s line with an open count, as its refresh thread does it."""
     con = Console(file=open(os.devnull, "w"), force_terminal=True, width=160)  # noqa: SIM115
-    shown = _Shown(count=count, began=time.perf_counter() - 1.0)
+    shown = _Shown(count=count, began=wall_clock() - 1.0)
     bar = progress_bar(con, shown)
     bar.add_task("bench: chunk 1 compute (predict)", total=None)
     with con:
@@ -93,7 +93,7 @@ def display(kind: str) -> AbstractContextManager[Any]:
 
     def listen(event: str, info: dict[str, Any]) -> None:
         if event == "count":
-            shown.count, shown.began = info["count"], time.perf_counter()
+            shown.count, shown.began = info["count"], wall_clock()
 
     class Live:
         def __enter__(self) -> None:
