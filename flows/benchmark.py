@@ -40,7 +40,7 @@ from tasks.measure.environment import fingerprint, host_load_per_core
 from tasks.measure.host_env import CpuTicks, steal_fraction
 from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
-from tasks.measure.records import RunResult
+from tasks.measure.records import Region, RunResult
 from tasks.measure.stats import CI_METHOD
 from tasks.run.backend_setup import serving_backend
 from tasks.run.chain import Chain, Weights
@@ -48,7 +48,6 @@ from tasks.run.checks.plan import Plan, plan
 from tasks.run.distributed import launch as distributed
 from tasks.run.record import relbench_scores
 from tasks.run.record.assemble import collect
-from tasks.run.record.collect import Region
 from tasks.run.record.judge import judge
 from tasks.run.record.run_log import log_run
 from tasks.run.reference_pass import reference_quality

@@ -35,6 +35,7 @@ __all__ = [
     "OfflineReport",
     "PassFigures",
     "PhaseTimings",
+    "Region",
     "RegionReport",
     "RunResult",
     "StagePass",
@@ -296,6 +297,33 @@ class EncodeCounts:
 
 
 @dataclass(frozen=True)
+class Region:
+    """The host around the timed region, as the harness measured it (tasks/measure/hostload.py,
+    host_env.py): lock wait, bounds and load. ``RegionReport`` is the region inside."""
+
+    waited: float  # seconds waiting for the host lock
+    start_unix: float
+    end_unix: float
+    load_start: float  # load average per core just before
+    other_before: float  # other processes' share of the cores just before
+    other_during: float  # ... during the region
+    stolen: float  # hypervisor steal during the region
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.HARNESS_LOCK_WAIT_SECONDS: self.waited,
+            # When this run held the host: lets anyone check that timed regions never overlap.
+            K.HARNESS_REGION_START: self.start_unix,
+            K.HARNESS_REGION_END: self.end_unix,
+            # Other work on the host is the biggest source of bad numbers on small machines.
+            K.HOST_LOAD_PER_CORE_START: self.load_start,
+            K.HOST_OTHER_CPU_FRACTION_BEFORE: self.other_before,
+            K.HOST_OTHER_CPU_FRACTION: self.other_during,
+            K.HOST_STEAL_FRACTION: self.stolen,
+        }
+
+
+@dataclass(frozen=True)
 class RegionReport:
     """The timed region (tasks/run/scenarios/region.py ``run_region``): its seconds by bucket,
     which add up to ``seconds`` exactly (orchestration is what is left, never clamped), and the
@@ -348,7 +376,7 @@ class HarnessFigures:
     startup_seconds: float  # launch + MLflow start
     mlflow_startup_seconds: float
     timed: RegionReport  # the timed region by bucket, and the collector's pauses inside it
-    region: Figures  # collect.Region: lock wait, region bounds, host load
+    region: Figures  # Region: lock wait, region bounds, host load
 
     def metrics(self) -> dict[str, float]:
         return {

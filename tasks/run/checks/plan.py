@@ -18,9 +18,9 @@ from tasks.backends.checkpoint import LoadedCheckpoint, load_run_checkpoint
 from tasks.libraries import Library, check_library
 from tasks.measure.clock import wall_clock
 from tasks.run.backend_setup import BackendPlan, check_backend, check_backend_settings
+from tasks.run.checks import distributed
 from tasks.run.checks.data import check_data_before_work, check_files, check_table_folders
 from tasks.run.checks.preflight import check_before_work
-from tasks.run.distributed import launch as distributed
 from tasks.run.reference_pass import check_reference
 from tasks.sources.files import SourceTable, check_sources, resolve_sources
 from tasks.sources.open import data_home, open_database, open_relbench

@@ -9,8 +9,6 @@ the reference model has come through ``ModelFacts`` or ``EngineBase.present_flop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from tasks.measure import keys as K
@@ -22,32 +20,6 @@ from tasks.run.peak_flops import peak_flops
 from tasks.spec import Spec
 from tasks.stages.calibrate import CALIBRATED_KINDS
 from tasks.stages.engine import EngineBase, ModelFacts, compile_cache_counts, compiled_frames
-
-
-@dataclass(frozen=True)
-class Region:
-    """What the harness measured around the timed region (tasks/measure/hostload.py, host_env.py)."""
-
-    waited: float  # seconds waiting for the host lock
-    start_unix: float
-    end_unix: float
-    load_start: float  # load average per core just before
-    other_before: float  # other processes' share of the cores just before
-    other_during: float  # ... during the region
-    stolen: float  # hypervisor steal during the region
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            K.HARNESS_LOCK_WAIT_SECONDS: self.waited,
-            # When this run held the host: lets anyone check that timed regions never overlap.
-            K.HARNESS_REGION_START: self.start_unix,
-            K.HARNESS_REGION_END: self.end_unix,
-            # Other work on the host is the biggest source of bad numbers on small machines.
-            K.HOST_LOAD_PER_CORE_START: self.load_start,
-            K.HOST_OTHER_CPU_FRACTION_BEFORE: self.other_before,
-            K.HOST_OTHER_CPU_FRACTION: self.other_during,
-            K.HOST_STEAL_FRACTION: self.stolen,
-        }
 
 
 def compiler_cache_state(hits: int, misses: int) -> str:

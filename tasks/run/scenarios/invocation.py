@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.measure.memory import PeakMemory
-from tasks.measure.records import BackendSetup, RegionReport, RunResult
+from tasks.measure.records import BackendSetup, Region, RegionReport, RunResult
 from tasks.run.checks.plan import Plan
-from tasks.run.record.collect import Region
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.outputs import OutputCheck
 from tasks.run.scenarios.workload import Workload

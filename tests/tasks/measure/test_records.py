@@ -19,13 +19,13 @@ from tasks.measure.records import (
     HarnessFigures,
     OfflineReport,
     PhaseTimings,
+    Region,
     RegionReport,
     RunResult,
     StagePass,
     WarmStage,
     describe_repeats,
 )
-from tasks.run.record.collect import Region
 from tasks.run.record.validity import verdict
 from tasks.spec import parse_spec
 

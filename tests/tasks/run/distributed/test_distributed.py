@@ -16,7 +16,8 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings
-from tasks.run.distributed.launch import RankReport, check, metrics, shard
+from tasks.run.checks.distributed import check
+from tasks.run.distributed.launch import RankReport, metrics, shard
 from tasks.runtime.errors import UserError
 from tasks.spec import parse_spec
 from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, TINY_RUN
