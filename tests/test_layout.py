@@ -31,19 +31,8 @@ ALLOWED = {
 # Not renamed yet: under edit by others when the rule landed (issue 42 item 5). Rename each
 # (``git mv``) to the name after the arrow, then delete its line; do not add to this list.
 PENDING = {
-    "benchmarks/test_library_footprint.py": "test_bench_library_footprint.py",
-    "flows/sweeps/test_sweep.py": "test_grid.py",
-    "flows/sweeps/test_sweep_pool.py": "test_pool.py",
-    "flows/sweeps/test_sweep_processes.py": "test_grid_processes.py",
-    "flows/test_backends_flow.py": "test_benchmark_backends.py",
-    "flows/test_failure_paths.py": "test_benchmark_failure_paths.py",
-    "flows/test_lightgbm_flow.py": "test_benchmark_lightgbm.py",
     "flows/test_relflow_flow.py": "test_benchmark_relflow.py",
-    "tasks/libraries/test_graph_contexts.py": "test_relational_transformers_graph_contexts.py",
-    "tasks/libraries/test_registry.py": "test_libraries_registry.py",
     "tasks/libraries/test_rt_side.py": "test_relational_transformers_side.py (test_session_threads imports it)",
-    "tasks/libraries/test_rt_quantizer.py": "test_relational_transformers_formats.py",
-    "tasks/libraries/test_unseen_classes.py": "test_libraries_unseen_classes.py",
     "tasks/run/scenarios/test_session_threads.py": "test_runner_session_threads.py",
 }
 

@@ -8,7 +8,7 @@ blocking or reduction order, and for dynamic int8 an activation scale computed p
 A cell matches when |served - offline| <= tolerance x max(1, |offline|), on the values the
 write step gets (calibrated logits; a regression target in standardised units): absolute
 within one unit of zero, relative above it, as float error grows with a value's size (a
-small model's calibrated logits reached 32-483 per row in tests/flows/test_backends_flow.py,
+small model's calibrated logits reached 32-483 per row in tests/flows/test_benchmark_backends.py,
 where ONNX Runtime's fp32 sat up to 1.2e-4 from eager, at most 4e-6 of the row's largest
 value, against an absolute 1e-4). The table's values are read at a value near 1:
 

@@ -120,7 +120,7 @@ def test_summarize_publishes_no_mde_where_compare_could_mark_nothing():
 
 @pytest.fixture
 def shop4_files(write_tables, shop_tables):
-    """Four copies of the shop tables under shifted keys (as tests/flows/test_backends_flow.py):
+    """Four copies of the shop tables under shifted keys (as tests/flows/test_benchmark_backends.py):
     20 customers, so the validation split holds out rows of both classes."""
     import pyarrow as pa
     import pyarrow.compute as pc

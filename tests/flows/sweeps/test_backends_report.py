@@ -178,7 +178,7 @@ def test_children_without_a_round_tag_pair_with_nothing():
 
 def test_collect_rotates_the_order_each_round_and_runs_every_variant_against_the_fp16_reference(tmp_path, monkeypatch):
     """``collect`` over 3 variants x 4 rounds, with each process launch recorded instead of
-    started (a real one is a full benchmark run; tests/flows/test_backends_flow.py runs real
+    started (a real one is a full benchmark run; tests/flows/test_benchmark_backends.py runs real
     variants): round r starts at variant r mod 3, every variant is one launch of its own in
     predict mode against the fp16 checkpoint, and its child carries its round."""
     import flows.sweeps.backends_report as br

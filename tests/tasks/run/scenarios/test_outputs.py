@@ -389,7 +389,7 @@ def test_run_check_outputs_is_offline_only(shop_spec):
 def test_the_tolerance_is_absolute_near_zero_and_relative_for_large_values():
     """|a - b| / max(1, |b|) per cell, the worst cell per row; the absolute max is reported apart.
     A fixed absolute tolerance marked float32 rounding of a calibrated logit near 483 (4 ulps
-    there) as a wrong serving path (tests/flows/test_backends_flow.py, ONNX Runtime vs eager)."""
+    there) as a wrong serving path (tests/flows/test_benchmark_backends.py, ONNX Runtime vs eager)."""
     from tasks.run.scenarios.outputs import _per_root_diff
 
     ref = torch.tensor([[0.5, 483.0], [0.5, 2.0], [0.5, -300.0]], dtype=torch.float64)
