@@ -176,12 +176,13 @@ def timed_body(run: Invocation) -> None:
             requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
             writer=run.writer,  # offline: predict passes (tasks/run/scenarios/offline.py)
         )
-        run.timed, report = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
+        ran = run_region(work, steps, train=s.run.mode == "train+predict", repeats=s.run.repeats)
         region_end_unix = unix_time()
         other_during = other.stop()
         stolen = steal_fraction(ticks_start, CpuTicks.now())
         run.tracker.stop_system_metrics()
-        # the scenario's report: the request record, or the offline passes' figures into the record
+        # the region's reports; the scenario's: the request record, or the offline passes' figures
+        run.timed, run.result.stages, report = ran.timed, ran.stages, ran.scenario
         offline = report if isinstance(report, OfflineRun) else None
         run.latency = report if isinstance(report, LatencyRecord) else None
         run.result.offline = offline.report if offline is not None else None

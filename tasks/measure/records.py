@@ -1,10 +1,11 @@
 """Typed measurement records, turned into metric keys here (names from ``tasks/measure/keys.py``).
 
-Stages add into one ``StageTiming`` per (phase, stage): training epochs and predict passes
-are different work and are never summed under one rows/s. The compute stage fills
-``PhaseTimings`` per phase. A scenario returns its own report (``OfflineReport``: the offline
-passes), which the record holds. ``RunResult.metrics()`` is the public MLflow contract: every key
-carries its unit and is catalogued in ``tasks/measure/keys.py``.
+Stages add into one ``StageTiming`` per (phase, stage) of a ``StageTable``; the region returns
+it frozen (``StageReport``): training epochs and predict passes are different work and are
+never summed under one rows/s. The compute stage fills ``PhaseTimings`` per phase. A scenario
+returns its own report (``OfflineReport``: the offline passes), which the record holds.
+``RunResult.metrics()`` is the public MLflow contract: every key carries its unit and is
+catalogued in ``tasks/measure/keys.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -39,6 +40,9 @@ __all__ = [
     "RegionReport",
     "RunResult",
     "StagePass",
+    "StageFigures",
+    "StageReport",
+    "StageTable",
     "StageTiming",
     "WarmStage",
     "describe_repeats",
@@ -62,6 +66,122 @@ class StageTiming:
     @property
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+class StageTable:
+    """The per-(phase, stage) table the stages add into while the region runs (the workload's:
+    its ``sink``); ``report`` is what the region returns. ``encode``: the chain has a text
+    encoder, an extra step before tensorize."""
+
+    def __init__(self, encode: bool = False) -> None:
+        self.phases: dict[str, dict[str, StageTiming]] = {}
+        for ph in PHASES:
+            names = list(PHASE_STAGES[ph])
+            if encode:
+                names.insert(names.index("tensorize"), "encode")
+            self.phases[ph] = {s: StageTiming(s, ph) for s in names}
+
+    def __getitem__(self, phase: str) -> dict[str, StageTiming]:
+        return self.phases[phase]
+
+    def seconds(self, phase: str) -> float:
+        """``phase``'s stage seconds (its end to end)."""
+        return sum(s.seconds for s in self.phases[phase].values())
+
+    @property
+    def timed_seconds(self) -> float:
+        """Seconds in the stages over both phases (the region's ``stage`` bucket)."""
+        return sum(self.seconds(ph) for ph in PHASES)
+
+    def report(self) -> StageReport:
+        def frozen(ph: str) -> tuple[StageFigures, ...]:
+            return tuple(
+                StageFigures(s.name, ph, s.seconds, s.rows, s.calls, s.bytes) for s in self.phases[ph].values()
+            )
+
+        return StageReport(train=frozen("train"), predict=frozen("predict"))
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """One (phase, stage) of the stage table as the region left it."""
+
+    name: str
+    phase: str
+    seconds: float = 0.0
+    rows: int = 0  # root rows through the stage (summed over chunks and passes)
+    calls: int = 0  # chunks (or served calls) through the stage
+    bytes: int = 0  # bytes the stage handled, where the chain counts them (floor ledger)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """The stage table (``StageTable.report``): each phase's stages in the chain's order.
+    Training epochs and predict passes are different work, never summed under one rows/s."""
+
+    train: tuple[StageFigures, ...] = ()
+    predict: tuple[StageFigures, ...] = ()
+
+    def phase(self, phase: str) -> tuple[StageFigures, ...]:
+        return self.train if phase == "train" else self.predict
+
+    def stage(self, phase: str, name: str) -> StageFigures:
+        return next((s for s in self.phase(phase) if s.name == name), StageFigures(name, phase))
+
+    def seconds(self, phase: str) -> float:
+        """``phase``'s stage seconds (its end to end)."""
+        return sum(s.seconds for s in self.phase(phase))
+
+    @property
+    def timed_seconds(self) -> float:
+        return sum(self.seconds(ph) for ph in PHASES)
+
+    def ran(self, phase: str) -> bool:
+        return any(s.calls for s in self.phase(phase))
+
+    def with_bytes(self, phase: str, name: str, n: int) -> StageReport:
+        """The same table with ``n`` bytes for one stage (the write stage's, once the prediction
+        file is committed)."""
+        stages = tuple(replace(s, bytes=n) if s.name == name else s for s in self.phase(phase))
+        return replace(self, **{phase: stages})
+
+    def metrics(self) -> dict[str, float]:
+        """``stage.<stage>.<phase>.*`` of each phase that ran."""
+        m: dict[str, float] = {}
+        for phase in PHASES:
+            if not self.ran(phase):
+                continue
+            for s in self.phase(phase):
+                m[K.stage_seconds(s.name, phase)] = s.seconds
+                m[K.stage_rows(s.name, phase)] = float(s.rows)
+                m[K.stage_rows_per_s(s.name, phase)] = s.rows_per_s
+                if s.bytes:
+                    m[K.stage_bytes(s.name, phase)] = float(s.bytes)
+        return m
+
+    def table(self) -> list[dict[str, float | str]]:
+        """One row per (phase, stage) that ran; ``share`` is of that phase's end-to-end."""
+        rows: list[dict[str, float | str]] = []
+        for phase in PHASES:
+            if not self.ran(phase):
+                continue
+            total = self.seconds(phase) or 1.0
+            rows += [
+                {
+                    "phase": phase,
+                    "stage": s.name,
+                    "seconds": s.seconds,
+                    "rows": s.rows,
+                    "rows_per_s": s.rows_per_s,
+                    "share": s.seconds / total,
+                }
+                for s in self.phase(phase)
+            ]
+        return rows
 
 
 @dataclass
@@ -399,14 +519,9 @@ class FlowSeconds:
         return {K.HARNESS_FLOW_SECONDS: self.seconds, K.HARNESS_FLOW_OVERHEAD_SECONDS: self.overhead_seconds}
 
 
-def _phase_stages() -> dict[str, dict[str, StageTiming]]:
-    return {ph: {s: StageTiming(s, ph) for s in PHASE_STAGES[ph]} for ph in PHASES}
-
-
 @dataclass
 class RunResult:
-    # phase -> stage -> timing; train has no write stage.
-    stages: dict[str, dict[str, StageTiming]] = field(default_factory=_phase_stages)
+    stages: StageReport = field(default_factory=StageReport)  # the region's stage table (train has no write)
     root_rows: int = 0  # distinct root rows of the workload
     rows_served: int = 0  # a request scenario's root rows, the cold request included
     rows_written: int = 0  # rows in the kept prediction file
@@ -455,36 +570,17 @@ class RunResult:
         """Root rows predicted: the offline passes' (summed), or the served requests'."""
         return self.offline.rows_predicted if self.offline is not None else self.rows_served
 
-    def e2e_seconds(self, phase: str) -> float:
-        return sum(s.seconds for s in self.stages[phase].values())
-
-    @property
-    def timed_stage_seconds(self) -> float:
-        """Seconds in the five stages over both phases (to split off orchestration)."""
-        return sum(self.e2e_seconds(ph) for ph in PHASES)
-
-    def ran(self, phase: str) -> bool:
-        return any(s.calls for s in self.stages[phase].values())
-
     def _stage_metrics(self, m: dict[str, float]) -> None:
-        for phase in PHASES:
-            if not self.ran(phase):
-                continue
-            for s in self.stages[phase].values():
-                m[K.stage_seconds(s.name, phase)] = s.seconds
-                m[K.stage_rows(s.name, phase)] = float(s.rows)
-                m[K.stage_rows_per_s(s.name, phase)] = s.rows_per_s
-                if s.bytes:
-                    m[K.stage_bytes(s.name, phase)] = float(s.bytes)
-        if self.ran("predict"):
-            sec = self.e2e_seconds("predict")
+        m.update(self.stages.metrics())
+        if self.stages.ran("predict"):
+            sec = self.stages.seconds("predict")
             m[K.E2E_PREDICT_SECONDS] = sec
             m[K.E2E_PREDICT_ROWS] = float(self.rows_predicted)
             m[K.E2E_PREDICT_ROWS_PER_S] = self.rows_predicted / sec if sec > 0 else 0.0
             m[K.E2E_PREDICT_PASSES] = float((self.offline or NO_PASSES).passes)
-        if self.ran("train"):
-            sec = self.e2e_seconds("train")
-            rows = self.stages["train"]["compute"].rows
+        if self.stages.ran("train"):
+            sec = self.stages.seconds("train")
+            rows = self.stages.stage("train", "compute").rows
             m[K.E2E_TRAIN_SECONDS] = sec
             m[K.E2E_TRAIN_ROWS] = float(rows)
             m[K.E2E_TRAIN_ROWS_PER_S] = rows / sec if sec > 0 else 0.0
@@ -567,26 +663,6 @@ class RunResult:
         m.update(self.utilisation)
         if self.flow_seconds is not None:
             m.update(self.flow_seconds.metrics())
-
-    def stage_table(self) -> list[dict[str, float | str]]:
-        """One row per (phase, stage) that ran; ``share`` is of that phase's end-to-end."""
-        rows: list[dict[str, float | str]] = []
-        for phase in PHASES:
-            if not self.ran(phase):
-                continue
-            total = self.e2e_seconds(phase) or 1.0
-            rows += [
-                {
-                    "phase": phase,
-                    "stage": s.name,
-                    "seconds": s.seconds,
-                    "rows": s.rows,
-                    "rows_per_s": s.rows_per_s,
-                    "share": s.seconds / total,
-                }
-                for s in self.stages[phase].values()
-            ]
-        return rows
 
 
 def batch_coordinate_metrics(batch_coords: list[tuple[int, int]], passes: int, shapes: int) -> dict[str, float]:

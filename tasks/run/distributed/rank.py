@@ -87,7 +87,7 @@ def _rank_work(job: dict[str, Any], rank: int, world: int, local: int) -> tuple[
 
 def _report(work: Workload, engine: Engine, rank: int, timer: _AllReduceTimer) -> RankReport:
     """What this rank measured, from its workload's stage table (the train phase)."""
-    stages, res = work.result.stages["train"], work.result
+    stages, res = work.stages["train"], work.result
     return RankReport(
         rank,
         asdict(engine.train_timings),

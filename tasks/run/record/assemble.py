@@ -41,7 +41,7 @@ def collect(run: Invocation) -> dict[str, float]:
     # Everything the flow spent besides the five stages (checks, MLflow start, Prefect task
     # orchestration, meta inspection, checkpoint), up to here; final logging comes after.
     flow_seconds = wall_clock() - run.flow_start
-    run.result.flow_seconds = FlowSeconds(flow_seconds, flow_seconds - run.result.timed_stage_seconds)
+    run.result.flow_seconds = FlowSeconds(flow_seconds, flow_seconds - run.result.stages.timed_seconds)
     return run.result.metrics()
 
 
@@ -78,7 +78,7 @@ def _commit_outputs(run: Invocation) -> None:
     with named_write_errors(run.writer.path, "predictions", "run.output_dir"):
         result.output_bytes = run.writer.commit()
     result.output_path = str(run.output)
-    result.stages["predict"]["write"].bytes = result.output_bytes * _passes(result)
+    result.stages = result.stages.with_bytes("predict", "write", result.output_bytes * _passes(result))
     run.memory.stop()
     result.host_peak_bytes = run.memory.host_peak_bytes
     result.host_peak_excluding_compiler_bytes = run.memory.host_peak_excluding_compiler_bytes

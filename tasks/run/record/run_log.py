@@ -61,7 +61,7 @@ def log_run(run: Invocation, metrics: dict[str, float], reasons: list[str]) -> d
     if floor_doubts:  # the fractions stand on a floor that is not one; the run's own figures stay right
         tracker.set_tags({UNTRUSTED_TAG: "; ".join(floor_doubts)})
     profile = _log_profile(tracker, engine)
-    stage_table = run.result.stage_table()
+    stage_table = run.result.stages.table()
     tracker.log_dict(stage_table, "stages.json")
     tracker.log_text(_sample_csv(run.output), "predictions_sample.csv")
     tracker.set_description(

@@ -60,10 +60,10 @@ def predict_repeat(
 def predict_pass(work: Workload, writer: PredictionWriter, repeat: int) -> tuple[PassFigures, ServedOutputs | None]:
     """One full predict pass (retrieve..write): its figures, and (``run.check_outputs``) its
     served rows by reference."""
-    result, chain = work.result, work.chain
+    chain = work.chain
     sink = work.sink("predict")
-    pass_start = result.e2e_seconds("predict")
-    stages = result.stages["predict"]
+    pass_start = work.stages.seconds("predict")
+    stages = work.stages["predict"]
     before = {name: (st.seconds, st.bytes) for name, st in stages.items()}
     engine = chain.engine
     steady_before = len(engine.predict_timings.steady_seconds) if engine else 0
@@ -85,7 +85,7 @@ def predict_pass(work: Workload, writer: PredictionWriter, repeat: int) -> tuple
         secs = sum(pt.steady_seconds[steady_before:])
         if secs > 0:
             steady = sum(pt.steady_rows[steady_before:]) / secs
-    pass_seconds = result.e2e_seconds("predict") - pass_start
+    pass_seconds = work.stages.seconds("predict") - pass_start
     figures = PassFigures(
         rows=rows,
         rows_per_s=rows / max(pass_seconds, 1e-12),

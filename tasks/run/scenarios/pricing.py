@@ -160,7 +160,7 @@ class Pricing:
     def _phase_left(self, phase: str) -> PhaseLeft:
         """``phase``'s batches and stage rows left, at its own measured rates (predict before
         it ran: training's)."""
-        res, chain, work = self.work.result, self.work.chain, self.work
+        chain, work = self.work.chain, self.work
         engine = chain.engine
         assert engine is not None  # a batch ran
         total, exact = self.batches_total(phase)
@@ -172,8 +172,8 @@ class Pricing:
         rows_each = work.root_rows_to_prepare(phase)
         left_rows: list[tuple[int, float]] = []
         for stage in stages:
-            timing = res.stages[phase][stage]
-            measured = timing if timing.rows else res.stages["train"].get(stage)
+            timing = work.stages[phase][stage]
+            measured = timing if timing.rows else work.stages["train"].get(stage)
             rate = measured.seconds / measured.rows if measured is not None and measured.rows else 0.0
             left_rows.append((max(rows_each - timing.rows, 0), rate))
         rows_left = max((n for n, _ in left_rows), default=0)
@@ -237,7 +237,7 @@ class Pricing:
                 f"run.request.min_requests {run.request.min_requests} and "
                 f"run.request.min_duration_s {run.request.min_duration_s:g}"
             )
-        prepared = work.result.stages["predict"]["tensorize"].rows + work.result.stages["train"]["tensorize"].rows
+        prepared = work.stages["predict"]["tensorize"].rows + work.stages["train"]["tensorize"].rows
         cells = work.result.coords_present / prepared if prepared else 0.0
         lengths = ", ".join(f"{name}.max_length {n}" for name, n in _max_lengths(self.spec))
         drivers.append(f"{cells:,.1f} present cells per root row so far" + (f" (schema: {lengths})" if lengths else ""))

@@ -21,7 +21,8 @@ region's wall time into named buckets that add up to it exactly:
 A bucket's time is measured *exclusive* of the seconds other buckets name inside it, so
 nothing is counted twice; ``orchestration`` is what is left, never clamped (a negative one
 would show a double count instead of hiding it). ``run_region`` returns them, with the
-collector's pauses inside the region, as a ``RegionReport`` (tasks/measure/records.py).
+collector's pauses inside the region, as a ``RegionReport`` (tasks/measure/records.py), with
+the stage table as the region left it (``StageReport``) and the scenario's report (``RegionRun``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks.measure.gcpauses import GcPauses, frozen_collector
-from tasks.measure.records import RegionReport
+from tasks.measure.records import RegionReport, StageReport
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.offline import OfflineRun, run_offline
 from tasks.run.scenarios.pricing import Pricing
@@ -57,7 +58,7 @@ class Region:
 
     @property
     def stage_seconds(self) -> float:
-        return self.work.result.timed_stage_seconds
+        return self.work.stages.timed_seconds
 
     @contextmanager
     def bucket(self, name: str) -> Iterator[None]:
@@ -96,11 +97,17 @@ class RegionSteps:
     writer: PredictionWriter  # the run's prediction file (offline: the last pass writes it)
 
 
-def run_region(
-    work: Workload, steps: RegionSteps, *, train: bool, repeats: int
-) -> tuple[RegionReport, LatencyRecord | OfflineRun]:
-    """Run the timed region over ``work``; returns its report (buckets, collector pauses) and
-    the scenario's (the request record, or the offline passes')."""
+@dataclass(frozen=True)
+class RegionRun:
+    """What the timed region returns, each report taken when it ends."""
+
+    timed: RegionReport  # its seconds by bucket, and the collector's pauses
+    stages: StageReport  # the stage table, both phases
+    scenario: LatencyRecord | OfflineRun  # the request record, or the offline passes'
+
+
+def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int) -> RegionRun:
+    """Run the timed region over ``work``; returns its reports (``RegionRun``)."""
     region = Region(work)
     report: LatencyRecord | OfflineRun
     # The collect and freeze run before the region's clock starts (tasks/measure/gcpauses.py).
@@ -131,4 +138,4 @@ def run_region(
             pricing.close()
             work.pricing = None
     region.seconds = span.seconds
-    return region.report(), report
+    return RegionRun(region.report(), work.stages.report(), report)

@@ -77,7 +77,7 @@ class RequestPath:
         work.account(p, None)
         work.add_bytes(p, "predict")
         self.scored_keys.append(keys)
-        stage_table = work.result.stages["predict"]
+        stage_table = work.stages["predict"]
         for name, sec in steps.items():
             stage_table[name].add(sec, rows[name])
         work.result.rows_served += p.tz.root_rows

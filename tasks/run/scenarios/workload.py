@@ -3,8 +3,8 @@
 A ``Workload`` lists the root keys once (charged to predict's retrieve), cuts them into
 ``run.chunk_rows`` chunks, and drives the plan's ``Chain`` (tasks/run/chain.py) over them:
 training epochs here, predict passes in the scenarios (offline.py, runner.py). Every stage
-second is charged to the phase that spent it, and lands in the run's stage table
-(``RunResult.stages``); the scenarios return their own figures.
+second is charged to the phase that spent it, in the workload's stage table (``stages``, a
+``StageTable``: the region returns its report); the scenarios return their own figures.
 
 With one chunk, training keeps its tensors between epochs (a streaming trainer re-reads
 chunks; a workload that fits in one chunk need not); predict passes always run every stage,
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from tasks.measure.records import EncodeCounts, EncodeUnit, RunResult, StageTiming
+from tasks.measure.records import EncodeCounts, EncodeUnit, RunResult, StageTable
 from tasks.run.chain import Chain, Prepared, StageSink
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature, validation_logits
 from tasks.stages.retrieve import list_root_keys
@@ -46,17 +46,12 @@ class Workload:
         self.encoded_per_pass = 0
         self.encode_unit: EncodeUnit | None = None  # from the first prepared chunk or request
         self.pricing: Pricing | None = None  # inside the timed region: counts and the projection
-        if chain.has_text:  # the application's text encoder: an extra timed step, before tensorize
-            for phase, st in result.stages.items():
-                result.stages[phase] = (
-                    {k: st[k] for k in ("retrieve", "preprocess")}
-                    | {"encode": StageTiming("encode", phase)}
-                    | {k: v for k, v in st.items() if k not in ("retrieve", "preprocess")}
-                )
+        # the application's text encoder (chain.has_text): an extra timed step, before tensorize
+        self.stages = StageTable(encode=chain.has_text)
 
     def sink(self, phase: str) -> StageSink:
-        """Stage seconds and rows into the run's stage table, under ``phase``."""
-        stages = self.result.stages[phase]
+        """Stage seconds and rows into the workload's stage table, under ``phase``."""
+        stages = self.stages[phase]
 
         def add(stage: str, seconds: float, rows: int) -> None:
             stages[stage].add(seconds, rows)
@@ -67,8 +62,8 @@ class Workload:
         chain = self.chain
         with chain.clock.measure() as span:
             keys, nbytes = list_root_keys(self.spec, chain.sources)
-        self.result.stages["predict"]["retrieve"].add(span.seconds, 0)
-        self.result.stages["predict"]["retrieve"].bytes += nbytes
+        self.stages["predict"]["retrieve"].add(span.seconds, 0)
+        self.stages["predict"]["retrieve"].bytes += nbytes
         self.result.bytes_read += nbytes
         self.use_keys(keys)
 
@@ -110,7 +105,7 @@ class Workload:
         without an encode step."""
         if not self.chain.has_text:
             return None
-        seconds = sum(st["encode"].seconds for st in self.result.stages.values())
+        seconds = sum(st["encode"].seconds for st in self.stages.phases.values())
         rate = self.encoded / seconds if seconds > 0 else 0.0
         return EncodeCounts(self.encoded_per_pass, rate, self.encode_unit or "cells")
 
@@ -144,7 +139,7 @@ class Workload:
 
     def add_bytes(self, p: Prepared, phase: str) -> None:
         """A prepared chunk's or request's stage bytes into ``phase``'s stage table."""
-        stages = self.result.stages[phase]
+        stages = self.stages[phase]
         for stage, n in p.stage_bytes().items():
             stages[stage].bytes += n
 

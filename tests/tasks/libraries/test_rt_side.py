@@ -318,7 +318,7 @@ def test_each_request_carries_the_notes_steps_with_their_own_seconds(
     assert facts.metrics[K.compute("predict", K.LIBRARY_COLLATE_SECONDS)] == COLLATE_S * (n + 1)
     assert m[K.LATENCY_STEP_SHARE_OTHER] == 0.0
     # every request predicted its root through the library (one row written per request)
-    assert work.result.stages["predict"]["compute"].calls == n + 1
+    assert work.stages["predict"]["compute"].calls == n + 1
 
 
 def test_a_regression_chunk_carries_labels_in_the_targets_units(shop_spec, shop_files, shop_tables):

@@ -22,7 +22,10 @@ from tasks.measure.records import (
     Region,
     RegionReport,
     RunResult,
+    StageFigures,
     StagePass,
+    StageReport,
+    StageTable,
     WarmStage,
     describe_repeats,
 )
@@ -76,13 +79,12 @@ def test_steady_state_flag_flips_after_warmup():
 
 
 def _two_phase_result() -> RunResult:
-    r = RunResult()
-    for i, stage in enumerate(r.stages["train"].values()):  # 1+2+3+4 = 10 s over 3 epochs
+    table = StageTable()
+    for i, stage in enumerate(table["train"].values()):  # 1+2+3+4 = 10 s over 3 epochs
         stage.add(float(i + 1), 300 if stage.name != "compute" else 240)
-    for i, stage in enumerate(r.stages["predict"].values()):  # 0.1..0.6 = 2.1 s (calibrate too)
+    for i, stage in enumerate(table["predict"].values()):  # 0.1..0.6 = 2.1 s (calibrate too)
         stage.add(0.1 * (i + 1), 100)
-    r.offline, r.train_epochs = OfflineReport(rows_predicted=100, passes=1), 3
-    return r
+    return RunResult(stages=table.report(), offline=OfflineReport(rows_predicted=100, passes=1), train_epochs=3)
 
 
 def test_e2e_predict_is_its_own_stages_and_never_mixes_in_training():
@@ -99,7 +101,7 @@ def test_e2e_predict_is_its_own_stages_and_never_mixes_in_training():
 
 
 def test_stage_table_shows_both_phases_with_shares_of_their_own_phase():
-    table = _two_phase_result().stage_table()
+    table = _two_phase_result().stages.table()
     assert [(r["phase"], r["stage"]) for r in table] == [
         *(("train", s) for s in K.STAGES[:4]),
         *(("predict", s) for s in K.STAGES),
@@ -112,12 +114,51 @@ def test_stage_table_shows_both_phases_with_shares_of_their_own_phase():
 
 
 def test_a_predict_only_run_has_no_train_figures():
-    r = RunResult()
-    r.stages["predict"]["retrieve"].add(0.5, 0)  # the key listing
-    r.offline = OfflineReport(rows_predicted=10)
+    table = StageTable()
+    table["predict"]["retrieve"].add(0.5, 0)  # the key listing
+    r = RunResult(stages=table.report(), offline=OfflineReport(rows_predicted=10))
     m = r.metrics()
     assert K.E2E_PREDICT_SECONDS in m and K.E2E_TRAIN_SECONDS not in m
-    assert {row["phase"] for row in r.stage_table()} == {"predict"}
+    assert {row["phase"] for row in r.stages.table()} == {"predict"}
+
+
+def test_the_stage_table_reports_what_the_stages_added_in_the_chains_order():
+    """A text chain's table (encode before tensorize), two chunks through train's retrieve and
+    encode, a key listing and one served chunk in predict; the report is the table frozen,
+    its figures by hand."""
+    table = StageTable(encode=True)
+    assert list(table["train"]) == ["retrieve", "preprocess", "encode", "tensorize", "compute"]
+    assert list(table["predict"]) == ["retrieve", "preprocess", "encode", "tensorize", "compute", "calibrate", "write"]
+    table["train"]["retrieve"].add(0.5, 6)
+    table["train"]["retrieve"].add(0.25, 4)
+    table["train"]["retrieve"].bytes += 640
+    table["train"]["encode"].add(0.125, 10)
+    table["predict"]["retrieve"].add(1.0, 0)  # the key listing: seconds, no rows
+    table["predict"]["write"].add(0.5, 8)
+    assert (table.seconds("train"), table.seconds("predict"), table.timed_seconds) == (0.875, 1.5, 2.375)
+    report = table.report()
+    table["train"]["retrieve"].add(9.0, 9)  # the report is a copy: later adds do not reach it
+    assert report.stage("train", "retrieve") == StageFigures("retrieve", "train", 0.75, 10, 2, 640)
+    assert report.stage("train", "encode").rows_per_s == 80.0  # 10 rows / 0.125 s
+    assert (report.seconds("train"), report.seconds("predict"), report.timed_seconds) == (0.875, 1.5, 2.375)
+    assert report.ran("train") and report.ran("predict") and not StageReport().ran("train")
+    # the write stage's bytes once the prediction file is committed: 3 passes of 100 bytes
+    committed = report.with_bytes("predict", "write", 300)
+    assert committed.stage("predict", "write").bytes == 300 and report.stage("predict", "write").bytes == 0
+    m = committed.metrics()
+    assert m[K.stage_seconds("retrieve", "train")] == 0.75
+    assert m[K.stage_bytes("retrieve", "train")] == 640.0
+    assert m[K.stage_rows_per_s("write", "predict")] == 16.0  # 8 rows / 0.5 s
+    assert m[K.stage_bytes("write", "predict")] == 300.0
+    assert K.stage_bytes("encode", "train") not in m  # no bytes counted, no key
+    assert list(m)[:5] == [
+        K.stage_seconds("retrieve", "train"),
+        K.stage_rows("retrieve", "train"),
+        K.stage_rows_per_s("retrieve", "train"),
+        K.stage_bytes("retrieve", "train"),
+        K.stage_seconds("preprocess", "train"),
+    ]
+    assert len(m) == 3 * (5 + 7) + 2  # seconds, rows, rows/s of every stage of both phases; two with bytes
 
 
 def test_repeat_intervals_only_from_enough_passes():

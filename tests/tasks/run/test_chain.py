@@ -77,7 +77,7 @@ def test_request_path_encodes_text_and_serves_what_the_offline_chain_serves(text
     steps = request(keys)
     request.settle()  # what the call counts, outside its timing
     assert list(steps) == ORDER
-    assert work.result.stages["predict"]["encode"].rows == 5 + 2  # the chunk, then the request
+    assert work.stages["predict"]["encode"].rows == 5 + 2  # the chunk, then the request
     # the request's tensors are the offline chunk's rows for the same keys
     alone = work.chain.prepare_untimed(keys)
     root = alone.batch.nodes["root"]

@@ -98,13 +98,14 @@ def test_the_offline_report_of_a_scripted_run_holds_the_known_figures(
 
     def listing() -> None:
         list_keys()
-        listed.update({name: st.bytes for name, st in work.result.stages["predict"].items()})
+        listed.update({name: st.bytes for name, st in work.stages["predict"].items()})
 
     monkeypatch.setattr(work, "list_keys", listing)
     writer = PredictionWriter(tmp_path / "p.parquet")
     steps = RegionSteps(train=work.train, distributed=False, serving_backend=lambda: None, requests=None, writer=writer)
-    _, run = run_region(work, steps, train=True, repeats=3)
+    ran = run_region(work, steps, train=True, repeats=3)
     writer.abort()
+    run = ran.scenario
     assert isinstance(run, OfflineRun)
     report = run.report
 
@@ -119,7 +120,7 @@ def test_the_offline_report_of_a_scripted_run_holds_the_known_figures(
     warm_seconds = {s: 2 * (c if s != "compute" else batches * PREDICT_BATCH) for s, c in STAGE_COST.items()}
     assert {s: w.seconds for s, w in report.warm_stages.items()} == warm_seconds
     # bytes: every pass reads and tensorizes the same rows, so the warm passes hold two passes' worth
-    table = work.result.stages["predict"]
+    table = {s.name: s for s in ran.stages.predict}
     assert list(report.warm_stages) == list(table)
     for name, warm in report.warm_stages.items():
         moved = table[name].bytes - listed[name]  # three passes' bytes
@@ -127,8 +128,22 @@ def test_the_offline_report_of_a_scripted_run_holds_the_known_figures(
     assert any(w.bytes for w in report.warm_stages.values())
     assert run.served_outputs is not None and len(run.served_outputs.keys) == 1  # the last pass's chunk
 
-    # The record keys them as before: the report in RunResult, the stage table beside it.
-    work.result.offline = report
+    # The stage table the region returns: every predict stage 3 passes of its cost over the 40
+    # rows (compute: its batches; retrieve also listed the keys, one more call of no rows and no
+    # seconds on this clock); one training epoch through retrieve..compute (compute: a stub
+    # forward of no seconds), over every root row but compute's, the training rows.
+    for name, cost in STAGE_COST.items():
+        st = ran.stages.stage("predict", name)
+        seconds = 3 * (cost if name != "compute" else batches * PREDICT_BATCH)
+        assert (st.seconds, st.rows, st.calls) == (seconds, 3 * ROWS, 3 + (name == "retrieve")), name
+    assert [s.name for s in ran.stages.train] == ["retrieve", "preprocess", "tensorize", "compute"]
+    assert [(s.seconds, s.rows, s.calls) for s in ran.stages.train[:3]] == [(1.0, 40, 1), (2.0, 40, 1), (4.0, 40, 1)]
+    assert ran.stages.stage("train", "compute").calls == 1 and 0 < ran.stages.stage("train", "compute").rows < ROWS
+    assert ran.stages.seconds("predict") == 3 * pass_seconds
+    assert ran.timed.stage_seconds == ran.stages.timed_seconds == 3 * pass_seconds + 7.0
+
+    # The record keys them as before: the reports in RunResult.
+    work.result.offline, work.result.stages = report, ran.stages
     m = work.result.metrics()
     e2e = 3 * pass_seconds  # the key listing cost nothing on this clock
     assert m[K.E2E_PREDICT_SECONDS] == e2e

@@ -81,11 +81,11 @@ def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
             train=work.train, distributed=False, serving_backend=lambda: None, requests=None, writer=writer
         )
         try:
-            _, report = run_region(work, steps, train=spec.run.mode == "train+predict", repeats=spec.run.repeats)
+            ran = run_region(work, steps, train=spec.run.mode == "train+predict", repeats=spec.run.repeats)
         finally:
             writer.abort()
-        assert isinstance(report, OfflineRun)
-        work.result.offline = report.report  # into the record, as the flow does
+        assert isinstance(ran.scenario, OfflineRun)
+        work.result.offline, work.result.stages = ran.scenario.report, ran.stages  # into the record, as the flow does
         return work
 
     return ft, run
@@ -96,7 +96,7 @@ def test_the_projection_is_exact_on_stub_stages_with_known_seconds(stubbed):
     work = run()
     made = work.result.projection.made  # type: ignore[union-attr]
     assert [p.at for p in made] == ["train", "predict"]
-    trained = work.result.stages["train"]["compute"].rows // 2  # training rows of one epoch
+    trained = work.stages["train"]["compute"].rows // 2  # training rows of one epoch
     train_batches, predict_batches = 2 * math.ceil(trained / BATCH), 2 * math.ceil(ROWS / BATCH)
     prepare = STAGE_COST["retrieve"] + STAGE_COST["preprocess"] + STAGE_COST["tensorize"]
     priced_after = 1 + STEADY_TO_PRICE  # the first call, then warm-up 0, then the steady batches
@@ -171,7 +171,7 @@ def test_the_count_sees_every_batch_of_a_total_known_before_the_phase(stubbed):
     finally:
         unsubscribe()
     train, predict = seen
-    trained = work.result.stages["train"]["compute"].rows
+    trained = work.stages["train"]["compute"].rows
     # every batch counted, and each count's last total is the batches that ran
     assert (train.done, train.rows) == (work.chain.engine.train_timings.updates, trained)  # type: ignore[union-attr]
     assert train.total == train.done and train.exact

@@ -93,9 +93,9 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
 
     writer = PredictionWriter(tmp_path / "p.parquet")
     steps = RegionSteps(train=work.train, distributed=False, serving_backend=backend, requests=None, writer=writer)
-    region, report = run_region(work, steps, train=True, repeats=2)
+    ran = run_region(work, steps, train=True, repeats=2)
     writer.abort()
-    m = region.bucket_metrics()
+    report, m = ran.scenario, ran.timed.bucket_metrics()
     train = sum(STAGE_SECONDS[s] for s in ("retrieve", "preprocess", "tensorize", "compute"))  # one chunk, one epoch
     passes = 2 * sum(STAGE_SECONDS.values())
     calls = 4 + 2 * 6  # every step a (stub) Prefect task call
@@ -111,7 +111,7 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
         K.HARNESS_DISTRIBUTED_LAUNCH_SECONDS: 0.0,
         K.HARNESS_ORCHESTRATION_SECONDS: calls * CALL_OVERHEAD,  # the task calls only
     }
-    assert m[K.HARNESS_STAGE_SECONDS] == work.result.timed_stage_seconds
+    assert m[K.HARNESS_STAGE_SECONDS] == ran.stages.timed_seconds == work.stages.timed_seconds
 
 
 # What one served request (or batch) costs per step on the fake clock: dyadic, so sums are exact.
@@ -153,9 +153,9 @@ def test_a_server_run_names_its_serving_its_idle_waits_and_its_untimed_encoding_
         writer=writer,
     )
     t0 = ft.t
-    region, latency = run_region(work, steps, train=False, repeats=1)
+    ran = run_region(work, steps, train=False, repeats=1)
     writer.abort()
-    moved = ft.t - t0
+    moved, latency, region = ft.t - t0, ran.scenario, ran.timed
     assert isinstance(latency, LatencyRecord) and latency.requests == 6
     calls = served_steps.count("write")  # the cold request and every batch, each through every step
     assert calls >= 2 and served_steps == list(STAGE_SECONDS) * calls
@@ -213,11 +213,11 @@ def test_a_request_runs_bookkeeping_is_its_own_bucket(stubbed, shop_spec, tmp_pa
         writer=writer,
     )
     t0 = ft.t
-    region, latency = run_region(work, steps, train=False, repeats=1)
+    ran = run_region(work, steps, train=False, repeats=1)
     writer.abort()
-    moved = ft.t - t0
+    moved, latency, region = ft.t - t0, ran.scenario, ran.timed
     assert isinstance(latency, LatencyRecord) and latency.requests >= 6
-    calls = work.result.stages["predict"]["write"].calls  # every served call, the cold one included
+    calls = ran.stages.stage("predict", "write").calls  # every served call, the cold one included
     served = calls * sum(SERVE_SECONDS.values())
     m = region.bucket_metrics()
     assert m[K.HARNESS_REQUEST_SETTLE_SECONDS] == pytest.approx(calls * BOOK_SECONDS, abs=1e-9)
@@ -263,7 +263,7 @@ def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_froz
     gc.callbacks.append(slow_collection)
     try:
         before = gc.get_freeze_count()
-        region, _ = run_region(work, steps, train=False, repeats=1)
+        region = run_region(work, steps, train=False, repeats=1).timed
     finally:
         gc.callbacks.remove(slow_collection)
         if was_enabled:

@@ -151,7 +151,7 @@ def test_request_stage_bytes_are_every_served_requests(served):
     for keys in pool_keys:
         for stage, n in work.chain.prepare(keys, lambda *_: None).stage_bytes().items():
             expected[stage] += n
-    m = work.result.metrics()
+    m = work.stages.report().metrics()
     from tasks.stages.retrieve import list_root_keys
 
     _, listing = list_root_keys(spec, work.chain.sources)  # the key listing's read, charged to predict

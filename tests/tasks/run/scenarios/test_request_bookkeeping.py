@@ -70,7 +70,7 @@ def test_single_stream_latency_holds_no_bookkeeping(shop_spec, many_shop_files, 
     calls = rec.requests + 1  # the cold one too
     assert rec.requests >= 6
     # the bookkeeping ran for every call: its figures are there, and it took its scripted time
-    assert work.result.stages["predict"]["compute"].calls == calls
+    assert work.stages["predict"]["compute"].calls == calls
     assert work.result.rows_predicted == calls and len(rec.scored_keys) == calls
     assert work.chain.calibration.metrics(), "held-out requests feed the calibration quality"
     assert bt.calls == 2 * calls  # account + report_mask per call (every request is held out)
@@ -83,7 +83,7 @@ def test_single_stream_latency_holds_no_bookkeeping(shop_spec, many_shop_files, 
 def test_server_latency_holds_no_bookkeeping(shop_spec, many_shop_files, tmp_path, monkeypatch):
     work, rec, bt = _served(shop_spec, many_shop_files, tmp_path, monkeypatch, "server")
     calls = rec.requests + 1
-    assert work.result.stages["predict"]["compute"].calls == calls and bt.calls == 2 * calls
+    assert work.stages["predict"]["compute"].calls == calls and bt.calls == 2 * calls
     m = rec.metrics()
     # every request's latency is its queue and steps (both 0 on this clock) or a late issue
     late = np.asarray(rec.lateness_s)
