@@ -29,6 +29,8 @@ __all__ = [
     "STAGES",
     "CalibrationFacts",
     "CompileCounters",
+    "DataReport",
+    "DataTally",
     "EncodeCounts",
     "EncodeUnit",
     "FlowSeconds",
@@ -416,6 +418,71 @@ class EncodeCounts:
         return {per_pass: float(self.per_pass), per_s: self.per_s}
 
 
+@dataclass
+class DataTally:
+    """What the workload read and laid out while the region runs (tasks/run/scenarios/workload.py
+    ``Workload.account``: data figures once per chunk, every time for a request); ``report`` is
+    what the region returns."""
+
+    root_rows: int = 0  # distinct root rows of the workload
+    chunks: int = 0
+    bytes_read: int = 0
+    rows_read: int | None = None  # source rows, every table (None: nothing prepared)
+    coords_present: int = 0
+    coords_reserved: int | None = 0  # None: a model with no reserved layout (relational-transformers)
+    overflow_dropped: dict[str, int] = field(default_factory=dict)  # branch -> rows over max_length
+    rows_served: int = 0  # a request scenario's root rows, the cold request included
+    encoded: int = 0  # what the encode step turned into vectors, every call (its rate)
+    encoded_per_pass: int = 0  # ... once per chunk
+    encode_unit: EncodeUnit | None = None  # from the first prepared chunk or request
+
+    def report(self, encode_seconds: float | None) -> DataReport:
+        """Frozen; ``encode_seconds``: every encode call's seconds (None: no encode step)."""
+        encode = None
+        if encode_seconds is not None:
+            rate = self.encoded / encode_seconds if encode_seconds > 0 else 0.0
+            encode = EncodeCounts(self.encoded_per_pass, rate, self.encode_unit or "cells")
+        return DataReport(
+            root_rows=self.root_rows,
+            chunks=self.chunks,
+            bytes_read=self.bytes_read,
+            rows_read=self.rows_read,
+            coords_present=self.coords_present,
+            coords_reserved=self.coords_reserved,
+            overflow_dropped=dict(self.overflow_dropped),
+            rows_served=self.rows_served,
+            encode=encode,
+        )
+
+
+@dataclass(frozen=True)
+class DataReport:
+    """What the run's workload read and laid out (``DataTally.report``): ``data.*`` keys and the
+    encode step's counts."""
+
+    root_rows: int = 0
+    chunks: int = 0
+    bytes_read: int = 0
+    rows_read: int | None = None  # None: no figure
+    coords_present: int = 0
+    coords_reserved: int | None = 0  # None: no reserved layout, no coords_reserved or occupancy
+    overflow_dropped: dict[str, int] = field(default_factory=dict)  # branch -> rows dropped
+    rows_served: int = 0  # a request scenario's root rows (RunResult.rows_predicted)
+    encode: EncodeCounts | None = None  # runs with an encode step
+
+    def layout_metrics(self) -> dict[str, float]:
+        """Bytes read, the coordinates' layout, what overflowed and the chunks."""
+        m = {K.DATA_BYTES_READ: float(self.bytes_read), K.DATA_COORDS_PRESENT: float(self.coords_present)}
+        if self.coords_reserved is not None:  # a model without a reserved layout has neither figure
+            m[K.DATA_COORDS_RESERVED] = float(self.coords_reserved)
+            m[K.DATA_OCCUPANCY] = self.coords_present / self.coords_reserved if self.coords_reserved else 0.0
+        m[K.DATA_OVERFLOW_DROPPED] = float(sum(self.overflow_dropped.values()))
+        for name, n in self.overflow_dropped.items():
+            m[K.overflow_dropped(name)] = float(n)
+        m[K.DATA_CHUNKS] = float(self.chunks)
+        return m
+
+
 @dataclass(frozen=True)
 class Region:
     """The host around the timed region, as the harness measured it (tasks/measure/hostload.py,
@@ -522,14 +589,9 @@ class FlowSeconds:
 @dataclass
 class RunResult:
     stages: StageReport = field(default_factory=StageReport)  # the region's stage table (train has no write)
-    root_rows: int = 0  # distinct root rows of the workload
-    rows_served: int = 0  # a request scenario's root rows, the cold request included
+    data: DataReport = field(default_factory=DataReport)  # what the workload read and laid out
     rows_written: int = 0  # rows in the kept prediction file
     train_epochs: int = 0
-    bytes_read: int = 0
-    coords_present: int = 0
-    coords_reserved: int | None = 0  # None: a model with no reserved layout (relational-transformers)
-    overflow_dropped: dict[str, int] = field(default_factory=dict)
     train: PhaseTimings | None = None
     predict: PhaseTimings | None = None
     compute_seconds: float = 0.0  # wall time inside the compute stage (for input wait share)
@@ -540,18 +602,15 @@ class RunResult:
     host_peak_bytes: int = 0
     host_peak_excluding_compiler_bytes: int = 0
     device_peak_bytes: int = 0
-    chunks: int = 0
     recompiles: dict[str, int] = field(default_factory=dict)  # phase -> in its steady window
     graph_breaks: dict[str, int] = field(default_factory=dict)
     updates_per_epoch: int = 0
     # The flow's other figures, in the order its steps record them; ``metrics()`` keys them.
     data_checks: dict[str, float] = field(default_factory=dict)  # tasks/run/checks/data.py counts (plan)
-    rows_read: int | None = None  # source rows, every table, summed over chunks/requests/ranks
     calibration: CalibrationFacts = field(default_factory=CalibrationFacts)
     train_ranks_mean_seconds: float | None = None  # distributed: the ranks' mean train stage seconds
     compile_counters: CompileCounters | None = None
     batch_coordinates: dict[str, float] = field(default_factory=dict)  # batch_coordinate_metrics
-    encode: EncodeCounts | None = None  # runs with an encode step
     backend_setup: BackendSetup | None = None
     checkpoint_load: CheckpointLoad | None = None  # run.checkpoint
     fp8_fallback: dict[str, float] = field(default_factory=dict)  # tasks/backends/served.py fp8_metrics
@@ -568,7 +627,7 @@ class RunResult:
     @property
     def rows_predicted(self) -> int:
         """Root rows predicted: the offline passes' (summed), or the served requests'."""
-        return self.offline.rows_predicted if self.offline is not None else self.rows_served
+        return self.offline.rows_predicted if self.offline is not None else self.data.rows_served
 
     def _stage_metrics(self, m: dict[str, float]) -> None:
         m.update(self.stages.metrics())
@@ -589,17 +648,9 @@ class RunResult:
     def metrics(self) -> dict[str, float]:
         m: dict[str, float] = {}
         self._stage_metrics(m)
-        m[K.DATA_ROOT_ROWS] = float(self.root_rows)
+        m[K.DATA_ROOT_ROWS] = float(self.data.root_rows)
         m[K.DATA_ROWS_PREDICTED] = float(self.rows_predicted)
-        m[K.DATA_BYTES_READ] = float(self.bytes_read)
-        m[K.DATA_COORDS_PRESENT] = float(self.coords_present)
-        if self.coords_reserved is not None:  # a model without a reserved layout has neither figure
-            m[K.DATA_COORDS_RESERVED] = float(self.coords_reserved)
-            m[K.DATA_OCCUPANCY] = self.coords_present / self.coords_reserved if self.coords_reserved else 0.0
-        m[K.DATA_OVERFLOW_DROPPED] = float(sum(self.overflow_dropped.values()))
-        for name, n in self.overflow_dropped.items():
-            m[K.overflow_dropped(name)] = float(n)
-        m[K.DATA_CHUNKS] = float(self.chunks)
+        m.update(self.data.layout_metrics())
         if self.predict is not None:
             m.update(self.predict.metrics(lambda w: K.compute_phase("predict", w)))
             m.update(self.predict.metrics(lambda w: K.compute("predict", w)))
@@ -631,8 +682,8 @@ class RunResult:
     def _work_metrics(self, m: dict[str, float]) -> None:
         """Data checks, rows read, calibration, warm stages and the engine's figures."""
         m.update(self.data_checks)
-        if self.rows_read is not None:
-            m[K.DATA_ROWS_READ] = float(self.rows_read)
+        if self.data.rows_read is not None:
+            m[K.DATA_ROWS_READ] = float(self.data.rows_read)
         m.update(self.calibration.metrics())
         m.update((self.offline or NO_PASSES).warm_metrics())
         if self.train_ranks_mean_seconds is not None:
@@ -640,8 +691,8 @@ class RunResult:
         if self.compile_counters is not None:
             m.update(self.compile_counters.metrics())
         m.update(self.batch_coordinates)
-        if self.encode is not None:
-            m.update(self.encode.metrics())
+        if self.data.encode is not None:
+            m.update(self.data.encode.metrics())
 
     def _harness_metrics(self, m: dict[str, float]) -> None:
         """The backend's set-up, what the harness measured around the work, the model's facts."""

@@ -43,7 +43,7 @@ import torch
 
 from tasks.libraries.reference.engine import Engine
 from tasks.measure import keys as K
-from tasks.measure.records import PhaseTimings, RunResult, StageTable
+from tasks.measure.records import DataTally, PhaseTimings, RunResult, StageTable
 from tasks.run.scenarios.workload import Workload
 
 HASH_SEED = 20_240_611  # fixed: the same key lands on the same rank in every run
@@ -126,14 +126,15 @@ def train_stages(reports: list[RankReport]) -> TrainStages:
     )
 
 
-def merge_into(stages: StageTable, result: RunResult, reports: list[RankReport]) -> TrainStages:
-    """The ranks' train stages into the flow's stage table; rows read and updates into ``result``."""
+def merge_into(stages: StageTable, data: DataTally, result: RunResult, reports: list[RankReport]) -> TrainStages:
+    """The ranks' train stages into the flow's stage table, their rows read into its tally;
+    updates into ``result``."""
     agg = train_stages(reports)
     for stage, timing in stages["train"].items():  # (encode too, with text columns)
         timing.add(agg.seconds.get(stage, 0.0), agg.rows.get(stage, 0))
         timing.bytes += agg.bytes.get(stage, 0)
     result.updates_per_epoch = reports[0].updates_per_epoch
-    result.rows_read = (result.rows_read or 0) + sum(r.rows_read for r in reports)
+    data.rows_read = (data.rows_read or 0) + sum(r.rows_read for r in reports)
     result.train_ranks_mean_seconds = agg.mean_seconds
     return agg
 
@@ -242,6 +243,6 @@ def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking
         state = torch.load(work_dir / "weights.pt", map_location=engine.device, weights_only=True)
     engine.model.load_state_dict(state)
     adopt_rank0(engine, reports)
-    merge_into(work.stages, work.result, reports)
+    merge_into(work.stages, work.data, work.result, reports)
     work.result.train_epochs += spec.run.epochs
     return metrics(reports, d.threads_per_process, reference)

@@ -49,11 +49,10 @@ def _engine_part(run: Invocation) -> None:
     """The engine's figures, the text encoder's, the serving backend's and the loaded checkpoint's."""
     result, engine = run.result, run.engine
     assert run.work is not None
-    work, chain = run.work, run.work.chain
+    chain = run.work.chain
     # per predict pass that ran; a request scenario's batches are per served request
     units = run.latency.served_requests if run.latency is not None else _passes(result)
     run.tracker.set_tags({"relflow.compiler_cache": engine_figures(result, chain, engine, units)})
-    result.encode = work.encode_counts()
     for phase in K.PHASES:
         run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
     result.backend_setup = run.backend_setup

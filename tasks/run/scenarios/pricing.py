@@ -230,7 +230,7 @@ class Pricing:
             drivers.append(
                 f"run.repeats {run.repeats} predict passes of "
                 f"{self.batches_total('predict')[0] // run.repeats:,} batches of run.batch_size {run.batch_size} "
-                f"over {work.result.root_rows:,} root rows"
+                f"over {work.data.root_rows:,} root rows"
             )
         else:
             drivers.append(
@@ -238,7 +238,7 @@ class Pricing:
                 f"run.request.min_duration_s {run.request.min_duration_s:g}"
             )
         prepared = work.stages["predict"]["tensorize"].rows + work.stages["train"]["tensorize"].rows
-        cells = work.result.coords_present / prepared if prepared else 0.0
+        cells = work.data.coords_present / prepared if prepared else 0.0
         lengths = ", ".join(f"{name}.max_length {n}" for name, n in _max_lengths(self.spec))
         drivers.append(f"{cells:,.1f} present cells per root row so far" + (f" (schema: {lengths})" if lengths else ""))
         return (

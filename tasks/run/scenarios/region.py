@@ -22,7 +22,8 @@ A bucket's time is measured *exclusive* of the seconds other buckets name inside
 nothing is counted twice; ``orchestration`` is what is left, never clamped (a negative one
 would show a double count instead of hiding it). ``run_region`` returns them, with the
 collector's pauses inside the region, as a ``RegionReport`` (tasks/measure/records.py), with
-the stage table as the region left it (``StageReport``) and the scenario's report (``RegionRun``).
+the stage table as the region left it (``StageReport``), what the workload read and laid out
+(``DataReport``) and the scenario's report (``RegionRun``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks.measure.gcpauses import GcPauses, frozen_collector
-from tasks.measure.records import RegionReport, StageReport
+from tasks.measure.records import DataReport, RegionReport, StageReport
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.offline import OfflineRun, run_offline
 from tasks.run.scenarios.pricing import Pricing
@@ -103,6 +104,7 @@ class RegionRun:
 
     timed: RegionReport  # its seconds by bucket, and the collector's pauses
     stages: StageReport  # the stage table, both phases
+    data: DataReport  # what the workload read and laid out
     scenario: LatencyRecord | OfflineRun  # the request record, or the offline passes'
 
 
@@ -138,4 +140,4 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
             pricing.close()
             work.pricing = None
     region.seconds = span.seconds
-    return RegionRun(region.report(), work.stages.report(), report)
+    return RegionRun(region.report(), work.stages.report(), work.data_report(), report)

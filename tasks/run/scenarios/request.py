@@ -80,4 +80,3 @@ class RequestPath:
         stage_table = work.stages["predict"]
         for name, sec in steps.items():
             stage_table[name].add(sec, rows[name])
-        work.result.rows_served += p.tz.root_rows

@@ -4,7 +4,8 @@ A ``Workload`` lists the root keys once (charged to predict's retrieve), cuts th
 ``run.chunk_rows`` chunks, and drives the plan's ``Chain`` (tasks/run/chain.py) over them:
 training epochs here, predict passes in the scenarios (offline.py, runner.py). Every stage
 second is charged to the phase that spent it, in the workload's stage table (``stages``, a
-``StageTable``: the region returns its report); the scenarios return their own figures.
+``StageTable``), and what it read and laid out in its ``data`` (a ``DataTally``); the region
+returns their reports (``data_report``); the scenarios return their own figures.
 
 With one chunk, training keeps its tensors between epochs (a streaming trainer re-reads
 chunks; a workload that fits in one chunk need not); predict passes always run every stage,
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from tasks.measure.records import EncodeCounts, EncodeUnit, RunResult, StageTable
+from tasks.measure.records import DataReport, DataTally, RunResult, StageTable
 from tasks.run.chain import Chain, Prepared, StageSink
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature, validation_logits
 from tasks.stages.retrieve import list_root_keys
@@ -39,12 +40,10 @@ class Workload:
         self.chain, self.result, self.spec = chain, result, chain.spec
         self.chunks: list[np.ndarray] = []
         self._kept: dict[int, Chunk] = {}  # training tensors of a single-chunk workload
-        self._counted: set[int] = set()  # chunks whose data figures are in the result
-        # What the encode step turned into vectors, in the unit it counts (text cells; a
-        # library's strings): every encode call (its rate), and once per chunk (per pass)
-        self.encoded = 0
-        self.encoded_per_pass = 0
-        self.encode_unit: EncodeUnit | None = None  # from the first prepared chunk or request
+        self._counted: set[int] = set()  # chunks whose data figures are counted
+        # What it read and laid out; what the encode step turned into vectors, in the unit it
+        # counts (text cells; a library's strings): every encode call (its rate), once per chunk
+        self.data = DataTally()
         self.pricing: Pricing | None = None  # inside the timed region: counts and the projection
         # the application's text encoder (chain.has_text): an extra timed step, before tensorize
         self.stages = StageTable(encode=chain.has_text)
@@ -64,33 +63,35 @@ class Workload:
             keys, nbytes = list_root_keys(self.spec, chain.sources)
         self.stages["predict"]["retrieve"].add(span.seconds, 0)
         self.stages["predict"]["retrieve"].bytes += nbytes
-        self.result.bytes_read += nbytes
+        self.data.bytes_read += nbytes
         self.use_keys(keys)
 
     def use_keys(self, keys: np.ndarray) -> None:
         """Work on ``keys`` (all the root keys, or a DDP rank's shard), in ``run.chunk_rows`` chunks."""
-        self.result.root_rows = len(keys)
+        self.data.root_rows = len(keys)
         self.chunks = chunked(keys, self.spec.run.chunk_rows)
-        self.result.chunks = len(self.chunks)
+        self.data.chunks = len(self.chunks)
 
     def account(self, p: Prepared, chunk: int | None, phase: str = "predict") -> None:
         """What a prepared chunk or request read; data figures once per chunk (``chunk`` None:
-        a request, counted every time)."""
-        res = self.result
+        a request, counted every time, its root rows served)."""
+        res = self.data
         res.bytes_read += p.bytes_read
         res.rows_read = (res.rows_read or 0) + p.rows_read
         if self.chain.has_text:
-            if self.encode_unit is not None and p.encode_unit != self.encode_unit:
-                raise RuntimeError(f"one run's encode step counted {self.encode_unit}, then {p.encode_unit}")
-            self.encode_unit = p.encode_unit
-        self.encoded += p.encoded
+            if res.encode_unit is not None and p.encode_unit != res.encode_unit:
+                raise RuntimeError(f"one run's encode step counted {res.encode_unit}, then {p.encode_unit}")
+            res.encode_unit = p.encode_unit
+        res.encoded += p.encoded
+        if chunk is None:
+            res.rows_served += p.tz.root_rows
         if chunk is not None and chunk in self._counted:
             return
         if chunk is not None and phase == "train" and not self.chain.side.reuses_chunks:
             return  # a library's training encode holds the training rows only: count the predict one
         if chunk is not None:
             self._counted.add(chunk)
-        self.encoded_per_pass += p.encoded
+        res.encoded_per_pass += p.encoded
         res.coords_present += p.tz.coords_present
         if p.tz.coords_reserved is None or res.coords_reserved is None:
             res.coords_reserved = None  # no reserved layout (relational-transformers): no such figure
@@ -99,15 +100,13 @@ class Workload:
         for name, n in p.overflow_dropped.items():
             res.overflow_dropped[name] = res.overflow_dropped.get(name, 0) + n
 
-    def encode_counts(self) -> EncodeCounts | None:
-        """The encode step's figures (``data.text_cells`` and ``encode.cells_per_s``, or a
-        library's strings under its own keys), over every encode call's seconds; None
-        without an encode step."""
-        if not self.chain.has_text:
-            return None
-        seconds = sum(st["encode"].seconds for st in self.stages.phases.values())
-        rate = self.encoded / seconds if seconds > 0 else 0.0
-        return EncodeCounts(self.encoded_per_pass, rate, self.encode_unit or "cells")
+    def data_report(self) -> DataReport:
+        """What it read and laid out, with the encode step's figures (``data.text_cells`` and
+        ``encode.cells_per_s``, or a library's strings under its own keys) over every encode
+        call's seconds (none without an encode step)."""
+        has_encode = self.chain.has_text
+        seconds = sum(st["encode"].seconds for st in self.stages.phases.values()) if has_encode else None
+        return self.data.report(seconds)
 
     def prepare(self, i: int, phase: str) -> Chunk:
         """Chunk ``i`` through the chain's timed steps, charged to ``phase``."""

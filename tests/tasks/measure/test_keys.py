@@ -23,7 +23,7 @@ if __name__ == "__main__":  # run as a script: make the checkout importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from tasks.measure import keys as K  # noqa: E402
-from tasks.measure.records import OfflineReport, PhaseTimings, RunResult, StageTable  # noqa: E402
+from tasks.measure.records import DataReport, OfflineReport, PhaseTimings, RunResult, StageTable  # noqa: E402
 from tests.repo import REPO  # noqa: E402
 
 CATALOGUE_README = REPO / "tasks" / "measure" / "README.md"
@@ -57,7 +57,7 @@ def full_result_metrics() -> dict[str, float]:
     for phase in K.PHASES:
         for st in table[phase].values():
             st.add(1.0, 10)
-    r = RunResult(stages=table.report())
+    r = RunResult(stages=table.report(), data=DataReport(overflow_dropped={"lineitem": 3}))
     r.train, r.predict = PhaseTimings(1), PhaseTimings(1)
     for t in (r.train, r.predict):
         for s in (2.0, 1.0, 1.0, 1.0):
@@ -66,7 +66,6 @@ def full_result_metrics() -> dict[str, float]:
     r.offline = OfflineReport(
         rows_per_s=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0), steady_rows_per_s=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
     )
-    r.overflow_dropped = {"lineitem": 3}
     r.quality = {"rows": 4.0, "accuracy": 0.5, "majority_rate": 0.5}
     return r.metrics()
 

@@ -14,6 +14,8 @@ from tasks.measure.records import (
     BackendSetup,
     CalibrationFacts,
     CompileCounters,
+    DataReport,
+    DataTally,
     EncodeCounts,
     FlowSeconds,
     HarnessFigures,
@@ -186,11 +188,10 @@ def test_recorded_figures_land_under_their_own_keys():
     retrieve = WarmStage().plus(StagePass(0.0, 0, 1.5, 0)).plus(StagePass(1.5, 0, 1.75, 64))
     r.offline = OfflineReport(warm_stages={"retrieve": retrieve, "write": WarmStage(seconds=0.5)})  # write: no bytes
     r.data_checks = {K.DATA_LABELLED_ROWS: 3.0}
-    r.rows_read = 12
     r.calibration = CalibrationFacts(fit_seconds=2.0, fit_rows=30, temperature=1.25, report_rows=11)
     r.train_ranks_mean_seconds = 4.5
     r.compile_counters = CompileCounters(frames=3, cache_hits=1, cache_misses=2)
-    r.encode = EncodeCounts(per_pass=40, per_s=80.0)
+    r.data = DataReport(rows_read=12, encode=EncodeCounts(per_pass=40, per_s=80.0))
     r.backend_setup = BackendSetup(load_seconds=0.5, model_bytes=100)
     region = Region(0.1, 100.0, 110.0, 0.2, 0.3, 0.4, 0.0)
     r.harness = HarnessFigures(
@@ -246,6 +247,43 @@ def test_recorded_figures_land_under_their_own_keys():
         K.CALIBRATION_FIT_ROWS: 0.0,
         K.CALIBRATION_TEMPERATURE: 1.0,
     }
+
+
+def test_the_data_report_is_the_tally_frozen_with_its_encode_rate():
+    """What a workload counted (``Workload.account``), frozen by hand-set figures: 3 chunks of
+    5 root rows, 1,000 + 24 bytes, 50 present of 80 reserved coordinates, 2 + 1 rows dropped,
+    an encode step that made 40 vectors a pass and 120 in all in 1.5 s."""
+    tally = DataTally(root_rows=5, chunks=3, bytes_read=1024, rows_read=60, coords_present=50, coords_reserved=80)
+    tally.overflow_dropped = {"orders": 2, "lines": 1}
+    tally.encoded, tally.encoded_per_pass, tally.encode_unit = 120, 40, "strings"
+    report = tally.report(1.5)
+    tally.overflow_dropped["orders"] += 5  # the report is a copy
+    assert report == DataReport(
+        root_rows=5,
+        chunks=3,
+        bytes_read=1024,
+        rows_read=60,
+        coords_present=50,
+        coords_reserved=80,
+        overflow_dropped={"orders": 2, "lines": 1},
+        encode=EncodeCounts(per_pass=40, per_s=80.0, unit="strings"),  # 120 / 1.5 s
+    )
+    assert report.layout_metrics() == {
+        K.DATA_BYTES_READ: 1024.0,
+        K.DATA_COORDS_PRESENT: 50.0,
+        K.DATA_COORDS_RESERVED: 80.0,
+        K.DATA_OCCUPANCY: 0.625,  # 50 / 80
+        K.DATA_OVERFLOW_DROPPED: 3.0,
+        K.overflow_dropped("orders"): 2.0,
+        K.overflow_dropped("lines"): 1.0,
+        K.DATA_CHUNKS: 3.0,
+    }
+    assert DataTally(encoded=7).report(None).encode is None  # no encode step, no figure
+    assert DataTally(encoded=7).report(0.0).encode == EncodeCounts(0, 0.0)  # no seconds: a rate of 0
+    # no reserved layout (relational-transformers): neither reserved nor occupancy
+    assert K.DATA_OCCUPANCY not in DataReport(coords_present=9, coords_reserved=None).layout_metrics()
+    m = RunResult(data=report).metrics()
+    assert (m[K.DATA_ROOT_ROWS], m[K.DATA_ROWS_READ], m[K.DATA_STRINGS_ENCODED]) == (5.0, 60.0, 40.0)
 
 
 def test_fake_clock_measures_exactly():

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tasks.measure import keys as K
-from tasks.measure.records import PhaseTimings, RunResult, StageTable
+from tasks.measure.records import DataTally, PhaseTimings, RunResult, StageTable
 from tasks.run.distributed import launch as distributed
 from tasks.run.distributed.launch import RankReport, merge_into, train_stages
 from tasks.spec import parse_spec
@@ -65,9 +65,9 @@ def test_train_stages_are_the_slowest_ranks_and_every_ranks_rows():
     assert agg.seconds == RANK_SECONDS[1]
     assert agg.rows == {"retrieve": 10, "preprocess": 10, "tensorize": 10, "compute": 8}
     assert agg.mean_seconds == pytest.approx(8.5)
-    table, result = StageTable(), RunResult()
-    merge_into(table, result, _reports())
-    result.stages = table.report()
+    table, data, result = StageTable(), DataTally(), RunResult()
+    merge_into(table, data, result, _reports())
+    result.stages, result.data = table.report(), data.report(None)
     m = result.metrics()
     assert m[K.E2E_TRAIN_SECONDS] == pytest.approx(9.5)  # one rank's total, not 10.5
     assert m[K.E2E_TRAIN_ROWS] == 8
@@ -105,7 +105,7 @@ def test_the_flows_own_fit_is_not_a_train_stage_and_mfu_counts_rank0s_batches(
 
     monkeypatch.setattr(distributed, "launch", ranks)
     distributed.train(work, shop_files, "run-id", "shop", "sqlite:///unused.db")
-    work.result.stages = work.stages.report()
+    work.result.stages, work.result.data = work.stages.report(), work.data_report()
     m = work.result.metrics()
     for stage, seconds in RANK_SECONDS[1].items():  # nothing of the flow's chunk-0 fit added
         assert m[f"stage.{stage}.train.seconds"] == seconds, stage

@@ -71,7 +71,7 @@ def test_single_stream_latency_holds_no_bookkeeping(shop_spec, many_shop_files, 
     assert rec.requests >= 6
     # the bookkeeping ran for every call: its figures are there, and it took its scripted time
     assert work.stages["predict"]["compute"].calls == calls
-    assert work.result.rows_predicted == calls and len(rec.scored_keys) == calls
+    assert work.data.rows_served == calls and len(rec.scored_keys) == calls
     assert work.chain.calibration.metrics(), "held-out requests feed the calibration quality"
     assert bt.calls == 2 * calls  # account + report_mask per call (every request is held out)
     # ...and none of it inside a request's latency

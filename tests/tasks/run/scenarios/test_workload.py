@@ -36,16 +36,14 @@ RESERVED_KEYS = {K.DATA_COORDS_RESERVED, K.DATA_OCCUPANCY}
 
 def _one_pass(spec_dict: dict[str, Any], folder: Path) -> tuple[dict[str, float], Any]:
     """Every root key as one chunk through one predict pass's prepare steps and their
-    accounting; the metrics those figures give (``collect``'s ``work.encode_counts()``)."""
+    accounting; the metrics those figures give (the region's ``work.data_report()``)."""
     spec = parse_spec(spec_dict)
     chain = Chain(spec, resolve_sources(spec, folder), torch.device("cpu"))
-    result = RunResult()
-    work = Workload(chain, result)
+    work = Workload(chain, RunResult())
     work.list_keys()
     assert len(work.chunks) == 1
     tz = work.prepare(0, "predict")
-    result.encode = work.encode_counts()
-    return result.metrics(), tz
+    return RunResult(data=work.data_report()).metrics(), tz
 
 
 def test_relational_transformers_counts_strings_under_keys_of_their_own(shop_spec, shop_files):
@@ -81,3 +79,29 @@ def test_the_reference_text_encoder_keeps_counting_cells(shop_spec, shop_tables,
     assert m[K.ENCODE_CELLS_PER_S] > 0
     assert not STRINGS_KEYS & set(m)
     assert m[K.DATA_OCCUPANCY] == m[K.DATA_COORDS_PRESENT] / m[K.DATA_COORDS_RESERVED]
+
+
+def test_the_data_report_counts_each_chunk_once_and_every_read(shop_spec, shop_files):
+    """Two predict passes over 3 chunks (5 customers, 2 a chunk), then one request of 2 keys:
+    the layout (coordinates, overflow) of each chunk counts once, every read (bytes, rows)
+    every time, and only the request's root rows are served."""
+    shop_spec["run"]["chunk_rows"] = 2
+    spec = parse_spec(shop_spec)
+    work = Workload(Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu")), RunResult())
+    work.list_keys()
+    listing = work.data.bytes_read  # the key listing's read
+    chunks = [work.chain.prepare_untimed(keys) for keys in work.chunks]
+    reads = [work.chain.prepare(keys, lambda *_: None) for keys in work.chunks]  # what each prepare reads
+    for _ in range(2):
+        for i in range(3):
+            work.prepare(i, "predict")
+    request = work.chain.prepare(work.chunks[0], lambda *_: None)
+    work.account(request, None)
+    d = work.data_report()
+    assert (d.root_rows, d.chunks, d.rows_served, d.encode) == (5, 3, 2, None)
+    assert d.coords_present == sum(tz.coords_present for tz in chunks) + request.tz.coords_present
+    assert d.coords_reserved == sum(tz.coords_reserved or 0 for tz in chunks) + (request.tz.coords_reserved or 0)
+    assert d.bytes_read == listing + 2 * sum(p.bytes_read for p in reads) + request.bytes_read
+    assert d.rows_read == 2 * sum(p.rows_read for p in reads) + request.rows_read
+    dropped = [p.overflow_dropped for p in (*reads, request)]
+    assert d.overflow_dropped == {n: sum(o.get(n, 0) for o in dropped) for n in {n for o in dropped for n in o}}
