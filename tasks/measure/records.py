@@ -27,14 +27,18 @@ from tasks.measure.stats import MIN_CI_SAMPLES, median_interval, nearest_rank
 __all__ = [
     "PHASES",
     "STAGES",
+    "BatchCoordinates",
     "CalibrationFacts",
     "CompileCounters",
+    "CompilerCache",
     "DataReport",
     "DataTally",
     "EncodeCounts",
     "EncodeUnit",
+    "EngineReport",
     "FlowSeconds",
     "HarnessFigures",
+    "ModelReport",
     "OfflineReport",
     "PassFigures",
     "PhaseTimings",
@@ -352,14 +356,12 @@ NO_PASSES = OfflineReport()  # a request scenario's: no offline pass ran
 
 @dataclass
 class CalibrationFacts:
-    """The temperature fit (tasks/run/scenarios/workload.py) and the temperature the run served
-    with (tasks/run/record/collect.py); a figure not recorded is not logged."""
+    """The temperature fit (tasks/run/scenarios/workload.py; the temperature the run served with
+    is the engine's report's); a figure not recorded is not logged."""
 
     fit_seconds: float | None = None
     fit_rows: int | None = None
     fit_errors: int | None = None  # fit rows with a wrong top class; 0: no finite T, T = 1 kept
-    temperature: float | None = None
-    report_rows: int | None = None  # held-out rows the temperature was not fitted on
 
     def metrics(self) -> dict[str, float]:
         m: dict[str, float] = {}
@@ -369,10 +371,6 @@ class CalibrationFacts:
             m[K.CALIBRATION_FIT_ROWS] = float(self.fit_rows)
         if self.fit_errors is not None:
             m[K.CALIBRATION_FIT_ERRORS] = float(self.fit_errors)
-        if self.temperature is not None:
-            m[K.CALIBRATION_TEMPERATURE] = self.temperature
-        if self.report_rows is not None:
-            m[K.CALIBRATION_REPORT_ROWS] = float(self.report_rows)
         return m
 
 
@@ -481,6 +479,94 @@ class DataReport:
             m[K.overflow_dropped(name)] = float(n)
         m[K.DATA_CHUNKS] = float(self.chunks)
         return m
+
+
+CompilerCache = Literal["cold", "warm", "mixed", "none"]
+"""Where a run's compiled graphs came from: ``cold`` (every one built here), ``warm`` (every one
+from the on-disk cache), ``mixed``, or ``none`` (nothing compiled); tag ``relflow.compiler_cache``."""
+
+
+@dataclass(frozen=True)
+class BatchCoordinates:
+    """What the predict batches really held (issue 13): the coordinates materialised per predict
+    pass or served request (each batch at the shape it was padded to, not the schema product
+    unless bucketing is off), the present share per batch, the distinct padded shapes seen."""
+
+    padded_coords: float  # per predict pass (or served request)
+    occupancy_p50: float
+    occupancy_min: float
+    shapes: int
+
+    @classmethod
+    def of(cls, batch_coords: list[tuple[int, int]], passes: int, shapes: int) -> BatchCoordinates | None:
+        """From each predict batch's (present, padded) coordinates; None without a batch."""
+        if not batch_coords:
+            return None
+        present = np.array([p for p, _ in batch_coords], dtype=np.float64)
+        padded = np.array([q for _, q in batch_coords], dtype=np.float64)
+        occupancy = present / np.maximum(padded, 1.0)
+        return cls(float(padded.sum()) / max(passes, 1), float(np.median(occupancy)), float(occupancy.min()), shapes)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.DATA_PADDED_COORDS: self.padded_coords,
+            K.DATA_BATCH_OCCUPANCY_P50: self.occupancy_p50,
+            K.DATA_BATCH_OCCUPANCY_MIN: self.occupancy_min,
+            K.DATA_BATCH_SHAPES: float(self.shapes),
+        }
+
+
+@dataclass(frozen=True)
+class EngineReport:
+    """What the model under test's engine recorded over the run, read once after the timed
+    region (tasks/run/record/collect.py ``engine_figures``): each compute phase's batch times,
+    compilation, the predict batches' coordinates, quality and the temperature it served with."""
+
+    predict: PhaseTimings
+    train: PhaseTimings | None  # train+predict runs
+    compute_seconds: float  # wall time inside the compute stage (input wait's share is of it)
+    worker_startup_seconds: float  # DataLoader worker start-up, not input wait
+    recompiles: dict[str, int]  # phase -> in its steady window
+    graph_breaks: dict[str, int]  # phase -> after its warm-up
+    compile: CompileCounters
+    compiler_cache: CompilerCache
+    batch_coordinates: BatchCoordinates | None  # None: no predict batch
+    quality: dict[str, float]  # the task's figures by name (accuracy, mae, ...; their intervals)
+    temperature: float | None = None  # the calibration temperature served with
+    calibration_report_rows: int | None = None  # held-out rows it was not fitted on (calibrated kinds)
+    fp8_fallback_calls: int | None = None  # reference weights served natively in fp8
+
+    def compile_metrics(self) -> dict[str, float]:
+        """Recompiles and graph breaks per phase (predict's under both key forms)."""
+        m: dict[str, float] = {}
+        for phase, n in self.recompiles.items():
+            for key in {K.compute(phase, "recompiles"), K.compute_phase(phase, "recompiles")}:
+                m[key] = float(n)
+            for key in {K.compute(phase, "graph_breaks"), K.compute_phase(phase, "graph_breaks")}:
+                m[key] = float(self.graph_breaks.get(phase, 0))
+        return m
+
+    @property
+    def input_wait_fraction(self) -> float:
+        input_s = sum(p.input_seconds for p in (self.train, self.predict) if p is not None)
+        return input_s / self.compute_seconds if self.compute_seconds else 0.0
+
+    def calibration_metrics(self) -> dict[str, float]:
+        m: dict[str, float] = {}
+        if self.temperature is not None:
+            m[K.CALIBRATION_TEMPERATURE] = self.temperature
+        if self.calibration_report_rows is not None:
+            m[K.CALIBRATION_REPORT_ROWS] = float(self.calibration_report_rows)
+        return m
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """The model's own figures and its utilisation, read after the checkpoint is saved
+    (tasks/run/record/assemble.py): keyed by the library and the phases that ran, so by name."""
+
+    figures: dict[str, float]  # ModelFacts.metrics: the library's own
+    utilisation: dict[str, float]  # MFU per phase, the peak it is against, the predict threads
 
 
 @dataclass(frozen=True)
@@ -592,36 +678,26 @@ class RunResult:
     data: DataReport = field(default_factory=DataReport)  # what the workload read and laid out
     rows_written: int = 0  # rows in the kept prediction file
     train_epochs: int = 0
-    train: PhaseTimings | None = None
-    predict: PhaseTimings | None = None
-    compute_seconds: float = 0.0  # wall time inside the compute stage (for input wait share)
-    worker_startup_seconds: float = 0.0  # DataLoader worker start-up, not input wait
-    quality: dict[str, float] = field(default_factory=dict)
+    engine: EngineReport | None = None  # what the engine recorded (tasks/run/record/collect.py)
     output_bytes: int = 0
     output_path: str = ""
     host_peak_bytes: int = 0
     host_peak_excluding_compiler_bytes: int = 0
     device_peak_bytes: int = 0
-    recompiles: dict[str, int] = field(default_factory=dict)  # phase -> in its steady window
-    graph_breaks: dict[str, int] = field(default_factory=dict)
     updates_per_epoch: int = 0
     # The flow's other figures, in the order its steps record them; ``metrics()`` keys them.
     data_checks: dict[str, float] = field(default_factory=dict)  # tasks/run/checks/data.py counts (plan)
     calibration: CalibrationFacts = field(default_factory=CalibrationFacts)
     train_ranks_mean_seconds: float | None = None  # distributed: the ranks' mean train stage seconds
-    compile_counters: CompileCounters | None = None
-    batch_coordinates: dict[str, float] = field(default_factory=dict)  # batch_coordinate_metrics
     backend_setup: BackendSetup | None = None
     checkpoint_load: CheckpointLoad | None = None  # run.checkpoint
-    fp8_fallback: dict[str, float] = field(default_factory=dict)  # tasks/backends/served.py fp8_metrics
     reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/run/reference_pass.py quality_delta
     offline: OfflineReport | None = None  # the offline scenario's passes (tasks/run/scenarios/offline.py)
     latency: Figures | None = None  # LatencyRecord: single_stream / server runs
     projection: Figures | None = None  # Projections: run.projected_seconds (tasks/measure/projection.py)
     output_check: Figures | None = None  # OutputCheck: run.check_outputs (offline)
     harness: HarnessFigures | None = None
-    model_figures: dict[str, float] = field(default_factory=dict)  # ModelFacts.metrics: the library's own
-    utilisation: dict[str, float] = field(default_factory=dict)  # tasks/run/record/collect.py utilisation
+    model: ModelReport | None = None  # the model's facts and MFU (tasks/run/record/assemble.py)
     flow_seconds: FlowSeconds | None = None
 
     @property
@@ -651,29 +727,25 @@ class RunResult:
         m[K.DATA_ROOT_ROWS] = float(self.data.root_rows)
         m[K.DATA_ROWS_PREDICTED] = float(self.rows_predicted)
         m.update(self.data.layout_metrics())
-        if self.predict is not None:
-            m.update(self.predict.metrics(lambda w: K.compute_phase("predict", w)))
-            m.update(self.predict.metrics(lambda w: K.compute("predict", w)))
-        if self.train is not None:
-            m.update(self.train.metrics(lambda w: K.compute("train", w)))
-            m[K.TRAIN_UPDATES] = float(self.train.updates)
-            m[K.TRAIN_UPDATES_PER_EPOCH] = float(self.updates_per_epoch)
-        for phase, n in self.recompiles.items():
-            for key in {K.compute(phase, "recompiles"), K.compute_phase(phase, "recompiles")}:
-                m[key] = float(n)
-            for key in {K.compute(phase, "graph_breaks"), K.compute_phase(phase, "graph_breaks")}:
-                m[key] = float(self.graph_breaks.get(phase, 0))
+        e = self.engine
+        if e is not None:
+            m.update(e.predict.metrics(lambda w: K.compute_phase("predict", w)))
+            m.update(e.predict.metrics(lambda w: K.compute("predict", w)))
+            if e.train is not None:
+                m.update(e.train.metrics(lambda w: K.compute("train", w)))
+                m[K.TRAIN_UPDATES] = float(e.train.updates)
+                m[K.TRAIN_UPDATES_PER_EPOCH] = float(self.updates_per_epoch)
+            m.update(e.compile_metrics())
         m.update((self.offline or NO_PASSES).repeat_metrics())
-        input_s = sum(p.input_seconds for p in (self.train, self.predict) if p is not None)
-        m[K.INPUT_WAIT_FRACTION] = input_s / self.compute_seconds if self.compute_seconds else 0.0
-        m[K.WORKER_STARTUP_SECONDS] = self.worker_startup_seconds
+        m[K.INPUT_WAIT_FRACTION] = e.input_wait_fraction if e is not None else 0.0
+        m[K.WORKER_STARTUP_SECONDS] = e.worker_startup_seconds if e is not None else 0.0
         m[K.HOST_PEAK_BYTES] = float(self.host_peak_bytes)
         m[K.HOST_PEAK_EXCLUDING_COMPILER_BYTES] = float(self.host_peak_excluding_compiler_bytes)
         m[K.DEVICE_PEAK_BYTES] = float(self.device_peak_bytes)
         m[K.OUTPUT_BYTES] = float(self.output_bytes)
         m[K.DATA_ROWS_WRITTEN] = float(self.rows_written)
         m[K.OUTPUT_BYTES_PER_ROW] = self.output_bytes / self.rows_written if self.rows_written else 0.0
-        for k, v in self.quality.items():
+        for k, v in (e.quality if e is not None else {}).items():
             m[K.quality(k)] = v
         self._work_metrics(m)
         self._harness_metrics(m)
@@ -685,12 +757,16 @@ class RunResult:
         if self.data.rows_read is not None:
             m[K.DATA_ROWS_READ] = float(self.data.rows_read)
         m.update(self.calibration.metrics())
+        e = self.engine
+        if e is not None:
+            m.update(e.calibration_metrics())
         m.update((self.offline or NO_PASSES).warm_metrics())
         if self.train_ranks_mean_seconds is not None:
             m[K.E2E_TRAIN_RANKS_MEAN_SECONDS] = self.train_ranks_mean_seconds
-        if self.compile_counters is not None:
-            m.update(self.compile_counters.metrics())
-        m.update(self.batch_coordinates)
+        if e is not None:
+            m.update(e.compile.metrics())
+            if e.batch_coordinates is not None:
+                m.update(e.batch_coordinates.metrics())
         if self.data.encode is not None:
             m.update(self.data.encode.metrics())
 
@@ -700,7 +776,8 @@ class RunResult:
             m.update(self.backend_setup.metrics())
         if self.checkpoint_load is not None:
             m.update(self.checkpoint_load.metrics())
-        m.update(self.fp8_fallback)
+        if self.engine is not None and self.engine.fp8_fallback_calls is not None:
+            m[K.BACKEND_FP8_FALLBACK_CALLS] = float(self.engine.fp8_fallback_calls)
         m.update(self.reference_quality)
         if self.latency is not None:
             m.update(self.latency.metrics())
@@ -710,28 +787,18 @@ class RunResult:
             m.update(self.output_check.metrics())
         if self.harness is not None:
             m.update(self.harness.metrics())
-        m.update(self.model_figures)
-        m.update(self.utilisation)
+        if self.model is not None:
+            m.update(self.model.figures)
+            m.update(self.model.utilisation)
         if self.flow_seconds is not None:
             m.update(self.flow_seconds.metrics())
 
 
 def batch_coordinate_metrics(batch_coords: list[tuple[int, int]], passes: int, shapes: int) -> dict[str, float]:
-    """What the predict batches really held (issue 13): ``data.padded_coords`` is the
-    coordinates materialised per predict pass (each batch at the shape it was padded to,
-    not the schema product unless bucketing is off), ``data.batch_occupancy.*`` the present
-    share per batch, ``data.batch_shapes`` the distinct padded branch lengths seen."""
-    if not batch_coords:
-        return {}
-    present = np.array([p for p, _ in batch_coords], dtype=np.float64)
-    padded = np.array([q for _, q in batch_coords], dtype=np.float64)
-    occupancy = present / np.maximum(padded, 1.0)
-    return {
-        K.DATA_PADDED_COORDS: float(padded.sum()) / max(passes, 1),
-        K.DATA_BATCH_OCCUPANCY_P50: float(np.median(occupancy)),
-        K.DATA_BATCH_OCCUPANCY_MIN: float(occupancy.min()),
-        K.DATA_BATCH_SHAPES: float(shapes),
-    }
+    """``data.padded_coords``, ``data.batch_occupancy.*`` and ``data.batch_shapes`` of the
+    predict batches (``BatchCoordinates``); none without a batch."""
+    figures = BatchCoordinates.of(batch_coords, passes, shapes)
+    return figures.metrics() if figures is not None else {}
 
 
 def describe_repeats(m: dict[str, float], key: str, unit: str = "rows/s") -> str | None:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from tasks.backends.served import fp8_metrics
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
-from tasks.measure.records import FlowSeconds, HarnessFigures, RunResult
+from tasks.measure.records import FlowSeconds, HarnessFigures, ModelReport, RunResult
 from tasks.run.record.collect import engine_figures, utilisation
 from tasks.run.record.run_log import save_checkpoint
 from tasks.run.reference_pass import quality_delta
@@ -46,20 +45,17 @@ def collect(run: Invocation) -> dict[str, float]:
 
 
 def _engine_part(run: Invocation) -> None:
-    """The engine's figures, the text encoder's, the serving backend's and the loaded checkpoint's."""
+    """The engine's figures, the serving backend's and the loaded checkpoint's."""
     result, engine = run.result, run.engine
     assert run.work is not None
-    chain = run.work.chain
     # per predict pass that ran; a request scenario's batches are per served request
     units = run.latency.served_requests if run.latency is not None else _passes(result)
-    run.tracker.set_tags({"relflow.compiler_cache": engine_figures(result, chain, engine, units)})
+    result.engine = engine_figures(run.work.chain, engine, units)
+    run.tracker.set_tags({"relflow.compiler_cache": result.engine.compiler_cache})
     for phase in K.PHASES:
         run.backend_setup.graph_breaks_warmup[phase] = engine.graph_breaks_in_warmup(phase)
     result.backend_setup = run.backend_setup
     result.checkpoint_load = run.plan.checkpoint.load if run.plan.checkpoint else None
-    reference = chain.side.reference_engine()
-    if reference is not None:  # model/'s weights, served natively in fp8 or not
-        result.fp8_fallback = fp8_metrics(reference.model)
     run.backend_tags = engine.backend_tags()  # after the passes: weights_native reads their fp8 fallbacks
 
 
@@ -87,9 +83,10 @@ def _commit_outputs(run: Invocation) -> None:
 def _harness_part(run: Invocation) -> None:
     """What the harness measured around the work."""
     result = run.result
-    assert run.region is not None and run.timed is not None  # after the timed body
+    assert run.region is not None and run.timed is not None and result.engine is not None  # after the engine part
     if run.reference_quality is not None:
-        result.reference_quality = quality_delta(run.engine.quality.headline, result.quality, run.reference_quality)
+        quality = result.engine.quality
+        result.reference_quality = quality_delta(run.engine.quality.headline, quality, run.reference_quality)
     result.latency, result.output_check = run.latency, run.output_check
     result.harness = HarnessFigures(
         run.plan.data_seconds,
@@ -112,9 +109,11 @@ def _model_part(run: Invocation) -> None:
         }
     )
     run.tracker.set_tags(facts.tags | ({"relflow.flops_note": facts.flops_note} if facts.flops_note else {}))
-    run.result.model_figures = facts.metrics
     threads = run.predict_threads  # a session's own count, or a request run's (None: the process's)
-    run.result.utilisation = {
-        **utilisation(s, p.device, engine, facts, threads),
-        K.PREDICT_INTRA_OP_THREADS: float(threads if threads is not None else torch.get_num_threads()),
-    }
+    run.result.model = ModelReport(
+        figures=facts.metrics,
+        utilisation={
+            **utilisation(s, p.device, engine, facts, threads),
+            K.PREDICT_INTRA_OP_THREADS: float(threads if threads is not None else torch.get_num_threads()),
+        },
+    )

@@ -1,19 +1,29 @@
-"""A run's figures assembled from the engine and the harness after the timed region.
+"""A run's figures read from the engine after the timed region.
 
-The flow (flows/benchmark.py) only orders the work: it calls these to turn what the model
-under test's engine recorded (``EngineBase``, any library) and what the harness measured
-around it (the timed region, host load, start-up) into the run's ``RunResult``. Figures only
-the reference model has come through ``ModelFacts`` or ``EngineBase.present_flops``
-(present-shape FLOPs), or from ``ModelSide.reference_engine`` (fp8 fallbacks).
+The flow (flows/benchmark.py) only orders the work: ``engine_figures`` returns what the model
+under test's engine recorded (``EngineBase``, any library) as an ``EngineReport``, which the
+record (``RunResult.engine``) holds; ``utilisation`` its MFU. Figures only the reference model
+has come through ``ModelFacts`` or ``EngineBase.present_flops`` (present-shape FLOPs), or from
+``ModelSide.reference_engine`` (fp8 fallbacks).
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
+from model.quantize import fp8_fallback_calls
 from tasks.measure import keys as K
 from tasks.measure.environment import fingerprint
-from tasks.measure.records import PHASES, CompileCounters, PhaseTimings, RunResult, batch_coordinate_metrics
+from tasks.measure.records import (
+    PHASES,
+    BatchCoordinates,
+    CompileCounters,
+    CompilerCache,
+    EngineReport,
+    PhaseTimings,
+)
 from tasks.measure.utilisation import PhaseWork, mfu_metrics
 from tasks.run.chain import Chain
 from tasks.run.peak_flops import peak_flops
@@ -22,7 +32,7 @@ from tasks.stages.calibrate import CALIBRATED_KINDS
 from tasks.stages.engine import EngineBase, ModelFacts, compile_cache_counts, compiled_frames
 
 
-def compiler_cache_state(hits: int, misses: int) -> str:
+def compiler_cache_state(hits: int, misses: int) -> CompilerCache:
     """``cold`` (every compiled graph built here), ``warm`` (every one from the on-disk cache),
     ``mixed``, or ``none`` (nothing compiled)."""
     if hits and misses:
@@ -30,29 +40,33 @@ def compiler_cache_state(hits: int, misses: int) -> str:
     return "warm" if hits else "cold" if misses else "none"
 
 
-def engine_figures(result: RunResult, chain: Chain, engine: EngineBase, predict_units: int) -> str:
-    """The engine's figures into ``result`` (compile, coordinates, timings, quality,
-    calibration); ``predict_units`` are the predict passes (offline) or served requests the
-    batch figures are per. Returns the compiler-cache state for the run's tag."""
+def engine_figures(chain: Chain, engine: EngineBase, predict_units: int) -> EngineReport:
+    """What ``engine`` recorded (timings, compilation, coordinates, quality, calibration), its
+    timings copied; ``predict_units`` are the predict passes (offline) or served requests the
+    batch figures are per."""
     frames = compiled_frames() - engine.frames_at_start
     hits, misses = (now - then for now, then in zip(compile_cache_counts(), engine.compile_cache_at_start, strict=True))
-    result.compile_counters = CompileCounters(frames, hits, misses)
-    result.batch_coordinates = batch_coordinate_metrics(engine.batch_coords, predict_units, len(engine.batch_shapes))
-    for phase in PHASES:
-        result.recompiles[phase] = engine.recompiles(phase)
-        result.graph_breaks[phase] = engine.graph_breaks_after_warmup(phase)
-    result.train = engine.train_timings if chain.spec.run.mode == "train+predict" else None
-    result.predict = engine.predict_timings
-    result.compute_seconds = engine.wall_seconds
-    result.worker_startup_seconds = engine.worker_startup_seconds
-    result.quality = engine.quality.metrics()
+    quality = engine.quality.metrics()
     # the headline's bootstrap interval: a RelBench task's units are its entities (seed keys)
-    result.quality.update(engine.quality.interval(by_entity=chain.spec.source.relbench is not None))
-    result.quality.update(chain.calibration.metrics())
-    result.calibration.temperature = chain.temperature
-    if chain.spec.task.kind in CALIBRATED_KINDS:  # held-out rows the temperature was not fitted on
-        result.calibration.report_rows = chain.calibration.rows
-    return compiler_cache_state(hits, misses)
+    quality.update(engine.quality.interval(by_entity=chain.spec.source.relbench is not None))
+    quality.update(chain.calibration.metrics())
+    reference = chain.side.reference_engine()  # model/'s weights, served natively in fp8 or not
+    return EngineReport(
+        predict=copy.deepcopy(engine.predict_timings),
+        train=copy.deepcopy(engine.train_timings) if chain.spec.run.mode == "train+predict" else None,
+        compute_seconds=engine.wall_seconds,
+        worker_startup_seconds=engine.worker_startup_seconds,
+        recompiles={phase: engine.recompiles(phase) for phase in PHASES},
+        graph_breaks={phase: engine.graph_breaks_after_warmup(phase) for phase in PHASES},
+        compile=CompileCounters(frames, hits, misses),
+        compiler_cache=compiler_cache_state(hits, misses),
+        batch_coordinates=BatchCoordinates.of(engine.batch_coords, predict_units, len(engine.batch_shapes)),
+        quality=quality,
+        temperature=chain.temperature,
+        # held-out rows the temperature was not fitted on
+        calibration_report_rows=chain.calibration.rows if chain.spec.task.kind in CALIBRATED_KINDS else None,
+        fp8_fallback_calls=fp8_fallback_calls(reference.model) if reference is not None else None,
+    )
 
 
 def utilisation(

@@ -23,7 +23,15 @@ if __name__ == "__main__":  # run as a script: make the checkout importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from tasks.measure import keys as K  # noqa: E402
-from tasks.measure.records import DataReport, OfflineReport, PhaseTimings, RunResult, StageTable  # noqa: E402
+from tasks.measure.records import (  # noqa: E402
+    CompileCounters,
+    DataReport,
+    EngineReport,
+    OfflineReport,
+    PhaseTimings,
+    RunResult,
+    StageTable,
+)
 from tests.repo import REPO  # noqa: E402
 
 CATALOGUE_README = REPO / "tasks" / "measure" / "README.md"
@@ -58,15 +66,25 @@ def full_result_metrics() -> dict[str, float]:
         for st in table[phase].values():
             st.add(1.0, 10)
     r = RunResult(stages=table.report(), data=DataReport(overflow_dropped={"lineitem": 3}))
-    r.train, r.predict = PhaseTimings(1), PhaseTimings(1)
-    for t in (r.train, r.predict):
+    train, predict = PhaseTimings(1), PhaseTimings(1)
+    for t in (train, predict):
         for s in (2.0, 1.0, 1.0, 1.0):
             t.record(s, 4)
-    r.recompiles, r.graph_breaks = {"train": 0, "predict": 1}, {"train": 0, "predict": 0}
     r.offline = OfflineReport(
         rows_per_s=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0), steady_rows_per_s=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
     )
-    r.quality = {"rows": 4.0, "accuracy": 0.5, "majority_rate": 0.5}
+    r.engine = EngineReport(
+        predict=predict,
+        train=train,
+        compute_seconds=1.0,
+        worker_startup_seconds=0.0,
+        recompiles={"train": 0, "predict": 1},
+        graph_breaks={"train": 0, "predict": 0},
+        compile=CompileCounters(0, 0, 0),
+        compiler_cache="none",
+        batch_coordinates=None,
+        quality={"rows": 4.0, "accuracy": 0.5, "majority_rate": 0.5},
+    )
     return r.metrics()
 
 

@@ -12,13 +12,16 @@ from tasks.measure.clock import Clock
 from tasks.measure.gcpauses import GcPauses
 from tasks.measure.records import (
     BackendSetup,
+    BatchCoordinates,
     CalibrationFacts,
     CompileCounters,
     DataReport,
     DataTally,
     EncodeCounts,
+    EngineReport,
     FlowSeconds,
     HarnessFigures,
+    ModelReport,
     OfflineReport,
     PhaseTimings,
     Region,
@@ -188,16 +191,15 @@ def test_recorded_figures_land_under_their_own_keys():
     retrieve = WarmStage().plus(StagePass(0.0, 0, 1.5, 0)).plus(StagePass(1.5, 0, 1.75, 64))
     r.offline = OfflineReport(warm_stages={"retrieve": retrieve, "write": WarmStage(seconds=0.5)})  # write: no bytes
     r.data_checks = {K.DATA_LABELLED_ROWS: 3.0}
-    r.calibration = CalibrationFacts(fit_seconds=2.0, fit_rows=30, temperature=1.25, report_rows=11)
+    r.calibration = CalibrationFacts(fit_seconds=2.0, fit_rows=30)
     r.train_ranks_mean_seconds = 4.5
-    r.compile_counters = CompileCounters(frames=3, cache_hits=1, cache_misses=2)
     r.data = DataReport(rows_read=12, encode=EncodeCounts(per_pass=40, per_s=80.0))
     r.backend_setup = BackendSetup(load_seconds=0.5, model_bytes=100)
     region = Region(0.1, 100.0, 110.0, 0.2, 0.3, 0.4, 0.0)
     r.harness = HarnessFigures(
         1.0, 2.0, 0.5, RegionReport(10.0, 6.0, 1.0, calibration_fit_seconds=0.5, gc=GcPauses(2, 0.01)), region
     )
-    r.utilisation = {K.HOST_PEAK_CACHED: 1.0}
+    r.model = ModelReport(figures={}, utilisation={K.HOST_PEAK_CACHED: 1.0})
     r.flow_seconds = FlowSeconds(20.0, 8.0)
     m = r.metrics()
     added = {k: v for k, v in m.items() if k not in bare}
@@ -209,12 +211,7 @@ def test_recorded_figures_land_under_their_own_keys():
         K.DATA_ROWS_READ: 12.0,
         K.CALIBRATION_FIT_SECONDS: 2.0,
         K.CALIBRATION_FIT_ROWS: 30.0,
-        K.CALIBRATION_TEMPERATURE: 1.25,
-        K.CALIBRATION_REPORT_ROWS: 11.0,
         K.E2E_TRAIN_RANKS_MEAN_SECONDS: 4.5,
-        K.COMPILED_FRAMES: 3.0,
-        K.COMPILE_CACHE_HITS: 1.0,
-        K.COMPILE_CACHE_MISSES: 2.0,
         K.DATA_TEXT_CELLS: 40.0,
         K.ENCODE_CELLS_PER_S: 80.0,
         K.BACKEND_LOAD_SECONDS: 0.5,
@@ -241,12 +238,61 @@ def test_recorded_figures_land_under_their_own_keys():
     }
     assert {k: m[k] for k in bare} == bare  # the stage ledger's figures are untouched
     # a record filled in part logs only its part (the fit ran, the run was not calibrated)
-    r = RunResult(calibration=CalibrationFacts(fit_seconds=0.5, fit_rows=0, temperature=1.0))
+    r = RunResult(calibration=CalibrationFacts(fit_seconds=0.5, fit_rows=0))
     assert {k: v for k, v in r.metrics().items() if k not in bare} == {
         K.CALIBRATION_FIT_SECONDS: 0.5,
         K.CALIBRATION_FIT_ROWS: 0.0,
-        K.CALIBRATION_TEMPERATURE: 1.0,
     }
+
+
+def _timings(warmup: int, batches: list[tuple[float, int]], input_seconds: float, updates: int = 0) -> PhaseTimings:
+    t = PhaseTimings(warmup, input_seconds=input_seconds, updates=updates)
+    for seconds, rows in batches:
+        t.record(seconds, rows)
+    return t
+
+
+def test_the_engine_report_keys_its_figures_by_hand():
+    """An engine's figures by hand: predict (first call 2 s, one warm-up batch, steady 0.5 s +
+    0.5 s of 4 rows each: 8 rows/s), training (first call 1 s, steady 0.25 s + 0.25 s of 2 rows,
+    3 updates), 0.25 s + 0.25 s waiting for input of 2.5 s in compute, a recompile in predict,
+    two graph breaks in training, three predict batches of 3, 1 and 4 present of 4 padded
+    coordinates over 2 passes."""
+    report = EngineReport(
+        predict=_timings(1, [(2.0, 4), (1.0, 4), (0.5, 4), (0.5, 4)], 0.25),
+        train=_timings(0, [(1.0, 2), (0.25, 2), (0.25, 2)], 0.25, updates=3),
+        compute_seconds=2.5,
+        worker_startup_seconds=0.125,
+        recompiles={"train": 0, "predict": 1},
+        graph_breaks={"train": 2, "predict": 0},
+        compile=CompileCounters(frames=3, cache_hits=1, cache_misses=2),
+        compiler_cache="mixed",
+        batch_coordinates=BatchCoordinates.of([(3, 4), (1, 4), (4, 4)], passes=2, shapes=1),
+        quality={"accuracy": 0.75, "rows": 4.0},
+        temperature=1.25,
+        calibration_report_rows=11,
+        fp8_fallback_calls=0,
+    )
+    assert report.batch_coordinates == BatchCoordinates(6.0, 0.75, 0.25, 1)  # 12 padded / 2 passes
+    assert report.input_wait_fraction == 0.2  # 0.5 s of 2.5 s
+    m = RunResult(engine=report, updates_per_epoch=3).metrics()
+    for key in (K.compute("predict", "steady_rows_per_s"), K.compute_phase("predict", "steady_rows_per_s")):
+        assert m[key] == 8.0
+    assert m[K.compute("predict", "first_call_seconds")] == 2.0
+    assert m[K.compute("train", "steady_rows_per_s")] == 8.0  # 4 rows / 0.5 s
+    assert (m[K.TRAIN_UPDATES], m[K.TRAIN_UPDATES_PER_EPOCH]) == (3.0, 3.0)
+    assert m[K.compute("predict", "recompiles")] == m[K.compute_phase("predict", "recompiles")] == 1.0
+    assert (m[K.compute("train", "recompiles")], m[K.compute("train", "graph_breaks")]) == (0.0, 2.0)
+    assert (m[K.INPUT_WAIT_FRACTION], m[K.WORKER_STARTUP_SECONDS]) == (0.2, 0.125)
+    assert (m[K.quality("accuracy")], m[K.quality("rows")]) == (0.75, 4.0)
+    assert (m[K.CALIBRATION_TEMPERATURE], m[K.CALIBRATION_REPORT_ROWS]) == (1.25, 11.0)
+    assert (m[K.COMPILED_FRAMES], m[K.COMPILE_CACHE_HITS], m[K.COMPILE_CACHE_MISSES]) == (3.0, 1.0, 2.0)
+    assert (m[K.DATA_PADDED_COORDS], m[K.DATA_BATCH_OCCUPANCY_P50], m[K.DATA_BATCH_OCCUPANCY_MIN]) == (6.0, 0.75, 0.25)
+    assert (m[K.DATA_BATCH_SHAPES], m[K.BACKEND_FP8_FALLBACK_CALLS]) == (1.0, 0.0)
+    # no engine: no compute figures, quality or temperature; input wait and worker start-up 0
+    bare = RunResult().metrics()
+    assert (bare[K.INPUT_WAIT_FRACTION], bare[K.WORKER_STARTUP_SECONDS]) == (0.0, 0.0)
+    assert not [k for k in bare if k.startswith(("compute.", "quality.", "calibration.", "backend."))]
 
 
 def test_the_data_report_is_the_tally_frozen_with_its_encode_rate():
