@@ -182,7 +182,9 @@ def timed_body(run: Invocation) -> None:
         stolen = steal_fraction(ticks_start, CpuTicks.now())
         run.tracker.stop_system_metrics()
         # the region's reports; the scenario's: the request record, or the offline passes' figures
-        run.timed, run.result.stages, run.result.data, report = ran.timed, ran.stages, ran.data, ran.scenario
+        run.timed, report = ran.timed, ran.scenario
+        run.result.stages, run.result.data = ran.stages, ran.data
+        run.result.training, run.result.calibration = ran.training, ran.calibration  # (a predict run: none)
         offline = report if isinstance(report, OfflineRun) else None
         run.latency = report if isinstance(report, LatencyRecord) else None
         run.result.offline = offline.report if offline is not None else None

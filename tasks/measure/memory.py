@@ -68,11 +68,13 @@ import os
 import re
 import resource
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import torch
 
+from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
 
 PREFECT_SERVER = "prefect.server.api.server"  # in the temporary server's uvicorn command line
@@ -158,6 +160,23 @@ def child_pids(pid: int) -> list[int]:
             out += kids
             todo += kids
     return out
+
+
+@dataclass(frozen=True)
+class MemoryPeaks:
+    """One measured window's peaks (``PeakMemory.stop``): the host's (this process tree), the
+    same without the compiler's processes, and the CUDA allocator's."""
+
+    host_bytes: int = 0
+    host_excluding_compiler_bytes: int = 0
+    device_bytes: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.HOST_PEAK_BYTES: float(self.host_bytes),
+            K.HOST_PEAK_EXCLUDING_COMPILER_BYTES: float(self.host_excluding_compiler_bytes),
+            K.DEVICE_PEAK_BYTES: float(self.device_bytes),
+        }
 
 
 class PeakMemory:
@@ -274,11 +293,13 @@ class PeakMemory:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self) -> MemoryPeaks:
+        """The window's peaks, sampled once more as it ends."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self._sample()
+        return MemoryPeaks(self.host_peak_bytes, self.host_peak_excluding_compiler_bytes, self.device_peak_bytes)
 
     @property
     def device_peak_bytes(self) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 from tasks.measure import keys as K
 from tasks.measure.gcpauses import GcPauses
 from tasks.measure.keys import PHASE_STAGES, PHASES, STAGES
+from tasks.measure.memory import MemoryPeaks
 from tasks.measure.noise import cv
 from tasks.measure.stats import MIN_CI_SAMPLES, median_interval, nearest_rank
 
@@ -28,7 +29,7 @@ __all__ = [
     "PHASES",
     "STAGES",
     "BatchCoordinates",
-    "CalibrationFacts",
+    "CalibrationFit",
     "CompileCounters",
     "CompilerCache",
     "DataReport",
@@ -40,6 +41,7 @@ __all__ = [
     "HarnessFigures",
     "ModelReport",
     "OfflineReport",
+    "OutputReport",
     "PassFigures",
     "PhaseTimings",
     "Region",
@@ -50,6 +52,7 @@ __all__ = [
     "StageReport",
     "StageTable",
     "StageTiming",
+    "TrainingReport",
     "WarmStage",
     "describe_repeats",
 ]
@@ -354,24 +357,50 @@ class OfflineReport:
 NO_PASSES = OfflineReport()  # a request scenario's: no offline pass ran
 
 
-@dataclass
-class CalibrationFacts:
-    """The temperature fit (tasks/run/scenarios/workload.py; the temperature the run served with
-    is the engine's report's); a figure not recorded is not logged."""
+@dataclass(frozen=True)
+class CalibrationFit:
+    """The temperature fit after training (tasks/run/scenarios/workload.py ``fit_calibration``;
+    the temperature the run served with is the engine report's)."""
 
-    fit_seconds: float | None = None
-    fit_rows: int | None = None
-    fit_errors: int | None = None  # fit rows with a wrong top class; 0: no finite T, T = 1 kept
+    seconds: float
+    rows: int
+    errors: int | None  # fit rows with a wrong top class; 0: no finite T, T = 1 kept (None: no fit rows)
 
     def metrics(self) -> dict[str, float]:
-        m: dict[str, float] = {}
-        if self.fit_seconds is not None:
-            m[K.CALIBRATION_FIT_SECONDS] = self.fit_seconds
-        if self.fit_rows is not None:
-            m[K.CALIBRATION_FIT_ROWS] = float(self.fit_rows)
-        if self.fit_errors is not None:
-            m[K.CALIBRATION_FIT_ERRORS] = float(self.fit_errors)
+        m = {K.CALIBRATION_FIT_SECONDS: self.seconds, K.CALIBRATION_FIT_ROWS: float(self.rows)}
+        if self.errors is not None:
+            m[K.CALIBRATION_FIT_ERRORS] = float(self.errors)
         return m
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """The training phase besides its stage table and compute timings: the epochs run and the
+    optimizer updates in the first (tasks/run/scenarios/workload.py ``Workload.train``; a DDP
+    job's, tasks/run/distributed/launch.py ``train``)."""
+
+    epochs: int = 0
+    updates_per_epoch: int = 0
+    ranks_mean_seconds: float | None = None  # run.distributed: the ranks' mean train stage seconds
+
+
+NO_TRAINING = TrainingReport()  # a predict run's: no epoch ran
+
+
+@dataclass(frozen=True)
+class OutputReport:
+    """The kept prediction file, committed after the region (tasks/run/record/assemble.py)."""
+
+    rows: int = 0  # rows written
+    bytes: int = 0
+    path: str = ""
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            K.OUTPUT_BYTES: float(self.bytes),
+            K.DATA_ROWS_WRITTEN: float(self.rows),
+            K.OUTPUT_BYTES_PER_ROW: self.bytes / self.rows if self.rows else 0.0,
+        }
 
 
 @dataclass(frozen=True)
@@ -676,19 +705,13 @@ class FlowSeconds:
 class RunResult:
     stages: StageReport = field(default_factory=StageReport)  # the region's stage table (train has no write)
     data: DataReport = field(default_factory=DataReport)  # what the workload read and laid out
-    rows_written: int = 0  # rows in the kept prediction file
-    train_epochs: int = 0
+    training: TrainingReport | None = None  # train+predict runs
     engine: EngineReport | None = None  # what the engine recorded (tasks/run/record/collect.py)
-    output_bytes: int = 0
-    output_path: str = ""
-    host_peak_bytes: int = 0
-    host_peak_excluding_compiler_bytes: int = 0
-    device_peak_bytes: int = 0
-    updates_per_epoch: int = 0
+    memory: MemoryPeaks = field(default_factory=MemoryPeaks)  # the flow's sampler, host and device
+    output: OutputReport = field(default_factory=OutputReport)
     # The flow's other figures, in the order its steps record them; ``metrics()`` keys them.
     data_checks: dict[str, float] = field(default_factory=dict)  # tasks/run/checks/data.py counts (plan)
-    calibration: CalibrationFacts = field(default_factory=CalibrationFacts)
-    train_ranks_mean_seconds: float | None = None  # distributed: the ranks' mean train stage seconds
+    calibration: CalibrationFit | None = None  # train+predict runs
     backend_setup: BackendSetup | None = None
     checkpoint_load: CheckpointLoad | None = None  # run.checkpoint
     reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/run/reference_pass.py quality_delta
@@ -719,7 +742,7 @@ class RunResult:
             m[K.E2E_TRAIN_SECONDS] = sec
             m[K.E2E_TRAIN_ROWS] = float(rows)
             m[K.E2E_TRAIN_ROWS_PER_S] = rows / sec if sec > 0 else 0.0
-            m[K.E2E_TRAIN_EPOCHS] = float(self.train_epochs)
+            m[K.E2E_TRAIN_EPOCHS] = float((self.training or NO_TRAINING).epochs)
 
     def metrics(self) -> dict[str, float]:
         m: dict[str, float] = {}
@@ -734,17 +757,13 @@ class RunResult:
             if e.train is not None:
                 m.update(e.train.metrics(lambda w: K.compute("train", w)))
                 m[K.TRAIN_UPDATES] = float(e.train.updates)
-                m[K.TRAIN_UPDATES_PER_EPOCH] = float(self.updates_per_epoch)
+                m[K.TRAIN_UPDATES_PER_EPOCH] = float((self.training or NO_TRAINING).updates_per_epoch)
             m.update(e.compile_metrics())
         m.update((self.offline or NO_PASSES).repeat_metrics())
         m[K.INPUT_WAIT_FRACTION] = e.input_wait_fraction if e is not None else 0.0
         m[K.WORKER_STARTUP_SECONDS] = e.worker_startup_seconds if e is not None else 0.0
-        m[K.HOST_PEAK_BYTES] = float(self.host_peak_bytes)
-        m[K.HOST_PEAK_EXCLUDING_COMPILER_BYTES] = float(self.host_peak_excluding_compiler_bytes)
-        m[K.DEVICE_PEAK_BYTES] = float(self.device_peak_bytes)
-        m[K.OUTPUT_BYTES] = float(self.output_bytes)
-        m[K.DATA_ROWS_WRITTEN] = float(self.rows_written)
-        m[K.OUTPUT_BYTES_PER_ROW] = self.output_bytes / self.rows_written if self.rows_written else 0.0
+        m.update(self.memory.metrics())
+        m.update(self.output.metrics())
         for k, v in (e.quality if e is not None else {}).items():
             m[K.quality(k)] = v
         self._work_metrics(m)
@@ -756,13 +775,14 @@ class RunResult:
         m.update(self.data_checks)
         if self.data.rows_read is not None:
             m[K.DATA_ROWS_READ] = float(self.data.rows_read)
-        m.update(self.calibration.metrics())
+        if self.calibration is not None:
+            m.update(self.calibration.metrics())
         e = self.engine
         if e is not None:
             m.update(e.calibration_metrics())
         m.update((self.offline or NO_PASSES).warm_metrics())
-        if self.train_ranks_mean_seconds is not None:
-            m[K.E2E_TRAIN_RANKS_MEAN_SECONDS] = self.train_ranks_mean_seconds
+        if self.training is not None and self.training.ranks_mean_seconds is not None:
+            m[K.E2E_TRAIN_RANKS_MEAN_SECONDS] = self.training.ranks_mean_seconds
         if e is not None:
             m.update(e.compile.metrics())
             if e.batch_coordinates is not None:

@@ -43,7 +43,7 @@ import torch
 
 from tasks.libraries.reference.engine import Engine
 from tasks.measure import keys as K
-from tasks.measure.records import DataTally, PhaseTimings, RunResult, StageTable
+from tasks.measure.records import DataTally, PhaseTimings, StageTable, TrainingReport
 from tasks.run.scenarios.workload import Workload
 
 HASH_SEED = 20_240_611  # fixed: the same key lands on the same rank in every run
@@ -126,16 +126,13 @@ def train_stages(reports: list[RankReport]) -> TrainStages:
     )
 
 
-def merge_into(stages: StageTable, data: DataTally, result: RunResult, reports: list[RankReport]) -> TrainStages:
-    """The ranks' train stages into the flow's stage table, their rows read into its tally;
-    updates into ``result``."""
+def merge_into(stages: StageTable, data: DataTally, reports: list[RankReport]) -> TrainStages:
+    """The ranks' train stages into the flow's stage table, their rows read into its tally."""
     agg = train_stages(reports)
     for stage, timing in stages["train"].items():  # (encode too, with text columns)
         timing.add(agg.seconds.get(stage, 0.0), agg.rows.get(stage, 0))
         timing.bytes += agg.bytes.get(stage, 0)
-    result.updates_per_epoch = reports[0].updates_per_epoch
     data.rows_read = (data.rows_read or 0) + sum(r.rows_read for r in reports)
-    result.train_ranks_mean_seconds = agg.mean_seconds
     return agg
 
 
@@ -209,8 +206,11 @@ def launch(job: dict[str, Any], processes: int, threads: int, workdir: Path) -> 
     return [RankReport(**r) for r in json.loads(out.read_text())]
 
 
-def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking_uri: str) -> dict[str, float]:
-    """The train phase of ``work`` with DDP; fills its engine."""
+def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking_uri: str) -> TrainingReport:
+    """The train phase of ``work`` with DDP: fills its engine, adds the ranks' stages and reads
+    to the workload's; returns the job's epochs, updates per epoch (rank 0's: every rank takes
+    the same updates) and the ranks' mean train stage seconds. Rank 0 logs the DDP figures
+    (``metrics``) itself."""
     spec = work.spec
     d = spec.run.distributed
     assert d is not None  # the flow calls this only with run.distributed set
@@ -243,6 +243,5 @@ def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking
         state = torch.load(work_dir / "weights.pt", map_location=engine.device, weights_only=True)
     engine.model.load_state_dict(state)
     adopt_rank0(engine, reports)
-    merge_into(work.stages, work.data, work.result, reports)
-    work.result.train_epochs += spec.run.epochs
-    return metrics(reports, d.threads_per_process, reference)
+    agg = merge_into(work.stages, work.data, reports)
+    return TrainingReport(spec.run.epochs, reports[0].updates_per_epoch, agg.mean_seconds)

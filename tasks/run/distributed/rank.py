@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from model.arrow import Encoding, model_schema
 from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock, wall_clock
-from tasks.measure.records import RunResult
+from tasks.measure.records import RunResult, TrainingReport
 from tasks.run.chain import Chain, Weights
 from tasks.run.distributed.launch import RankReport, metrics, shapes_to_report, shard
 from tasks.run.scenarios.workload import Workload
@@ -85,16 +85,16 @@ def _rank_work(job: dict[str, Any], rank: int, world: int, local: int) -> tuple[
     return work, chain.reference_engine()  # DDP is the reference model's (other libraries refuse it)
 
 
-def _report(work: Workload, engine: Engine, rank: int, timer: _AllReduceTimer) -> RankReport:
-    """What this rank measured, from its workload's stage table (the train phase)."""
-    stages, res = work.stages["train"], work.result
+def _report(work: Workload, engine: Engine, rank: int, timer: _AllReduceTimer, training: TrainingReport) -> RankReport:
+    """What this rank measured, from its workload's stage table (the train phase) and data."""
+    stages = work.stages["train"]
     return RankReport(
         rank,
         asdict(engine.train_timings),
         {name: st.seconds for name, st in stages.items()},
         {name: st.rows for name, st in stages.items()},
         work.data.root_rows,
-        res.updates_per_epoch,
+        training.updates_per_epoch,
         timer.seconds,
         timer.calls,
         sorted(engine.paths_seen),
@@ -150,9 +150,9 @@ def main(job_path: str) -> None:
         # ranks trained apart (the 2-process test saw 0 s of all-reduce).
         engine.train_through(ddp)
         with ddp.join():
-            work.train()  # the workload's chunks, one-chunk cache and epoch loop, over this shard
+            training = work.train()  # the workload's chunks, one-chunk cache and epoch loop, over this shard
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, asdict(_report(work, engine, rank, timer)))
+        dist.all_gather_object(gathered, asdict(_report(work, engine, rank, timer, training)))
         if rank == 0:
             _hand_back(job, ddp, gathered, threads)
     finally:

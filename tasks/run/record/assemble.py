@@ -20,7 +20,7 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.clock import wall_clock
-from tasks.measure.records import FlowSeconds, HarnessFigures, ModelReport, RunResult
+from tasks.measure.records import FlowSeconds, HarnessFigures, ModelReport, OutputReport, RunResult
 from tasks.run.record.collect import engine_figures, utilisation
 from tasks.run.record.run_log import save_checkpoint
 from tasks.run.reference_pass import quality_delta
@@ -69,15 +69,11 @@ def _commit_outputs(run: Invocation) -> None:
     result, engine = run.result, run.engine
     engine.close()
     engine.profiler.close()
-    result.rows_written = run.writer.rows
+    rows = run.writer.rows
     with named_write_errors(run.writer.path, "predictions", "run.output_dir"):
-        result.output_bytes = run.writer.commit()
-    result.output_path = str(run.output)
-    result.stages = result.stages.with_bytes("predict", "write", result.output_bytes * _passes(result))
-    run.memory.stop()
-    result.host_peak_bytes = run.memory.host_peak_bytes
-    result.host_peak_excluding_compiler_bytes = run.memory.host_peak_excluding_compiler_bytes
-    result.device_peak_bytes = run.memory.device_peak_bytes
+        result.output = OutputReport(rows, run.writer.commit(), str(run.output))
+    result.stages = result.stages.with_bytes("predict", "write", result.output.bytes * _passes(result))
+    result.memory = run.memory.stop()
 
 
 def _harness_part(run: Invocation) -> None:

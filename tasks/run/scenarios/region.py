@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks.measure.gcpauses import GcPauses, frozen_collector
-from tasks.measure.records import DataReport, RegionReport, StageReport
+from tasks.measure.records import CalibrationFit, DataReport, RegionReport, StageReport, TrainingReport
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.offline import OfflineRun, run_offline
 from tasks.run.scenarios.pricing import Pricing
@@ -91,7 +91,7 @@ class RegionSteps:
     whose predict passes run from here, tasks/run/scenarios/offline.py ``run_offline``, into
     ``writer``)."""
 
-    train: Callable[[], object]
+    train: Callable[[], TrainingReport]
     distributed: bool
     serving_backend: Callable[[], object]
     requests: Callable[[], LatencyRecord] | None
@@ -106,12 +106,15 @@ class RegionRun:
     stages: StageReport  # the stage table, both phases
     data: DataReport  # what the workload read and laid out
     scenario: LatencyRecord | OfflineRun  # the request record, or the offline passes'
+    training: TrainingReport | None = None  # train+predict runs: the training step's
+    calibration: CalibrationFit | None = None  # ... and the temperature fit after it
 
 
 def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int) -> RegionRun:
     """Run the timed region over ``work``; returns its reports (``RegionRun``)."""
     region = Region(work)
     report: LatencyRecord | OfflineRun
+    training, fit = None, None
     # The collect and freeze run before the region's clock starts (tasks/measure/gcpauses.py).
     # The progress counts, the projection and run.max_minutes (tasks/run/scenarios/pricing.py): from
     # the region's start, closed before anything after it (the output checks' untracked passes).
@@ -122,11 +125,11 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
             if train:
                 if steps.distributed:
                     with region.bucket("distributed_launch"):
-                        steps.train()
+                        training = steps.train()
                 else:
-                    steps.train()
+                    training = steps.train()
                 with region.bucket("calibration_fit"):
-                    work.fit_calibration()
+                    fit = work.fit_calibration()
             with region.bucket("backend_setup"):
                 steps.serving_backend()
             if steps.requests is not None:
@@ -140,4 +143,4 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
             pricing.close()
             work.pricing = None
     region.seconds = span.seconds
-    return RegionRun(region.report(), work.stages.report(), work.data_report(), report)
+    return RegionRun(region.report(), work.stages.report(), work.data_report(), report, training, fit)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from tasks.measure.records import DataReport, DataTally, RunResult, StageTable
+from tasks.measure.records import CalibrationFit, DataReport, DataTally, RunResult, StageTable, TrainingReport
 from tasks.run.chain import Chain, Prepared, StageSink
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature, validation_logits
 from tasks.stages.retrieve import list_root_keys
@@ -148,13 +148,14 @@ class Workload:
         reusable = i in self._kept and self.chain.side.reuses_chunks
         return self._kept[i] if reusable else self.chain.prepare_untimed(self.chunks[i])
 
-    def train(self) -> None:
+    def train(self) -> TrainingReport:
         """``run.epochs`` epochs over every chunk (a one-chunk workload keeps its tensors), each
-        chunk's compute through the chain; ``updates_per_epoch`` from the first. The one epoch
-        loop: a DDP rank (tasks/run/distributed/rank.py) runs it over its shard."""
+        chunk's compute through the chain; returns the epochs run and the updates of the first.
+        The one epoch loop: a DDP rank (tasks/run/distributed/rank.py) runs it over its shard."""
         sink = self.sink("train")
         if self.pricing is not None:
             self.pricing.begin("train")
+        epochs = updates_per_epoch = 0
         for epoch in range(self.spec.run.epochs):
             engine = self.chain.engine
             before = engine.train_timings.updates if engine else 0
@@ -164,10 +165,11 @@ class Workload:
             if self.chain.engine is not None:
                 self.chain.engine.end_epoch()
             if epoch == 0 and self.chain.engine is not None:
-                self.result.updates_per_epoch = self.chain.engine.train_timings.updates - before
-            self.result.train_epochs += 1
+                updates_per_epoch = self.chain.engine.train_timings.updates - before
+            epochs += 1
+        return TrainingReport(epochs, updates_per_epoch)
 
-    def fit_calibration(self) -> None:
+    def fit_calibration(self) -> CalibrationFit:
         """Temperature scaling on the fit half of the validation rows of every chunk (the other
         half reports calibration quality: tasks/stages/split.py), after training (not a
         stage: chunks are re-read outside the timings, through the same chain).
@@ -189,5 +191,4 @@ class Workload:
                 temperature, rows = fit_temperature(x_N, y_N, kind), int(x_N.shape[0])
                 errors = fit_errors(x_N, y_N, kind) if rows else None
         chain.set_temperature(temperature)
-        self.result.calibration.fit_errors = errors
-        self.result.calibration.fit_seconds, self.result.calibration.fit_rows = span.seconds, rows
+        return CalibrationFit(span.seconds, rows, errors)

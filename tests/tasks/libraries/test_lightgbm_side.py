@@ -158,10 +158,10 @@ def test_train_and_predict_through_the_chain_with_rounds_as_training_batches(sho
     churn = pa.array(["yes", "yes", "no", "yes", "no"])  # training rows 2, 3 (chunk 1) and 5 (chunk 2)
     folder = write_tables(dict(shop_tables, customers=c.set_column(c.schema.get_field_index("churn"), "churn", churn)))
     work = _workload(_spec(shop_spec, epochs=2, chunk_rows=4), folder)
-    work.train()
+    training = work.train()
     engine = work.chain.engine
     steps = engine.driver
-    assert steps.rounds_run == engine.train_timings.updates == 4 and work.result.updates_per_epoch == 2
+    assert steps.rounds_run == engine.train_timings.updates == 4 and training.updates_per_epoch == 2
     assert len(steps.model.boosters) == 4 and steps.model.trees() == 4 * 2  # a tree per class and round
     table, m = _predict_all(work)
     assert table["c_id"].to_pylist() == [1, 2, 3, 4, 5]

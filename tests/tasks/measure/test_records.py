@@ -10,10 +10,11 @@ import pytest
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.gcpauses import GcPauses
+from tasks.measure.memory import MemoryPeaks
 from tasks.measure.records import (
     BackendSetup,
     BatchCoordinates,
-    CalibrationFacts,
+    CalibrationFit,
     CompileCounters,
     DataReport,
     DataTally,
@@ -23,6 +24,7 @@ from tasks.measure.records import (
     HarnessFigures,
     ModelReport,
     OfflineReport,
+    OutputReport,
     PhaseTimings,
     Region,
     RegionReport,
@@ -31,6 +33,7 @@ from tasks.measure.records import (
     StagePass,
     StageReport,
     StageTable,
+    TrainingReport,
     WarmStage,
     describe_repeats,
 )
@@ -89,7 +92,9 @@ def _two_phase_result() -> RunResult:
         stage.add(float(i + 1), 300 if stage.name != "compute" else 240)
     for i, stage in enumerate(table["predict"].values()):  # 0.1..0.6 = 2.1 s (calibrate too)
         stage.add(0.1 * (i + 1), 100)
-    return RunResult(stages=table.report(), offline=OfflineReport(rows_predicted=100, passes=1), train_epochs=3)
+    return RunResult(
+        stages=table.report(), offline=OfflineReport(rows_predicted=100, passes=1), training=TrainingReport(epochs=3)
+    )
 
 
 def test_e2e_predict_is_its_own_stages_and_never_mixes_in_training():
@@ -191,8 +196,8 @@ def test_recorded_figures_land_under_their_own_keys():
     retrieve = WarmStage().plus(StagePass(0.0, 0, 1.5, 0)).plus(StagePass(1.5, 0, 1.75, 64))
     r.offline = OfflineReport(warm_stages={"retrieve": retrieve, "write": WarmStage(seconds=0.5)})  # write: no bytes
     r.data_checks = {K.DATA_LABELLED_ROWS: 3.0}
-    r.calibration = CalibrationFacts(fit_seconds=2.0, fit_rows=30)
-    r.train_ranks_mean_seconds = 4.5
+    r.calibration = CalibrationFit(seconds=2.0, rows=30, errors=None)
+    r.training = TrainingReport(ranks_mean_seconds=4.5)
     r.data = DataReport(rows_read=12, encode=EncodeCounts(per_pass=40, per_s=80.0))
     r.backend_setup = BackendSetup(load_seconds=0.5, model_bytes=100)
     region = Region(0.1, 100.0, 110.0, 0.2, 0.3, 0.4, 0.0)
@@ -238,7 +243,7 @@ def test_recorded_figures_land_under_their_own_keys():
     }
     assert {k: m[k] for k in bare} == bare  # the stage ledger's figures are untouched
     # a record filled in part logs only its part (the fit ran, the run was not calibrated)
-    r = RunResult(calibration=CalibrationFacts(fit_seconds=0.5, fit_rows=0))
+    r = RunResult(calibration=CalibrationFit(seconds=0.5, rows=0, errors=None))
     assert {k: v for k, v in r.metrics().items() if k not in bare} == {
         K.CALIBRATION_FIT_SECONDS: 0.5,
         K.CALIBRATION_FIT_ROWS: 0.0,
@@ -275,7 +280,7 @@ def test_the_engine_report_keys_its_figures_by_hand():
     )
     assert report.batch_coordinates == BatchCoordinates(6.0, 0.75, 0.25, 1)  # 12 padded / 2 passes
     assert report.input_wait_fraction == 0.2  # 0.5 s of 2.5 s
-    m = RunResult(engine=report, updates_per_epoch=3).metrics()
+    m = RunResult(engine=report, training=TrainingReport(epochs=1, updates_per_epoch=3)).metrics()
     for key in (K.compute("predict", "steady_rows_per_s"), K.compute_phase("predict", "steady_rows_per_s")):
         assert m[key] == 8.0
     assert m[K.compute("predict", "first_call_seconds")] == 2.0
@@ -330,6 +335,55 @@ def test_the_data_report_is_the_tally_frozen_with_its_encode_rate():
     assert K.DATA_OCCUPANCY not in DataReport(coords_present=9, coords_reserved=None).layout_metrics()
     m = RunResult(data=report).metrics()
     assert (m[K.DATA_ROOT_ROWS], m[K.DATA_ROWS_READ], m[K.DATA_STRINGS_ENCODED]) == (5.0, 60.0, 40.0)
+
+
+def test_training_fit_memory_and_output_reports_key_their_figures_by_hand():
+    """Two epochs of 5 updates each over a stage table of 1 + 3 s, a fit of 30 rows in 0.75 s
+    with 2 wrong, 3 MiB peak host memory (2 MiB without the compiler's), 1 MiB on the device,
+    and a prediction file of 40 rows in 1,000 bytes."""
+    table = StageTable()
+    table["train"]["retrieve"].add(1.0, 40)
+    table["train"]["compute"].add(3.0, 32)
+    mib = 2**20
+    r = RunResult(
+        stages=table.report(),
+        training=TrainingReport(epochs=2, updates_per_epoch=5),
+        engine=EngineReport(
+            predict=PhaseTimings(0),
+            train=_timings(0, [(1.0, 16), (1.0, 16)], 0.0, updates=10),
+            compute_seconds=2.0,
+            worker_startup_seconds=0.0,
+            recompiles={},
+            graph_breaks={},
+            compile=CompileCounters(0, 0, 0),
+            compiler_cache="none",
+            batch_coordinates=None,
+            quality={},
+        ),
+        calibration=CalibrationFit(seconds=0.75, rows=30, errors=2),
+        memory=MemoryPeaks(host_bytes=3 * mib, host_excluding_compiler_bytes=2 * mib, device_bytes=mib),
+        output=OutputReport(rows=40, bytes=1000, path="p.parquet"),
+    )
+    m = r.metrics()
+    assert (m[K.E2E_TRAIN_SECONDS], m[K.E2E_TRAIN_ROWS], m[K.E2E_TRAIN_EPOCHS]) == (4.0, 32.0, 2.0)
+    assert (m[K.TRAIN_UPDATES], m[K.TRAIN_UPDATES_PER_EPOCH]) == (10.0, 5.0)
+    assert K.E2E_TRAIN_RANKS_MEAN_SECONDS not in m  # one process
+    assert (m[K.CALIBRATION_FIT_SECONDS], m[K.CALIBRATION_FIT_ROWS], m[K.CALIBRATION_FIT_ERRORS]) == (0.75, 30.0, 2.0)
+    assert [m[k] for k in (K.HOST_PEAK_BYTES, K.HOST_PEAK_EXCLUDING_COMPILER_BYTES, K.DEVICE_PEAK_BYTES)] == [
+        3.0 * mib,
+        2.0 * mib,
+        1.0 * mib,
+    ]
+    assert (m[K.OUTPUT_BYTES], m[K.DATA_ROWS_WRITTEN], m[K.OUTPUT_BYTES_PER_ROW]) == (1000.0, 40.0, 25.0)
+    keys = list(m)  # memory, then output, in one block after the input wait
+    at = keys.index(K.HOST_PEAK_BYTES)
+    assert keys[at - 1] == K.WORKER_STARTUP_SECONDS and keys[at + 3 : at + 6] == [
+        K.OUTPUT_BYTES,
+        K.DATA_ROWS_WRITTEN,
+        K.OUTPUT_BYTES_PER_ROW,
+    ]
+    bare = RunResult().metrics()  # nothing written: zeros, and no bytes per row
+    assert (bare[K.OUTPUT_BYTES_PER_ROW], bare[K.HOST_PEAK_BYTES], bare[K.DEVICE_PEAK_BYTES]) == (0.0, 0.0, 0.0)
 
 
 def test_fake_clock_measures_exactly():

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tasks.measure import keys as K
-from tasks.measure.records import DataTally, PhaseTimings, RunResult, StageTable
+from tasks.measure.records import DataTally, PhaseTimings, RunResult, StageTable, TrainingReport
 from tasks.run.distributed import launch as distributed
 from tasks.run.distributed.launch import RankReport, merge_into, train_stages
 from tasks.spec import parse_spec
@@ -65,10 +65,11 @@ def test_train_stages_are_the_slowest_ranks_and_every_ranks_rows():
     assert agg.seconds == RANK_SECONDS[1]
     assert agg.rows == {"retrieve": 10, "preprocess": 10, "tensorize": 10, "compute": 8}
     assert agg.mean_seconds == pytest.approx(8.5)
-    table, data, result = StageTable(), DataTally(), RunResult()
-    merge_into(table, data, result, _reports())
-    result.stages, result.data = table.report(), data.report(None)
-    m = result.metrics()
+    table, data = StageTable(), DataTally()
+    merge_into(table, data, _reports())
+    m = RunResult(
+        stages=table.report(), data=data.report(None), training=TrainingReport(1, 2, agg.mean_seconds)
+    ).metrics()
     assert m[K.E2E_TRAIN_SECONDS] == pytest.approx(9.5)  # one rank's total, not 10.5
     assert m[K.E2E_TRAIN_ROWS] == 8
     assert m[K.E2E_TRAIN_ROWS_PER_S] == pytest.approx(8 / 9.5)
@@ -104,9 +105,9 @@ def test_the_flows_own_fit_is_not_a_train_stage_and_mfu_counts_rank0s_batches(
         return _reports()
 
     monkeypatch.setattr(distributed, "launch", ranks)
-    distributed.train(work, shop_files, "run-id", "shop", "sqlite:///unused.db")
-    work.result.stages, work.result.data = work.stages.report(), work.data_report()
-    m = work.result.metrics()
+    training = distributed.train(work, shop_files, "run-id", "shop", "sqlite:///unused.db")
+    assert training == TrainingReport(epochs=1, updates_per_epoch=2, ranks_mean_seconds=8.5)  # rank 0's updates
+    m = RunResult(stages=work.stages.report(), data=work.data_report(), training=training).metrics()
     for stage, seconds in RANK_SECONDS[1].items():  # nothing of the flow's chunk-0 fit added
         assert m[f"stage.{stage}.train.seconds"] == seconds, stage
     assert m[K.E2E_TRAIN_SECONDS] == pytest.approx(9.5)

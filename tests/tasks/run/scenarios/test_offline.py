@@ -42,9 +42,9 @@ def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(shop_sp
     work.list_keys()
     work.train()
     before_fit = compute_stage.compiled_frames()
-    work.fit_calibration()
+    fit = work.fit_calibration()
     assert compute_stage.compiled_frames() == before_fit, "the calibration fit compiled graphs"
-    assert work.result.calibration.fit_rows > 0  # it did fit, on eager regions
+    assert fit.rows > 0  # it did fit, on eager regions
     writer = PredictionWriter(tmp_path / "p.parquet")
     before_predict = compute_stage.compiled_frames()
     predict_pass(work, writer, 0)
@@ -52,8 +52,8 @@ def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(shop_sp
     # predict's own first call compiled its eval graphs: the figure includes that compile
     assert compute_stage.compiled_frames() > before_predict
     # calibration quality is scored on the held-out cells the fit did not use, all of them
-    fit_rows, report_rows = work.result.calibration.fit_rows, work.chain.calibration.rows
-    assert report_rows > 0 and fit_rows + report_rows == work.chain.engine.quality.metrics()["rows"]
+    report_rows = work.chain.calibration.rows
+    assert report_rows > 0 and fit.rows + report_rows == work.chain.engine.quality.metrics()["rows"]
 
 
 # Dyadic seconds on a scripted clock, so every sum is exact; compute's stage seconds are its batches'.

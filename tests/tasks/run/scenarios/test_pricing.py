@@ -86,6 +86,7 @@ def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
             writer.abort()
         assert isinstance(ran.scenario, OfflineRun)
         work.result.offline, work.result.stages = ran.scenario.report, ran.stages  # into the record, as the flow does
+        work.result.training = ran.training
         return work
 
     return ft, run
@@ -151,7 +152,8 @@ def test_max_minutes_stops_at_the_first_projection_before_the_work_it_prices(stu
 def test_a_limit_above_the_projection_lets_the_run_finish(stubbed):
     ft, run = stubbed
     work = run(max_minutes=10.0)
-    assert work.result.offline is not None and work.result.offline.passes == 2 and work.result.train_epochs == 2
+    assert work.result.offline is not None and work.result.offline.passes == 2
+    assert work.result.training is not None and work.result.training.epochs == 2
     assert work.result.projection.made[0].total_seconds < 600  # type: ignore[union-attr]
 
 
