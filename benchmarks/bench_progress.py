@@ -47,7 +47,6 @@ sys.path.insert(0, str(REPO))  # this checkout's flows/ (the CLI's display), as 
 
 from flows.cli.app import REFRESH_PER_S, _progress_line, _Shown, progress_bar  # noqa: E402
 from tasks.measure.clock import wall_clock  # noqa: E402
-from tasks.measure.records import RunResult  # noqa: E402
 from tasks.run.chain import Chain  # noqa: E402
 from tasks.run.scenarios.pricing import Pricing  # noqa: E402
 from tasks.run.scenarios.workload import Workload  # noqa: E402
@@ -125,7 +124,7 @@ def main() -> None:
     spec = load_spec(args.spec, ["run.mode=predict", "run.warmup_batches=2", *args.sets])
     chain = Chain(spec, open_sources(spec, args.spec.resolve().parent), torch.device("cpu"))
     keys, _ = list_root_keys(spec, chain.sources)
-    work = Workload(chain, RunResult())
+    work = Workload(chain)
     work.use_keys(keys[: args.roots])
     tz = chain.prepare_untimed(keys[: args.roots])
     engine = chain.ensure_engine()

@@ -158,7 +158,7 @@ def timed_body(run: Invocation) -> None:
         other = OtherCpu().start()
         ticks_start = CpuTicks.now()
         region_start_unix = unix_time()
-        run.work = work = Workload(chain_for(run), run.result)
+        run.work = work = Workload(chain_for(run))
 
         def requests() -> LatencyRecord:
             progress.emit("phase", name=f"{s.run.scenario} requests")
@@ -182,7 +182,7 @@ def timed_body(run: Invocation) -> None:
         stolen = steal_fraction(ticks_start, CpuTicks.now())
         run.tracker.stop_system_metrics()
         # the region's reports; the scenario's: the request record, or the offline passes' figures
-        run.timed, report = ran.timed, ran.scenario
+        run.timed, report, run.result.projection = ran.timed, ran.scenario, ran.projections
         run.result.stages, run.result.data = ran.stages, ran.data
         run.result.training, run.result.calibration = ran.training, ran.calibration  # (a predict run: none)
         offline = report if isinstance(report, OfflineRun) else None

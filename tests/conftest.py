@@ -74,6 +74,34 @@ def pytest_configure(config: pytest.Config) -> None:
     stop_on_sigterm()  # a killed session still stops the servers its fixtures started
 
 
+# --- two workers (pytest-xdist; pyproject.toml's addopts: -n auto --dist loadgroup) ----------
+#
+# A serial suite kept 0.8 of this machine's 2 cores busy: most of a test's time is a
+# subprocess importing torch/Prefect/MLflow, a server starting or a browser waiting. Every
+# test is already written for a host shared with other work (timed runs that must be VALID set
+# run.max_host_load, nothing asserts an absolute time, every server takes a free port), so a
+# second worker is safe. Each worker is its own session: its own folder, data, host lock file and
+# Prefect/PostgreSQL/browser fixtures.
+
+# Session fixtures whose runs cost minutes (tests/dashboards/conftest.py): the tests that use
+# them share one worker, so those runs are made once in the suite, not once per worker.
+SHARED_RUN_FIXTURES = frozenset({"bench_runs", "trace_run"})
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers, or one on a one-core machine. More would not help a 2-core CI
+    machine, and on a big one each worker boots its own servers and timed runs."""
+    return min(2, os.cpu_count() or 1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's xdist group: its file (module fixtures are made once, in one worker), or the
+    one group of the tests that share the dashboards' session runs."""
+    for item in items:
+        shared = SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("dashboard-runs" if shared else item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session")
 def session_dir() -> Path:
     """The session's private folder (PREFECT_HOME and RELFLOW_DATA_DIR live under it)."""

@@ -18,6 +18,7 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_secrets
@@ -30,6 +31,19 @@ INTERRUPTED_EXIT = 130
 # so it can be copied, clicked and parsed; tables still fit the width.
 console = Console(stderr=True, soft_wrap=True)  # progress, notes and errors
 out = Console(soft_wrap=True)  # the command's result (tables, paths), so it can be piped
+
+
+def show_table(table: Table) -> None:
+    """A result table on stdout. On a terminal it fits the terminal; piped or redirected, it is
+    printed at its own full width, so no metric key, run id or path is wrapped or cut to fit 80
+    columns (``relflow-bench compare A B | grep compute.steady_rows_per_s`` finds the row). The
+    width is measured per table: ``COLUMNS`` read when this module was imported must not decide
+    it either."""
+    if out.is_terminal:
+        out.print(table)
+        return
+    width = Console(width=100_000).measure(table).maximum
+    Console(width=max(width, 1), soft_wrap=True).print(table)
 
 
 def fail(err: BaseException, debug: bool) -> NoReturn:

@@ -23,6 +23,7 @@ from tasks.measure.gcpauses import GcPauses
 from tasks.measure.keys import PHASE_STAGES, PHASES, STAGES
 from tasks.measure.memory import MemoryPeaks
 from tasks.measure.noise import cv
+from tasks.measure.projection import Projections
 from tasks.measure.stats import MIN_CI_SAMPLES, median_interval, nearest_rank
 
 __all__ = [
@@ -717,7 +718,7 @@ class RunResult:
     reference_quality: dict[str, float] = field(default_factory=dict)  # tasks/run/reference_pass.py quality_delta
     offline: OfflineReport | None = None  # the offline scenario's passes (tasks/run/scenarios/offline.py)
     latency: Figures | None = None  # LatencyRecord: single_stream / server runs
-    projection: Figures | None = None  # Projections: run.projected_seconds (tasks/measure/projection.py)
+    projection: Projections | None = None  # run.projected_seconds (tasks/measure/projection.py)
     output_check: Figures | None = None  # OutputCheck: run.check_outputs (offline)
     harness: HarnessFigures | None = None
     model: ModelReport | None = None  # the model's facts and MFU (tasks/run/record/assemble.py)

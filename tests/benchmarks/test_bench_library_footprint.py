@@ -31,7 +31,6 @@ def test_the_bare_loop_calls_the_librarys_own_api_and_gets_the_harness_step_s_sc
     import torch
     from bench_library_footprint import library_call
 
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
@@ -46,7 +45,7 @@ def test_the_bare_loop_calls_the_librarys_own_api_and_gets_the_harness_step_s_sc
     raw["task"]["validation_fraction"] = 0.3
     spec = parse_spec(raw)
     chain = Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu"))
-    work = Workload(chain, RunResult())
+    work = Workload(chain)
     work.list_keys()
     work.train()
     tz = work.prepare_untimed(0)

@@ -10,7 +10,6 @@ import polars as pl
 import pytest
 import torch
 
-from tasks.measure.records import RunResult
 from tasks.run.chain import Chain
 from tasks.run.scenarios.offline import predict_pass
 from tasks.run.scenarios.workload import Workload
@@ -27,7 +26,7 @@ def predictions(spec_path: Path, work_dir: Path, out: Path) -> tuple[pl.DataFram
     spec = load_spec(spec_path)
     sources = open_sources(spec, spec_path.parent)
     torch.manual_seed(0)
-    work = Workload(Chain(spec, sources, torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, sources, torch.device("cpu")))
     work.list_keys()
     batches = [work.prepare_untimed(i) for i in range(len(work.chunks))]
     labels = [(b.keys.to_pylist(), b.batch.labels.tolist()) for b in batches]  # type: ignore[union-attr]

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.measure.records import RunResult
 from tasks.run.chain import Chain
 from tasks.run.scenarios.offline import predict_pass
 from tasks.run.scenarios.workload import Workload
@@ -33,7 +32,7 @@ SMALL = (
 def held_out_auc(folder: Path, work_dir: Path) -> float:
     spec = load_spec(spec_file(work_dir, folder, "coin", extra=SMALL))
     torch.manual_seed(0)
-    work = Workload(Chain(spec, open_sources(spec, work_dir), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, open_sources(spec, work_dir), torch.device("cpu")))
     work.list_keys()
     work.train()
     writer = PredictionWriter(work_dir / "p.parquet")

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from model.arrow import Encoding, model_schema
 from tasks.libraries.reference.engine import Engine
 from tasks.measure.clock import Clock, wall_clock
-from tasks.measure.records import RunResult, TrainingReport
+from tasks.measure.records import TrainingReport
 from tasks.run.chain import Chain, Weights
 from tasks.run.distributed.launch import RankReport, metrics, shapes_to_report, shard
 from tasks.run.scenarios.workload import Workload
@@ -79,7 +79,7 @@ def _rank_work(job: dict[str, Any], rank: int, world: int, local: int) -> tuple[
         weights=Weights(encoding=enc, schema=model_schema(layout(spec), target(spec), enc)),
     )
     keys, _ = list_root_keys(spec, chain.sources)
-    work = Workload(chain, RunResult())
+    work = Workload(chain)
     work.use_keys(shard(keys, rank, world))
     chain.ensure_engine()  # the schema came with the job
     return work, chain.reference_engine()  # DDP is the reference model's (other libraries refuse it)

@@ -108,7 +108,6 @@ class Pricing:
         if engine is not None and engine.after_batch == self.after_batch:
             engine.after_batch = None
         progress.end()
-        self.work.result.projection = self.projections
 
     # -- counts ------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks.measure.gcpauses import GcPauses, frozen_collector
+from tasks.measure.projection import Projections
 from tasks.measure.records import CalibrationFit, DataReport, RegionReport, StageReport, TrainingReport
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.offline import OfflineRun, run_offline
@@ -106,6 +107,7 @@ class RegionRun:
     stages: StageReport  # the stage table, both phases
     data: DataReport  # what the workload read and laid out
     scenario: LatencyRecord | OfflineRun  # the request record, or the offline passes'
+    projections: Projections  # run.projected_seconds (tasks/run/scenarios/pricing.py)
     training: TrainingReport | None = None  # train+predict runs: the training step's
     calibration: CalibrationFit | None = None  # ... and the temperature fit after it
 
@@ -143,4 +145,6 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
             pricing.close()
             work.pricing = None
     region.seconds = span.seconds
-    return RegionRun(region.report(), work.stages.report(), work.data_report(), report, training, fit)
+    return RegionRun(
+        region.report(), work.stages.report(), work.data_report(), report, pricing.projections, training, fit
+    )

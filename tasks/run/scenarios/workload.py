@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from tasks.measure.records import CalibrationFit, DataReport, DataTally, RunResult, StageTable, TrainingReport
+from tasks.measure.records import CalibrationFit, DataReport, DataTally, StageTable, TrainingReport
 from tasks.run.chain import Chain, Prepared, StageSink
 from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature, validation_logits
 from tasks.stages.retrieve import list_root_keys
@@ -36,8 +36,8 @@ def chunked(keys: np.ndarray, rows: int) -> list[np.ndarray]:
 
 
 class Workload:
-    def __init__(self, chain: Chain, result: RunResult) -> None:
-        self.chain, self.result, self.spec = chain, result, chain.spec
+    def __init__(self, chain: Chain) -> None:
+        self.chain, self.spec = chain, chain.spec
         self.chunks: list[np.ndarray] = []
         self._kept: dict[int, Chunk] = {}  # training tensors of a single-chunk workload
         self._counted: set[int] = set()  # chunks whose data figures are counted

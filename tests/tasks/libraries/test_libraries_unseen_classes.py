@@ -47,7 +47,6 @@ def _spec(shop_spec: dict[str, Any], library: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("library", list(UNSEEN))
 def test_a_held_out_class_never_learned_is_scored_wrong_not_dropped(library, shop_spec, shop_tables, write_tables):
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
@@ -58,7 +57,7 @@ def test_a_held_out_class_never_learned_is_scored_wrong_not_dropped(library, sho
     folder = write_tables(dict(shop_tables, customers=c.set_column(c.schema.get_field_index("churn"), "churn", churn)))
     spec = parse_spec(_spec(shop_spec, library))
     chain = Chain(spec, resolve_sources(spec, folder), torch.device("cpu"))
-    work = Workload(chain, RunResult())
+    work = Workload(chain)
     work.list_keys()
     assert [list(k) for k in work.chunks] == [[1, 2, 3, 4], [5]]
     work.train()

@@ -130,13 +130,12 @@ def test_labels_follow_the_harness_convention():
 
 
 def _workload(spec_dict: dict[str, Any], folder: Path) -> Any:
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
 
     spec = parse_spec(spec_dict)
-    work = Workload(Chain(spec, resolve_sources(spec, folder), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, folder), torch.device("cpu")))
     work.list_keys()
     return work
 

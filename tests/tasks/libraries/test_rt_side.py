@@ -252,7 +252,6 @@ def test_each_request_carries_the_notes_steps_with_their_own_seconds(
     from tasks.libraries.relational_transformers import side as side_module
     from tasks.measure import keys as K
     from tasks.measure.clock import Clock
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.runner import run_requests
     from tasks.run.scenarios.workload import Workload
@@ -273,8 +272,7 @@ def test_each_request_carries_the_notes_steps_with_their_own_seconds(
     work = Workload(
         Chain(
             spec, resolve_sources(spec, folder), torch.device("cpu"), clock=Clock(None, now=lambda: now[0], sleep=sleep)
-        ),
-        RunResult(),
+        )
     )
     work.list_keys()
     work.train()

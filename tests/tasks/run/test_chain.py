@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tasks.measure.clock import Clock
-from tasks.measure.records import RunResult
 from tasks.run.chain import Chain
 from tasks.run.scenarios.request import RequestPath
 from tasks.run.scenarios.workload import Workload
@@ -69,7 +68,7 @@ def test_every_step_runs_in_order_through_the_runner_and_its_seconds_land_in_its
 def test_request_path_encodes_text_and_serves_what_the_offline_chain_serves(text_shop, tmp_path):
     spec, folder = text_shop
     sources = resolve_sources(spec, folder)
-    work = Workload(Chain(spec, sources, torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, sources, torch.device("cpu")))
     work.list_keys()
     offline = work.prepare(0, "predict")
     request = RequestPath(work, PredictionWriter(tmp_path / "r.parquet"))

@@ -23,7 +23,6 @@ import torch
 
 from model.arrow import coordinate_counts
 from tasks.measure.quality import Quality
-from tasks.measure.records import RunResult
 from tasks.run.chain import Chain
 from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
@@ -91,7 +90,7 @@ def test_bookkeeping_is_counted_after_the_compute_stage_not_inside_it(
     spec = parse_spec(_spec(shop_spec, library))
     time = ScriptedTime()
     chain = Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu"), clock=time.clock)
-    work = Workload(chain, RunResult())
+    work = Workload(chain)
     work.list_keys()
     work.train()  # one epoch: every library has learned its classes, so quality scores rows
     tz = work.prepare_untimed(0)
@@ -147,7 +146,7 @@ def test_an_untracked_pass_counts_nothing_into_the_runs_figures(shop_spec, shop_
     the run kept before it is still counted, nothing of the pass is."""
     spec = parse_spec(_spec(shop_spec, "reference"))
     chain = Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu"))
-    work = Workload(chain, RunResult())
+    work = Workload(chain)
     work.list_keys()
     tz = work.prepare_untimed(0)
     engine = chain.engine

@@ -95,7 +95,7 @@ def test_the_flows_own_fit_is_not_a_train_stage_and_mfu_counts_rank0s_batches(
 
     shop_spec["run"]["distributed"] = {"processes": 2, "reference": False}
     spec = parse_spec(shop_spec)
-    work = Workload(Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu")))
     work.list_keys()
 
     def ranks(job: dict, processes: int, threads: int, workdir: Path) -> list[RankReport]:

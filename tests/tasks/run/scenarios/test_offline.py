@@ -38,7 +38,7 @@ def test_calibration_fit_compiles_nothing_so_predict_first_call_compiles(shop_sp
     raw["run"]["batch_size"] = 64  # one batch per step: no shape-driven recompiles
     raw["task"]["validation_fraction"] = 0.3
     spec = parse_spec(raw)
-    work = Workload(Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu")))
     work.list_keys()
     work.train()
     before_fit = compute_stage.compiled_frames()
@@ -92,7 +92,7 @@ def test_the_offline_report_of_a_scripted_run_holds_the_known_figures(
     shop_spec["run"].update(repeats=3, check_outputs=True)
     spec = parse_spec(shop_spec)
     chain = Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=ft.clock, run_stage=runner)
-    work = Workload(chain, RunResult())
+    work = Workload(chain)
     listed: dict[str, int] = {}  # the predict table's bytes before the passes (the key listing's)
     list_keys = work.list_keys
 
@@ -143,8 +143,7 @@ def test_the_offline_report_of_a_scripted_run_holds_the_known_figures(
     assert ran.timed.stage_seconds == ran.stages.timed_seconds == 3 * pass_seconds + 7.0
 
     # The record keys them as before: the reports in RunResult.
-    work.result.offline, work.result.stages = report, ran.stages
-    m = work.result.metrics()
+    m = RunResult(ran.stages, offline=report).metrics()
     e2e = 3 * pass_seconds  # the key listing cost nothing on this clock
     assert m[K.E2E_PREDICT_SECONDS] == e2e
     assert m[K.E2E_PREDICT_ROWS] == m[K.DATA_ROWS_PREDICTED] == 120.0

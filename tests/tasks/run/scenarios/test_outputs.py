@@ -49,7 +49,6 @@ class Perturbed:
 def trained_once(shop_kit, many_shop_folder):
     """A trained tiny engine with a fitted-looking temperature (once per module: every test
     puts back the backend it swaps), and the held-out keys to ask for."""
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.schedule import validation_keys
     from tasks.run.scenarios.workload import Workload
@@ -59,7 +58,7 @@ def trained_once(shop_kit, many_shop_folder):
     shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
     shop_spec["run"]["scenario"] = "single_stream"
     spec = parse_spec(shop_spec)
-    work = Workload(Chain(spec, resolve_sources(spec, many_shop_folder), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_folder), torch.device("cpu")))
     work.list_keys()
     work.train()
     work.chain.set_temperature(TEMPERATURE)
@@ -183,7 +182,6 @@ def test_a_stale_repeated_key_is_the_worst_root(trained):
 
 
 def test_check_outputs_off_keeps_nothing(shop_spec, many_shop_files, tmp_path):
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.request import RequestPath
     from tasks.run.scenarios.workload import Workload
@@ -194,7 +192,7 @@ def test_check_outputs_off_keeps_nothing(shop_spec, many_shop_files, tmp_path):
     shop_spec["run"]["mode"] = "predict"
     shop_spec["run"]["request"] = {"check_outputs": False}
     spec = parse_spec(shop_spec)
-    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")))
     work.list_keys()
     path = RequestPath(work, PredictionWriter(tmp_path / "p.parquet"))
     assert path.outputs is None
@@ -262,7 +260,6 @@ def test_a_cache_shows_in_the_repeat_ratio():
 def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files, tmp_path):
     """A per-order target: cells of absent orders (padding) are not outputs, so a backend that
     writes anything there matches; one that moves a present cell does not."""
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.request import RequestPath
     from tasks.run.scenarios.schedule import validation_keys
@@ -273,7 +270,7 @@ def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files,
     shop_spec["task"] = {"target": "o_status", "branch": "orders", "kind": "category"}
     shop_spec["run"].update(scenario="single_stream", mode="predict")  # untrained weights: outputs all the same
     spec = parse_spec(shop_spec)
-    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")))
     work.list_keys()
     pool = validation_keys(np.concatenate(work.chunks), spec, work.chain.sources)
 
@@ -318,7 +315,6 @@ def test_a_branch_target_compares_present_cells_only(shop_spec, many_shop_files,
 @pytest.fixture(scope="module")
 def bucketed_once(shop_kit, many_shop_folder):
     """A trained tiny engine serving offline passes bucketed by length, packed (run.check_outputs)."""
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.workload import Workload
     from tasks.sources.files import resolve_sources
@@ -327,7 +323,7 @@ def bucketed_once(shop_kit, many_shop_folder):
     shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
     shop_spec["run"].update(bucketing="by_length", packing="auto", check_outputs=True, chunk_rows=16)
     spec = parse_spec(shop_spec)
-    work = Workload(Chain(spec, resolve_sources(spec, many_shop_folder), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_folder), torch.device("cpu")))
     work.list_keys()
     work.train()
     work.chain.set_temperature(TEMPERATURE)

@@ -41,7 +41,7 @@ ROWS, BATCH = 40, 4  # many_shop_files: 40 customers, run.batch_size 4
 def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
     """The shop workload on a scripted clock: each stage step costs ``STAGE_COST``, each
     training batch ``TRAIN_BATCH`` and each predict batch ``PREDICT_BATCH``; nothing else moves
-    the clock. Returns ``run(spec_changes) -> workload`` after the whole timed region."""
+    the clock. Returns ``run(spec_changes) -> (workload, record)`` after the whole timed region."""
     ft = ScriptedTime()
 
     class Stubbed(reference_side.Engine):
@@ -68,14 +68,14 @@ def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
             ft.t += STAGE_COST[stage]
         return out, span.seconds
 
-    def run(**changes: Any) -> Workload:
+    def run(**changes: Any) -> tuple[Workload, RunResult]:
         raw = dict(shop_spec)
         raw["run"] = {**raw["run"], "epochs": 2, "repeats": 2, "output_dir": str(tmp_path / "out"), **changes}
         spec = parse_spec(raw)
         chain = Chain(
             spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=ft.clock, run_stage=runner
         )
-        work = Workload(chain, RunResult())
+        work = Workload(chain)
         writer = PredictionWriter(tmp_path / "p.parquet")
         steps = RegionSteps(
             train=work.train, distributed=False, serving_backend=lambda: None, requests=None, writer=writer
@@ -85,17 +85,18 @@ def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
         finally:
             writer.abort()
         assert isinstance(ran.scenario, OfflineRun)
-        work.result.offline, work.result.stages = ran.scenario.report, ran.stages  # into the record, as the flow does
-        work.result.training = ran.training
-        return work
+        # the region's reports into the record, as the flow does
+        result = RunResult(ran.stages, offline=ran.scenario.report, training=ran.training, projection=ran.projections)
+        return work, result
 
     return ft, run
 
 
 def test_the_projection_is_exact_on_stub_stages_with_known_seconds(stubbed):
     ft, run = stubbed
-    work = run()
-    made = work.result.projection.made  # type: ignore[union-attr]
+    work, result = run()
+    assert result.projection is not None
+    made = result.projection.made
     assert [p.at for p in made] == ["train", "predict"]
     trained = work.stages["train"]["compute"].rows // 2  # training rows of one epoch
     train_batches, predict_batches = 2 * math.ceil(trained / BATCH), 2 * math.ceil(ROWS / BATCH)
@@ -128,7 +129,7 @@ def test_the_projection_is_exact_on_stub_stages_with_known_seconds(stubbed):
     )
     # what the re-projection leaves out is exactly the two passes' calibrate and write
     assert region - again.total_seconds == 2 * (STAGE_COST["calibrate"] + STAGE_COST["write"])
-    m = work.result.metrics()
+    m = result.metrics()
     assert m[K.RUN_PROJECTED_SECONDS] == first.total_seconds
     assert m[K.RUN_PROJECTED_AT_SECONDS] == first.elapsed_seconds
     assert m[K.RUN_PROJECTED_EXACT] == 1.0
@@ -151,10 +152,10 @@ def test_max_minutes_stops_at_the_first_projection_before_the_work_it_prices(stu
 
 def test_a_limit_above_the_projection_lets_the_run_finish(stubbed):
     ft, run = stubbed
-    work = run(max_minutes=10.0)
-    assert work.result.offline is not None and work.result.offline.passes == 2
-    assert work.result.training is not None and work.result.training.epochs == 2
-    assert work.result.projection.made[0].total_seconds < 600  # type: ignore[union-attr]
+    _, result = run(max_minutes=10.0)
+    assert result.offline is not None and result.offline.passes == 2
+    assert result.training is not None and result.training.epochs == 2
+    assert result.projection is not None and result.projection.made[0].total_seconds < 600
 
 
 def test_the_count_sees_every_batch_of_a_total_known_before_the_phase(stubbed):
@@ -169,7 +170,7 @@ def test_the_count_sees_every_batch_of_a_total_known_before_the_phase(stubbed):
 
     unsubscribe = progress.subscribe(listen)
     try:
-        work = run(chunk_rows=16)  # three chunks: training rows known chunk by chunk
+        work, _ = run(chunk_rows=16)  # three chunks: training rows known chunk by chunk
     finally:
         unsubscribe()
     train, predict = seen
@@ -187,9 +188,9 @@ def test_the_count_sees_every_batch_of_a_total_known_before_the_phase(stubbed):
 def test_without_a_listener_nothing_is_counted(stubbed):
     ft, run = stubbed
     assert not progress.listening()
-    work = run()
+    _, result = run()
     assert progress._count is None
-    assert work.result.projection.made  # type: ignore[union-attr]  # the projection is the run's, listener or not
+    assert result.projection is not None and result.projection.made  # the projection is the run's, listener or not
 
 
 def _request_pricing(ft: ScriptedTime, scenario: str, **request: Any) -> Any:
@@ -200,7 +201,7 @@ def _request_pricing(ft: ScriptedTime, scenario: str, **request: Any) -> Any:
     from tasks.spec.run import RunSettings
 
     run = RunSettings(scenario=scenario, mode="predict", request=request)  # type: ignore[arg-type]
-    work = SimpleNamespace(spec=SimpleNamespace(run=run), chain=SimpleNamespace(engine=None), result=RunResult())
+    work = SimpleNamespace(spec=SimpleNamespace(run=run), chain=SimpleNamespace(engine=None))
     return Pricing(work, ft.clock)  # type: ignore[arg-type]
 
 

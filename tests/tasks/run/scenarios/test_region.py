@@ -14,7 +14,7 @@ import torch
 from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.measure.records import OfflineReport, RunResult
+from tasks.measure.records import OfflineReport
 from tasks.run.chain import Chain
 from tasks.run.scenarios import region as region_module
 from tasks.run.scenarios import request as request_mod
@@ -70,7 +70,7 @@ def stubbed(monkeypatch, shop_spec, many_shop_files):
         chain = Chain(
             spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=ft.clock, run_stage=ft.runner()
         )
-        return Workload(chain, RunResult())
+        return Workload(chain)
 
     return ft, workload
 

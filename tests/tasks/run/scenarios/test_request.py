@@ -75,7 +75,6 @@ def test_single_stream_service_and_wall_throughput():
 def served(shop_spec, many_shop_files, tmp_path):
     """A trained tiny engine and a single_stream scenario over the real request path: a cold
     request, then the same held-out key asked for again and again, then two others."""
-    from tasks.measure.records import RunResult
     from tasks.run.chain import Chain
     from tasks.run.scenarios.request import RequestPath
     from tasks.run.scenarios.schedule import validation_keys
@@ -87,7 +86,7 @@ def served(shop_spec, many_shop_files, tmp_path):
     shop_spec["model"] = {"d_model": 16, "layers": 1, "heads": 2}
     shop_spec["run"]["scenario"] = "single_stream"
     spec = parse_spec(shop_spec)
-    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu")))
     work.list_keys()
     work.train()
     pool = validation_keys(np.concatenate(work.chunks), spec, work.chain.sources)

@@ -15,7 +15,6 @@ import torch
 
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.measure.records import RunResult
 from tasks.run import chain as chain_module
 from tasks.run.chain import Chain
 from tasks.run.scenarios.runner import run_requests
@@ -52,9 +51,7 @@ def _served(shop_spec, many_shop_files, tmp_path, monkeypatch, scenario: str):
     shop_spec["run"]["request"] = {"min_requests": 6, "min_duration_s": 0, "target_qps": 0.2, "max_batch": 1}
     spec = parse_spec(shop_spec)
     bt = BookkeepingTime()
-    work = Workload(
-        Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=bt.clock), RunResult()
-    )
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=bt.clock))
     work.list_keys()
     work.train()
     monkeypatch.setattr(chain_module, "report_mask", bt.costs_a_second(chain_module.report_mask))

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tasks.measure import keys as K
-from tasks.measure.records import RunResult
 from tasks.run.chain import Chain
 from tasks.run.scenarios.runner import run_requests
 from tasks.run.scenarios.workload import Workload
@@ -52,9 +51,7 @@ def test_requests_are_served_with_the_policy_and_the_run_gets_its_threads_back(
     )
     spec = parse_spec(shop_spec)
     time = ScriptedTime()  # moves only while the server sleeps for an arrival
-    work = Workload(
-        Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=time.clock), RunResult()
-    )
+    work = Workload(Chain(spec, resolve_sources(spec, many_shop_files), torch.device("cpu"), clock=time.clock))
     work.list_keys()
     seen: list[int] = []
     frozen: list[int] = []

@@ -39,7 +39,7 @@ def _one_pass(spec_dict: dict[str, Any], folder: Path) -> tuple[dict[str, float]
     accounting; the metrics those figures give (the region's ``work.data_report()``)."""
     spec = parse_spec(spec_dict)
     chain = Chain(spec, resolve_sources(spec, folder), torch.device("cpu"))
-    work = Workload(chain, RunResult())
+    work = Workload(chain)
     work.list_keys()
     assert len(work.chunks) == 1
     tz = work.prepare(0, "predict")
@@ -87,7 +87,7 @@ def test_the_data_report_counts_each_chunk_once_and_every_read(shop_spec, shop_f
     every time, and only the request's root rows are served."""
     shop_spec["run"]["chunk_rows"] = 2
     spec = parse_spec(shop_spec)
-    work = Workload(Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu")), RunResult())
+    work = Workload(Chain(spec, resolve_sources(spec, shop_files), torch.device("cpu")))
     work.list_keys()
     listing = work.data.bytes_read  # the key listing's read
     chunks = [work.chain.prepare_untimed(keys) for keys in work.chunks]
