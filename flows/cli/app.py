@@ -41,6 +41,7 @@ from flows.cli.common import (
     install_interrupts,
     out,
     pairs,
+    show_table,
     start_run_command,
 )
 from flows.cli.floors import floors_cmd
@@ -350,7 +351,7 @@ def report(summary: dict[str, Any]) -> None:
 
     m = summary["metrics"]
     floor_doubts = untrusted(m)
-    out.print(stage_table(summary, trusted=not floor_doubts))
+    show_table(stage_table(summary, trusted=not floor_doubts))
     if floor_doubts:
         out.print("[yellow]* vs floor untrusted: " + "; ".join(floor_doubts))
     for key, label in ((K.E2E_PREDICT_ROWS_PER_S, "e2e predict"), (K.STEADY_ROWS_PER_S, "compute steady")):
@@ -359,7 +360,7 @@ def report(summary: dict[str, Any]) -> None:
             out.print(f"{label + ' repeats':<21} {text}")
     out.print("\n".join(summary_lines(summary)))
     for phase, ops in (summary.get("profile") or {}).items():
-        out.print(top_ops_table(phase, ops))
+        show_table(top_ops_table(phase, ops))
 
 
 def stage_table(summary: dict[str, Any], *, trusted: bool) -> Table:

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from flows.cli.common import console, handle_run_error, out, pairs, start_run_command
+from flows.cli.common import console, handle_run_error, out, pairs, show_table, start_run_command
 from flows.cli.sweep import parse_grid
 
 if TYPE_CHECKING:
@@ -77,7 +76,7 @@ def budget_cmd(
         handle_run_error(
             err, debug, "the running point and the parent run were ended KILLED; rerun the same command to resume."
         )
-    (out if out.is_terminal else Console(width=250)).print(budget_table(result))
+    show_table(budget_table(result))
     for line in result.markdown.split("\n\n")[1:]:  # the notes under the table
         out.print(line)
     for f in result.files:

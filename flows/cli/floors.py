@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import DEFAULT_SPEC, console, fail, out, start_run_command
+from flows.cli.common import DEFAULT_SPEC, console, fail, out, show_table, start_run_command
 
 UNITS = {"retrieve": "MB/s", "tensorize": "MB/s", "compute": "GFLOP/s", "write": "MB/s", "orchestration": "calls/s"}
 SCALE = {"retrieve": 1e6, "tensorize": 1e6, "compute": 1e9, "write": 1e6, "orchestration": 1.0}
@@ -54,7 +54,7 @@ def floors_cmd(
         table.add_column(col, justify="left" if col in ("stage", "unit", "how") else "right")
     for name, f in led.floors.items():
         table.add_row(name, f"{f.rate / SCALE[name]:,.1f}", UNITS[name], f"{f.amount:,.0f}", f"{f.seconds:.5f}", f.how)
-    out.print(table)
+    show_table(table)
     how = "cached" if led.cached else "measured now"
     if not led.cached and led.other_cpu_fraction > BUSY_HOST_FRACTION:
         how += f", NOT cached: other processes used {led.other_cpu_fraction:.0%} of the cores"

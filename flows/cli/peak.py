@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from flows.cli.common import DEFAULT_SPEC, console, handle_run_error, out, pairs, start_run_command
+from flows.cli.common import DEFAULT_SPEC, console, handle_run_error, out, pairs, show_table, start_run_command
 
 
 def peak_table(summary: dict[str, Any]) -> Table:
@@ -99,7 +98,7 @@ def peak_qps_cmd(
         summary = _run(spec, overrides, bound_ms, start_qps, probe_requests, probe_seconds, tolerance, max_probes, tag)
     except (Exception, KeyboardInterrupt, SystemExit) as err:
         handle_run_error(err, debug, "the running probe and the parent run were ended KILLED.")
-    (out if out.is_terminal else Console(width=200)).print(peak_table(summary))
+    show_table(peak_table(summary))
     low, high = summary["bracket"]
     otherwise = sorted(p["rate"] for p in summary["probes"] if not p["passed"] and not p["missed_bound"])
     if otherwise:

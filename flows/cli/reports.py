@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import console, fail, install_interrupts, out
+from flows.cli.common import console, fail, install_interrupts, out, show_table
 from tasks.runtime.errors import UserError
 from tasks.runtime.masking import mask_uri
 
@@ -74,7 +74,7 @@ def print_comparison(c) -> None:
             verdict += f" [yellow]({BELOW_MDE})[/]"
         floor = f"{r.mde:.1%}" if math.isfinite(r.mde) else "-"
         table.add_row(r.key, _cell(r.baseline, r.key), _cell(r.candidate, r.key), ratio, floor, test, verdict)
-    out.print(table)
+    show_table(table)
     for title, diffs in (
         ("spec params that differ", c.param_differences),
         ("environment tags that differ", c.tag_differences),
@@ -85,7 +85,7 @@ def print_comparison(c) -> None:
                 t.add_column(col)
             for d in diffs:
                 t.add_row(d.key, d.baseline, d.candidate)
-            out.print(t)
+            show_table(t)
         else:
             out.print(f"{title}: none")
     for note in c.notes:
@@ -304,7 +304,10 @@ def history_cmd(
             f"{s.step.ratio:.3f}x",
             f"{s.step.z:.1f}",
         )
-    out.print(table if steps else "no steps detected")
+    if steps:
+        show_table(table)
+    else:
+        out.print("no steps detected")
     for s in steps:
         diffs = differences([s.before_run], [s.after_run], "tags", environment_tag)
         diffs += differences([s.before_run], [s.after_run], "params")

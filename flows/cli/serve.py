@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from flows.cli.common import BENCHMARKS, console, fail, out, quiet_prefect
+from flows.cli.common import BENCHMARKS, console, fail, out, quiet_prefect, show_table
 from tasks.runtime.masking import mask_uri
 
 
@@ -62,7 +62,7 @@ def serve_cmd(
         table.add_column(col)
     for p, i in zip(planned, ids, strict=True):
         table.add_row(f"benchmark/{p.name}", f"{p.cron} ({p.timezone})" if p.cron else "on demand", str(p.path), i)
-    out.print(table)
+    show_table(table)
     from tasks.tracking.uri import tracking_uri
 
     out.print(

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from flows.cli.common import console, handle_run_error, out, pairs, start_run_command
+from flows.cli.common import console, handle_run_error, out, pairs, show_table, start_run_command
 from tasks.runtime.errors import UserError
 from tasks.spec.parse import load_yaml
 
@@ -211,7 +210,7 @@ def show_sweep_event(event: str, info: dict[str, Any]) -> None:
 
 def _print_sweep_summary(summary: dict[str, Any]) -> None:
     # A pipe or log file gets the full table (run ids included) instead of an 80-column squeeze.
-    (out if out.is_terminal else Console(width=200)).print(sweep_table(summary))
+    show_table(sweep_table(summary))
     rows = summary["rows"]
     skipped = sum(r["status"] == "SKIPPED" for r in rows)
     failed = sum(r["status"] == "FAILED" for r in rows)

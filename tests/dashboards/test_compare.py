@@ -70,7 +70,7 @@ def test_cli_compare_by_ids_and_by_param_groups(bench_runs):
         app, ["compare", bench_runs.a_512, bench_runs.c_16, "--json", str(bench_runs.folder / "cmp.json")], env=env
     )
     assert res.exit_code == 0, res.output
-    assert "compute.steady_rows_per_s" in res.output and "run.batch_size" in res.output
+    assert "compute.steady_rows_per_s" in res.output and "run.batch_size" in res.output, res.output
     assert "cannot judge significance" in res.output
     data = json.loads((bench_runs.folder / "cmp.json").read_text())
     assert (data["baseline_independent_runs"], data["candidate_independent_runs"]) == (1, 1)
