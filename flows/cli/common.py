@@ -8,6 +8,7 @@ Commands add their own codes on top (3 ``run --strict`` INVALID, 4 ``history
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -42,8 +43,11 @@ def show_table(table: Table) -> None:
     if out.is_terminal:
         out.print(table)
         return
-    width = Console(width=100_000).measure(table).maximum
-    Console(width=max(width, 1), soft_wrap=True).print(table)
+    width = Console(width=100_000, file=io.StringIO()).measure(table).maximum
+    text = io.StringIO()
+    Console(width=max(width, 1), file=text, color_system=None).print(table)
+    # through ``out`` (its file, its capture), as text it must not wrap again
+    out.print(text.getvalue(), end="", markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
 def fail(err: BaseException, debug: bool) -> NoReturn:
