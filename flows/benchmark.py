@@ -8,7 +8,9 @@ This file is the order of work and nothing else. The flow reads as its steps:
         -> collect (tasks/run/record/assemble.py) -> floor fractions (flows/floors.py)
         -> judge (tasks/run/record/judge.py) -> log_run (tasks/run/record/run_log.py)
 
-The state handed between them is an ``Invocation`` (tasks/run/scenarios/invocation.py). The work
+Each step gets the ``Invocation`` (tasks/run/scenarios/invocation.py: the run's identity, plan
+and shared handles) and returns what it measured: the timed body a ``Timed``, collect the
+record (``RunResult``), which judge and log read. The work
 itself is not here: the plan's stage chain (tasks/run/chain.py) owns the order of steps,
 the workload (tasks/run/scenarios/workload.py) its chunks, training epochs and calibration fit,
 and the scenarios (tasks/run/scenarios: offline passes, single_stream, server) the predict phase.
@@ -24,6 +26,7 @@ error ends the run FAILED (KILLED for interrupts) and removes the partial predic
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -40,9 +43,9 @@ from tasks.measure.environment import fingerprint, host_load_per_core
 from tasks.measure.host_env import CpuTicks, steal_fraction
 from tasks.measure.hostload import OtherCpu, other_cpu_fraction_before
 from tasks.measure.memory import PeakMemory
-from tasks.measure.records import Region, RunResult
+from tasks.measure.records import Region
 from tasks.measure.stats import CI_METHOD
-from tasks.run.backend_setup import serving_backend
+from tasks.run.backend_setup import Served, serving_backend
 from tasks.run.chain import Chain, Weights
 from tasks.run.checks.plan import Plan, plan
 from tasks.run.distributed import launch as distributed
@@ -51,10 +54,10 @@ from tasks.run.record.assemble import collect
 from tasks.run.record.judge import judge
 from tasks.run.record.run_log import log_run
 from tasks.run.reference_pass import reference_quality
-from tasks.run.scenarios.invocation import Invocation
+from tasks.run.scenarios.invocation import Invocation, Timed, predict_threads
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.offline import OfflineRun
-from tasks.run.scenarios.outputs import ServedOutputs, check_offline_outputs, check_outputs
+from tasks.run.scenarios.outputs import OutputCheck, ServedOutputs, check_offline_outputs, check_outputs
 from tasks.run.scenarios.region import RegionSteps, run_region
 from tasks.run.scenarios.runner import run_requests
 from tasks.run.scenarios.workload import Workload
@@ -96,6 +99,13 @@ def run_as_prefect_task(stage: str, step: Callable[[], _T], clock: Clock) -> tup
     return cast(_T, out), seconds
 
 
+@dataclass
+class PrefectCalls:
+    """The timed body's Prefect task calls (the orchestration floor's), counted as they are made."""
+
+    n: int = 0
+
+
 @task(name="requests", **STAGE_TASK)
 def requests_task(work: Workload, writer: PredictionWriter) -> LatencyRecord:
     """single_stream / server: timed requests (tasks/run/scenarios)."""
@@ -133,7 +143,6 @@ def start_run(
         run_id=run_id,
         output=output,
         writer=PredictionWriter(output),
-        result=RunResult(),
         memory=PeakMemory(p.device),
         flow_start=flow_start,
         launch_seconds=flow_start - launched_at if launched_at else 0.0,
@@ -141,8 +150,9 @@ def start_run(
     )
 
 
-def timed_body(run: Invocation) -> None:
-    """Step 2: under the host lock, the timed region: list keys, train epochs, predict passes.
+def timed_body(run: Invocation) -> Timed:
+    """Step 2: under the host lock, the timed region: list keys, train epochs, predict passes;
+    then, still under the lock and untimed, the output checks and the reference quality.
 
     Other work on the host is sampled just before the region (the benchmark idle) and
     measured during it; MLflow system metrics are only sampled in memory here."""
@@ -158,11 +168,12 @@ def timed_body(run: Invocation) -> None:
         other = OtherCpu().start()
         ticks_start = CpuTicks.now()
         region_start_unix = unix_time()
-        run.work = work = Workload(chain_for(run))
+        calls = PrefectCalls()
+        run.work = work = Workload(chain_for(run, calls))
 
         def requests() -> LatencyRecord:
             progress.emit("phase", name=f"{s.run.scenario} requests")
-            run.prefect_calls += 1  # one task for every request (each runs its steps directly)
+            calls.n += 1  # one task for every request (each runs its steps directly)
             return requests_task(work, run.writer)
 
         steps = RegionSteps(
@@ -172,7 +183,7 @@ def timed_body(run: Invocation) -> None:
                 else work.train()
             ),
             distributed=s.run.distributed is not None,
-            serving_backend=lambda: serve_backend(run),  # outside every stage (not in e2e)
+            serving_backend=lambda: serve_backend(run),  # outside every stage (not in e2e); its set-up returned
             requests=requests if s.run.scenario != "offline" else None,  # single_stream / server
             writer=run.writer,  # offline: predict passes (tasks/run/scenarios/offline.py)
         )
@@ -181,50 +192,57 @@ def timed_body(run: Invocation) -> None:
         other_during = other.stop()
         stolen = steal_fraction(ticks_start, CpuTicks.now())
         run.tracker.stop_system_metrics()
-        # the region's reports; the scenario's: the request record, or the offline passes' figures
-        run.timed, report, run.result.projection = ran.timed, ran.scenario, ran.projections
-        run.result.stages, run.result.data = ran.stages, ran.data
-        run.result.training, run.result.calibration = ran.training, ran.calibration  # (a predict run: none)
-        offline = report if isinstance(report, OfflineRun) else None
-        run.latency = report if isinstance(report, LatencyRecord) else None
-        run.result.offline = offline.report if offline is not None else None
-        untimed_checks(run, work, offline.served_outputs if offline is not None else None)  # still under the host lock
-    run.region = Region(waited, region_start_unix, region_end_unix, load_start, other_before, other_during, stolen)
+        offline = ran.scenario if isinstance(ran.scenario, OfflineRun) else None
+        latency = ran.scenario if isinstance(ran.scenario, LatencyRecord) else None
+        # still under the host lock, untimed: the output checks, the reference quality
+        output_check = untimed_checks(run, work, latency, offline.served_outputs if offline is not None else None)
+        quality = reference_quality_after(run, work, latency)
+    host = Region(waited, region_start_unix, region_end_unix, load_start, other_before, other_during, stolen)
+    return Timed(ran, host, calls.n, output_check, quality)
 
 
-def untimed_checks(run: Invocation, work: Workload, served: ServedOutputs | None) -> None:
-    """After the region, outside every timing: the output checks (``served``: the last offline
-    pass's rows, run.check_outputs) and the reference quality."""
+def untimed_checks(
+    run: Invocation, work: Workload, latency: LatencyRecord | None, served: ServedOutputs | None
+) -> OutputCheck | None:
+    """After the region, outside every timing: the output checks. A request run's goes into its
+    record; ``served``, the last offline pass's rows (run.check_outputs), gives the returned one."""
     s = run.spec
-    if run.latency is not None and run.latency.served_outputs is not None:
+    if latency is not None and latency.served_outputs is not None:
         progress.emit("phase", name="output check (not timed)")
-        run.latency.output_check = check_outputs(work.chain, run.latency.served_outputs, s.run)
-        run.latency.served_outputs = None  # the served tensors are no longer needed
-    if served is not None:  # run.check_outputs (offline)
-        progress.emit("phase", name="output check vs a plain pass (not timed)")
-        run.output_check = check_offline_outputs(work.chain, served)
-        served.release()  # the served tensors are no longer needed (the OfflineRun still holds the record)
-    if run.plan.reference is not None:
-        progress.emit("phase", name="reference quality (not timed)")
-        run.reference_quality = reference_quality(
-            s,
-            run.plan.reference,
-            len(work.chunks),
-            work.prepare_untimed,
-            run.plan.device,
-            # a request scenario: the rows its requests scored, repeats and the cold one included
-            run.latency.scored_keys if run.latency is not None else None,
-            work.chain.prepare_untimed,
-        )
+        latency.output_check = check_outputs(work.chain, latency.served_outputs, s.run)
+        latency.served_outputs = None  # the served tensors are no longer needed
+    if served is None:
+        return None
+    progress.emit("phase", name="output check vs a plain pass (not timed)")
+    check = check_offline_outputs(work.chain, served)
+    served.release()  # the served tensors are no longer needed (the OfflineRun still holds the record)
+    return check
 
 
-def chain_for(run: Invocation) -> Chain:
+def reference_quality_after(run: Invocation, work: Workload, latency: LatencyRecord | None) -> dict[str, float] | None:
+    """After the region, untimed: quality of the reference checkpoint over the same rows."""
+    if run.plan.reference is None:
+        return None
+    progress.emit("phase", name="reference quality (not timed)")
+    return reference_quality(
+        run.spec,
+        run.plan.reference,
+        len(work.chunks),
+        work.prepare_untimed,
+        run.plan.device,
+        # a request scenario: the rows its requests scored, repeats and the cold one included
+        latency.scored_keys if latency is not None else None,
+        work.chain.prepare_untimed,
+    )
+
+
+def chain_for(run: Invocation, calls: PrefectCalls) -> Chain:
     """The plan's stage chain: its sources, device and starting weights, each step a Prefect
-    task (counted on the run: the orchestration floor's calls)."""
+    task (counted in ``calls``: the orchestration floor's)."""
     p, ck = run.plan, run.plan.checkpoint
 
     def run_stage(stage: str, step: Callable[[], _T], clock: Clock) -> tuple[_T, float]:
-        run.prefect_calls += 1
+        calls.n += 1
         return run_as_prefect_task(stage, step, clock)
 
     return Chain(
@@ -237,16 +255,11 @@ def chain_for(run: Invocation) -> Chain:
     )
 
 
-def serve_backend(run: Invocation) -> float:
-    """The serving backend (tasks/run/backend_setup.py), its set-up recorded on the run."""
+def serve_backend(run: Invocation) -> Served:
+    """The serving backend (tasks/run/backend_setup.py): its set-up, and the checkpoint it saved."""
     assert run.work is not None
     load = run.plan.checkpoint.load if run.plan.checkpoint else None
-    served = serving_backend(run.spec, run.work.chain, run.plan.backend, load, run.output.with_suffix(".ckpt"))
-    if served.checkpoint is not None:
-        run.ckpt_path = served.checkpoint
-    if served.setup is not None and served.tags is not None:
-        run.backend_setup, run.backend_tags = served.setup, served.tags
-    return served.seconds
+    return serving_backend(run.spec, run.work.chain, run.plan.backend, load, run.output.with_suffix(".ckpt"))
 
 
 @flow(name="benchmark", persist_result=False, validate_parameters=True)
@@ -269,20 +282,22 @@ def benchmark(
     progress.emit("phase", name="starting MLflow run")
     run = start_run(s, p, flow_start, launched_at, parent_run_id, tags, thread_tags)
     forget_outputs = interrupts.on_interrupt(lambda: _remove_outputs(run.output))
-    run.result.data_checks = dict(p.data_metrics)
     try:
         run.memory.start()  # inside: a sampler that cannot start must not leave the run RUNNING
-        timed_body(run)
-        metrics = collect(run)  # tasks/run/record/assemble.py
+        timed = timed_body(run)
+        record = collect(run, timed)  # tasks/run/record/assemble.py
+        metrics = record.metrics()
         # offline: the committed file is one row per root key in key order, the write floor's table
         predictions = run.output if s.run.scenario == "offline" else None
         # at the threads the predict compute ran at: an ONNX Runtime session's own, or the requests'
+        threads = predict_threads(run.engine, timed.latency)
         floors = run_floor_metrics(
-            s, p.sources, p.device, metrics, run.prefect_calls, predictions, run.predict_threads, p.library
+            s, p.sources, p.device, metrics, timed.prefect_calls, predictions, threads, p.library
         )
         metrics.update(floors)
         metrics.update(relbench_figures(run, p, predictions))
-        summary = log_run(run, metrics, judge(run, metrics))  # tasks/run/record/judge.py, tasks/run/record/run_log.py
+        # tasks/run/record/judge.py, tasks/run/record/run_log.py
+        summary = log_run(run, timed, record, metrics, judge(run, timed, metrics))
     except BaseException as err:
         try:
             run.memory.stop()

@@ -50,7 +50,7 @@ def run_floor_metrics(
     """A finished run's ``floor.*`` metrics against this host's (cached) ledger; measured
     after the timed region on a miss (``predictions``: the run's committed prediction file,
     the write floor's table, so no forward pass is spent making one), at ``threads``, the
-    intra-op threads its predict compute ran at (``Invocation.predict_threads``; None: the
+    intra-op threads its predict compute ran at (``invocation.predict_threads``; None: the
     spec's, ``serving_threads``)."""
     host = fingerprint(device)["relflow.host_fingerprint"]
     led = ledger(

@@ -15,7 +15,7 @@ it times PyTorch (first call, warm-up, steady batches, exact rows).
 created (ONNX Runtime, in the ``backend_setup`` bucket, before a request scenario switches
 torch to ``run.request.intra_op_threads``); None for a backend that runs on torch's threads,
 whatever they are while it runs. The run's MFU peak and floors use it
-(``EngineBase.session_threads``, ``Invocation.predict_threads``).
+(``EngineBase.session_threads``, ``invocation.predict_threads``).
 """
 
 from __future__ import annotations

@@ -390,11 +390,13 @@ NO_TRAINING = TrainingReport()  # a predict run's: no epoch ran
 
 @dataclass(frozen=True)
 class OutputReport:
-    """The kept prediction file, committed after the region (tasks/run/record/assemble.py)."""
+    """The files the run keeps, committed after the region (tasks/run/record/assemble.py): the
+    prediction file (its rows and bytes) and the checkpoint of the weights it trained."""
 
     rows: int = 0  # rows written
     bytes: int = 0
     path: str = ""
+    checkpoint: str | None = None  # train+predict runs
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -565,6 +567,7 @@ class EngineReport:
     temperature: float | None = None  # the calibration temperature served with
     calibration_report_rows: int | None = None  # held-out rows it was not fitted on (calibrated kinds)
     fp8_fallback_calls: int | None = None  # reference weights served natively in fp8
+    backend_tags: dict[str, str] = field(default_factory=dict)  # what served the predict steps (tags)
 
     def compile_metrics(self) -> dict[str, float]:
         """Recompiles and graph breaks per phase (predict's under both key forms)."""

@@ -41,7 +41,7 @@ by its warm figures, the offline predict passes after the first
 first calls, compilation and cold caches), and compute by ``compute.model_flops_per_s``
 (present FLOPs of the steady batches). A run with one pass has no warm byte-stage figures and
 gets no byte-stage fractions. A run's ledger is measured at the intra-op threads its predict
-compute ran at (the flow passes ``Invocation.predict_threads``, ``compute.predict.intra_op_threads``):
+compute ran at (the flow passes ``invocation.predict_threads``, ``compute.predict.intra_op_threads``):
 an ONNX Runtime session's own count, fixed when it was created, or a request run's
 ``run.request.intra_op_threads``, not the process's. Without a run (``relflow-bench floors``)
 it is the spec's request count (``serving_threads``).
@@ -344,7 +344,7 @@ def serving_threads(spec: Spec) -> int | None:
     """The intra-op threads a run of ``spec`` serves requests at, from the spec alone: a
     request run's ``run.request.intra_op_threads`` (None: the process's, as offline). A
     finished run passes what its predict compute really ran at instead (an ONNX Runtime
-    session keeps its own: ``Invocation.predict_threads``)."""
+    session keeps its own: ``invocation.predict_threads``)."""
     return None if spec.run.scenario == "offline" else spec.run.request.intra_op_threads
 
 

@@ -322,5 +322,5 @@ class EngineBase:
         that fixed its own when it was created (ONNX Runtime: tasks/backends/__init__.py);
         None when they ran on torch's, whatever those were (the process's, or a request
         scenario's ``run.request.intra_op_threads``). Asked after the timed region: the
-        run's MFU peak and floors are at this count (``Invocation.predict_threads``)."""
+        run's MFU peak and floors are at this count (``invocation.predict_threads``)."""
         return None

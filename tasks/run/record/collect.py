@@ -66,6 +66,8 @@ def engine_figures(chain: Chain, engine: EngineBase, predict_units: int) -> Engi
         # held-out rows the temperature was not fitted on
         calibration_report_rows=chain.calibration.rows if chain.spec.task.kind in CALIBRATED_KINDS else None,
         fp8_fallback_calls=fp8_fallback_calls(reference.model) if reference is not None else None,
+        # after the passes: weights_native reads their fp8 fallbacks (MLflow stores tags as text)
+        backend_tags={k: str(v) for k, v in engine.backend_tags().items()},
     )
 
 
@@ -75,7 +77,7 @@ def utilisation(
     """MFU per phase against this host's cached peak (measured here, outside the timed
     region, on a cache miss). A library with no FLOPs count publishes none (its
     ``ModelFacts.flops_note`` says why). ``predict_threads``: the intra-op thread count the
-    predict compute ran at when it was not simply the process's (``Invocation.predict_threads``:
+    predict compute ran at when it was not simply the process's (``invocation.predict_threads``:
     an ONNX Runtime session's own, or a request scenario's ``run.request.intra_op_threads``):
     its MFU is against the peak at that count."""
     cells = engine.steady_cells if facts.flop_model is not None else None

@@ -17,21 +17,22 @@ from tasks.measure.utilisation import utilisation_reasons
 from tasks.run.record.baseline import no_better_than_baseline
 from tasks.run.record.validity import verdict
 from tasks.run.reference_pass import drop_reasons
-from tasks.run.scenarios.invocation import Invocation
+from tasks.run.scenarios.invocation import Invocation, Timed
 from tasks.run.scenarios.latency import verdict as latency_verdict
 
 
-def judge(run: Invocation, metrics: dict[str, float]) -> list[str]:
+def judge(run: Invocation, timed: Timed, metrics: dict[str, float]) -> list[str]:
     """The validity verdict (empty: VALID)."""
     reasons = verdict(run.spec, metrics, run.engine.quality.headline)
-    if run.latency is not None:
+    latency = timed.latency
+    if latency is not None:
         reasons += latency_verdict(run.spec.run.scenario, run.spec.run.request, metrics)
-        if run.latency.output_check is not None:
-            reasons += run.latency.output_check.reasons()
+        if latency.output_check is not None:
+            reasons += latency.output_check.reasons()
     if not run.quality_meaningful and run.spec.task.min_quality is not None:
         reasons.append("task.min_quality set but weights are untrained (predict without run.checkpoint)")
     if run.quality_meaningful:  # a model no better than the majority class / the mean
         reasons += no_better_than_baseline(metrics)
-    if run.output_check is not None:
-        reasons += run.output_check.reasons()
+    if timed.output_check is not None:
+        reasons += timed.output_check.reasons()
     return reasons + utilisation_reasons(metrics) + drop_reasons(run.spec, metrics)

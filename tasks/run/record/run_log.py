@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 from tasks.measure import keys as K
 from tasks.measure.floor_trust import UNTRUSTED_TAG, untrusted
 from tasks.measure.profiling import to_markdown as profile_markdown
-from tasks.run.scenarios.invocation import Invocation
+from tasks.measure.records import RunResult
+from tasks.run.scenarios.invocation import Invocation, Timed
 from tasks.runtime.masking import mask_uri
 from tasks.stages.engine import EngineBase, graph_break_reasons
 from tasks.tracking.datasets import model_interface
@@ -28,40 +29,45 @@ from tasks.tracking.traces import log_request_traces
 from tasks.tracking.writer import Tracker
 
 
-def save_checkpoint(run: Invocation) -> None:
-    """The trained weights next to the predictions, as an MLflow artifact (and, for the
-    reference model, an MLflow model with its input and output interface)."""
+def save_checkpoint(run: Invocation, saved: Path | None) -> Path:
+    """The trained weights next to the predictions (unless ``saved`` before serving: ONNX
+    Runtime exports them), as an MLflow artifact (and, for the reference model, an MLflow
+    model with its input and output interface); returns the checkpoint's path."""
     s, p, engine = run.spec, run.plan, run.engine
-    if run.ckpt_path is None:  # else saved before serving (ONNX Runtime exports it)
-        run.ckpt_path = run.output.with_suffix(".ckpt")
-        engine.save_checkpoint(run.ckpt_path, s)
-    run.tracker.log_artifact(run.ckpt_path, "checkpoint")
+    path = saved
+    if path is None:
+        path = run.output.with_suffix(".ckpt")
+        engine.save_checkpoint(path, s)
+    run.tracker.log_artifact(path, "checkpoint")
     assert run.work is not None  # after the timed region
     reference = run.work.chain.side.reference_engine()
     if reference is not None:  # model/'s engine: its interface is the harness's
         outputs = reference.needed_outputs(tuple(s.task.outputs))
         model, config = reference.model, reference.model.config
         run.tracker.log_model(model, model_interface(s, p.sources, reference.schema, config, outputs))
+    return path
 
 
-def log_run(run: Invocation, metrics: dict[str, float], reasons: list[str]) -> dict[str, Any]:
+def log_run(
+    run: Invocation, timed: Timed, record: RunResult, metrics: dict[str, float], reasons: list[str]
+) -> dict[str, Any]:
     """Metrics, system metrics, tags and artifacts to MLflow; the run FINISHED. Returns the
     flow's summary."""
-    engine, tracker = run.engine, run.tracker
-    if run.latency is not None:  # sampled requests as MLflow traces, built from the record (not timed)
+    engine, tracker, latency = run.engine, run.tracker, timed.latency
+    if latency is not None:  # sampled requests as MLflow traces, built from the record (not timed)
         req = run.spec.run.request
-        metrics.update(log_request_traces(tracker, run.latency, req.trace_sample_rate, run.spec.run.seed))
+        metrics.update(log_request_traces(tracker, latency, req.trace_sample_rate, run.spec.run.seed))
     tracker.log_metrics(metrics)
     metrics.update(engine.flush_throughput(tracker))  # the callback logs its own estimate
-    if run.latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
-        tracker.log_metric_steps(K.LATENCY_CDF_MS, run.latency.cdf_ms())
+    if latency is not None:  # the latency CDF: percentile 0..100 as the metric's steps
+        tracker.log_metric_steps(K.LATENCY_CDF_MS, latency.cdf_ms())
     tracker.flush_system_metrics()
-    tracker.set_tags(_tags(run, reasons))
+    tracker.set_tags(_tags(run, record, reasons))
     floor_doubts = untrusted(metrics)
     if floor_doubts:  # the fractions stand on a floor that is not one; the run's own figures stay right
         tracker.set_tags({UNTRUSTED_TAG: "; ".join(floor_doubts)})
     profile = _log_profile(tracker, engine)
-    stage_table = run.result.stages.table()
+    stage_table = record.stages.table()
     tracker.log_dict(stage_table, "stages.json")
     tracker.log_text(_sample_csv(run.output), "predictions_sample.csv")
     tracker.set_description(
@@ -76,7 +82,7 @@ def log_run(run: Invocation, metrics: dict[str, float], reasons: list[str]) -> d
         "metrics": metrics,
         "stages": stage_table,
         "output_path": str(run.output),
-        "checkpoint_path": str(run.ckpt_path) if run.ckpt_path else None,
+        "checkpoint_path": record.output.checkpoint,
         "quality_meaningful": run.quality_meaningful,
         "quality_metric": engine.quality.headline,
         "generated_data": run.plan.generated,
@@ -87,11 +93,12 @@ def log_run(run: Invocation, metrics: dict[str, float], reasons: list[str]) -> d
     }
 
 
-def _tags(run: Invocation, reasons: list[str]) -> dict[str, str]:
+def _tags(run: Invocation, record: RunResult, reasons: list[str]) -> dict[str, str]:
     engine = run.engine
+    served = record.engine.backend_tags if record.engine is not None else {}  # read before the engine closed
     return {
         "relflow.encoder_path": ",".join(sorted(engine.paths_seen)),
-        **(run.backend_tags or engine.backend_tags()),
+        **(served or engine.backend_tags()),
         "relflow.graph_break_reasons": json.dumps(graph_break_reasons()),
         "relflow.quality_meaningful": str(run.quality_meaningful).lower(),
         "relflow.output_path": str(run.output),

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from tasks.measure.gcpauses import GcPauses, frozen_collector
 from tasks.measure.projection import Projections
 from tasks.measure.records import CalibrationFit, DataReport, RegionReport, StageReport, TrainingReport
+from tasks.run.backend_setup import Served
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.offline import OfflineRun, run_offline
 from tasks.run.scenarios.pricing import Pricing
@@ -94,7 +95,7 @@ class RegionSteps:
 
     train: Callable[[], TrainingReport]
     distributed: bool
-    serving_backend: Callable[[], object]
+    serving_backend: Callable[[], Served]
     requests: Callable[[], LatencyRecord] | None
     writer: PredictionWriter  # the run's prediction file (offline: the last pass writes it)
 
@@ -108,6 +109,7 @@ class RegionRun:
     data: DataReport  # what the workload read and laid out
     scenario: LatencyRecord | OfflineRun  # the request record, or the offline passes'
     projections: Projections  # run.projected_seconds (tasks/run/scenarios/pricing.py)
+    backend: Served  # the serving backend's set-up (tasks/run/backend_setup.py)
     training: TrainingReport | None = None  # train+predict runs: the training step's
     calibration: CalibrationFit | None = None  # ... and the temperature fit after it
 
@@ -116,7 +118,7 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
     """Run the timed region over ``work``; returns its reports (``RegionRun``)."""
     region = Region(work)
     report: LatencyRecord | OfflineRun
-    training, fit = None, None
+    training, fit, backend = None, None, Served()
     # The collect and freeze run before the region's clock starts (tasks/measure/gcpauses.py).
     # The progress counts, the projection and run.max_minutes (tasks/run/scenarios/pricing.py): from
     # the region's start, closed before anything after it (the output checks' untracked passes).
@@ -133,7 +135,7 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
                 with region.bucket("calibration_fit"):
                     fit = work.fit_calibration()
             with region.bucket("backend_setup"):
-                steps.serving_backend()
+                backend = steps.serving_backend()
             if steps.requests is not None:
                 report = steps.requests()
                 region.named["request_wait"] += report.wait_s
@@ -145,6 +147,5 @@ def run_region(work: Workload, steps: RegionSteps, *, train: bool, repeats: int)
             pricing.close()
             work.pricing = None
     region.seconds = span.seconds
-    return RegionRun(
-        region.report(), work.stages.report(), work.data_report(), report, pricing.projections, training, fit
-    )
+    stages, data = work.stages.report(), work.data_report()
+    return RegionRun(region.report(), stages, data, report, pricing.projections, backend, training, fit)

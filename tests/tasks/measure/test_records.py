@@ -362,9 +362,10 @@ def test_training_fit_memory_and_output_reports_key_their_figures_by_hand():
         ),
         calibration=CalibrationFit(seconds=0.75, rows=30, errors=2),
         memory=MemoryPeaks(host_bytes=3 * mib, host_excluding_compiler_bytes=2 * mib, device_bytes=mib),
-        output=OutputReport(rows=40, bytes=1000, path="p.parquet"),
+        output=OutputReport(rows=40, bytes=1000, path="p.parquet", checkpoint="p.ckpt"),
     )
     m = r.metrics()
+    assert m == RunResult(**{**vars(r), "output": OutputReport(40, 1000)}).metrics()  # the files' paths are no figures
     assert (m[K.E2E_TRAIN_SECONDS], m[K.E2E_TRAIN_ROWS], m[K.E2E_TRAIN_EPOCHS]) == (4.0, 32.0, 2.0)
     assert (m[K.TRAIN_UPDATES], m[K.TRAIN_UPDATES_PER_EPOCH]) == (10.0, 5.0)
     assert K.E2E_TRAIN_RANKS_MEAN_SECONDS not in m  # one process

@@ -16,6 +16,7 @@ from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
+from tasks.run.backend_setup import Served
 from tasks.run.chain import Chain
 from tasks.run.scenarios.offline import OfflineRun, predict_pass
 from tasks.run.scenarios.region import RegionSteps, run_region
@@ -102,7 +103,7 @@ def test_the_offline_report_of_a_scripted_run_holds_the_known_figures(
 
     monkeypatch.setattr(work, "list_keys", listing)
     writer = PredictionWriter(tmp_path / "p.parquet")
-    steps = RegionSteps(train=work.train, distributed=False, serving_backend=lambda: None, requests=None, writer=writer)
+    steps = RegionSteps(train=work.train, distributed=False, serving_backend=Served, requests=None, writer=writer)
     ran = run_region(work, steps, train=True, repeats=3)
     writer.abort()
     run = ran.scenario

@@ -17,6 +17,7 @@ from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
 from tasks.measure.records import RunResult
+from tasks.run.backend_setup import Served
 from tasks.run.chain import Chain
 from tasks.run.scenarios.offline import OfflineRun
 from tasks.run.scenarios.pricing import STEADY_TO_PRICE
@@ -77,9 +78,7 @@ def stubbed(monkeypatch, shop_spec, many_shop_files, tmp_path):
         )
         work = Workload(chain)
         writer = PredictionWriter(tmp_path / "p.parquet")
-        steps = RegionSteps(
-            train=work.train, distributed=False, serving_backend=lambda: None, requests=None, writer=writer
-        )
+        steps = RegionSteps(train=work.train, distributed=False, serving_backend=Served, requests=None, writer=writer)
         try:
             ran = run_region(work, steps, train=spec.run.mode == "train+predict", repeats=spec.run.repeats)
         finally:

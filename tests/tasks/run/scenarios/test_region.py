@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +15,12 @@ import torch
 from tasks.libraries.reference import side as reference_side
 from tasks.measure import keys as K
 from tasks.measure.clock import Clock
-from tasks.measure.records import OfflineReport
+from tasks.measure.records import CalibrationFit, OfflineReport, Region
+from tasks.run.backend_setup import Served
 from tasks.run.chain import Chain
 from tasks.run.scenarios import region as region_module
 from tasks.run.scenarios import request as request_mod
+from tasks.run.scenarios.invocation import Timed
 from tasks.run.scenarios.latency import LatencyRecord
 from tasks.run.scenarios.offline import OfflineRun
 from tasks.run.scenarios.region import RegionSteps, run_region
@@ -82,14 +85,16 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
     work = workload(shop_spec)
     fit = work.fit_calibration
 
-    def slow_fit() -> None:
+    def slow_fit() -> CalibrationFit:
         ft.t += FIT
-        fit()
+        return fit()
 
     monkeypatch.setattr(work, "fit_calibration", slow_fit)
+    served = Served(BACKEND, Path("run.ckpt"))
 
-    def backend() -> None:
+    def backend() -> Served:
         ft.t += BACKEND
+        return served
 
     writer = PredictionWriter(tmp_path / "p.parquet")
     steps = RegionSteps(train=work.train, distributed=False, serving_backend=backend, requests=None, writer=writer)
@@ -112,6 +117,11 @@ def test_stub_stages_with_known_seconds_give_every_bucket_exactly(stubbed, shop_
         K.HARNESS_ORCHESTRATION_SECONDS: calls * CALL_OVERHEAD,  # the task calls only
     }
     assert m[K.HARNESS_STAGE_SECONDS] == ran.stages.timed_seconds == work.stages.timed_seconds
+    # the steps' own reports come back with the region's: training's, the fit's, the backend's
+    assert ran.backend is served and ran.training is not None and ran.training.epochs == 1
+    assert ran.calibration is not None and ran.calibration.seconds == 0.0  # its FIT seconds came before its span
+    timed = Timed(ran, Region(0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0), prefect_calls=calls)
+    assert timed.offline is report and timed.latency is None
 
 
 # What one served request (or batch) costs per step on the fake clock: dyadic, so sums are exact.
@@ -148,7 +158,7 @@ def test_a_server_run_names_its_serving_its_idle_waits_and_its_untimed_encoding_
     steps = RegionSteps(
         train=work.train,
         distributed=False,
-        serving_backend=lambda: None,
+        serving_backend=Served,
         requests=lambda: run_requests(work, writer),
         writer=writer,
     )
@@ -157,6 +167,8 @@ def test_a_server_run_names_its_serving_its_idle_waits_and_its_untimed_encoding_
     writer.abort()
     moved, latency, region = ft.t - t0, ran.scenario, ran.timed
     assert isinstance(latency, LatencyRecord) and latency.requests == 6
+    timed = Timed(ran, Region(0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0), prefect_calls=1)
+    assert timed.latency is latency and timed.offline is None and ran.training is None and ran.calibration is None
     calls = served_steps.count("write")  # the cold request and every batch, each through every step
     assert calls >= 2 and served_steps == list(STAGE_SECONDS) * calls
     served = calls * sum(SERVE_SECONDS.values())
@@ -208,7 +220,7 @@ def test_a_request_runs_bookkeeping_is_its_own_bucket(stubbed, shop_spec, tmp_pa
     steps = RegionSteps(
         train=work.train,
         distributed=False,
-        serving_backend=lambda: None,
+        serving_backend=Served,
         requests=lambda: run_requests(work, writer),
         writer=writer,
     )
@@ -254,7 +266,7 @@ def test_collector_pauses_inside_the_region_are_timed_and_objects_before_it_froz
     steps = RegionSteps(
         train=work.train,
         distributed=False,
-        serving_backend=lambda: None,
+        serving_backend=Served,
         requests=None,
         writer=PredictionWriter(tmp_path / "p.parquet"),
     )

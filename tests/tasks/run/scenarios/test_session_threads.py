@@ -5,7 +5,7 @@ The session fixes its intra-op threads when it is made: the reference's in the
 ``backend_setup`` bucket, relational-transformers' by the calibration fit's first call, both at
 the process's torch count (two threads here), before the request runner switches torch to
 ``run.request.intra_op_threads`` (one). The requests' compute ran at the session's two, so the
-run's predict thread count (``Invocation.predict_threads``: the MFU peak's and the floor
+run's predict thread count (``invocation.predict_threads``: the MFU peak's and the floor
 ledger's) is two. On the old code it was ``latency.intra_op_threads``, torch's one: the MFU was
 against the one-thread peak (here seeded at a quarter of the two-thread one, so the predict MFU
 read four times too high) and the floors were measured at one thread.
@@ -20,9 +20,8 @@ import pytest
 import torch
 
 from tasks.measure import keys as K
-from tasks.measure.records import RunResult
 from tasks.run.chain import Chain
-from tasks.run.scenarios.invocation import Invocation
+from tasks.run.scenarios.invocation import predict_threads
 from tasks.run.scenarios.runner import run_requests
 from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
@@ -83,26 +82,6 @@ def _workload(raw: dict[str, Any], folder) -> Workload:
     return work
 
 
-def _invocation(work: Workload, latency: Any) -> Invocation:
-    """The flow's record with what ``predict_threads`` reads (the rest is not used here)."""
-    nothing: Any = None
-    return Invocation(
-        spec=work.spec,
-        plan=nothing,
-        tracker=nothing,
-        run_id="",
-        output=nothing,
-        writer=nothing,
-        result=RunResult(),
-        memory=nothing,
-        flow_start=0.0,
-        launch_seconds=0.0,
-        mlflow_seconds=0.0,
-        work=work,
-        latency=latency,
-    )
-
-
 def test_the_reference_models_onnxruntime_requests_are_judged_at_the_sessions_threads(
     two_threads, seeded_peaks, shop_spec, many_shop_files, tmp_path
 ):
@@ -118,11 +97,10 @@ def test_the_reference_models_onnxruntime_requests_are_judged_at_the_sessions_th
     rec = run_requests(work, writer)
     writer.abort()
     assert rec.intra_op_threads == SERVING  # torch's count while serving, not the session's
-    run = _invocation(work, rec)
-    assert run.predict_threads == PROCESS
     engine = work.chain.ensure_engine()
     assert engine is not None and engine.session_threads() == PROCESS
-    m = utilisation(work.spec, torch.device("cpu"), engine, engine.facts(), run.predict_threads)
+    assert predict_threads(engine, rec) == PROCESS
+    m = utilisation(work.spec, torch.device("cpu"), engine, engine.facts(), predict_threads(engine, rec))
     assert m[K.PREDICT_REQUEST_PEAK_FLOPS_PER_S] == PEAKS[PROCESS]
     flops = m[K.compute("predict", K.MODEL_FLOPS_PER_S)]
     assert flops > 0
@@ -142,4 +120,4 @@ def test_relational_transformers_session_from_the_calibration_fit_sets_the_runs_
     assert engine is not None
     assert engine.facts().tags["relflow.onnxruntime.intra_op_threads"] == str(PROCESS)
     engine.close()  # the count outlives the session: the flow asks after the run
-    assert _invocation(work, rec).predict_threads == PROCESS
+    assert predict_threads(engine, rec) == PROCESS
