@@ -94,6 +94,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(2, os.cpu_count() or 1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test's xdist group: its file (module fixtures are made once, in one worker), or the
     one group of the tests that share the dashboards' session runs."""
