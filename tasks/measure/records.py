@@ -570,12 +570,14 @@ class EngineReport:
     backend_tags: dict[str, str] = field(default_factory=dict)  # what served the predict steps (tags)
 
     def compile_metrics(self) -> dict[str, float]:
-        """Recompiles and graph breaks per phase (predict's under both key forms)."""
+        """Recompiles and graph breaks per phase (predict's under both key forms), in one order
+        on every run: a set of the two forms logged them in the order of the process's string
+        hashes, so two runs of one spec listed them differently."""
         m: dict[str, float] = {}
         for phase, n in self.recompiles.items():
-            for key in {K.compute(phase, "recompiles"), K.compute_phase(phase, "recompiles")}:
+            for key in dict.fromkeys((K.compute(phase, "recompiles"), K.compute_phase(phase, "recompiles"))):
                 m[key] = float(n)
-            for key in {K.compute(phase, "graph_breaks"), K.compute_phase(phase, "graph_breaks")}:
+            for key in dict.fromkeys((K.compute(phase, "graph_breaks"), K.compute_phase(phase, "graph_breaks"))):
                 m[key] = float(self.graph_breaks.get(phase, 0))
         return m
 

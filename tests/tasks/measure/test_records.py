@@ -4,6 +4,10 @@ figures are worked out by hand in the comments."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -471,3 +475,35 @@ def test_host_load_rule_is_on_by_default_and_reads_other_processes_cpu():
     assert verdict(_spec(max_host_load=0.8), metrics, "accuracy") == []
     reasons = verdict(_spec(), metrics, "accuracy")  # the default, 0.5
     assert reasons == ["host.other_cpu_fraction 0.70 > run.max_host_load 0.5 (other processes used the cores)"]
+
+
+_COMPILE_KEYS = """
+from tasks.measure.records import CompileCounters, EngineReport
+r = EngineReport(
+    predict=None, train=None, compute_seconds=0.0, worker_startup_seconds=0.0,
+    recompiles={"predict": 1, "train": 0}, graph_breaks={"predict": 2, "train": 3},
+    compile=CompileCounters(frames=0, cache_hits=0, cache_misses=0), compiler_cache="cold",
+    batch_coordinates=None, quality={}, temperature=None, calibration_report_rows=None, fp8_fallback_calls=None,
+)
+print(",".join(r.compile_metrics()))
+"""
+
+
+def test_the_compile_keys_come_in_one_order_whatever_the_hash_seed():
+    # A set of the two key forms ordered them by the process's string hashes: the old code
+    # printed predict's recompiles after its graph breaks' other form with seed 0 and its two
+    # recompiles forms the other way round with seed 1.
+    orders = {
+        subprocess.run(
+            [sys.executable, "-c", _COMPILE_KEYS],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in (0, 1)
+    }
+    assert orders == {
+        "compute.recompiles,compute.predict.recompiles,compute.graph_breaks,compute.predict.graph_breaks,"
+        "compute.train.recompiles,compute.train.graph_breaks"
+    }, orders
