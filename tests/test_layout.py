@@ -28,15 +28,6 @@ ALLOWED = {
     "flows/test_relbench_database.py": "a RelBench task read from a database, through every stage: no single module",
 }
 
-# Not renamed yet: under edit by others when the rule landed (issue 42 item 5). Rename each
-# (``git mv``) to the name after the arrow, then delete its line; do not add to this list.
-PENDING = {
-    "flows/test_relflow_flow.py": "test_benchmark_relflow.py",
-    "tasks/libraries/test_rt_side.py": "test_relational_transformers_side.py (test_session_threads imports it)",
-    "tasks/run/scenarios/test_session_threads.py": "test_runner_session_threads.py",
-}
-
-
 def all_test_files() -> list[Path]:
     return sorted(p for p in TESTS.rglob("test_*.py") if "__pycache__" not in p.parts)
 
@@ -64,7 +55,7 @@ def test_every_test_file_is_named_after_a_module_or_allowed() -> None:
     stray = [
         str(p.relative_to(TESTS))
         for p in all_test_files()
-        if not maps_to_a_module(p) and p.relative_to(TESTS).as_posix() not in ALLOWED | PENDING.keys()
+        if not maps_to_a_module(p) and p.relative_to(TESTS).as_posix() not in ALLOWED
     ]
     assert not stray, (
         f"test files named after no module of the folder they mirror: {stray}; rename each to "
@@ -75,10 +66,10 @@ def test_every_test_file_is_named_after_a_module_or_allowed() -> None:
 
 def test_the_lists_hold_only_files_that_need_them() -> None:
     here = {p.relative_to(TESTS).as_posix(): p for p in all_test_files()}
-    gone = [name for name in ALLOWED | PENDING.keys() if name not in here]
+    gone = [name for name in ALLOWED if name not in here]
     assert not gone, f"listed but not on disk (renamed? delete the line): {gone}"
-    mapped = [name for name in PENDING if maps_to_a_module(here[name])]
-    assert not mapped, f"on PENDING but already named after a module (delete the line): {mapped}"
+    mapped = [name for name in ALLOWED if maps_to_a_module(here[name])]
+    assert not mapped, f"on ALLOWED but named after a module (delete the line): {mapped}"
 
 
 def test_allowed_files_are_listed_in_the_tests_readme() -> None:
@@ -95,7 +86,7 @@ def test_aspect_names_only_where_the_plain_name_is_taken() -> None:
     loose = []
     for p in files:
         rel = p.relative_to(TESTS)
-        if rel.parent == Path(".") or rel.as_posix() in ALLOWED | PENDING.keys():
+        if rel.parent == Path(".") or rel.as_posix() in ALLOWED:
             continue
         folder, name = REPO / rel.parent, p.stem.removeprefix("test_")
         names = names_under(folder)

@@ -27,7 +27,7 @@ from tasks.run.scenarios.workload import Workload
 from tasks.sources.files import resolve_sources
 from tasks.spec import parse_spec
 from tasks.stages.write import PredictionWriter
-from tests.tasks.libraries.test_rt_side import rt_spec
+from tests.tasks.libraries.test_relational_transformers_side import rt_spec
 
 pytestmark = pytest.mark.slow  # a trained model, an ONNX export and a real request path per test
 
