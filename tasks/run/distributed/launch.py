@@ -200,10 +200,24 @@ def launch(job: dict[str, Any], processes: int, threads: int, workdir: Path) -> 
             proc.wait(timeout=60)
             raise
     if code != 0 or not out.exists():
-        text = log.read_text()
-        first = text.find("Traceback")  # the failing rank's own traceback, before torchrun's summary
-        raise RuntimeError(f"torchrun with {processes} processes failed (exit {code}):\n{text[max(first, 0) :][:6000]}")
+        raise RuntimeError(
+            f"torchrun with {processes} processes failed (exit {code}):\n{failure_text(log.read_text())}"
+        )
     return [RankReport(**r) for r in json.loads(out.read_text())]
+
+
+ABORT_LINES = ("terminate called", "what():", "Abort", "Fatal Python error", "gloo", "Segmentation fault")
+
+
+def failure_text(log: str, limit: int = 6000) -> str:
+    """What a failed torchrun job says about its cause: the failing rank's own traceback (before
+    torchrun's summary), and first any line a rank that died on a signal printed before it (a
+    C++ abort such as gloo's ``terminate called ... what(): ...`` has no Python traceback, and
+    torchrun's summary then says only ``Signal 6 (SIGABRT)``)."""
+    first = log.find("Traceback")
+    before = log[: max(first, 0)].splitlines()
+    notes = [line for line in before if any(mark in line for mark in ABORT_LINES)]
+    return "\n".join([*notes[-20:], log[max(first, 0) :][:limit]])
 
 
 def train(work: Workload, spec_dir: Path, run_id: str, experiment: str, tracking_uri: str) -> TrainingReport:

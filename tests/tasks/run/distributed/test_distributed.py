@@ -17,7 +17,7 @@ import torch
 from tasks.measure import keys as K
 from tasks.measure.records import PhaseTimings
 from tasks.run.checks.distributed import check
-from tasks.run.distributed.launch import RankReport, metrics, shard
+from tasks.run.distributed.launch import RankReport, failure_text, metrics, shard
 from tasks.runtime.errors import UserError
 from tasks.spec import parse_spec
 from tests.repo import ANY_STEADY, NO_SYSTEM_METRICS, REPO, TINY_RUN
@@ -169,3 +169,23 @@ def test_ranks_read_the_database_when_the_spec_names_one(tpch_small, tmp_path):
     assert all(n > 0 for n in per_rank), per_rank
     # one chunk per rank, kept across epochs: together the ranks read every order and line once
     assert sum(per_rank) == orders + lines
+
+
+def test_a_rank_killed_by_an_abort_is_named_with_what_it_printed():
+    # A rank that dies in C++ (gloo) prints its cause before torchrun's Python traceback; the
+    # error used to start at the first "Traceback" and say only "Signal 6 (SIGABRT)".
+    log = (
+        "[W socket.cpp] some warning\n"
+        "terminate called after throwing an instance of 'gloo::IoException'\n"
+        "  what():  [gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:40211\n"
+        'Traceback (most recent call last):\n  File "run.py"\nChildFailedError:\n'
+        "  traceback : Signal 6 (SIGABRT) received by PID 26302\n"
+    )
+    text = failure_text(log)
+    assert text.splitlines()[:2] == [
+        "terminate called after throwing an instance of 'gloo::IoException'",
+        "  what():  [gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:40211",
+    ]
+    assert "Signal 6 (SIGABRT)" in text and "[W socket.cpp]" not in text
+    plain = "Traceback (most recent call last):\nValueError: bad shard\n"
+    assert failure_text(plain) == plain  # no abort lines: the traceback as before
