@@ -86,6 +86,9 @@ def pytest_configure(config: pytest.Config) -> None:
 # Session fixtures whose runs cost minutes (tests/dashboards/conftest.py): the tests that use
 # them share one worker, so those runs are made once in the suite, not once per worker.
 SHARED_RUN_FIXTURES = frozenset({"bench_runs", "trace_run"})
+# Folders whose files run one after another in one worker: the DDP tests' torchrun jobs (2 ranks
+# of 2 threads each) never overlap, as two would oversubscribe the 2 cores 4x over gloo.
+ONE_WORKER_FOLDERS = {"tests/tasks/run/distributed/": "torchrun"}
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -96,11 +99,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's xdist group: its file (module fixtures are made once, in one worker), or the
-    one group of the tests that share the dashboards' session runs."""
+    """Each test's xdist group: its file (module fixtures are made once, in one worker), its
+    folder's on ``ONE_WORKER_FOLDERS``, or the one group of the tests that share the dashboards'
+    session runs."""
     for item in items:
-        shared = SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("dashboard-runs" if shared else item.nodeid.split("::")[0]))
+        path = item.nodeid.split("::")[0]
+        group = next((g for folder, g in ONE_WORKER_FOLDERS.items() if path.startswith(folder)), path)
+        if SHARED_RUN_FIXTURES & set(getattr(item, "fixturenames", ())):
+            group = "dashboard-runs"
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
