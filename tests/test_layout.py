@@ -28,6 +28,7 @@ ALLOWED = {
     "flows/test_relbench_database.py": "a RelBench task read from a database, through every stage: no single module",
 }
 
+
 def all_test_files() -> list[Path]:
     return sorted(p for p in TESTS.rglob("test_*.py") if "__pycache__" not in p.parts)
 
