@@ -14,7 +14,7 @@ so each pass is a full, comparable measurement of the serving path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -25,8 +25,19 @@ from tasks.stages.calibrate import CALIBRATED_KINDS, fit_errors, fit_temperature
 from tasks.stages.retrieve import list_root_keys
 from tasks.stages.tensorize import Chunk
 
-if TYPE_CHECKING:
-    from tasks.run.scenarios.pricing import Pricing
+
+class Listener(Protocol):
+    """What the workload and the request runner tell the timed region's progress and projection
+    (tasks/run/scenarios/pricing.py ``Pricing``, which reads the workload: declared here, not
+    imported, so the two modules do not import each other)."""
+
+    def begin(self, phase: str) -> None: ...
+
+    def chunk_ready(self, i: int, phase: str, tz: Chunk) -> None: ...
+
+    def begin_requests(self, schedule_seconds: float | None, total: int) -> None: ...
+
+    def requests_served(self, requests: int, roots: int, elapsed: float) -> None: ...
 
 
 def chunked(keys: np.ndarray, rows: int) -> list[np.ndarray]:
@@ -44,7 +55,7 @@ class Workload:
         # What it read and laid out; what the encode step turned into vectors, in the unit it
         # counts (text cells; a library's strings): every encode call (its rate), once per chunk
         self.data = DataTally()
-        self.pricing: Pricing | None = None  # inside the timed region: counts and the projection
+        self.pricing: Listener | None = None  # inside the timed region: counts and the projection
         # the application's text encoder (chain.has_text): an extra timed step, before tensorize
         self.stages = StageTable(encode=chain.has_text)
 
