@@ -80,10 +80,8 @@ def _one_process(uri: str, experiment: str, runs: int, barrier: str, tag: str, o
 
 
 def measure(uri: str, processes: int, runs: int) -> dict:
-    from mlflow.tracking import MlflowClient
-
     from tasks.measure.clock import wall_clock
-    from tasks.tracking.reader import search_runs
+    from tasks.tracking.reader import artifact_paths, search_runs
     from tasks.tracking.writer import Tracker
 
     experiment = f"load-test-{uuid.uuid4().hex[:8]}"
@@ -112,14 +110,13 @@ def measure(uri: str, processes: int, runs: int) -> dict:
     ]
     started = [r for rep in reports for r in rep["started"]]
     errors = [e for rep in reports for e in rep["errors"]]
-    client = MlflowClient(tracking_uri=uri)
     complete = 0
     by_id = {r.run_id: r for r in search_runs(experiment, status=None, uri=uri)}
     for run_id in started:
         rec = by_id.get(run_id)
         if rec is None or rec.status != "FINISHED" or any(k not in rec.metrics for k in CONTRACT_METRICS):
             continue
-        if {a.path for a in client.list_artifacts(run_id)} >= ARTIFACTS:
+        if artifact_paths(run_id, uri) >= ARTIFACTS:
             complete += 1
     expected = processes * runs
     return {

@@ -128,6 +128,11 @@ def get_stored_run(run_id: str, uri: str | None = None) -> StoredRun:
     return _stored_run(run, client.get_experiment(run.info.experiment_id).name)
 
 
+def artifact_paths(run_id: str, uri: str | None = None) -> set[str]:
+    """The paths of a run's top-level artifacts (files and folders)."""
+    return {a.path for a in MlflowClient(tracking_uri=uri or tracking_uri()).list_artifacts(run_id)}
+
+
 def metric_history(run_id: str, key: str, uri: str | None = None) -> list[float]:
     """All logged values of one metric in step order (e.g. a latency CDF, one value per step)."""
     client = MlflowClient(tracking_uri=uri or tracking_uri())
