@@ -378,6 +378,28 @@ def shop_files(write_tables, shop_tables) -> Path:
 
 
 @pytest.fixture
+def shop4_files(write_tables, shop_tables):
+    """Four copies of the shop tables under shifted keys: 20 customers, so the hash split
+    holds out 5 (both classes, as does the training side); the single shop holds out none
+    (the ONNX Runtime flow and the noise CLI's runs)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    shift = {"customers": {"c_id": 100}, "orders": {"o_id": 1000, "o_cust": 100}, "lines": {"l_order": 1000}}
+    out = {}
+    for name, table in shop_tables.items():
+        copies = []
+        for k in range(4):
+            t = table
+            for col, step in shift[name].items():
+                i = t.schema.get_field_index(col)
+                t = t.set_column(i, col, pc.add(t[col], pa.scalar(step * k, pa.int64())))
+            copies.append(t)
+        out[name] = pa.concat_tables(copies)
+    return write_tables(out)
+
+
+@pytest.fixture
 def prepare_chunk():
     """``prepare_chunk(spec_dict, folder) -> (spec, encoding, schema, tensorized)``: every root
     key as one chunk through the harness's chain (tasks/run/chain.py), untimed, no Prefect."""

@@ -22,27 +22,6 @@ from tasks.spec import parse_spec
 from tasks.stages.split import split_is_train
 
 
-@pytest.fixture
-def shop4_files(write_tables, shop_tables):
-    """Four copies of the shop tables under shifted keys: 20 customers, so the hash split
-    holds out 5 (both classes, as does the training side); the single shop holds out none."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    shift = {"customers": {"c_id": 100}, "orders": {"o_id": 1000, "o_cust": 100}, "lines": {"l_order": 1000}}
-    out = {}
-    for name, table in shop_tables.items():
-        copies = []
-        for k in range(4):
-            t = table
-            for col, step in shift[name].items():
-                i = t.schema.get_field_index(col)
-                t = t.set_column(i, col, pc.add(t[col], pa.scalar(step * k, pa.int64())))
-            copies.append(t)
-        out[name] = pa.concat_tables(copies)
-    return write_tables(out)
-
-
 @pytest.mark.slow
 def test_onnxruntime_run_end_to_end(prefect_harness, shop_spec, shop4_files, tmp_path, monkeypatch):
     from flows.benchmark import benchmark

@@ -118,27 +118,6 @@ def test_summarize_publishes_no_mde_where_compare_could_mark_nothing():
     assert not any(k.startswith("noise.compute.train.") for k in got)  # predict runs: no train figure
 
 
-@pytest.fixture
-def shop4_files(write_tables, shop_tables):
-    """Four copies of the shop tables under shifted keys (as tests/flows/test_benchmark_backends.py):
-    20 customers, so the validation split holds out rows of both classes."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    shift = {"customers": {"c_id": 100}, "orders": {"o_id": 1000, "o_cust": 100}, "lines": {"l_order": 1000}}
-    out = {}
-    for name, table in shop_tables.items():
-        copies = []
-        for k in range(4):
-            t = table
-            for col, step in shift[name].items():
-                i = t.schema.get_field_index(col)
-                t = t.set_column(i, col, pc.add(t[col], pa.scalar(step * k, pa.int64())))
-            copies.append(t)
-        out[name] = pa.concat_tables(copies)
-    return write_tables(out)
-
-
 @pytest.mark.slow
 def test_noise_runs_fresh_processes_and_logs_the_cv_of_compares_sample(tmp_path: Path, shop4_files: Path, shop_spec):
     from tasks.tracking.reader import search_runs
